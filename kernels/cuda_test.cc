@@ -1,0 +1,131 @@
+// CUDA kernels against the scalar reference. Needs a GPU; without one (or in
+// a build without CUDA) every test skips itself, saying why.
+
+#include "kernels/cuda.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference.h"
+
+#ifdef SDC_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace sdc::kernels {
+namespace {
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const absl::Status available = CudaAvailable();
+    if (!available.ok()) GTEST_SKIP() << "GPU tests skipped: " << available.message();
+  }
+};
+
+TEST(CudaBuildTest, ReportsWhyItCannotRun) {
+  const absl::Status s = CudaAvailable();
+  if (s.ok()) GTEST_SKIP() << "a GPU is present";
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(s.message().empty());
+  std::vector<Fingerprint> out(1);
+  const unsigned char byte = 1;
+  const ByteSpan one[] = {{&byte, 1}};
+  EXPECT_EQ(FingerprintTensorsCuda(one, absl::MakeSpan(out), nullptr).code(),
+            CudaBuilt() ? absl::StatusCode::kInternal
+                        : absl::StatusCode::kFailedPrecondition);
+}
+
+#ifdef SDC_HAVE_CUDA
+
+// Device copy of a host buffer, freed at scope end.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<unsigned char>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, size_ + 8), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), size_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  unsigned char* data() const { return static_cast<unsigned char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_;
+};
+
+TEST_F(CudaTest, FingerprintsMatchReferenceBitForBit) {
+  std::mt19937_64 rng(1);
+  std::vector<std::vector<unsigned char>> host;
+  for (uint64_t size : {0ull, 1ull, 7ull, 8ull, 67ull, 4096ull, 262145ull,
+                        (5ull << 20) + 3}) {
+    std::vector<unsigned char> b(size + 1);
+    for (auto& x : b) x = static_cast<unsigned char>(rng());
+    host.push_back(std::move(b));
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> device;
+  std::vector<ByteSpan> spans;
+  std::vector<Fingerprint> want;
+  for (size_t i = 0; i < host.size(); ++i) {
+    device.push_back(std::make_unique<DeviceBuffer>(host[i]));
+    const size_t offset = i % 2;  // Odd tensors start misaligned.
+    const uint64_t size = host[i].size() - 1;
+    spans.push_back({device.back()->data() + offset, size});
+    want.push_back(ReferenceFingerprint({host[i].data() + offset, size}));
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::vector<Fingerprint> got(spans.size());
+  ASSERT_TRUE(FingerprintTensorsCuda(spans, absl::MakeSpan(got), stream).ok());
+  cudaStreamDestroy(stream);
+  for (size_t i = 0; i < spans.size(); ++i) EXPECT_EQ(got[i], want[i]) << "tensor " << i;
+}
+
+TEST_F(CudaTest, ScanCountsMatchReferenceAndSumsAreClose) {
+  std::mt19937_64 rng(2);
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const uint64_t n = 3 * kScanChunkElements + 17;
+    std::vector<unsigned char> buf(DTypeSize(dtype) * n);
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t bits = 0;
+      if (dtype == DType::kFloat32) {
+        const float f = static_cast<float>(rng() % 1000) / 100.0f;
+        std::memcpy(&bits, &f, 4);
+      } else if (dtype == DType::kFloat64) {
+        const double d = static_cast<double>(rng() % 1000) / 100.0;
+        std::memcpy(&bits, &d, 8);
+      } else {
+        bits = rng() & 0x3fff;
+      }
+      std::memcpy(buf.data() + DTypeSize(dtype) * k, &bits, DTypeSize(dtype));
+    }
+    // One NaN and one Inf in different chunks.
+    const uint64_t nan = dtype == DType::kFloat32 ? 0x7fc00000
+                         : dtype == DType::kFloat64 ? 0x7ff8000000000000
+                         : dtype == DType::kFloat16 ? 0x7e00 : 0x7fc0;
+    std::memcpy(buf.data() + DTypeSize(dtype) * 5, &nan, DTypeSize(dtype));
+    std::memcpy(buf.data() + DTypeSize(dtype) * (n - 1), &nan, DTypeSize(dtype));
+    DeviceBuffer d(buf);
+    const TensorRef host_ref{buf.data(), n, dtype};
+    const TensorRef dev_ref{d.data(), n, dtype};
+    const TensorRef finite_host{buf.data() + DTypeSize(dtype) * 6, n - 7, dtype};
+    const TensorRef finite_dev{d.data() + DTypeSize(dtype) * 6, n - 7, dtype};
+    std::vector<ScanResult> got(2);
+    const TensorRef both[] = {dev_ref, finite_dev};
+    ASSERT_TRUE(ScanNonFiniteCuda(both, absl::MakeSpan(got), nullptr).ok());
+    EXPECT_EQ(got[0].nonfinite, 2u) << DTypeName(dtype);
+    EXPECT_TRUE(std::isnan(got[0].sum_squares));
+    const ScanResult want = ReferenceScan(finite_host);
+    EXPECT_EQ(got[1].nonfinite, 0u);
+    EXPECT_NEAR(got[1].sum_squares, want.sum_squares, 1e-12 * want.sum_squares)
+        << DTypeName(dtype);
+    (void)host_ref;
+  }
+}
+
+#endif  // SDC_HAVE_CUDA
+
+}  // namespace
+}  // namespace sdc::kernels

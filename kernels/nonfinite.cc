@@ -1,0 +1,387 @@
+#include "kernels/nonfinite.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_dispatch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace sdc::kernels {
+namespace {
+
+constexpr int kAccumulators = 16;
+
+struct Partial {
+  uint64_t nonfinite = 0;
+  double sum_squares = 0.0;
+};
+
+// Step 3 of the sum order in nonfinite.h.
+double FoldAccumulators(const double* acc) {
+  double r[4];
+  for (int k = 0; k < 4; ++k) {
+    r[k] = (acc[k] + acc[k + 4]) + (acc[k + 8] + acc[k + 12]);
+  }
+  return (r[0] + r[1]) + (r[2] + r[3]);
+}
+
+template <typename T>
+T Load(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+float BitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Exact IEEE binary16 -> binary32, subnormals included.
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in binary32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// One element as {fp64 value, is it NaN/Inf}.
+struct Element {
+  double value;
+  bool nonfinite;
+};
+
+template <DType D>
+Element LoadElement(const unsigned char* p, uint64_t j);
+
+template <>
+Element LoadElement<DType::kFloat32>(const unsigned char* p, uint64_t j) {
+  const uint32_t bits = Load<uint32_t>(p + 4 * j);
+  return {static_cast<double>(BitsToFloat(bits)),
+          (bits & 0x7f800000u) == 0x7f800000u};
+}
+
+template <>
+Element LoadElement<DType::kFloat64>(const unsigned char* p, uint64_t j) {
+  const uint64_t bits = Load<uint64_t>(p + 8 * j);
+  double d;
+  std::memcpy(&d, &bits, sizeof(d));
+  return {d, (bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull};
+}
+
+template <>
+Element LoadElement<DType::kFloat16>(const unsigned char* p, uint64_t j) {
+  const uint16_t bits = Load<uint16_t>(p + 2 * j);
+  return {static_cast<double>(HalfToFloat(bits)), (bits & 0x7c00u) == 0x7c00u};
+}
+
+template <>
+Element LoadElement<DType::kBFloat16>(const unsigned char* p, uint64_t j) {
+  const uint16_t bits = Load<uint16_t>(p + 2 * j);
+  return {static_cast<double>(BitsToFloat(static_cast<uint32_t>(bits) << 16)),
+          (bits & 0x7f80u) == 0x7f80u};
+}
+
+// Elements [from, n) in the canonical order, continuing `acc`.
+template <DType D>
+void AccumulateScalar(const unsigned char* p, uint64_t from, uint64_t n,
+                      double* acc) {
+  for (uint64_t j = from; j < n; ++j) {
+    const double x = LoadElement<D>(p, j).value;
+    const double square = x * x;
+    acc[j % kAccumulators] += square;
+  }
+}
+
+template <DType D>
+uint64_t CountNonFinite(const unsigned char* p, uint64_t n) {
+  uint64_t count = 0;
+  for (uint64_t j = 0; j < n; ++j) count += LoadElement<D>(p, j).nonfinite ? 1 : 0;
+  return count;
+}
+
+template <DType D>
+double SumChunkPortable(const unsigned char* p, uint64_t n) {
+  double acc[kAccumulators] = {};
+  AccumulateScalar<D>(p, 0, n, acc);
+  return FoldAccumulators(acc);
+}
+
+#if defined(__x86_64__)
+
+#define SDC_AVX2 __attribute__((target("avx2,f16c")))
+
+// Adds the squares of eight fp32 values to acc[0..3] (`lo`) and acc[4..7]
+// (`hi`).
+SDC_AVX2 inline void Accumulate8(__m256 x, __m256d& lo, __m256d& hi) {
+  const __m256d x_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  const __m256d x_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+  lo = _mm256_add_pd(lo, _mm256_mul_pd(x_lo, x_lo));
+  hi = _mm256_add_pd(hi, _mm256_mul_pd(x_hi, x_hi));
+}
+
+// Eight values of a 16-bit float type at p, widened to fp32.
+template <DType D>
+SDC_AVX2 inline __m256 Load8Half(const unsigned char* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (D == DType::kFloat16) {
+    return _mm256_cvtph_ps(h);
+  } else {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// fp32, fp16 and bf16: widen exactly to fp32, then square into the
+// canonical lanes.
+template <DType D>
+SDC_AVX2 double SumChunkAvx2Narrow(const unsigned char* p, uint64_t n) {
+  constexpr int kSize = D == DType::kFloat32 ? 4 : 2;
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    const unsigned char* q = p + kSize * kAccumulators * m;
+    __m256 x0, x1;
+    if constexpr (D == DType::kFloat32) {
+      x0 = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
+      x1 = _mm256_loadu_ps(reinterpret_cast<const float*>(q + 32));
+    } else {
+      x0 = Load8Half<D>(q);
+      x1 = Load8Half<D>(q + 16);
+    }
+    Accumulate8(x0, acc0, acc1);
+    Accumulate8(x1, acc2, acc3);
+  }
+  alignas(32) double acc[kAccumulators];
+  _mm256_store_pd(acc + 0, acc0);
+  _mm256_store_pd(acc + 4, acc1);
+  _mm256_store_pd(acc + 8, acc2);
+  _mm256_store_pd(acc + 12, acc3);
+  AccumulateScalar<D>(p, rounds * kAccumulators, n, acc);
+  return FoldAccumulators(acc);
+}
+
+SDC_AVX2 double SumChunkAvx2Float64(const unsigned char* p, uint64_t n) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd(), _mm256_setzero_pd()};
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    const double* q = reinterpret_cast<const double*>(p + 8 * kAccumulators * m);
+    for (int v = 0; v < 4; ++v) {
+      const __m256d x = _mm256_loadu_pd(q + 4 * v);
+      acc[v] = _mm256_add_pd(acc[v], _mm256_mul_pd(x, x));
+    }
+  }
+  alignas(32) double lanes[kAccumulators];
+  for (int v = 0; v < 4; ++v) _mm256_store_pd(lanes + 4 * v, acc[v]);
+  AccumulateScalar<DType::kFloat64>(p, rounds * kAccumulators, n, lanes);
+  return FoldAccumulators(lanes);
+}
+
+#undef SDC_AVX2
+
+#define SDC_AVX512 __attribute__((target("avx512f,avx2,f16c")))
+
+// Adds the squares of sixteen fp32 values to acc[0..7] (`lo`) and
+// acc[8..15] (`hi`).
+SDC_AVX512 inline void Accumulate16(__m512 x, __m512d& lo, __m512d& hi) {
+  const __m512d x_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+  const __m512d x_hi = _mm512_cvtps_pd(
+      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  lo = _mm512_add_pd(lo, _mm512_mul_pd(x_lo, x_lo));
+  hi = _mm512_add_pd(hi, _mm512_mul_pd(x_hi, x_hi));
+}
+
+template <DType D>
+SDC_AVX512 double SumChunkAvx512Narrow(const unsigned char* p, uint64_t n) {
+  constexpr int kSize = D == DType::kFloat32 ? 4 : 2;
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    const unsigned char* q = p + kSize * kAccumulators * m;
+    __m512 x;
+    if constexpr (D == DType::kFloat32) {
+      x = _mm512_loadu_ps(q);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      if constexpr (D == DType::kFloat16) {
+        x = _mm512_cvtph_ps(h);
+      } else {
+        x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+    }
+    Accumulate16(x, lo, hi);
+  }
+  alignas(64) double acc[kAccumulators];
+  _mm512_store_pd(acc + 0, lo);
+  _mm512_store_pd(acc + 8, hi);
+  AccumulateScalar<D>(p, rounds * kAccumulators, n, acc);
+  return FoldAccumulators(acc);
+}
+
+SDC_AVX512 double SumChunkAvx512Float64(const unsigned char* p, uint64_t n) {
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    const unsigned char* q = p + 8 * kAccumulators * m;
+    const __m512d x_lo = _mm512_loadu_pd(q);
+    const __m512d x_hi = _mm512_loadu_pd(q + 64);
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(x_lo, x_lo));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(x_hi, x_hi));
+  }
+  alignas(64) double acc[kAccumulators];
+  _mm512_store_pd(acc + 0, lo);
+  _mm512_store_pd(acc + 8, hi);
+  AccumulateScalar<DType::kFloat64>(p, rounds * kAccumulators, n, acc);
+  return FoldAccumulators(acc);
+}
+
+#undef SDC_AVX512
+
+#endif  // __x86_64__
+
+template <DType D>
+double SumChunk(const unsigned char* p, uint64_t n, CpuPath path) {
+#if defined(__x86_64__)
+  if constexpr (D == DType::kFloat64) {
+    if (path == CpuPath::kAvx512) return SumChunkAvx512Float64(p, n);
+    if (path == CpuPath::kAvx2) return SumChunkAvx2Float64(p, n);
+  } else {
+    if (path == CpuPath::kAvx512) return SumChunkAvx512Narrow<D>(p, n);
+    if (path == CpuPath::kAvx2) return SumChunkAvx2Narrow<D>(p, n);
+  }
+#else
+  (void)path;
+#endif
+  return SumChunkPortable<D>(p, n);
+}
+
+// The hot loops only sum. Any NaN or Inf element makes the chunk's sum NaN or
+// Inf (squares are >= 0, so no Inf - Inf can cancel), so a finite sum proves
+// the chunk clean; only a non-finite sum pays for an exact count.
+template <DType D>
+Partial ScanChunkOf(const unsigned char* p, uint64_t n, CpuPath path) {
+  Partial out;
+  out.sum_squares = SumChunk<D>(p, n, path);
+  if (!std::isfinite(out.sum_squares)) out.nonfinite = CountNonFinite<D>(p, n);
+  return out;
+}
+
+Partial ScanChunk(DType dtype, const unsigned char* p, uint64_t n,
+                  CpuPath path) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ScanChunkOf<DType::kFloat32>(p, n, path);
+    case DType::kFloat16:
+      return ScanChunkOf<DType::kFloat16>(p, n, path);
+    case DType::kBFloat16:
+      return ScanChunkOf<DType::kBFloat16>(p, n, path);
+    case DType::kFloat64:
+      return ScanChunkOf<DType::kFloat64>(p, n, path);
+  }
+  return {};  // Unreachable: dtypes are validated first.
+}
+
+}  // namespace
+
+int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+namespace internal {
+
+absl::Status ValidateScanArgs(absl::Span<const TensorRef> tensors,
+                              size_t out_size) {
+  if (tensors.size() != out_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ScanNonFinite: ", tensors.size(),
+                     " tensors but room for ", out_size, " results"));
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (DTypeSize(tensors[t].dtype) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ScanNonFinite: tensor ", t, " has unsupported dtype code ",
+          static_cast<int>(tensors[t].dtype),
+          " (supported: float32, float64, float16, bfloat16)"));
+    }
+    if (tensors[t].data == nullptr && tensors[t].num_elements != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ScanNonFinite: tensor ", t, " has a null pointer and ",
+                       tensors[t].num_elements, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScanNonFiniteOnPath(absl::Span<const TensorRef> tensors,
+                                 absl::Span<ScanResult> out, ThreadPool* pool,
+                                 CpuPath path) {
+  if (absl::Status s = ValidateScanArgs(tensors, out.size()); !s.ok()) return s;
+  std::vector<uint64_t> sizes(tensors.size());
+  uint64_t total_bytes = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    sizes[t] = tensors[t].num_elements;
+    total_bytes += sizes[t] * DTypeSize(tensors[t].dtype);
+  }
+  const std::vector<Chunk> chunks = SplitIntoChunks(sizes, kScanChunkElements);
+  std::vector<Partial> partial(chunks.size());
+  RunChunks(pool, static_cast<int64_t>(chunks.size()), total_bytes,
+            [&](int64_t i) {
+              const Chunk& c = chunks[i];
+              const TensorRef& t = tensors[c.tensor];
+              const auto* base = static_cast<const unsigned char*>(t.data);
+              partial[i] = ScanChunk(t.dtype, base + c.begin * DTypeSize(t.dtype),
+                                     c.length, path);
+            });
+  for (ScanResult& r : out) r = ScanResult{};
+  // Step 4 of the sum order: chunks of a tensor left to right.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ScanResult& r = out[chunks[i].tensor];
+    r.nonfinite += partial[i].nonfinite;
+    r.sum_squares += partial[i].sum_squares;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::Status ScanNonFinite(absl::Span<const TensorRef> tensors,
+                           absl::Span<ScanResult> out, ThreadPool* pool) {
+  return internal::ScanNonFiniteOnPath(tensors, out, pool, DetectedCpuPath());
+}
+
+}  // namespace sdc::kernels

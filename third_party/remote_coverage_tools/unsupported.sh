@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "coverage unsupported offline" >&2
+exit 1
