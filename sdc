@@ -10,13 +10,15 @@ cd "$ROOT"
 # Every Debian package the project needs, build and test tools included.
 PACKAGES=(
   bazel-bootstrap bazel-platforms bazel-rules-java
-  g++ clang
+  g++ clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev
   prometheus shellcheck python3 python3-yaml procps
 )
+
+BENCHMARKS="kernels core"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -73,6 +75,37 @@ cmd_build() {
   bazel_run build //... "$@"
 }
 
+# The coordinator's ingestion fuzz target, built with clang's libFuzzer and
+# sanitizers outside Bazel (Bazel's toolchain here is gcc). Runs for SECONDS.
+cmd_fuzz() {
+  local seconds=${1:-60}
+  [[ "$seconds" =~ ^[0-9]+$ ]] || die "usage: ./sdc fuzz [SECONDS]"
+  if ! command -v clang++ >/dev/null; then
+    log "clang++ is not installed: skipping the fuzz run"
+    return 0
+  fi
+  local dir="${SDC_CACHE:-$HOME/.cache/sdc-guard}/fuzz"
+  mkdir -p "$dir/corpus"
+  local absl_libs=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info
+    -labsl_cordz_handle -labsl_cordz_functions -labsl_cord_internal -labsl_str_format_internal
+    -labsl_strings -labsl_strings_internal -labsl_synchronization -labsl_graphcycles_internal
+    -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal -labsl_demangle_internal
+    -labsl_malloc_internal -labsl_time -labsl_civil_time -labsl_time_zone -labsl_hash
+    -labsl_city -labsl_low_level_hash -labsl_raw_hash_set -labsl_int128 -labsl_throw_delegate
+    -labsl_spinlock_wait -labsl_raw_logging_internal -labsl_log_severity -labsl_base -lpthread)
+  log "building the coordinator fuzz target with clang (libFuzzer, ASan, UBSan)"
+  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
+    -fno-sanitize-recover=undefined -DSDC_LIBFUZZER -I"$ROOT" \
+    daemon/core/types.cc daemon/core/replay_plan.cc daemon/core/attribution.cc \
+    daemon/core/weight_vote.cc daemon/core/store.cc daemon/core/escalation.cc \
+    daemon/core/coordinator.cc daemon/core/coordinator_fuzz.cc kernels/model_digest.cc \
+    "${absl_libs[@]}" -o "$dir/coordinator_fuzz" || die "the fuzz target did not build"
+  log "fuzzing the coordinator for ${seconds}s (corpus: $dir/corpus)"
+  "$dir/coordinator_fuzz" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
+    "$dir/corpus" 2>"$dir/last.log" || { tail -40 "$dir/last.log" >&2; die "the fuzzer found a failure (log: $dir/last.log)"; }
+  grep -E "^stat::number_of_executed_units" "$dir/last.log" | sed 's/^/sdc: fuzz /' >&2 || true
+}
+
 cmd_test() {
   setup
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -82,6 +115,7 @@ cmd_test() {
   fi
   local start=$SECONDS
   bazel_run test //... "$@"
+  cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
 }
 
@@ -93,15 +127,15 @@ build_targets() {
 
 cmd_bench() {
   local name=${1:-}
-  [[ -n "$name" ]] || die "usage: ./sdc bench NAME (one of: kernels)"
+  [[ -n "$name" ]] || die "usage: ./sdc bench NAME (one of: $BENCHMARKS)"
   shift
   setup
   case "$name" in
-    kernels)
-      build_targets //bench:kernels_bench
-      exec "$ROOT/bazel-bin/bench/kernels_bench" "$@"
+    kernels | core)
+      build_targets "//bench:${name}_bench"
+      exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
       ;;
-    *) die "unknown benchmark '$name' (one of: kernels)" ;;
+    *) die "unknown benchmark '$name' (one of: $BENCHMARKS)" ;;
   esac
 }
 
@@ -120,8 +154,9 @@ usage() {
 usage: ./sdc COMMAND [ARGS]
   demo                 run the local cluster demo with injected faults
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels
+  bench NAME           run a benchmark: kernels, core
   build [BAZEL ARGS]   install what is missing and build everything
+  fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
   setup                install the Debian packages the project needs
 TXT
 }
@@ -134,6 +169,7 @@ main() {
     test) cmd_test "$@" ;;
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;
+    fuzz) setup; cmd_fuzz "$@" ;;
     setup) setup ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command '$cmd'" ;;

@@ -1,0 +1,350 @@
+#ifndef SDC_DAEMON_CORE_COORDINATOR_H_
+#define SDC_DAEMON_CORE_COORDINATOR_H_
+
+// The coordinator's decision-making heart: registry of jobs and ranks, the
+// step ledger, check 1's cross-rank analysis, the replay audit's attribution,
+// the weight vote, the checkpoint gate and escalation, behind one entry point
+// per input. No gRPC, files, flags or wall clock: time comes from a Clock and
+// every state change goes to a Store as one Mutation per call.
+//
+// Thread-safe: one mutex serializes every call (each is short; the vote of
+// 16,384 ranks is a few milliseconds).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/core/attribution.h"
+#include "daemon/core/clock.h"
+#include "daemon/core/escalation.h"
+#include "daemon/core/records.h"
+#include "daemon/core/replay_plan.h"
+#include "daemon/core/store.h"
+#include "daemon/core/types.h"
+#include "daemon/core/weight_vote.h"
+
+namespace sdc::core {
+
+struct CoordinatorOptions {
+  // A step's checks finalize when every rank of the group reported, or after
+  // this long with what arrived (missing ranks are named). Default: 120s.
+  absl::Duration report_deadline = absl::Seconds(120);
+  // Targeted audits scheduled for an unconfirmed suspect. Default: 3.
+  uint32_t targeted_audits_per_suspect = 3;
+  // Finalized per-step verdicts kept per job for the checkpoint gate.
+  // Default: 4096 steps.
+  size_t ledger_steps = 4096;
+  EscalationPolicy escalation;
+};
+
+// Messages to trainer ranks.
+struct PlanMessage {
+  uint64_t plan_id = 0;
+  std::vector<Assignment> assignments;
+  std::string reason;
+};
+struct AuditVerdictMessage {
+  Step step = 0;
+  AuditOutcome outcome = AuditOutcome::kPass;
+  std::vector<Rank> faulty;
+  std::vector<Rank> suspects;
+  std::vector<std::string> differing_tensors;
+  std::string explanation;
+};
+struct TieBreakMessage {
+  Step step = 0;
+  Rank subject = 0;
+  Rank replayer = 0;
+};
+struct WeightVerdictMessage {
+  Step step = 0;
+  bool pass = true;
+  std::vector<Rank> minority;
+  std::vector<std::string> differing_tensors;
+  Rank majority_source = 0;
+  std::string explanation;
+};
+
+struct OutMessage {
+  std::string job_id;
+  std::vector<Rank> ranks;  // Recipients.
+  std::variant<PlanMessage, AuditVerdictMessage, TieBreakMessage, WeightVerdictMessage> body;
+};
+
+// A check that finished, for metrics: check kind and result word.
+struct CheckEvent {
+  CheckKind check = CheckKind::kNonFinite;
+  std::string result;  // "pass", "faulty", "suspect", "systemic", ...
+  absl::Duration latency;  // First report of the step to the verdict.
+};
+
+// What one call changed. Send `messages` and acknowledge only after the
+// store reports `ticket` durable.
+struct Effects {
+  uint64_t ticket = 0;  // 0: nothing was written.
+  bool duplicate = false;
+  uint64_t acked_sequence = 0;
+  std::vector<OutMessage> messages;
+  std::vector<Incident> incidents;
+  std::vector<ReplacementRequest> requests;
+  std::vector<CheckEvent> checks;
+  uint32_t skipped_steps = 0;  // Steps some rank reported as skipped.
+};
+
+struct AttachResult {
+  uint64_t acked_sequence = 0;
+  std::vector<PlanMessage> pending_plans;
+  Effects effects;
+};
+
+struct CheckpointResult {
+  bool allowed = false;
+  // True when the veto is only a wait (reports or verdicts still to come):
+  // asking again later may be allowed. Final decisions are persisted.
+  bool retryable = false;
+  std::string reason;
+  Effects effects;
+};
+
+struct JobSummary {
+  std::string job_id;
+  uint32_t world_size = 0;
+  uint32_t attached = 0;
+  Step last_step = 0;
+  absl::Time created;
+  uint32_t open_incidents = 0;
+  uint32_t nodes = 0;
+};
+
+struct RankSummary {
+  std::string job_id;
+  Placement placement;
+  bool attached = false;
+  Step checks_through = 0;
+  uint64_t incarnation = 0;
+};
+
+class Coordinator {
+ public:
+  Coordinator(CoordinatorOptions options, const Clock* clock, Store* store);
+
+  // Rebuilds state from the store: records, then unfinalized reports in
+  // arrival order. Call once, before anything else.
+  absl::Status Restore() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A rank's Hello. InvalidArgument for malformed hellos; FailedPrecondition
+  // when it contradicts the job (world size, cadence, layout) or is stale.
+  absl::StatusOr<AttachResult> Attach(const Hello& hello) ABSL_LOCKS_EXCLUDED(mu_);
+  // The rank's stream ended.
+  void Detach(const std::string& job_id, Rank rank, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One report. Idempotent: a sequence already acknowledged returns
+  // duplicate=true and changes nothing. Errors leave the state unchanged:
+  // NotFound (unknown job), InvalidArgument (bad rank, bad step, wrong tensor
+  // count, a role the plan does not give), FailedPrecondition (no Hello, stale
+  // incarnation), OutOfRange (a gap in sequence numbers), AlreadyExists (a
+  // second report of the same kind for the same step).
+  absl::StatusOr<Effects> Ingest(const Report& report) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The checkpoint gate; the decision is persisted. NotFound for unknown jobs.
+  absl::StatusOr<CheckpointResult> MayCheckpoint(const std::string& job_id, Step step)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Deadlines and expiry. Call periodically.
+  Effects Tick() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Operators.
+  absl::StatusOr<std::pair<ReplacementRequest, Effects>> Approve(
+      uint64_t id, const std::string& op, const std::string& reason, bool force,
+      bool dry_run) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::pair<ReplacementRequest, Effects>> Deny(
+      uint64_t id, const std::string& op, const std::string& reason, bool force,
+      bool dry_run) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Actuators: take Approved requests (moving them to Executing), then
+  // report each result.
+  std::pair<std::vector<ReplacementRequest>, Effects> StartApproved(
+      const std::string& actuator) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::pair<ReplacementRequest, Effects>> FinishExecution(
+      uint64_t id, bool ok, const std::string& detail) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queries.
+  std::vector<JobSummary> ListJobs() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<RankSummary>> ListRanks(const std::string& job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Incident> ListIncidents(const std::string& job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Suspect> ListSuspects() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<ReplacementRequest> ListRequests() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ReplacementRequest> GetRequest(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Incident> GetIncident(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Incidents and requests naming a GPU (or a node), across jobs.
+  std::pair<std::vector<Incident>, std::vector<ReplacementRequest>> History(
+      const std::string& gpu, const std::string& node) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t AttachedRanks() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct RankState {
+    RankRecord record;
+    bool attached = false;
+  };
+  struct GroupState {
+    GroupRecord record;
+    std::vector<Rank> members;  // Ascending.
+    std::unique_ptr<Topology> topology;
+  };
+  // One distinct digest of a vote, with one copy of its tensors.
+  struct Ballot {
+    std::vector<Rank> ranks;
+    std::vector<Fingerprint> tensors;
+  };
+  // Check 1 of one group at one step.
+  struct PendingStep {
+    absl::Time first_seen;
+    std::map<uint64_t, Ballot> reduced;  // By reduced-gradient digest.
+    std::set<Rank> reported;
+    std::set<Rank> local_nonfinite;
+    std::set<Rank> reduced_nonfinite;
+    std::set<Rank> applied;
+    std::set<Rank> skipped;
+    std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
+    std::vector<PendingKey> keys;
+  };
+  struct PendingWeights {
+    absl::Time first_seen;
+    std::map<uint64_t, Ballot> ballots;
+    std::set<Rank> voted;
+    std::vector<PendingKey> keys;
+  };
+  struct PendingTieBreak {
+    TieBreak tiebreak;
+    std::optional<Evidence> result;
+  };
+  struct PendingAudit {
+    absl::Time first_seen;
+    uint64_t plan_id = 0;
+    ReplayPlan plan;
+    absl::flat_hash_map<Rank, Rank> subject_of;  // Replayer -> subject, from the plan.
+    absl::flat_hash_set<Rank> subjects;          // Ranks whose batch is replayed.
+    absl::flat_hash_map<Rank, Evidence> originals;
+    absl::flat_hash_map<Rank, Evidence> replays;
+    std::optional<AuditVerdict> verdict;  // Set once originals and replays are in.
+    std::vector<PendingTieBreak> tiebreaks;
+    std::vector<PendingKey> keys;
+    Rank suspect = 0;  // For targeted plans.
+  };
+  // Finalized checks of one step, for the checkpoint gate.
+  struct LedgerEntry {
+    std::map<uint32_t, StepVerdict> weights;  // By group.
+    std::vector<StepVerdict> failures;
+    bool applied = false;
+  };
+  struct JobState {
+    JobRecord record;
+    std::vector<std::optional<RankState>> ranks;
+    std::map<uint32_t, GroupState> groups;
+    std::map<std::pair<uint32_t, Step>, PendingStep> steps;
+    std::map<std::pair<uint32_t, Step>, PendingWeights> weights;
+    std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> audits;
+    std::map<uint64_t, PlanRecord> plans;
+    std::map<Step, LedgerEntry> ledger;
+    Step max_step = 0;
+    bool has_max_step = false;
+  };
+  // A GPU attributed faulty that still blocks checkpoints of its job.
+  struct FaultyGpu {
+    std::string job_id;
+    Rank rank = 0;
+    std::string node;
+    Step step = 0;
+    uint64_t incident_id = 0;
+  };
+
+  // Work of one call: the mutation and effects it builds.
+  struct Txn {
+    Mutation mutation;
+    Effects effects;
+  };
+
+  absl::Status ValidateHello(const Hello& h) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status ValidateReport(const JobState& job, const Report& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status Apply(JobState& job, const Report& r, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyStepReport(JobState& job, GroupState& group, const Report& r,
+                       const StepReport& s, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyAudit(JobState& job, GroupState& group, const Report& r,
+                          const AuditResult& a, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyWeights(JobState& job, GroupState& group, const Report& r,
+                    const WeightReport& w, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void MaybeFinalizeStep(JobState& job, GroupState& group, Step step, bool deadline,
+                         Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinalizeWeights(JobState& job, GroupState& group, Step step, bool deadline,
+                            Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinalizeAudit(JobState& job, GroupState& group,
+                          const std::tuple<uint32_t, Step, uint64_t>& key, bool deadline,
+                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The plan of an audit result; InvalidArgument when none applies.
+  absl::StatusOr<ReplayPlan> PlanFor(const JobState& job, const GroupState& group,
+                                     Step step, uint64_t plan_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Records an incident; confirmed ones open (or join) a request and block
+  // checkpoints while the GPU stays; unconfirmed ones make suspects.
+  Incident& RecordIncident(JobState& job, GroupState& group, Step step, CheckKind check,
+                           const std::string& outcome, std::vector<Rank> ranks,
+                           bool confirmed, const std::string& explanation,
+                           std::vector<std::string> differing, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddSuspect(JobState& job, GroupState& group, Rank rank, const std::string& reason,
+                  Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,
+                             const std::string& reason, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordVerdict(JobState& job, StepVerdict verdict, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rollback(JobState& job, Step from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RebuildTopology(GroupState& group, const JobState& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Empty when allowed; else the reasons, and whether they are all waits.
+  std::string CheckpointVeto(const JobState& job, Step step, bool* retryable) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> TensorNames(const GroupState& group,
+                                       const std::vector<uint32_t>& indices) const;
+  // Persists and returns the effects; the store's error if it refused.
+  absl::StatusOr<Effects> Commit(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RankRecord& RankOf(JobState& job, Rank rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  const Clock* const clock_;
+  Store* const store_;
+
+  mutable absl::Mutex mu_;
+  bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // Restore() re-ingesting.
+  std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Incident> incidents_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_incident_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);  // By GPU.
+  std::map<std::string, FaultyGpu> faulty_gpus_ ABSL_GUARDED_BY(mu_);
+  Escalation escalation_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sdc::core
+
+#endif  // SDC_DAEMON_CORE_COORDINATOR_H_

@@ -1,0 +1,730 @@
+#include "daemon/core/coordinator.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/model_digest.h"
+
+namespace sdc::core {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+constexpr char kJob[] = "job-a";
+const std::vector<std::string> kTensors = {"embed.weight", "layers.0.w", "layers.0.b",
+                                           "norm.weight"};
+
+// A cluster of `nodes` x `gpus` ranks talking to one coordinator, with the
+// bookkeeping a trainer would do (sequence numbers per rank).
+class Cluster {
+ public:
+  Cluster(int nodes, int gpus, uint32_t audit_every = 10, uint32_t weight_every = 10,
+          CoordinatorOptions options = {})
+      : nodes_(nodes), gpus_(gpus), audit_every_(audit_every), weight_every_(weight_every) {
+    options_ = options;
+    Reset();
+  }
+
+  // A fresh coordinator on the same store, as after a restart.
+  void Reset() {
+    coordinator_ = std::make_unique<Coordinator>(options_, &clock_, &store_);
+  }
+
+  uint32_t world() const { return nodes_ * gpus_; }
+  std::string NodeOf(Rank r) const { return std::string("node-") + static_cast<char>('a' + r / gpus_); }
+  std::string GpuOf(Rank r) const { return absl::StrCat("GPU-", r); }
+
+  Hello HelloOf(Rank r, uint64_t incarnation = 1) const {
+    Hello h;
+    h.job_id = kJob;
+    h.placement = {r, NodeOf(r), r % static_cast<uint32_t>(gpus_), GpuOf(r), 0};
+    h.world_size = world();
+    h.incarnation = incarnation;
+    h.weight_tensors = kTensors;
+    h.parameter_count = 3;
+    h.layout_digest = 77;
+    h.deterministic = true;
+    h.audit_every = audit_every_;
+    h.weight_check_every = weight_every_;
+    return h;
+  }
+
+  void AttachAll() {
+    for (Rank r = 0; r < world(); ++r) {
+      ASSERT_TRUE(coordinator_->Attach(HelloOf(r)).ok()) << r;
+    }
+  }
+
+  absl::StatusOr<Effects> Send(Rank r, Step step, decltype(Report::body) body,
+                               uint64_t incarnation = 1) {
+    Report rep;
+    rep.job_id = kJob;
+    rep.rank = r;
+    rep.incarnation = incarnation;
+    rep.sequence = next_seq_[{r, incarnation}] + 1;
+    rep.step = step;
+    rep.body = std::move(body);
+    absl::StatusOr<Effects> e = coordinator_->Ingest(rep);
+    if (e.ok() && !e->duplicate) next_seq_[{r, incarnation}] = rep.sequence;
+    if (e.ok()) Collect(*e);
+    return e;
+  }
+
+  // Every rank reports a clean step (same reduced digest, applied).
+  void CleanStep(Step step) {
+    for (Rank r = 0; r < world(); ++r) {
+      ASSERT_TRUE(Send(r, step, StepReport{0, 0, 1.0, 1234, true, "", false}).ok());
+    }
+  }
+
+  static WeightReport Weights(uint64_t salt = 0) {
+    WeightReport w;
+    for (size_t t = 0; t < kTensors.size(); ++t) w.tensors.push_back({16, 100 + t, 200 + t + salt * (t == 1)});
+    std::vector<kernels::NamedFingerprint> named;
+    for (size_t t = 0; t < kTensors.size(); ++t) named.push_back({kTensors[t], w.tensors[t]});
+    w.digest = kernels::ModelDigest(named);
+    return w;
+  }
+
+  void AllWeights(Step step, Rank corrupt = UINT32_MAX) {
+    for (Rank r = 0; r < world(); ++r) {
+      ASSERT_TRUE(Send(r, step, Weights(r == corrupt ? 1 : 0)).ok());
+    }
+  }
+
+  // The scheduled audit of `step`: `wrong_own` ranks compute their own batch
+  // wrongly, `wrong_replay` ranks compute replays wrongly.
+  void Audit(Step step, std::set<Rank> wrong_own, std::set<Rank> wrong_replay,
+             uint64_t plan_id = 0, std::vector<Assignment> assignments = {}) {
+    if (assignments.empty()) {
+      Topology t(Members());
+      assignments = PlanFullAudit(t, step / audit_every_).assignments;
+    }
+    std::set<Rank> subjects;
+    for (const Assignment& a : assignments) subjects.insert(a.subject);
+    for (Rank s : subjects) {
+      AuditResult o;
+      o.role = AuditRole::kOriginal;
+      o.plan_id = plan_id;
+      o.subject = s;
+      o.loss_bits = BatchValue(s) + (wrong_own.count(s) ? 1 : 0);
+      o.gradient_digest = o.loss_bits;
+      ASSERT_TRUE(Send(s, step, o).ok()) << "original " << s;
+    }
+    for (const Assignment& a : assignments) {
+      AuditResult rp;
+      rp.role = AuditRole::kReplay;
+      rp.plan_id = plan_id;
+      rp.subject = a.subject;
+      rp.loss_bits = BatchValue(a.subject) + (wrong_replay.count(a.replayer) ? 7 + a.replayer : 0);
+      rp.gradient_digest = rp.loss_bits;
+      ASSERT_TRUE(Send(a.replayer, step, rp).ok()) << "replay " << a.replayer;
+    }
+  }
+
+  absl::StatusOr<Effects> TieBreakResult(Rank tiebreaker, Rank subject, Step step,
+                                         bool wrong = false) {
+    AuditResult t;
+    t.role = AuditRole::kTieBreak;
+    t.subject = subject;
+    t.loss_bits = BatchValue(subject) + (wrong ? 99 : 0);
+    t.gradient_digest = t.loss_bits;
+    return Send(tiebreaker, step, t);
+  }
+
+  static uint64_t BatchValue(Rank r) { return 1000 + 10 * r; }
+
+  std::vector<PlanMember> Members() const {
+    std::vector<PlanMember> m;
+    for (Rank r = 0; r < world(); ++r) m.push_back({r, NodeOf(r)});
+    return m;
+  }
+
+  void Collect(const Effects& e) {
+    for (const auto& m : e.messages) messages_.push_back(m);
+    for (const auto& c : e.checks) checks_.push_back(c);
+  }
+
+  template <typename T>
+  std::vector<T> MessagesOf() const {
+    std::vector<T> out;
+    for (const auto& m : messages_) {
+      if (const T* t = std::get_if<T>(&m.body)) out.push_back(*t);
+    }
+    return out;
+  }
+
+  Coordinator& c() { return *coordinator_; }
+  FakeClock& clock() { return clock_; }
+  MemoryStore& store() { return store_; }
+  std::vector<CheckEvent>& checks() { return checks_; }
+
+ private:
+  int nodes_, gpus_;
+  uint32_t audit_every_, weight_every_;
+  CoordinatorOptions options_;
+  FakeClock clock_;
+  MemoryStore store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::map<std::pair<Rank, uint64_t>, uint64_t> next_seq_;
+  std::vector<OutMessage> messages_;
+  std::vector<CheckEvent> checks_;
+};
+
+// ---------------------------------------------------------------------------
+// Registry and bad input
+
+TEST(CoordinatorTest, AttachRegistersJobAndRanks) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  auto jobs = cl.c().ListJobs();
+  ASSERT_THAT(jobs, SizeIs(1));
+  EXPECT_EQ(jobs[0].world_size, 6u);
+  EXPECT_EQ(jobs[0].attached, 6u);
+  EXPECT_EQ(jobs[0].nodes, 3u);
+  auto ranks = cl.c().ListRanks(kJob);
+  ASSERT_TRUE(ranks.ok());
+  ASSERT_THAT(*ranks, SizeIs(6));
+  EXPECT_EQ((*ranks)[5].placement.node, "node-c");
+  EXPECT_EQ(cl.c().AttachedRanks(), 6u);
+  cl.c().Detach(kJob, 5, 1);
+  EXPECT_EQ(cl.c().AttachedRanks(), 5u);
+  EXPECT_EQ(cl.c().ListRanks("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorTest, BadHellosAreRefusedWithSpecificCodes) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  struct Case {
+    const char* name;
+    std::function<void(Hello&)> mutate;
+    absl::StatusCode code;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"empty job", [](Hello& h) { h.job_id = ""; }, absl::StatusCode::kInvalidArgument,
+       "job id"},
+      {"rank beyond world", [](Hello& h) { h.placement.rank = 6; },
+       absl::StatusCode::kInvalidArgument, "not below the world size"},
+      {"no node", [](Hello& h) { h.placement.node = ""; }, absl::StatusCode::kInvalidArgument,
+       "node name"},
+      {"too many parameters", [](Hello& h) { h.parameter_count = 9; },
+       absl::StatusCode::kInvalidArgument, "parameter count"},
+      {"world size", [](Hello& h) { h.world_size = 12; h.placement.rank = 1; },
+       absl::StatusCode::kFailedPrecondition, "world size 6"},
+      {"cadence", [](Hello& h) { h.audit_every = 50; }, absl::StatusCode::kFailedPrecondition,
+       "audits every 10"},
+      {"layout", [](Hello& h) { h.layout_digest = 78; }, absl::StatusCode::kFailedPrecondition,
+       "model layout"},
+      {"stale incarnation", [](Hello& h) { h.incarnation = 0; },
+       absl::StatusCode::kFailedPrecondition, "stale hello"},
+  };
+  for (const Case& c : cases) {
+    Hello h = cl.HelloOf(1);
+    c.mutate(h);
+    absl::StatusOr<AttachResult> r = cl.c().Attach(h);
+    EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message)) << c.name;
+  }
+  // Nothing changed: the job still has the same shape and accepts reports.
+  EXPECT_EQ(cl.c().ListJobs()[0].world_size, 6u);
+  EXPECT_TRUE(cl.Send(1, 1, StepReport{}).ok());
+}
+
+TEST(CoordinatorTest, BadReportsAreRefusedAndLeaveStateUnchanged) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  ASSERT_TRUE(cl.Send(0, 1, StepReport{}).ok());  // Rank 0 acked through seq 1.
+  const size_t pending_before = cl.store().pending_count();
+
+  auto ingest = [&](Report r) { return cl.c().Ingest(r); };
+  auto report = [](Rank rank, uint64_t seq, Step step, decltype(Report::body) body) {
+    Report r;
+    r.job_id = kJob;
+    r.rank = rank;
+    r.incarnation = 1;
+    r.sequence = seq;
+    r.step = step;
+    r.body = std::move(body);
+    return r;
+  };
+  struct Case {
+    const char* name;
+    Report report;
+    absl::StatusCode code;
+    const char* message;
+  };
+  Report wrong_job = report(0, 2, 2, StepReport{});
+  wrong_job.job_id = "other";
+  Report stale = report(0, 2, 2, StepReport{});
+  stale.incarnation = 0;
+  WeightReport short_weights = Cluster::Weights();
+  short_weights.tensors.pop_back();
+  AuditResult not_audit_step;
+  not_audit_step.subject = 0;
+  AuditResult bad_pair;
+  bad_pair.role = AuditRole::kReplay;
+  bad_pair.subject = 0;  // Rank 0 replaying itself is never planned.
+  AuditResult bad_gradients;
+  bad_gradients.subject = 0;
+  bad_gradients.gradients.resize(2);
+  const std::vector<Case> cases = {
+      {"unknown job", wrong_job, absl::StatusCode::kNotFound, "unknown job other"},
+      {"unknown rank", report(9, 1, 1, StepReport{}), absl::StatusCode::kInvalidArgument,
+       "unknown rank 9"},
+      {"stale incarnation", stale, absl::StatusCode::kFailedPrecondition, "stale report"},
+      {"sequence gap", report(0, 5, 2, StepReport{}), absl::StatusCode::kOutOfRange,
+       "resend from 2"},
+      {"duplicate step", report(0, 2, 1, StepReport{}), absl::StatusCode::kAlreadyExists,
+       "step report for step 1 from rank 0 already received"},
+      {"out of order step", report(0, 2, 0, StepReport{}), absl::StatusCode::kInvalidArgument,
+       "out-of-order step"},
+      {"wrong tensor count", report(0, 2, 10, short_weights),
+       absl::StatusCode::kInvalidArgument, "has 3 tensors; the layout of replica group 0 has 4"},
+      {"not an audit step", report(0, 2, 7, not_audit_step),
+       absl::StatusCode::kInvalidArgument, "not a scheduled audit step"},
+      {"unplanned pair", report(0, 2, 10, bad_pair), absl::StatusCode::kInvalidArgument,
+       "does not assign that pair"},
+      {"wrong gradient count", report(0, 2, 10, bad_gradients),
+       absl::StatusCode::kInvalidArgument, "has 2 gradient fingerprints; the layout has 3"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Effects> e = ingest(c.report);
+    EXPECT_EQ(e.status().code(), c.code) << c.name << ": " << e.status();
+    EXPECT_THAT(std::string(e.status().message()), HasSubstr(c.message)) << c.name;
+    EXPECT_EQ(cl.store().pending_count(), pending_before) << c.name;
+  }
+  // A duplicate sequence is acknowledged again and changes nothing.
+  absl::StatusOr<Effects> dup = ingest(report(0, 1, 1, StepReport{}));
+  ASSERT_TRUE(dup.ok());
+  EXPECT_TRUE(dup->duplicate);
+  EXPECT_EQ(dup->acked_sequence, 1u);
+  EXPECT_EQ(cl.store().pending_count(), pending_before);
+  // The next report in sequence is still welcome: nothing moved.
+  absl::StatusOr<Effects> next = ingest(report(0, 2, 2, StepReport{}));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->acked_sequence, 2u);
+}
+
+// ---------------------------------------------------------------------------
+// Check 1
+
+TEST(CoordinatorTest, CleanStepPassesAndFinalizes) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.CleanStep(1);
+  ASSERT_THAT(cl.checks(), SizeIs(2));
+  EXPECT_EQ(cl.checks()[0].check, CheckKind::kReducedGradients);
+  EXPECT_EQ(cl.checks()[0].result, "pass");
+  EXPECT_EQ(cl.checks()[1].result, "pass");
+  EXPECT_EQ(cl.store().pending_count(), 0u);
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+}
+
+TEST(CoordinatorTest, RankWithDifferentReducedGradientsIsAttributed) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 1, StepReport{0, 0, 1.0, r == 4 ? 999u : 1234u, false, "agreement",
+                                         false}).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kReducedGradients);
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(4));
+  EXPECT_EQ(incidents[0].nodes[0], "node-c");
+  EXPECT_TRUE(incidents[0].confirmed);
+  auto requests = cl.c().ListRequests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].node, "node-c");
+  EXPECT_EQ(requests[0].state, RequestState::kPending);
+  EXPECT_EQ(incidents[0].request_id, requests[0].id);
+}
+
+TEST(CoordinatorTest, LocalNanConfirmedByAFiniteReplayBlamesTheRank) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite",
+                                         false}).ok());
+  }
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty()) << "waits for the confirmation replay";
+  AuditResult confirm;
+  confirm.role = AuditRole::kConfirm;
+  confirm.subject = 2;
+  confirm.nonfinite = 0;
+  ASSERT_TRUE(cl.Send(4, 3, confirm).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kNonFinite);
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("got finite gradients"));
+  EXPECT_THAT(cl.c().ListRequests(), SizeIs(1));
+}
+
+TEST(CoordinatorTest, LocalNanReproducedByAnotherGpuBlamesNobody) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite",
+                                         false}).ok());
+  }
+  AuditResult confirm;
+  confirm.role = AuditRole::kConfirm;
+  confirm.subject = 2;
+  confirm.nonfinite = 5;
+  ASSERT_TRUE(cl.Send(4, 3, confirm).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "reproduced");
+  EXPECT_THAT(incidents[0].ranks, IsEmpty());
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+}
+
+TEST(CoordinatorTest, UnconfirmedLocalNanMakesASuspectWithTargetedAudits) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite",
+                                         false}).ok());
+  }
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_FALSE(incidents[0].confirmed);
+  auto suspects = cl.c().ListSuspects();
+  ASSERT_THAT(suspects, SizeIs(1));
+  EXPECT_EQ(suspects[0].gpu, "GPU-2");
+  auto plans = cl.MessagesOf<PlanMessage>();
+  ASSERT_THAT(plans, SizeIs(1));
+  EXPECT_EQ(plans[0].plan_id, 1u);
+  EXPECT_THAT(plans[0].reason, HasSubstr("targeted audit of suspect rank 2"));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+}
+
+TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{1, 6, NAN, 1, false, "nonfinite", false}).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "all_ranks");
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// Check 2
+
+TEST(CoordinatorTest, ReplayAuditAttributesAFaultyRank) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.Audit(10, {3}, {3});
+  auto verdicts = cl.MessagesOf<AuditVerdictMessage>();
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_EQ(verdicts[0].outcome, AuditOutcome::kFaulty);
+  EXPECT_THAT(verdicts[0].faulty, ElementsAre(3));
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kReplay);
+  EXPECT_THAT(incidents[0].gpus, ElementsAre("GPU-3"));
+  auto requests = cl.c().ListRequests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].node, "node-b");
+  EXPECT_EQ(cl.store().pending_count(), 0u);
+}
+
+TEST(CoordinatorTest, LoneMismatchIsSettledByATieBreak) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.Audit(10, /*wrong_own=*/{1}, {});
+  auto tiebreaks = cl.MessagesOf<TieBreakMessage>();
+  ASSERT_THAT(tiebreaks, SizeIs(1));
+  EXPECT_EQ(tiebreaks[0].subject, 1u);
+  Topology t(cl.Members());
+  EXPECT_NE(t.DomainOf(tiebreaks[0].replayer), t.DomainOf(1));
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  auto veto = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(veto.ok());
+  EXPECT_THAT(veto->reason, HasSubstr("awaits tie-break replays by ranks"));
+  ASSERT_TRUE(cl.TieBreakResult(tiebreaks[0].replayer, 1, 10).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(1));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("own result was wrong"));
+  EXPECT_THAT(cl.c().ListRequests(), SizeIs(1));
+}
+
+TEST(CoordinatorTest, TwoNodesDetectButNameNobody) {
+  Cluster cl(2, 2);
+  cl.AttachAll();
+  cl.Audit(10, {1}, {1});
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "attribution_impossible");
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("attribution needs 3"));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  EXPECT_THAT(cl.MessagesOf<PlanMessage>(), IsEmpty()) << "targeted audits cannot help";
+}
+
+TEST(CoordinatorTest, SystemicMismatchBlamesNobody) {
+  Cluster cl(4, 2);
+  cl.AttachAll();
+  std::set<Rank> all;
+  for (Rank r = 0; r < 8; ++r) all.insert(r);
+  cl.Audit(10, {}, all);
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "systemic");
+  EXPECT_THAT(incidents[0].ranks, IsEmpty());
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+}
+
+TEST(CoordinatorTest, TargetedAuditOfASuspectConfirmsIt) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite",
+                                         false}).ok());
+  }
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  auto plans = cl.MessagesOf<PlanMessage>();
+  ASSERT_THAT(plans, SizeIs(1));
+  cl.Audit(4, {2}, {2}, plans[0].plan_id, plans[0].assignments);
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(2));
+  EXPECT_EQ(incidents[1].outcome, "faulty");
+  EXPECT_THAT(incidents[1].ranks, ElementsAre(2));
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty()) << "a confirmed GPU is no longer a suspect";
+  EXPECT_THAT(cl.c().ListRequests(), SizeIs(1));
+}
+
+TEST(CoordinatorTest, ClearedTargetedAuditSchedulesTheNextUntilChancesRunOut) {
+  CoordinatorOptions options;
+  options.targeted_audits_per_suspect = 2;
+  Cluster cl(3, 2, 10, 10, options);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "n", false}).ok());
+  }
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  auto plans = cl.MessagesOf<PlanMessage>();
+  ASSERT_THAT(plans, SizeIs(1));
+  cl.Audit(4, {}, {}, plans[0].plan_id, plans[0].assignments);
+  plans = cl.MessagesOf<PlanMessage>();
+  ASSERT_THAT(plans, SizeIs(2));
+  EXPECT_EQ(plans[1].plan_id, 2u);
+  cl.Audit(5, {}, {}, plans[1].plan_id, plans[1].assignments);
+  EXPECT_THAT(cl.MessagesOf<PlanMessage>(), SizeIs(2)) << "no chances left";
+  auto suspects = cl.c().ListSuspects();
+  ASSERT_THAT(suspects, SizeIs(1));
+  EXPECT_EQ(suspects[0].targeted_audits_left, 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Check 3 and the checkpoint gate
+
+TEST(CoordinatorTest, WeightMinorityIsNamedWithItsTensors) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.AllWeights(10, /*corrupt=*/5);
+  auto verdicts = cl.MessagesOf<WeightVerdictMessage>();
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_FALSE(verdicts[0].pass);
+  EXPECT_THAT(verdicts[0].minority, ElementsAre(5));
+  EXPECT_THAT(verdicts[0].differing_tensors, ElementsAre("layers.0.w"));
+  EXPECT_EQ(verdicts[0].majority_source, 0u);
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kWeights);
+  EXPECT_THAT(incidents[0].differing_tensors, ElementsAre("layers.0.w"));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("5 of 6 replicas"));
+}
+
+TEST(CoordinatorTest, CheckpointGateGivesPreciseReasons) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  // Weights of step 10 from all ranks but 3 and 5.
+  for (Rank r : {0u, 1u, 2u, 4u}) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights()).ok());
+  auto d = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->allowed);
+  EXPECT_TRUE(d->retryable);
+  EXPECT_EQ(d->reason, "weight check for step 10 missing from ranks 3, 5");
+  for (Rank r : {3u, 5u}) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights()).ok());
+  d = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->reason, "every check through this step is in and passed");
+  EXPECT_TRUE(d->allowed);
+  // Step 11 is not reported yet.
+  d = cl.c().MayCheckpoint(kJob, 11);
+  EXPECT_THAT(d->reason, HasSubstr("checks of step 11 not yet reported by ranks 0, 1, 2, 3, 4, 5"));
+  EXPECT_EQ(cl.c().MayCheckpoint("nope", 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorTest, CheckpointVetoedWhileAFaultyGpuStaysAndClearedByDenial) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  cl.AllWeights(10, /*corrupt=*/5);
+  auto d = cl.c().MayCheckpoint(kJob, 10);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable);
+  EXPECT_THAT(d->reason, HasSubstr("step 10 failed the weights check"));
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  cl.AllWeights(20);
+  d = cl.c().MayCheckpoint(kJob, 20);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_THAT(d->reason, HasSubstr("rank 5 (GPU-5 on node-c) was attributed faulty at step 10"));
+  const uint64_t request = cl.c().ListRequests()[0].id;
+  ASSERT_TRUE(cl.c().Deny(request, "alice", "known bad sensor", false, false).ok());
+  d = cl.c().MayCheckpoint(kJob, 20);
+  EXPECT_TRUE(d->allowed) << d->reason;
+}
+
+TEST(CoordinatorTest, AppliedFailureVetoesUntilRollback) {
+  Cluster cl(3, 2, /*audit_every=*/10, /*weight_every=*/10);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);  // Step 10 applied...
+  cl.Audit(10, {}, {}); // ...and its audit passed: fine.
+  // Step 20: a systemic audit failure, but the ranks applied the step.
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  std::set<Rank> all = {0, 1, 2, 3, 4, 5};
+  cl.Audit(20, {}, all);
+  for (Step s = 21; s <= 30; ++s) cl.CleanStep(s);
+  cl.AllWeights(30);
+  auto d = cl.c().MayCheckpoint(kJob, 30);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_THAT(d->reason, HasSubstr("step 20 applied gradients that failed the replay check"));
+  EXPECT_THAT(d->reason, HasSubstr("roll back to a checkpoint before step 20"));
+  // Every rank restarts from a checkpoint at step 10.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r, 2)).ok());
+  for (Step s = 11; s <= 20; ++s) {
+    for (Rank r = 0; r < 6; ++r) {
+      ASSERT_TRUE(cl.Send(r, s, StepReport{0, 0, 1, 1234, true, "", false}, 2).ok());
+    }
+  }
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 20, Cluster::Weights(), 2).ok());
+  d = cl.c().MayCheckpoint(kJob, 20);
+  EXPECT_TRUE(d->allowed) << d->reason;
+}
+
+// ---------------------------------------------------------------------------
+// Deadlines, restarts, operators
+
+TEST(CoordinatorTest, DeadlineFinalizesWithMissingRanksNamed) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights()).ok());
+  cl.clock().Advance(absl::Seconds(119));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.MessagesOf<WeightVerdictMessage>(), IsEmpty());
+  cl.clock().Advance(absl::Seconds(2));
+  cl.Collect(cl.c().Tick());
+  auto verdicts = cl.MessagesOf<WeightVerdictMessage>();
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_THAT(verdicts[0].explanation, HasSubstr("no weights from ranks 5"));
+  auto d = cl.c().MayCheckpoint(kJob, 10);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable);
+  EXPECT_THAT(d->reason, HasSubstr("weight check for step 10 missing from ranks 5"));
+}
+
+TEST(CoordinatorTest, RestartRebuildsStateAndNothingIsDecidedTwice) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.CleanStep(1);
+  // Half an audit and half a weight vote, then the coordinator restarts.
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights(r == 1)).ok());
+  const size_t pending = cl.store().pending_count();
+  EXPECT_EQ(pending, 3u);
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  // Acknowledged reports stay acknowledged.
+  Report again;
+  again.job_id = kJob;
+  again.rank = 0;
+  again.incarnation = 1;
+  again.sequence = 2;
+  again.step = 10;
+  again.body = Cluster::Weights();
+  auto dup = cl.c().Ingest(again);
+  ASSERT_TRUE(dup.ok());
+  EXPECT_TRUE(dup->duplicate);
+  // The vote completes with the other half.
+  for (Rank r = 3; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights()).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(1));
+  EXPECT_EQ(cl.store().pending_count(), 0u);
+  // A second restart: the incident and the request are there once.
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), SizeIs(1));
+  auto requests = cl.c().ListRequests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].state, RequestState::kPending);
+}
+
+TEST(CoordinatorTest, OperatorsAndActuatorsDriveRequests) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.AllWeights(10, 5);
+  const uint64_t id = cl.c().ListRequests()[0].id;
+  auto dry = cl.c().Approve(id, "alice", "confirmed", false, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok());
+  EXPECT_EQ(dry->first.state, RequestState::kApproved);
+  EXPECT_EQ(cl.c().GetRequest(id)->state, RequestState::kPending);
+  ASSERT_TRUE(cl.c().Approve(id, "alice", "confirmed", false, false).ok());
+  auto again = cl.c().Approve(id, "bob", "me too", false, false);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto [started, effects] = cl.c().StartApproved("dry-run");
+  ASSERT_THAT(started, SizeIs(1));
+  EXPECT_EQ(started[0].state, RequestState::kExecuting);
+  ASSERT_TRUE(cl.c().FinishExecution(id, true, "labelled node-c").ok());
+  auto done = cl.c().GetRequest(id);
+  EXPECT_EQ(done->state, RequestState::kDone);
+  EXPECT_EQ(done->actuator_result, "labelled node-c");
+  EXPECT_EQ(cl.c().GetRequest(99).status().code(), absl::StatusCode::kNotFound);
+  auto history = cl.c().History("GPU-5", "");
+  EXPECT_THAT(history.first, SizeIs(1));
+  EXPECT_THAT(history.second, SizeIs(1));
+  EXPECT_THAT(cl.c().History("", "node-c").second, SizeIs(1));
+  EXPECT_THAT(cl.c().History("GPU-0", "").first, IsEmpty());
+}
+
+TEST(CoordinatorTest, PendingRequestsExpire) {
+  CoordinatorOptions options;
+  options.escalation.request_ttl = absl::Hours(1);
+  Cluster cl(3, 2, 10, 10, options);
+  cl.AttachAll();
+  cl.AllWeights(10, 5);
+  cl.clock().Advance(absl::Minutes(59));
+  cl.c().Tick();
+  EXPECT_EQ(cl.c().ListRequests()[0].state, RequestState::kPending);
+  cl.clock().Advance(absl::Minutes(2));
+  cl.c().Tick();
+  EXPECT_EQ(cl.c().ListRequests()[0].state, RequestState::kExpired);
+}
+
+}  // namespace
+}  // namespace sdc::core

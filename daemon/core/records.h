@@ -1,0 +1,176 @@
+#ifndef SDC_DAEMON_CORE_RECORDS_H_
+#define SDC_DAEMON_CORE_RECORDS_H_
+
+// What the coordinator persists: the records a Store keeps, and the
+// Mutation that carries one atomic change to them.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "daemon/core/replay_plan.h"
+#include "daemon/core/types.h"
+
+namespace sdc::core {
+
+struct JobRecord {
+  std::string job_id;
+  uint32_t world_size = 0;
+  uint32_t audit_every = 0;
+  uint32_t weight_check_every = 0;
+  absl::Time created;
+  uint64_t next_plan_id = 1;
+};
+
+struct RankRecord {
+  std::string job_id;
+  Placement placement;
+  uint64_t incarnation = 0;
+  uint64_t acked_sequence = 0;  // Reports durable up to here.
+  bool has_last_step = false;
+  Step last_step = 0;           // Highest step with a StepReport.
+  bool deterministic = false;
+};
+
+// The weight layout shared by a replica group.
+struct GroupRecord {
+  std::string job_id;
+  uint32_t group = 0;
+  std::vector<std::string> weight_tensors;
+  uint32_t parameter_count = 0;
+  uint64_t layout_digest = 0;
+};
+
+struct Incident {
+  uint64_t id = 0;
+  std::string job_id;
+  Step step = 0;
+  CheckKind check = CheckKind::kNonFinite;
+  std::string outcome;  // "faulty", "suspect", "systemic", "reproduced", ...
+  std::vector<Rank> ranks;
+  std::vector<std::string> nodes;  // Parallel to ranks.
+  std::vector<std::string> gpus;   // Parallel to ranks.
+  bool confirmed = false;          // Attributed, not merely suspected.
+  std::string explanation;
+  std::vector<std::string> differing_tensors;
+  absl::Time created;
+  uint64_t request_id = 0;
+};
+
+struct Transition {
+  RequestState from = RequestState::kPending;
+  RequestState to = RequestState::kPending;
+  absl::Time at;
+  std::string actor;
+  std::string reason;
+};
+
+struct ReplacementRequest {
+  uint64_t id = 0;
+  std::string node;
+  RequestState state = RequestState::kPending;
+  std::vector<std::string> gpus;
+  std::vector<uint64_t> incident_ids;
+  std::string reason;
+  std::string action = "replace";
+  absl::Time created;
+  absl::Time updated;
+  std::vector<Transition> transitions;
+  std::string actuator;
+  std::string actuator_result;
+};
+
+struct Suspect {
+  std::string gpu;
+  std::string node;
+  std::string job_id;
+  Rank rank = 0;
+  std::string reason;
+  uint32_t incidents = 0;
+  uint32_t targeted_audits_left = 0;
+  absl::Time since;
+};
+
+// A targeted audit the coordinator asked for.
+struct PlanRecord {
+  std::string job_id;
+  uint32_t group = 0;
+  uint64_t plan_id = 0;
+  std::vector<Assignment> assignments;
+  std::string reason;
+  Rank suspect = 0;
+  bool done = false;
+};
+
+struct CheckpointDecision {
+  std::string job_id;
+  Step step = 0;
+  bool allowed = false;
+  std::string reason;
+  absl::Time at;
+};
+
+// A finalized check of one step, kept for the checkpoint gate.
+struct StepVerdict {
+  std::string job_id;
+  uint32_t group = 0;
+  Step step = 0;
+  CheckKind check = CheckKind::kNonFinite;
+  bool failed = false;
+  bool complete = true;       // False: decided at the deadline, ranks missing.
+  bool applied = false;       // Some rank applied the step (check 1 only).
+  std::string summary;        // One line: what failed, or "pass".
+  uint64_t incident_id = 0;
+};
+
+struct PendingKey {
+  std::string job_id;
+  Rank rank = 0;
+  uint64_t incarnation = 0;
+  uint64_t sequence = 0;
+};
+
+// One atomic change. A Store applies all of it or none of it.
+struct Mutation {
+  std::vector<JobRecord> jobs;
+  std::vector<RankRecord> ranks;
+  std::vector<GroupRecord> groups;
+  std::vector<Report> pending_added;
+  std::vector<PendingKey> pending_removed;
+  std::vector<Incident> incidents;
+  std::vector<ReplacementRequest> requests;
+  std::vector<Suspect> suspects;
+  std::vector<std::string> suspects_removed;  // By GPU.
+  std::vector<PlanRecord> plans;
+  std::vector<CheckpointDecision> checkpoint_decisions;
+  std::vector<StepVerdict> step_verdicts;
+  // (job, step): a rollback abandoned every step verdict from `step` on.
+  std::vector<std::pair<std::string, Step>> rollbacks;
+
+  bool empty() const {
+    return jobs.empty() && ranks.empty() && groups.empty() && pending_added.empty() &&
+           pending_removed.empty() && incidents.empty() && requests.empty() &&
+           suspects.empty() && suspects_removed.empty() && plans.empty() &&
+           checkpoint_decisions.empty() && step_verdicts.empty() && rollbacks.empty();
+  }
+};
+
+// Everything a Store holds, as the coordinator rebuilds from it.
+struct Snapshot {
+  std::vector<JobRecord> jobs;
+  std::vector<RankRecord> ranks;
+  std::vector<GroupRecord> groups;
+  std::vector<Report> pending;  // In the order they were added.
+  std::vector<Incident> incidents;
+  std::vector<ReplacementRequest> requests;
+  std::vector<Suspect> suspects;
+  std::vector<PlanRecord> plans;
+  std::vector<StepVerdict> step_verdicts;
+  std::vector<CheckpointDecision> checkpoint_decisions;
+};
+
+}  // namespace sdc::core
+
+#endif  // SDC_DAEMON_CORE_RECORDS_H_

@@ -1,0 +1,630 @@
+#include "daemon/sqlite_store.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/convert.h"
+
+namespace sdc::daemon {
+namespace {
+
+// Migration i (1-based) brings the schema from version i-1 to i. Append new
+// migrations; never edit a released one.
+const char* const kMigrations[] = {
+    // 1: the initial schema.
+    R"sql(
+CREATE TABLE jobs (
+  job_id TEXT PRIMARY KEY,
+  world_size INTEGER NOT NULL,
+  audit_every INTEGER NOT NULL,
+  weight_check_every INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL,
+  next_plan_id INTEGER NOT NULL
+);
+CREATE TABLE ranks (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  node TEXT NOT NULL,
+  local_rank INTEGER NOT NULL,
+  gpu_uuid TEXT NOT NULL,
+  replica_group INTEGER NOT NULL,
+  incarnation INTEGER NOT NULL,
+  acked_sequence INTEGER NOT NULL,
+  has_last_step INTEGER NOT NULL,
+  last_step INTEGER NOT NULL,
+  deterministic INTEGER NOT NULL,
+  PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE replica_groups (
+  job_id TEXT NOT NULL,
+  grp INTEGER NOT NULL,
+  layout BLOB NOT NULL,
+  parameter_count INTEGER NOT NULL,
+  layout_digest INTEGER NOT NULL,
+  PRIMARY KEY (job_id, grp)
+);
+CREATE TABLE pending_reports (
+  arrival INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  incarnation INTEGER NOT NULL,
+  sequence INTEGER NOT NULL,
+  report BLOB NOT NULL,
+  UNIQUE (job_id, rank, incarnation, sequence)
+);
+CREATE TABLE incidents (
+  id INTEGER PRIMARY KEY,
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  check_kind TEXT NOT NULL,
+  outcome TEXT NOT NULL,
+  confirmed INTEGER NOT NULL,
+  request_id INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL,
+  body BLOB NOT NULL
+);
+CREATE TABLE incident_gpus (
+  incident_id INTEGER NOT NULL,
+  gpu_uuid TEXT NOT NULL,
+  node TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  PRIMARY KEY (incident_id, gpu_uuid)
+);
+CREATE INDEX incident_gpus_by_gpu ON incident_gpus (gpu_uuid);
+CREATE INDEX incident_gpus_by_node ON incident_gpus (node);
+CREATE TABLE requests (
+  id INTEGER PRIMARY KEY,
+  node TEXT NOT NULL,
+  state TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  body BLOB NOT NULL
+);
+CREATE TABLE request_transitions (
+  request_id INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  from_state TEXT NOT NULL,
+  to_state TEXT NOT NULL,
+  at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  PRIMARY KEY (request_id, seq)
+);
+CREATE TABLE suspects (
+  gpu_uuid TEXT PRIMARY KEY,
+  body BLOB NOT NULL
+);
+CREATE TABLE plans (
+  job_id TEXT NOT NULL,
+  plan_id INTEGER NOT NULL,
+  grp INTEGER NOT NULL,
+  suspect INTEGER NOT NULL,
+  done INTEGER NOT NULL,
+  plan BLOB NOT NULL,
+  PRIMARY KEY (job_id, plan_id)
+);
+CREATE TABLE checkpoint_decisions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  allowed INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  at_ms INTEGER NOT NULL
+);
+CREATE TABLE step_verdicts (
+  job_id TEXT NOT NULL,
+  grp INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  check_kind TEXT NOT NULL,
+  failed INTEGER NOT NULL,
+  complete INTEGER NOT NULL,
+  applied INTEGER NOT NULL,
+  summary TEXT NOT NULL,
+  incident_id INTEGER NOT NULL,
+  PRIMARY KEY (job_id, grp, step, check_kind)
+);
+)sql",
+};
+
+constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
+static_assert(kMigrationCount == SqliteStore::kSchemaVersion);
+
+absl::Status SqlError(sqlite3* db, const std::string& what) {
+  return absl::InternalError(absl::StrCat("sqlite: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+absl::Status Exec(sqlite3* db, const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    absl::Status s = absl::InternalError(absl::StrCat("sqlite: ", err ? err : "error"));
+    sqlite3_free(err);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+// A prepared statement, reset after each use.
+class SqliteStatement {
+ public:
+  SqliteStatement(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
+  }
+  ~SqliteStatement() { sqlite3_finalize(stmt_); }
+  SqliteStatement(const SqliteStatement&) = delete;
+  SqliteStatement& operator=(const SqliteStatement&) = delete;
+
+  bool ok() const { return stmt_ != nullptr; }
+  SqliteStatement& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  SqliteStatement& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  SqliteStatement& Blob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // Runs a statement that returns no rows.
+  absl::Status Run(const char* what) {
+    const int rc = sqlite3_step(stmt_);
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    return rc == SQLITE_DONE ? absl::OkStatus() : SqlError(db_, what);
+  }
+  bool Next() { return sqlite3_step(stmt_) == SQLITE_ROW; }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  std::string Text(int col) {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+    return p == nullptr ? "" : std::string(p, sqlite3_column_bytes(stmt_, col));
+  }
+  std::string Bytes(int col) {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(stmt_, col));
+    return p == nullptr ? "" : std::string(p, sqlite3_column_bytes(stmt_, col));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+}  // namespace internal
+
+namespace {
+
+using Stmt = internal::SqliteStatement;
+
+absl::StatusOr<int> SchemaVersion(sqlite3* db) {
+  Stmt exists(db, "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'");
+  if (!exists.ok()) return SqlError(db, "reading the schema");
+  if (!exists.Next()) return 0;
+  Stmt version(db, "SELECT version FROM schema_version");
+  if (!version.ok() || !version.Next()) return SqlError(db, "reading schema_version");
+  return static_cast<int>(version.Int(0));
+}
+
+absl::Status Migrate(sqlite3* db) {
+  absl::StatusOr<int> version = SchemaVersion(db);
+  if (!version.ok()) return version.status();
+  if (*version > SqliteStore::kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database schema version ", *version, " is newer than this sdcd understands (",
+        SqliteStore::kSchemaVersion, "); upgrade sdcd"));
+  }
+  for (int v = *version + 1; v <= SqliteStore::kSchemaVersion; ++v) {
+    std::string sql = absl::StrCat("BEGIN IMMEDIATE;", kMigrations[v - 1]);
+    if (v == 1) {
+      absl::StrAppend(&sql, "CREATE TABLE schema_version (version INTEGER NOT NULL);",
+                      "INSERT INTO schema_version VALUES (1);");
+    } else {
+      absl::StrAppend(&sql, "UPDATE schema_version SET version = ", v, ";");
+    }
+    absl::StrAppend(&sql, "COMMIT;");
+    if (absl::Status s = Exec(db, sql); !s.ok()) {
+      Exec(db, "ROLLBACK;").IgnoreError();
+      return absl::InternalError(absl::StrCat("migration to schema version ", v,
+                                              " failed: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string LayoutBlob(const std::vector<std::string>& tensors) {
+  v1::Hello h;
+  for (const auto& t : tensors) h.add_weight_tensors(t);
+  return h.SerializeAsString();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                             SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        "cannot open database ", path, ": ", db ? sqlite3_errmsg(db) : "out of memory"));
+    sqlite3_close(db);
+    return s;
+  }
+  for (const char* pragma : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;",
+                             "PRAGMA busy_timeout=5000;", "PRAGMA foreign_keys=OFF;"}) {
+    if (absl::Status s = Exec(db, pragma); !s.ok()) {
+      sqlite3_close(db);
+      return absl::UnavailableError(absl::StrCat("database ", path, ": ", s.message()));
+    }
+  }
+  if (absl::Status s = Migrate(db); !s.ok()) {
+    sqlite3_close(db);
+    return s;
+  }
+  return std::unique_ptr<SqliteStore>(new SqliteStore(db, path));
+}
+
+SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {
+  writer_ = std::thread([this] { WriterMain(); });
+}
+
+SqliteStore::~SqliteStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  writer_.join();
+  sqlite3_close(db_);
+}
+
+absl::StatusOr<uint64_t> SqliteStore::Apply(core::Mutation m) {
+  absl::MutexLock lock(&mu_);
+  if (!failed_.ok()) return failed_;
+  const uint64_t ticket = ++next_ticket_;
+  queue_.emplace_back(ticket, std::move(m));
+  return ticket;
+}
+
+absl::Status SqliteStore::WaitDurable(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, ticket]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return durable_ >= ticket || !failed_.ok();
+  };
+  mu_.Await(absl::Condition(&done));
+  return durable_ >= ticket ? absl::OkStatus() : failed_;
+}
+
+void SqliteStore::NotifyDurable(uint64_t ticket, std::function<void(absl::Status)> done) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (durable_ < ticket && failed_.ok()) {
+      callbacks_.emplace_back(ticket, std::move(done));
+      return;
+    }
+    status = durable_ >= ticket ? absl::OkStatus() : failed_;
+  }
+  done(status);
+}
+
+absl::Status SqliteStore::health() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+size_t SqliteStore::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+uint64_t SqliteStore::commits() const {
+  absl::MutexLock lock(&mu_);
+  return commits_;
+}
+
+uint64_t SqliteStore::file_bytes() const {
+  uint64_t total = 0;
+  for (const std::string& p : {path_, path_ + "-wal"}) {
+    struct stat st;
+    if (stat(p.c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_size);
+  }
+  return total;
+}
+
+void SqliteStore::WriterMain() {
+  while (true) {
+    std::deque<std::pair<uint64_t, core::Mutation>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty() && stop_) return;
+      batch.swap(queue_);
+    }
+    absl::Status status;
+    {
+      absl::MutexLock lock(&write_mu_);
+      status = Exec(db_, "BEGIN IMMEDIATE;");
+      for (auto& [ticket, m] : batch) {
+        if (!status.ok()) break;
+        status = Write(m);
+      }
+      status = status.ok() ? Exec(db_, "COMMIT;") : status;
+      if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
+    }
+    std::vector<std::function<void(absl::Status)>> ready;
+    std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      if (status.ok()) {
+        durable_ = batch.back().first;
+        ++commits_;
+      } else {
+        failed_ = absl::UnavailableError(absl::StrCat(
+            "the database stopped accepting writes: ", status.message()));
+      }
+      for (auto& [ticket, cb] : callbacks_) {
+        if (ticket <= durable_ || !failed_.ok()) {
+          ready.push_back(std::move(cb));
+        } else {
+          waiting.emplace_back(ticket, std::move(cb));
+        }
+      }
+      callbacks_.swap(waiting);
+      status = failed_;
+    }
+    for (auto& cb : ready) cb(status);
+  }
+}
+
+internal::SqliteStatement& SqliteStore::Prepared(const char* sql) {
+  std::unique_ptr<internal::SqliteStatement>& stmt = statements_[sql];
+  if (stmt == nullptr) stmt = std::make_unique<internal::SqliteStatement>(db_, sql);
+  return *stmt;
+}
+
+absl::Status SqliteStore::Write(const core::Mutation& m) {
+  for (const auto& j : m.jobs) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO jobs VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    s.Bind(1, j.job_id).Bind(2, j.world_size).Bind(3, j.audit_every);
+    s.Bind(4, j.weight_check_every).Bind(5, UnixMillis(j.created)).Bind(6, j.next_plan_id);
+    if (absl::Status st = s.Run("writing a job"); !st.ok()) return st;
+  }
+  if (!m.ranks.empty()) {
+    Stmt& s = Prepared(
+           "INSERT OR REPLACE INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+    for (const auto& r : m.ranks) {
+      s.Bind(1, r.job_id).Bind(2, r.placement.rank).Bind(3, r.placement.node);
+      s.Bind(4, r.placement.local_rank).Bind(5, r.placement.gpu_uuid);
+      s.Bind(6, r.placement.replica_group).Bind(7, static_cast<int64_t>(r.incarnation));
+      s.Bind(8, static_cast<int64_t>(r.acked_sequence)).Bind(9, r.has_last_step ? 1 : 0);
+      s.Bind(10, static_cast<int64_t>(r.last_step)).Bind(11, r.deterministic ? 1 : 0);
+      if (absl::Status st = s.Run("writing a rank"); !st.ok()) return st;
+    }
+  }
+  for (const auto& g : m.groups) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO replica_groups VALUES (?1, ?2, ?3, ?4, ?5)");
+    s.Bind(1, g.job_id).Bind(2, g.group).Blob(3, LayoutBlob(g.weight_tensors));
+    s.Bind(4, g.parameter_count).Bind(5, static_cast<int64_t>(g.layout_digest));
+    if (absl::Status st = s.Run("writing a replica group"); !st.ok()) return st;
+  }
+  if (!m.pending_added.empty()) {
+    Stmt& s = Prepared(
+           "INSERT OR REPLACE INTO pending_reports (job_id, rank, incarnation, sequence, report) "
+           "VALUES (?1, ?2, ?3, ?4, ?5)");
+    for (const auto& r : m.pending_added) {
+      s.Bind(1, r.job_id).Bind(2, r.rank).Bind(3, static_cast<int64_t>(r.incarnation));
+      s.Bind(4, static_cast<int64_t>(r.sequence)).Blob(5, ToProto(r).SerializeAsString());
+      if (absl::Status st = s.Run("writing a report"); !st.ok()) return st;
+    }
+  }
+  if (!m.pending_removed.empty()) {
+    Stmt& s = Prepared(
+           "DELETE FROM pending_reports WHERE job_id = ?1 AND rank = ?2 AND incarnation = ?3 "
+           "AND sequence = ?4");
+    for (const auto& k : m.pending_removed) {
+      s.Bind(1, k.job_id).Bind(2, k.rank).Bind(3, static_cast<int64_t>(k.incarnation));
+      s.Bind(4, static_cast<int64_t>(k.sequence));
+      if (absl::Status st = s.Run("removing a report"); !st.ok()) return st;
+    }
+  }
+  for (const auto& i : m.incidents) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO incidents VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+    s.Bind(1, static_cast<int64_t>(i.id)).Bind(2, i.job_id).Bind(3, static_cast<int64_t>(i.step));
+    s.Bind(4, core::CheckKindName(i.check)).Bind(5, i.outcome).Bind(6, i.confirmed ? 1 : 0);
+    s.Bind(7, static_cast<int64_t>(i.request_id)).Bind(8, UnixMillis(i.created));
+    s.Blob(9, ToProto(i).SerializeAsString());
+    if (absl::Status st = s.Run("writing an incident"); !st.ok()) return st;
+    Stmt& g = Prepared( "INSERT OR REPLACE INTO incident_gpus VALUES (?1, ?2, ?3, ?4)");
+    for (size_t k = 0; k < i.ranks.size(); ++k) {
+      g.Bind(1, static_cast<int64_t>(i.id)).Bind(2, i.gpus[k]).Bind(3, i.nodes[k]);
+      g.Bind(4, i.ranks[k]);
+      if (absl::Status st = g.Run("writing an incident's GPU"); !st.ok()) return st;
+    }
+  }
+  for (const auto& r : m.requests) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO requests VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    s.Bind(1, static_cast<int64_t>(r.id)).Bind(2, r.node).Bind(3, core::RequestStateName(r.state));
+    s.Bind(4, UnixMillis(r.created)).Bind(5, UnixMillis(r.updated));
+    s.Blob(6, ToProto(r).SerializeAsString());
+    if (absl::Status st = s.Run("writing a request"); !st.ok()) return st;
+    Stmt& t = Prepared( "INSERT OR REPLACE INTO request_transitions VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+    for (size_t k = 0; k < r.transitions.size(); ++k) {
+      const core::Transition& x = r.transitions[k];
+      t.Bind(1, static_cast<int64_t>(r.id)).Bind(2, static_cast<int64_t>(k));
+      t.Bind(3, core::RequestStateName(x.from)).Bind(4, core::RequestStateName(x.to));
+      t.Bind(5, UnixMillis(x.at)).Bind(6, x.actor).Bind(7, x.reason);
+      if (absl::Status st = t.Run("writing a transition"); !st.ok()) return st;
+    }
+  }
+  for (const auto& sus : m.suspects) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO suspects VALUES (?1, ?2)");
+    s.Bind(1, sus.gpu).Blob(2, ToProto(sus).SerializeAsString());
+    if (absl::Status st = s.Run("writing a suspect"); !st.ok()) return st;
+  }
+  for (const auto& gpu : m.suspects_removed) {
+    Stmt& s = Prepared( "DELETE FROM suspects WHERE gpu_uuid = ?1");
+    s.Bind(1, gpu);
+    if (absl::Status st = s.Run("removing a suspect"); !st.ok()) return st;
+  }
+  for (const auto& p : m.plans) {
+    Stmt& s = Prepared( "INSERT OR REPLACE INTO plans VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    s.Bind(1, p.job_id).Bind(2, static_cast<int64_t>(p.plan_id)).Bind(3, p.group);
+    s.Bind(4, p.suspect).Bind(5, p.done ? 1 : 0);
+    s.Blob(6, ToProto(core::PlanMessage{p.plan_id, p.assignments, p.reason}).SerializeAsString());
+    if (absl::Status st = s.Run("writing a plan"); !st.ok()) return st;
+  }
+  for (const auto& d : m.checkpoint_decisions) {
+    Stmt& s = Prepared(
+           "INSERT INTO checkpoint_decisions (job_id, step, allowed, reason, at_ms) "
+           "VALUES (?1, ?2, ?3, ?4, ?5)");
+    s.Bind(1, d.job_id).Bind(2, static_cast<int64_t>(d.step)).Bind(3, d.allowed ? 1 : 0);
+    s.Bind(4, d.reason).Bind(5, UnixMillis(d.at));
+    if (absl::Status st = s.Run("writing a checkpoint decision"); !st.ok()) return st;
+  }
+  if (!m.step_verdicts.empty()) {
+    Stmt& s = Prepared(
+           "INSERT OR REPLACE INTO step_verdicts VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+    for (const auto& v : m.step_verdicts) {
+      s.Bind(1, v.job_id).Bind(2, v.group).Bind(3, static_cast<int64_t>(v.step));
+      s.Bind(4, core::CheckKindName(v.check)).Bind(5, v.failed ? 1 : 0);
+      s.Bind(6, v.complete ? 1 : 0).Bind(7, v.applied ? 1 : 0).Bind(8, v.summary);
+      s.Bind(9, static_cast<int64_t>(v.incident_id));
+      if (absl::Status st = s.Run("writing a step verdict"); !st.ok()) return st;
+    }
+  }
+  for (const auto& [job, from] : m.rollbacks) {
+    Stmt& s = Prepared( "DELETE FROM step_verdicts WHERE job_id = ?1 AND step >= ?2");
+    s.Bind(1, job).Bind(2, static_cast<int64_t>(from));
+    if (absl::Status st = s.Run("rolling back step verdicts"); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::Snapshot> SqliteStore::Load() {
+  absl::MutexLock lock(&write_mu_);
+  core::Snapshot snap;
+  {
+    Stmt s(db_, "SELECT * FROM jobs");
+    while (s.Next()) {
+      snap.jobs.push_back({s.Text(0), static_cast<uint32_t>(s.Int(1)),
+                           static_cast<uint32_t>(s.Int(2)), static_cast<uint32_t>(s.Int(3)),
+                           FromUnixMillis(s.Int(4)), static_cast<uint64_t>(s.Int(5))});
+    }
+  }
+  {
+    Stmt s(db_, "SELECT * FROM ranks");
+    while (s.Next()) {
+      core::RankRecord r;
+      r.job_id = s.Text(0);
+      r.placement = {static_cast<uint32_t>(s.Int(1)), s.Text(2), static_cast<uint32_t>(s.Int(3)),
+                     s.Text(4), static_cast<uint32_t>(s.Int(5))};
+      r.incarnation = s.Int(6);
+      r.acked_sequence = s.Int(7);
+      r.has_last_step = s.Int(8) != 0;
+      r.last_step = s.Int(9);
+      r.deterministic = s.Int(10) != 0;
+      snap.ranks.push_back(std::move(r));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT * FROM replica_groups");
+    while (s.Next()) {
+      v1::Hello layout;
+      if (!layout.ParseFromString(s.Bytes(2))) return absl::DataLossError("bad layout row");
+      snap.groups.push_back({s.Text(0), static_cast<uint32_t>(s.Int(1)),
+                             {layout.weight_tensors().begin(), layout.weight_tensors().end()},
+                             static_cast<uint32_t>(s.Int(3)), static_cast<uint64_t>(s.Int(4))});
+    }
+  }
+  {
+    Stmt s(db_, "SELECT report FROM pending_reports ORDER BY arrival");
+    while (s.Next()) {
+      v1::Report r;
+      if (!r.ParseFromString(s.Bytes(0))) return absl::DataLossError("bad pending report row");
+      absl::StatusOr<core::Report> c = FromProto(r);
+      if (!c.ok()) return absl::DataLossError(c.status().message());
+      snap.pending.push_back(*std::move(c));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT body FROM incidents ORDER BY id");
+    while (s.Next()) {
+      v1::Incident i;
+      if (!i.ParseFromString(s.Bytes(0))) return absl::DataLossError("bad incident row");
+      snap.incidents.push_back(FromProto(i));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT body FROM requests ORDER BY id");
+    while (s.Next()) {
+      v1::ReplacementRequest r;
+      if (!r.ParseFromString(s.Bytes(0))) return absl::DataLossError("bad request row");
+      snap.requests.push_back(FromProto(r));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT body FROM suspects");
+    while (s.Next()) {
+      v1::Suspect x;
+      if (!x.ParseFromString(s.Bytes(0))) return absl::DataLossError("bad suspect row");
+      snap.suspects.push_back(FromProto(x));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT job_id, plan_id, grp, suspect, done, plan FROM plans");
+    while (s.Next()) {
+      v1::AuditPlan p;
+      if (!p.ParseFromString(s.Bytes(5))) return absl::DataLossError("bad plan row");
+      core::PlanRecord r;
+      r.job_id = s.Text(0);
+      r.plan_id = s.Int(1);
+      r.group = static_cast<uint32_t>(s.Int(2));
+      r.suspect = static_cast<uint32_t>(s.Int(3));
+      r.done = s.Int(4) != 0;
+      r.reason = p.reason();
+      for (const auto& a : p.assignments()) r.assignments.push_back({a.replayer(), a.subject()});
+      snap.plans.push_back(std::move(r));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT * FROM step_verdicts");
+    static const std::map<std::string, core::CheckKind> kKinds = {
+        {"nonfinite", core::CheckKind::kNonFinite},
+        {"reduced_gradients", core::CheckKind::kReducedGradients},
+        {"replay", core::CheckKind::kReplay},
+        {"weights", core::CheckKind::kWeights}};
+    while (s.Next()) {
+      core::StepVerdict v;
+      v.job_id = s.Text(0);
+      v.group = static_cast<uint32_t>(s.Int(1));
+      v.step = s.Int(2);
+      auto kind = kKinds.find(s.Text(3));
+      if (kind == kKinds.end()) return absl::DataLossError("bad step verdict kind");
+      v.check = kind->second;
+      v.failed = s.Int(4) != 0;
+      v.complete = s.Int(5) != 0;
+      v.applied = s.Int(6) != 0;
+      v.summary = s.Text(7);
+      v.incident_id = s.Int(8);
+      snap.step_verdicts.push_back(std::move(v));
+    }
+  }
+  {
+    Stmt s(db_, "SELECT job_id, step, allowed, reason, at_ms FROM checkpoint_decisions ORDER BY id");
+    while (s.Next()) {
+      snap.checkpoint_decisions.push_back({s.Text(0), static_cast<uint64_t>(s.Int(1)),
+                                           s.Int(2) != 0, s.Text(3), FromUnixMillis(s.Int(4))});
+    }
+  }
+  return snap;
+}
+
+}  // namespace sdc::daemon

@@ -1,0 +1,89 @@
+#ifndef SDC_DAEMON_SQLITE_STORE_H_
+#define SDC_DAEMON_SQLITE_STORE_H_
+
+// The coordinator's durable store: one SQLite file in WAL mode with
+// synchronous=FULL, written by one thread that commits every queued mutation
+// in one transaction (group commit), so thousands of reports per second cost
+// a handful of fsyncs. A report is acknowledged only after the commit that
+// holds it (NotifyDurable).
+//
+// Schema: see kMigrations in sqlite_store.cc; `schema_version` holds the
+// version, and Open() applies newer migrations in order. A database written
+// by a newer sdcd is refused.
+//
+// Thread-safe. After a failed commit the store refuses everything (the
+// coordinator must not acknowledge what it cannot keep); the daemon reports
+// itself unhealthy.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/core/store.h"
+
+struct sqlite3;
+
+namespace sdc::daemon {
+namespace internal {
+class SqliteStatement;
+}  // namespace internal
+
+class SqliteStore : public core::Store {
+ public:
+  // Opens (creating if needed) the database at `path` and migrates it.
+  static absl::StatusOr<std::unique_ptr<SqliteStore>> Open(const std::string& path);
+  ~SqliteStore() override;
+
+  absl::StatusOr<core::Snapshot> Load() override;
+  absl::StatusOr<uint64_t> Apply(core::Mutation m) override;
+  absl::Status WaitDurable(uint64_t ticket) override;
+  void NotifyDurable(uint64_t ticket, std::function<void(absl::Status)> done) override;
+
+  // OK until a commit fails.
+  absl::Status health() const;
+  // Mutations queued but not yet committed.
+  size_t queue_depth() const;
+  // Size of the database and its WAL, in bytes.
+  uint64_t file_bytes() const;
+  // Commits made so far (each may hold many mutations).
+  uint64_t commits() const;
+
+  static constexpr int kSchemaVersion = 1;
+
+ private:
+  SqliteStore(sqlite3* db, std::string path);
+  void WriterMain();
+  absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // A cached prepared statement for a literal `sql`.
+  internal::SqliteStatement& Prepared(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
+  sqlite3* const db_;
+  const std::string path_;
+  absl::Mutex write_mu_;  // Serializes use of db_ (writer thread and Load).
+  std::map<const char*, std::unique_ptr<internal::SqliteStatement>> statements_
+      ABSL_GUARDED_BY(write_mu_);
+
+  mutable absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, core::Mutation>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> callbacks_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
+}  // namespace sdc::daemon
+
+#endif  // SDC_DAEMON_SQLITE_STORE_H_

@@ -1,0 +1,249 @@
+#include "daemon/sqlite_store.h"
+
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/core/coordinator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::daemon {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+std::string TempDb(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = absl::StrCat(dir ? dir : "/tmp", "/", name, "-", getpid(), ".db");
+  unlink(path.c_str());
+  unlink((path + "-wal").c_str());
+  unlink((path + "-shm").c_str());
+  return path;
+}
+
+core::Mutation Everything() {
+  core::Mutation m;
+  const absl::Time t = absl::FromUnixMillis(1'800'000'000'123);
+  m.jobs.push_back({"job", 6, 10, 5, t, 3});
+  m.ranks.push_back({"job", {2, "node-b", 1, "GPU-2", 0}, 4, 17, true, 99, true});
+  m.groups.push_back({"job", 0, {"w", "b\nwith newline"}, 1, 0xfeedULL});
+  core::Report r;
+  r.job_id = "job";
+  r.rank = 2;
+  r.incarnation = 4;
+  r.sequence = 17;
+  r.step = 99;
+  core::WeightReport w;
+  w.digest = 5;
+  w.tensors = {{8, 1, 2}, {16, 3, 4}};
+  r.body = w;
+  m.pending_added.push_back(r);
+  core::Incident inc;
+  inc.id = 7;
+  inc.job_id = "job";
+  inc.step = 99;
+  inc.check = core::CheckKind::kWeights;
+  inc.outcome = "faulty";
+  inc.ranks = {2};
+  inc.nodes = {"node-b"};
+  inc.gpus = {"GPU-2"};
+  inc.confirmed = true;
+  inc.explanation = "rank 2 differs";
+  inc.differing_tensors = {"w"};
+  inc.created = t;
+  inc.request_id = 1;
+  m.incidents.push_back(inc);
+  core::ReplacementRequest req;
+  req.id = 1;
+  req.node = "node-b";
+  req.state = core::RequestState::kApproved;
+  req.gpus = {"GPU-2"};
+  req.incident_ids = {7};
+  req.reason = "weights";
+  req.created = t;
+  req.updated = t + absl::Seconds(5);
+  req.transitions = {{core::RequestState::kPending, core::RequestState::kPending, t, "sdcd", "opened"},
+                     {core::RequestState::kPending, core::RequestState::kApproved,
+                      t + absl::Seconds(5), "alice", "confirmed by diagnostics"}};
+  m.requests.push_back(req);
+  m.suspects.push_back({"GPU-4", "node-c", "job", 4, "lone NaN", 2, 1, t});
+  m.plans.push_back({"job", 0, 2, {{1, 4}, {4, 5}}, "targeted", 4, false});
+  m.checkpoint_decisions.push_back({"job", 90, false, "weight check missing", t});
+  m.step_verdicts.push_back({"job", 0, 99, core::CheckKind::kWeights, true, true, false,
+                             "rank 2 differs", 7});
+  return m;
+}
+
+TEST(SqliteStoreTest, EveryRecordRoundTripsThroughAReopen) {
+  const std::string path = TempDb("roundtrip");
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto ticket = (*store)->Apply(Everything());
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_THAT(snap->jobs, SizeIs(1));
+  EXPECT_EQ(snap->jobs[0].next_plan_id, 3u);
+  EXPECT_EQ(snap->jobs[0].created, absl::FromUnixMillis(1'800'000'000'123));
+  ASSERT_THAT(snap->ranks, SizeIs(1));
+  EXPECT_EQ(snap->ranks[0].placement.gpu_uuid, "GPU-2");
+  EXPECT_EQ(snap->ranks[0].acked_sequence, 17u);
+  EXPECT_EQ(snap->ranks[0].last_step, 99u);
+  ASSERT_THAT(snap->groups, SizeIs(1));
+  EXPECT_THAT(snap->groups[0].weight_tensors, ElementsAre("w", "b\nwith newline"));
+  ASSERT_THAT(snap->pending, SizeIs(1));
+  const auto& w = std::get<core::WeightReport>(snap->pending[0].body);
+  EXPECT_EQ(w.tensors[1], (core::Fingerprint{16, 3, 4}));
+  ASSERT_THAT(snap->incidents, SizeIs(1));
+  EXPECT_EQ(snap->incidents[0].explanation, "rank 2 differs");
+  EXPECT_EQ(snap->incidents[0].check, core::CheckKind::kWeights);
+  ASSERT_THAT(snap->requests, SizeIs(1));
+  ASSERT_THAT(snap->requests[0].transitions, SizeIs(2));
+  EXPECT_EQ(snap->requests[0].transitions[1].actor, "alice");
+  EXPECT_EQ(snap->requests[0].state, core::RequestState::kApproved);
+  ASSERT_THAT(snap->suspects, SizeIs(1));
+  EXPECT_EQ(snap->suspects[0].targeted_audits_left, 1u);
+  ASSERT_THAT(snap->plans, SizeIs(1));
+  EXPECT_EQ(snap->plans[0].assignments[1], (core::Assignment{4, 5}));
+  ASSERT_THAT(snap->step_verdicts, SizeIs(1));
+  EXPECT_TRUE(snap->step_verdicts[0].failed);
+  ASSERT_THAT(snap->checkpoint_decisions, SizeIs(1));
+  EXPECT_EQ(snap->checkpoint_decisions[0].reason, "weight check missing");
+}
+
+TEST(SqliteStoreTest, RemovalsAndRollbacksApply) {
+  const std::string path = TempDb("removals");
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Apply(Everything()).ok());
+  core::Mutation m;
+  m.pending_removed.push_back({"job", 2, 4, 17});
+  m.suspects_removed.push_back("GPU-4");
+  m.rollbacks.push_back({"job", 50});
+  auto ticket = (*store)->Apply(m);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  auto snap = (*store)->Load();
+  EXPECT_THAT(snap->pending, SizeIs(0));
+  EXPECT_THAT(snap->suspects, SizeIs(0));
+  EXPECT_THAT(snap->step_verdicts, SizeIs(0));
+}
+
+TEST(SqliteStoreTest, ManyMutationsShareFewCommitsAndNotifyInOrder) {
+  const std::string path = TempDb("group");
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  std::atomic<uint64_t> last_notified{0};
+  std::atomic<bool> in_order{true};
+  uint64_t last = 0;
+  for (int i = 0; i < 2000; ++i) {
+    core::Mutation m;
+    m.checkpoint_decisions.push_back({"job", static_cast<uint64_t>(i), true, "ok", absl::Now()});
+    auto ticket = (*store)->Apply(std::move(m));
+    ASSERT_TRUE(ticket.ok());
+    (*store)->NotifyDurable(*ticket, [&, t = *ticket](absl::Status s) {
+      if (!s.ok() || t < last_notified.load()) in_order = false;
+      last_notified = t;
+    });
+    last = *ticket;
+  }
+  ASSERT_TRUE((*store)->WaitDurable(last).ok());
+  // Callbacks for the last batch run right after the commit wakes us.
+  for (int i = 0; i < 1000 && last_notified.load() != last; ++i) usleep(1000);
+  EXPECT_EQ(last_notified.load(), last);
+  EXPECT_TRUE(in_order.load());
+  EXPECT_LT((*store)->commits(), 2000u) << "group commit batches mutations";
+  EXPECT_GT((*store)->file_bytes(), 0u);
+  auto snap = (*store)->Load();
+  EXPECT_THAT(snap->checkpoint_decisions, SizeIs(2000));
+}
+
+TEST(SqliteStoreTest, RefusesADatabaseFromANewerSdcd) {
+  const std::string path = TempDb("newer");
+  { ASSERT_TRUE(SqliteStore::Open(path).ok()); }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version = 9", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = SqliteStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("schema version 9 is newer"));
+}
+
+TEST(SqliteStoreTest, UnwritablePathIsUnavailable) {
+  auto store = SqliteStore::Open("/nonexistent-dir/x/sdc.db");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("/nonexistent-dir/x/sdc.db"));
+}
+
+// The coordinator over the real store: a restart mid-vote loses nothing.
+TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
+  const std::string path = TempDb("coordinator");
+  core::FakeClock clock;
+  auto hello = [](core::Rank r) {
+    core::Hello h;
+    h.job_id = "job";
+    h.placement = {r, absl::StrCat("node-", r / 2), r % 2, absl::StrCat("GPU-", r), 0};
+    h.world_size = 6;
+    h.incarnation = 1;
+    h.weight_tensors = {"a", "b"};
+    h.parameter_count = 2;
+    h.audit_every = 10;
+    h.weight_check_every = 10;
+    return h;
+  };
+  auto weights = [](core::Rank r, bool bad) {
+    core::Report rep;
+    rep.job_id = "job";
+    rep.rank = r;
+    rep.incarnation = 1;
+    rep.sequence = 1;
+    rep.step = 10;
+    core::WeightReport w;
+    w.tensors = {{8, 1, 1}, {8, 2, bad ? 9u : 2u}};
+    w.digest = bad ? 2 : 1;
+    rep.body = w;
+    return rep;
+  };
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Coordinator c({}, &clock, store->get());
+    ASSERT_TRUE(c.Restore().ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+    for (core::Rank r = 0; r < 4; ++r) {
+      auto e = c.Ingest(weights(r, r == 3));
+      ASSERT_TRUE(e.ok());
+      ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
+    }
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  core::Coordinator c({}, &clock, store->get());
+  ASSERT_TRUE(c.Restore().ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+  auto dup = c.Ingest(weights(2, false));
+  ASSERT_TRUE(dup.ok());
+  EXPECT_TRUE(dup->duplicate);
+  for (core::Rank r = 4; r < 6; ++r) ASSERT_TRUE(c.Ingest(weights(r, false)).ok());
+  auto incidents = c.ListIncidents("job");
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(3));
+  EXPECT_THAT(incidents[0].differing_tensors, ElementsAre("b"));
+}
+
+}  // namespace
+}  // namespace sdc::daemon
