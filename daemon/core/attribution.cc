@@ -54,10 +54,11 @@ bool SameResult(const Evidence& a, const Evidence& b, bool compare_gradients,
     gradients_same = a.gradient_digest == b.gradient_digest;
     if (!gradients_same && differing != nullptr &&
         a.gradients.size() == b.gradients.size()) {
-      for (uint32_t p = 0; p < a.gradients.size(); ++p) {
+      size_t named = 0;
+      for (uint32_t p = 0; p < a.gradients.size() && named < kMaxNamedParameters; ++p) {
         if (a.gradients[p] != b.gradients[p]) {
           differing->push_back(p);
-          if (differing->size() == kMaxNamedParameters) break;
+          ++named;
         }
       }
     }
@@ -189,6 +190,27 @@ AuditVerdict Attribute(const AuditInput& in) {
     if (all_mismatch && partners.size() >= 2) v.faulty.push_back(rank);
   }
   SortUnique(v.faulty);
+  // The smallest explanation: a candidate whose every mismatch is already
+  // explained by another remaining candidate may be a healthy rank between
+  // two faulty ones (its replayer and its subject), so it is not blamed;
+  // it stays a suspect, and a targeted audit settles it.
+  std::vector<Rank> sandwiched;
+  {
+    absl::flat_hash_set<Rank> kept(v.faulty.begin(), v.faulty.end());
+    for (Rank rank : v.faulty) {
+      bool explained = true;
+      for (const Comparison* c : by_rank[rank]) {
+        const Rank other = c->subject == rank ? c->replayer : c->subject;
+        explained = explained && kept.contains(other);
+      }
+      if (explained) {
+        kept.erase(rank);
+        sandwiched.push_back(rank);
+      }
+    }
+    v.faulty.assign(kept.begin(), kept.end());
+    SortUnique(v.faulty);
+  }
   const absl::flat_hash_set<Rank> faulty(v.faulty.begin(), v.faulty.end());
 
   // Rule 4: mismatches no faulty rank explains.
@@ -205,6 +227,7 @@ AuditVerdict Attribute(const AuditInput& in) {
     v.suspects.push_back(c->subject);
     v.suspects.push_back(c->replayer);
   }
+  v.suspects.insert(v.suspects.end(), sandwiched.begin(), sandwiched.end());
   SortUnique(v.suspects);
 
   std::vector<std::string> parts;
@@ -221,6 +244,10 @@ AuditVerdict Attribute(const AuditInput& in) {
     parts.push_back(absl::StrCat("tie-break: ", absl::StrJoin(tb, "; ")));
   }
   if (inconclusive) parts.push_back("no third failure domain for a tie-break");
+  if (!sandwiched.empty()) {
+    parts.push_back(absl::StrCat("rank(s) ", RankList(sandwiched),
+                                 " mismatch only with ranks found faulty: suspects, not blamed"));
+  }
   v.explanation = absl::StrJoin(parts, "; ");
   if (!v.tiebreaks.empty()) {
     v.outcome = AuditOutcome::kTieBreakPending;

@@ -15,7 +15,10 @@
 //   2. Fewer than three failure domains: detected, attribution impossible;
 //      the ranks involved become suspects.
 //   3. A rank whose comparisons (as owner and as replayer) all mismatch, with
-//      two or more distinct partners, is faulty.
+//      two or more distinct partners, is faulty -- unless every one of its
+//      mismatches is explained by another such rank (taken in rank order):
+//      a healthy rank between two faulty ones looks the same, so it stays a
+//      suspect and a targeted audit settles it.
 //   4. A mismatch not explained by a faulty rank gets a tie-break: a rank t in
 //      a third domain replays j's micro-batch. t agrees with j -> k is
 //      faulty; t agrees with k -> j is faulty; otherwise inconclusive and

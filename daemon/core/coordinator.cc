@@ -158,11 +158,14 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
     }
   }
   RankRecord& rec = slot->record;
-  if (h.incarnation > rec.incarnation) {
-    // A new process: sequences restart, and its steps may restart too.
+  if (h.incarnation > rec.incarnation && !new_job) {
+    // A new process: sequences restart, and its steps may restart too (a
+    // rollback to a checkpoint). What the old process contributed to checks
+    // still open is void.
+    DropContributions(job, rank, rec.incarnation, txn);
     rec.acked_sequence = 0;
+    rec.resumed = rec.resumed || rec.has_last_step;
     rec.has_last_step = false;
-    rec.last_step = 0;
   }
   rec.incarnation = h.incarnation;
   rec.placement = h.placement;
@@ -199,6 +202,13 @@ void Coordinator::Detach(const std::string& job_id, Rank rank, uint64_t incarnat
 }
 
 RankRecord& Coordinator::RankOf(JobState& job, Rank rank) { return job.ranks[rank]->record; }
+
+bool Coordinator::AllAttached(const JobState& job) {
+  for (const auto& slot : job.ranks) {
+    if (!slot.has_value()) return false;
+  }
+  return true;
+}
 
 std::string Coordinator::Describe(const JobState& job, Rank rank) const {
   if (rank >= job.ranks.size() || !job.ranks[rank].has_value()) {
@@ -320,37 +330,75 @@ absl::Status Coordinator::Apply(JobState& job, const Report& r, Txn& txn) {
   return absl::OkStatus();
 }
 
-void Coordinator::Rollback(JobState& job, Step from) {
+void Coordinator::Rollback(JobState& job, Step from, Txn& txn) {
+  bool any = false;
   for (auto it = job.ledger.lower_bound(from); it != job.ledger.end();) {
     it = job.ledger.erase(it);
+    any = true;
   }
-  auto drop = [&](auto& pending, auto step_of) {
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (step_of(it->first) >= from) {
-        it = pending.erase(it);
-      } else {
-        ++it;
-      }
+  if (any) txn.mutation.rollbacks.push_back({job.record.job_id, from});
+}
+
+void Coordinator::DropContributions(JobState& job, Rank rank, uint64_t incarnation,
+                                    Txn& txn) {
+  auto stale = [&](std::vector<PendingKey>& keys) {
+    auto mine = [&](const PendingKey& k) { return k.rank == rank && k.incarnation <= incarnation; };
+    for (const PendingKey& k : keys) {
+      if (mine(k)) txn.mutation.pending_removed.push_back(k);
+    }
+    keys.erase(std::remove_if(keys.begin(), keys.end(), mine), keys.end());
+  };
+  auto unvote = [&](std::map<uint64_t, Ballot>& ballots) {
+    for (auto it = ballots.begin(); it != ballots.end();) {
+      auto& rs = it->second.ranks;
+      rs.erase(std::remove(rs.begin(), rs.end(), rank), rs.end());
+      it = rs.empty() ? ballots.erase(it) : std::next(it);
     }
   };
-  drop(job.weights, [](const auto& k) { return k.second; });
-  drop(job.audits, [](const auto& k) { return std::get<1>(k); });
+  for (auto it = job.steps.begin(); it != job.steps.end();) {
+    PendingStep& ps = it->second;
+    stale(ps.keys);
+    unvote(ps.reduced);
+    for (auto* set : {&ps.reported, &ps.local_nonfinite, &ps.reduced_nonfinite, &ps.applied,
+                      &ps.skipped}) {
+      set->erase(rank);
+    }
+    for (auto c = ps.confirms.begin(); c != ps.confirms.end();) {
+      c = (c->first == rank || c->second.first == rank) ? ps.confirms.erase(c) : std::next(c);
+    }
+    it = ps.reported.empty() ? job.steps.erase(it) : std::next(it);
+  }
+  for (auto it = job.weights.begin(); it != job.weights.end();) {
+    PendingWeights& pw = it->second;
+    stale(pw.keys);
+    unvote(pw.ballots);
+    pw.voted.erase(rank);
+    it = pw.voted.empty() ? job.weights.erase(it) : std::next(it);
+  }
+  for (auto it = job.audits.begin(); it != job.audits.end();) {
+    PendingAudit& pa = it->second;
+    if (pa.verdict.has_value()) {  // Decided; its tie-breaks end at the deadline.
+      ++it;
+      continue;
+    }
+    stale(pa.keys);
+    pa.originals.erase(rank);
+    pa.replays.erase(rank);
+    it = pa.originals.empty() && pa.replays.empty() ? job.audits.erase(it) : std::next(it);
+  }
 }
 
 void Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report& r,
                                   const StepReport& s, Txn& txn) {
   RankRecord& rank = RankOf(job, r.rank);
+  if (!replaying_ && rank.resumed && r.step <= rank.last_step) {
+    // A restarted rank resumes at or below its last step: the job rolled
+    // back to a checkpoint, and the verdicts of the abandoned steps are void.
+    Rollback(job, r.step, txn);
+  }
+  rank.resumed = false;
   rank.has_last_step = true;
   rank.last_step = r.step;
-  if (!replaying_ && job.has_max_step && r.step < job.max_step) {
-    // A restarted rank resumes below the job's furthest step: the job rolled
-    // back to a checkpoint, and what happened after it is void.
-    Rollback(job, r.step);
-    txn.mutation.rollbacks.push_back({job.record.job_id, r.step});
-    job.max_step = r.step;
-  }
-  job.max_step = std::max(job.max_step, r.step);
-  job.has_max_step = true;
 
   auto [it, fresh] = job.steps.try_emplace({group.record.group, r.step});
   PendingStep& ps = it->second;
@@ -369,7 +417,8 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   auto it = job.steps.find({group.record.group, step});
   if (it == job.steps.end()) return;
   PendingStep& ps = it->second;
-  const bool complete = ps.reported.size() == group.members.size();
+  // Group membership is known only once every rank of the job said Hello.
+  const bool complete = AllAttached(job) && ps.reported.size() == group.members.size();
   if (!complete && !deadline) return;
   const std::vector<Rank> local = ToVector(ps.local_nonfinite);
   // A lone rank's local NaN/Inf waits for the in-band confirmation replay of
@@ -534,7 +583,7 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
   auto it = job.weights.find({group.record.group, step});
   if (it == job.weights.end()) return;
   PendingWeights& pw = it->second;
-  if (pw.voted.size() < group.members.size() && !deadline) return;
+  if ((!AllAttached(job) || pw.voted.size() < group.members.size()) && !deadline) return;
   std::vector<DigestBallot> ballots;
   for (const auto& [digest, b] : pw.ballots) ballots.push_back({digest, b.ranks, &b.tensors});
   const VoteResult vote = Vote(group.members, ballots);
@@ -1431,10 +1480,6 @@ absl::Status Coordinator::Restore() {
     JobState& job = it->second;
     job.ranks[r.placement.rank] = RankState{r, false};
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
-    if (r.has_last_step) {
-      job.max_step = job.has_max_step ? std::max(job.max_step, r.last_step) : r.last_step;
-      job.has_max_step = true;
-    }
   }
   for (auto& [id, job] : jobs_) {
     for (auto& [gid, group] : job.groups) {

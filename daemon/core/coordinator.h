@@ -261,8 +261,6 @@ class Coordinator {
     std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> audits;
     std::map<uint64_t, PlanRecord> plans;
     std::map<Step, LedgerEntry> ledger;
-    Step max_step = 0;
-    bool has_max_step = false;
   };
   // A GPU attributed faulty that still blocks checkpoints of its job.
   struct FaultyGpu {
@@ -318,7 +316,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordVerdict(JobState& job, StepVerdict verdict, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Rollback(JobState& job, Step from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rollback(JobState& job, Step from, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets what a rank's previous incarnation contributed to open checks.
+  void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildTopology(GroupState& group, const JobState& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -330,6 +331,8 @@ class Coordinator {
   // Persists and returns the effects; the store's error if it refused.
   absl::StatusOr<Effects> Commit(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankRecord& RankOf(JobState& job, Rank rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the job said Hello at least once (so groups are complete).
+  static bool AllAttached(const JobState& job);
 
   const CoordinatorOptions options_;
   const Clock* const clock_;

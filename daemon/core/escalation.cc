@@ -30,6 +30,12 @@ int Escalation::ExecutedSince(absl::Time since) const {
   return n;
 }
 
+int Escalation::CommittedExecutions(absl::Time now) const {
+  int waiting = 0;
+  for (const auto& [id, r] : requests_) waiting += r.state == RequestState::kApproved ? 1 : 0;
+  return ExecutedSince(now - policy_.execution_window) + waiting;
+}
+
 void Escalation::Move(ReplacementRequest& r, RequestState to, const std::string& actor,
                       const std::string& reason, absl::Time now) {
   r.transitions.push_back({r.state, to, now, actor, reason});
@@ -70,8 +76,12 @@ Escalation::OpenResult Escalation::Open(const std::string& node, const std::stri
   r.updated = now;
   r.transitions.push_back({RequestState::kPending, RequestState::kPending, now, "sdcd", reason});
   if (!policy_.require_approval) {
-    Move(r, RequestState::kApproved, "sdcd (policy: auto-approve)",
-         "approval not required by policy", now);
+    if (CommittedExecutions(now) < policy_.max_executed_per_window) {
+      Move(r, RequestState::kApproved, "sdcd (policy: auto-approve)",
+           "approval not required by policy", now);
+    } else {
+      r.transitions.back().reason += " (auto-approval held back: execution cap reached)";
+    }
   }
   result.request = r;
   result.opened = true;
@@ -110,14 +120,25 @@ absl::StatusOr<ReplacementRequest> Escalation::Approve(uint64_t id, const std::s
   if ((*r)->state == RequestState::kApproved) {
     return absl::FailedPreconditionError(absl::StrCat("request ", id, " is already Approved"));
   }
-  const int executed = ExecutedSince(now - policy_.execution_window);
-  if (executed >= policy_.max_executed_per_window && !force) {
+  const int committed = CommittedExecutions(now);
+  if (committed >= policy_.max_executed_per_window && !force) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "blast-radius cap: %d replacements executed in the last %s (cap %d); use --force",
-        executed, absl::FormatDuration(policy_.execution_window),
+        "blast-radius cap: %d replacements executed or approved in the last %s (cap %d); "
+        "use --force",
+        committed, absl::FormatDuration(policy_.execution_window),
         policy_.max_executed_per_window));
   }
+  if (!IsOpen((*r)->state)) {
+    // Re-deciding a closed request must not give its node a second open one.
+    for (const auto& [other_id, other] : requests_) {
+      if (other_id != id && other.node == (*r)->node && IsOpen(other.state)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("node ", other.node, " already has open request ", other_id));
+      }
+    }
+  }
   ReplacementRequest copy = **r;
+  copy.cap_override = force;
   Move(copy, RequestState::kApproved, op, reason, now);
   if (!dry_run) **r = copy;
   return copy;
@@ -145,6 +166,12 @@ absl::StatusOr<ReplacementRequest> Escalation::StartExecution(uint64_t id,
   if (it->second.state != RequestState::kApproved) {
     return absl::FailedPreconditionError(absl::StrCat(
         "request ", id, " is ", RequestStateName(it->second.state), ", not Approved"));
+  }
+  if (!it->second.cap_override &&
+      ExecutedSince(now - policy_.execution_window) >= policy_.max_executed_per_window) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", id, " waits: the execution cap (", policy_.max_executed_per_window,
+        " per ", absl::FormatDuration(policy_.execution_window), ") is reached"));
   }
   it->second.actuator = actuator;
   Move(it->second, RequestState::kExecuting, absl::StrCat("actuator:", actuator),

@@ -73,7 +73,9 @@ class Escalation {
                                           const std::string& reason, bool force,
                                           bool dry_run, absl::Time now);
 
-  // Approved -> Executing, for the actuator.
+  // Approved -> Executing, for the actuator. FailedPrecondition (and the
+  // request stays Approved) while the execution cap is reached, unless it
+  // was approved with force.
   absl::StatusOr<ReplacementRequest> StartExecution(uint64_t id, const std::string& actuator,
                                                     absl::Time now);
   // Executing -> Done or Failed, with the actuator's result line.
@@ -95,6 +97,8 @@ class Escalation {
             const std::string& reason, absl::Time now);
   int OpenCount() const;
   int ExecutedSince(absl::Time since) const;
+  // Executions started in the window plus approvals waiting to start.
+  int CommittedExecutions(absl::Time now) const;
   absl::StatusOr<ReplacementRequest*> Decidable(uint64_t id, const std::string& op,
                                                const std::string& reason, bool force);
 

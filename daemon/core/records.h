@@ -29,9 +29,12 @@ struct RankRecord {
   Placement placement;
   uint64_t incarnation = 0;
   uint64_t acked_sequence = 0;  // Reports durable up to here.
-  bool has_last_step = false;
-  Step last_step = 0;           // Highest step with a StepReport.
+  bool has_last_step = false;   // A StepReport arrived in this incarnation.
+  Step last_step = 0;           // Highest step with a StepReport (any incarnation).
   bool deterministic = false;
+  // A new incarnation of a rank that had reported steps: if it resumes at or
+  // below last_step, the job rolled back to a checkpoint.
+  bool resumed = false;
 };
 
 // The weight layout shared by a replica group.
@@ -80,6 +83,8 @@ struct ReplacementRequest {
   std::vector<Transition> transitions;
   std::string actuator;
   std::string actuator_result;
+  // Approved with force: may execute beyond the blast-radius cap.
+  bool cap_override = false;
 };
 
 struct Suspect {

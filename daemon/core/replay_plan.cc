@@ -97,6 +97,33 @@ std::string CapabilityNote(const Topology& t) {
 
 }  // namespace
 
+namespace {
+
+// A pseudo-random sequence defined here, not by a standard library (whose
+// distributions differ between implementations): every rank and the
+// coordinator must derive the very same plan.
+class PlanRandom {
+ public:
+  explicit PlanRandom(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Fisher-Yates.
+  template <typename T>
+  void Shuffle(std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[Next() % i]);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+}  // namespace
+
 ReplayPlan PlanFullAudit(const Topology& topology, uint64_t audit_index) {
   ReplayPlan plan;
   plan.capability = topology.capability();
@@ -104,19 +131,21 @@ ReplayPlan PlanFullAudit(const Topology& topology, uint64_t audit_index) {
   const size_t n = topology.size();
   if (n < 2) return plan;
 
-  // Members grouped by domain, each domain rotated by the audit index, so the
-  // same shift pairs different ranks from audit to audit.
+  // Members grouped by domain. Each audit shuffles the order of the domains
+  // and of the ranks inside each (seeded by the audit index), so partners
+  // change from audit to audit.
+  PlanRandom random(0x5344432d706c616eull ^ (audit_index * 0x2545f4914f6cdd1dull));
   std::vector<std::vector<Rank>> domains(topology.domain_count());
   for (const PlanMember& m : topology.members()) {
     domains[topology.DomainOf(m.rank)].push_back(m.rank);
   }
+  random.Shuffle(domains);
   std::vector<Rank> order;
   order.reserve(n);
   size_t largest = 0;
   for (auto& d : domains) {
     largest = std::max(largest, d.size());
-    const size_t r = d.empty() ? 0 : audit_index % d.size();
-    std::rotate(d.begin(), d.begin() + r, d.end());
+    random.Shuffle(d);
     order.insert(order.end(), d.begin(), d.end());
   }
 
@@ -128,7 +157,7 @@ ReplayPlan PlanFullAudit(const Topology& topology, uint64_t audit_index) {
   if (2 * largest <= n) {
     const size_t count = n - 2 * largest + 1;  // Shifts largest .. n-largest.
     const bool skip_half = n % 2 == 0 && count > 1;
-    shift = largest + audit_index % (count - (skip_half ? 1 : 0));
+    shift = largest + random.Next() % (count - (skip_half ? 1 : 0));
     if (skip_half && 2 * shift >= n) ++shift;
   } else {
     // One domain holds more than half the ranks: some pairs must stay in it.

@@ -81,10 +81,11 @@ struct ReplayPlan {
 
 // The scheduled audit: every rank replays exactly one micro-batch of a rank in
 // another failure domain and every micro-batch is replayed exactly once (a
-// permutation). The pairing rotates with `audit_index` so partners change,
-// and avoids mutual pairs (j replays k while k replays j) whenever the
-// topology allows, because such a pair cannot tell which of the two is wrong
-// without a tie-break.
+// permutation). The pairing is reshuffled for every `audit_index` (a fixed,
+// portable pseudo-random sequence) so partners change, and avoids mutual
+// pairs (j replays k while k replays j) whenever the topology allows,
+// because such a pair cannot tell which of the two is wrong without a
+// tie-break.
 ReplayPlan PlanFullAudit(const Topology& topology, uint64_t audit_index);
 
 // A targeted audit of one suspect: a rank of another domain replays the
