@@ -15,10 +15,10 @@ PACKAGES=(
   libabsl-dev libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev
-  prometheus shellcheck python3 python3-yaml procps
+  prometheus shellcheck python3 python3-yaml procps openssl kubectl
 )
 
-BENCHMARKS="kernels core"
+BENCHMARKS="kernels core daemon"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -135,6 +135,11 @@ cmd_bench() {
       build_targets "//bench:${name}_bench"
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
       ;;
+    daemon)
+      build_targets //bench:daemon_bench //daemon:sdcd
+      TEST_SRCDIR="$ROOT/bazel-bin/bench/daemon_bench.runfiles" TEST_WORKSPACE=sdc_guard \
+        exec "$ROOT/bazel-bin/bench/daemon_bench" "$@"
+      ;;
     *) die "unknown benchmark '$name' (one of: $BENCHMARKS)" ;;
   esac
 }
@@ -154,7 +159,7 @@ usage() {
 usage: ./sdc COMMAND [ARGS]
   demo                 run the local cluster demo with injected faults
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels, core
+  bench NAME           run a benchmark: kernels, core, daemon
   build [BAZEL ARGS]   install what is missing and build everything
   fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
   setup                install the Debian packages the project needs

@@ -334,6 +334,7 @@ core::ReplacementRequest FromProto(const v1::ReplacementRequest& r) {
   }
   out.actuator = r.actuator();
   out.actuator_result = r.actuator_result();
+  out.cap_override = r.cap_override();
   return out;
 }
 
@@ -389,6 +390,7 @@ v1::ReplacementRequest ToProto(const core::ReplacementRequest& r) {
   out.set_action(r.action);
   out.set_actuator(r.actuator);
   out.set_actuator_result(r.actuator_result);
+  out.set_cap_override(r.cap_override);
   return out;
 }
 

@@ -36,6 +36,7 @@ CREATE TABLE ranks (
   has_last_step INTEGER NOT NULL,
   last_step INTEGER NOT NULL,
   deterministic INTEGER NOT NULL,
+  resumed INTEGER NOT NULL,
   PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE replica_groups (
@@ -399,13 +400,14 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
   }
   if (!m.ranks.empty()) {
     Stmt& s = Prepared(
-           "INSERT OR REPLACE INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+           "INSERT OR REPLACE INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
     for (const auto& r : m.ranks) {
       s.Bind(1, r.job_id).Bind(2, r.placement.rank).Bind(3, r.placement.node);
       s.Bind(4, r.placement.local_rank).Bind(5, r.placement.gpu_uuid);
       s.Bind(6, r.placement.replica_group).Bind(7, static_cast<int64_t>(r.incarnation));
       s.Bind(8, static_cast<int64_t>(r.acked_sequence)).Bind(9, r.has_last_step ? 1 : 0);
       s.Bind(10, static_cast<int64_t>(r.last_step)).Bind(11, r.deterministic ? 1 : 0);
+      s.Bind(12, r.resumed ? 1 : 0);
       if (absl::Status st = s.Run("writing a rank"); !st.ok()) return st;
     }
   }
@@ -531,6 +533,7 @@ absl::StatusOr<core::Snapshot> SqliteStore::Load() {
       r.has_last_step = s.Int(8) != 0;
       r.last_step = s.Int(9);
       r.deterministic = s.Int(10) != 0;
+      r.resumed = s.Int(11) != 0;
       snap.ranks.push_back(std::move(r));
     }
   }

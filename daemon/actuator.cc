@@ -1,0 +1,215 @@
+#include "daemon/actuator.h"
+
+#include <algorithm>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace sdc::daemon {
+namespace {
+
+constexpr size_t kHyperPodBatch = 25;
+
+std::string OneLine(const std::string& s) {
+  std::string out(absl::StripAsciiWhitespace(s));
+  std::replace(out.begin(), out.end(), '\n', ' ');
+  if (out.size() > 300) out = out.substr(0, 300) + "...";
+  return out;
+}
+
+ActuatorResult FromCommand(const std::vector<std::string>& argv, const CommandResult& r) {
+  const std::string what = absl::StrJoin(argv, " ");
+  if (!r.started) return {false, absl::StrCat(what, ": ", OneLine(r.output))};
+  if (r.timed_out) return {false, absl::StrCat(what, ": timed out")};
+  if (r.exit_code != 0) {
+    return {false, absl::StrCat(what, ": exit ", r.exit_code, ": ", OneLine(r.output))};
+  }
+  return {true, absl::StrCat(what, ": ok", r.output.empty() ? "" : ": ", OneLine(r.output))};
+}
+
+// Runs one program per request.
+class PerNodeActuator : public Actuator {
+ public:
+  using ArgvFor = std::function<std::vector<std::string>(const core::ReplacementRequest&)>;
+  PerNodeActuator(std::string name, absl::Duration timeout, ArgvFor argv)
+      : name_(std::move(name)), timeout_(timeout), argv_(std::move(argv)) {}
+  std::string name() const override { return name_; }
+  std::vector<ActuatorResult> Execute(
+      const std::vector<core::ReplacementRequest>& requests) override {
+    std::vector<ActuatorResult> out;
+    for (const core::ReplacementRequest& r : requests) {
+      if (!IsSafeNodeName(r.node)) {
+        out.push_back({false, absl::StrCat("refused: unsafe node name '", r.node, "'")});
+        continue;
+      }
+      const std::vector<std::string> argv = argv_(r);
+      out.push_back(FromCommand(argv, RunCommand(argv, timeout_)));
+    }
+    return out;
+  }
+
+ private:
+  const std::string name_;
+  const absl::Duration timeout_;
+  const ArgvFor argv_;
+};
+
+class DryRunActuator : public Actuator {
+ public:
+  std::string name() const override { return "dry-run"; }
+  std::vector<ActuatorResult> Execute(
+      const std::vector<core::ReplacementRequest>& requests) override {
+    std::vector<ActuatorResult> out;
+    for (const core::ReplacementRequest& r : requests) {
+      out.push_back({true, absl::StrCat("dry run: would ", r.action, " node ", r.node)});
+    }
+    return out;
+  }
+};
+
+// Ids of the "Failed" entries in batch-replace-cluster-nodes' JSON output,
+// with their messages. The CLI prints
+//   {"Successful": ["i-..."], "Failed": [{"NodeId": "i-...", "ErrorCode": "...",
+//    "Message": "..."}]}
+std::map<std::string, std::string> FailedNodes(const std::string& json) {
+  std::map<std::string, std::string> failed;
+  const size_t at = json.find("\"Failed\"");
+  if (at == std::string::npos) return failed;
+  static const std::regex kEntry(
+      R"re(\{[^{}]*"NodeId"\s*:\s*"([^"]+)"[^{}]*?(?:"Message"\s*:\s*"([^"]*)")?[^{}]*\})re");
+  const std::string tail = json.substr(at);
+  for (auto it = std::sregex_iterator(tail.begin(), tail.end(), kEntry);
+       it != std::sregex_iterator(); ++it) {
+    failed[(*it)[1]] = (*it)[2].matched ? (*it)[2].str() : "failed";
+  }
+  return failed;
+}
+
+class HyperPodApiActuator : public Actuator {
+ public:
+  HyperPodApiActuator(std::string cluster, std::map<std::string, std::string> ids,
+                      absl::Duration timeout)
+      : cluster_(std::move(cluster)), ids_(std::move(ids)), timeout_(timeout) {}
+  std::string name() const override { return "hyperpod"; }
+
+  std::vector<ActuatorResult> Execute(
+      const std::vector<core::ReplacementRequest>& requests) override {
+    std::vector<ActuatorResult> out(requests.size());
+    std::vector<std::pair<size_t, std::string>> todo;  // (request index, instance id)
+    for (size_t i = 0; i < requests.size(); ++i) {
+      std::string id = InstanceId(requests[i].node);
+      if (id.empty()) {
+        out[i] = {false, absl::StrCat("no HyperPod instance id known for node ",
+                                      requests[i].node)};
+      } else {
+        todo.push_back({i, id});
+      }
+    }
+    for (size_t begin = 0; begin < todo.size(); begin += kHyperPodBatch) {
+      const size_t end = std::min(todo.size(), begin + kHyperPodBatch);
+      std::vector<std::string> argv = {"aws", "sagemaker", "batch-replace-cluster-nodes",
+                                       "--cluster-name", cluster_, "--node-ids"};
+      for (size_t k = begin; k < end; ++k) argv.push_back(todo[k].second);
+      argv.push_back("--output");
+      argv.push_back("json");
+      const CommandResult r = RunCommand(argv, timeout_);
+      const ActuatorResult call = FromCommand(argv, r);
+      const std::map<std::string, std::string> failed =
+          call.ok ? FailedNodes(r.output) : std::map<std::string, std::string>{};
+      for (size_t k = begin; k < end; ++k) {
+        const auto& [index, id] = todo[k];
+        auto f = failed.find(id);
+        if (!call.ok) {
+          out[index] = call;
+        } else if (f != failed.end()) {
+          out[index] = {false, absl::StrCat("batch-replace-cluster-nodes failed for ", id, ": ",
+                                            f->second)};
+        } else {
+          out[index] = {true, absl::StrCat("batch-replace-cluster-nodes accepted ", id,
+                                           " (cluster ", cluster_, ")")};
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::string InstanceId(const std::string& node) const {
+    auto it = ids_.find(node);
+    if (it != ids_.end()) return it->second;
+    static const std::regex kId("(i-[0-9a-f]{8,17})");
+    std::smatch m;
+    return std::regex_search(node, m, kId) ? m[1].str() : "";
+  }
+
+  const std::string cluster_;
+  const std::map<std::string, std::string> ids_;
+  const absl::Duration timeout_;
+};
+
+std::string HealthLabel(const std::string& action) {
+  return absl::StrCat("sagemaker.amazonaws.com/node-health-status=",
+                      action == "reboot" ? "UnschedulablePendingReboot"
+                                         : "UnschedulablePendingReplacement");
+}
+
+}  // namespace
+
+bool IsSafeNodeName(const std::string& node) {
+  if (node.empty() || node.size() > 253 || node[0] == '-') return false;
+  return std::all_of(node.begin(), node.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Actuator>> MakeActuator(const ActuatorConfig& config) {
+  if (config.kind == "dry-run") return std::make_unique<DryRunActuator>();
+  if (config.kind == "eks") {
+    return std::make_unique<PerNodeActuator>(
+        "eks", config.timeout, [](const core::ReplacementRequest& r) {
+          return std::vector<std::string>{"kubectl", "label", "node", r.node,
+                                          HealthLabel(r.action), "--overwrite"};
+        });
+  }
+  if (config.kind == "slurm") {
+    return std::make_unique<PerNodeActuator>(
+        "slurm", config.timeout, [](const core::ReplacementRequest& r) {
+          return std::vector<std::string>{
+              "scontrol", "update", absl::StrCat("node=", r.node), "state=fail",
+              r.action == "reboot" ? "reason=Action:Reboot" : "reason=Action:Replace"};
+        });
+  }
+  if (config.kind == "hyperpod") {
+    if (config.hyperpod_cluster.empty()) {
+      return absl::InvalidArgumentError("--actuator=hyperpod needs --hyperpod_cluster");
+    }
+    return std::make_unique<HyperPodApiActuator>(config.hyperpod_cluster, config.node_ids,
+                                                 config.timeout);
+  }
+  if (config.kind == "command") {
+    const std::vector<std::string> words =
+        absl::StrSplit(config.command, ' ', absl::SkipEmpty());
+    if (words.empty()) {
+      return absl::InvalidArgumentError("--actuator=command needs --actuator_command");
+    }
+    return std::make_unique<PerNodeActuator>(
+        "command", config.timeout, [words](const core::ReplacementRequest& r) {
+          std::vector<std::string> argv;
+          for (const std::string& w : words) {
+            argv.push_back(absl::StrReplaceAll(
+                w, {{"{node}", r.node}, {"{action}", r.action},
+                    {"{request}", absl::StrCat(r.id)}}));
+          }
+          return argv;
+        });
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown actuator '", config.kind, "' (one of: dry-run, eks, slurm, hyperpod, command)"));
+}
+
+}  // namespace sdc::daemon

@@ -1,0 +1,722 @@
+#include "daemon/sdcctl_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace sdc::sdcctl {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+constexpr char kNone[] = "<none>";
+
+// ---------------------------------------------------------------------------
+// Tables
+
+using Row = std::vector<std::string>;
+
+// One table cell: never empty (a blank cell would shift what the eye reads as
+// the next column) and never more than one line. Control characters are
+// replaced so that a job id sent by a trainer cannot drive the terminal.
+std::string Cell(absl::string_view text) {
+  if (text.empty()) return kNone;
+  std::string out(text);
+  for (char& c : out) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '\n' || c == '\r' || c == '\t') {
+      c = ' ';
+    } else if (u < 0x20 || u == 0x7f) {
+      c = '?';
+    }
+  }
+  return out;
+}
+
+template <typename Container>
+std::string JoinCell(const Container& values) {
+  return Cell(absl::StrJoin(values, ","));
+}
+
+// Columns are measured in code points, so UTF-8 node names stay aligned.
+size_t DisplayWidth(absl::string_view text) {
+  size_t n = 0;
+  for (char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// kubectl's layout: every column but the last padded to its widest cell plus
+// three spaces; no trailing spaces.
+std::string RenderTable(const std::vector<Row>& rows, absl::string_view indent = "") {
+  std::vector<size_t> widths;
+  for (const Row& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) {
+      widths[i] = std::max(widths[i], DisplayWidth(row[i]));
+    }
+  }
+  std::string out;
+  for (const Row& row : rows) {
+    absl::StrAppend(&out, indent);
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&out, row[i]);
+      if (i + 1 < row.size()) {
+        out.append(widths[i] - DisplayWidth(row[i]) + 3, ' ');
+      }
+    }
+    out.push_back('\n');
+  }
+  return out;
+}
+
+std::string YesNo(bool b) { return b ? "yes" : "no"; }
+
+// ---------------------------------------------------------------------------
+// Rows of each kind. `prefix` is "" in a list of one kind and "kind/" where
+// kinds are mixed (history).
+
+std::vector<Row> RequestRows(const google::protobuf::RepeatedPtrField<v1::ReplacementRequest>& rs,
+                             bool wide, absl::string_view prefix, absl::Time now) {
+  std::vector<Row> rows;
+  Row header = {"NAME", "NODE", "STATE", "ACTION", "GPUS", "INCIDENTS"};
+  if (wide) header.insert(header.end(), {"REASON", "LAST-ACTOR"});
+  header.push_back("AGE");
+  rows.push_back(std::move(header));
+  for (const v1::ReplacementRequest& r : rs) {
+    Row row = {absl::StrCat(prefix, r.id()), Cell(r.node_name()),
+               StateName(r.state()),         Cell(r.action()),
+               JoinCell(r.gpu_uuids()),      JoinCell(r.incident_ids())};
+    if (wide) {
+      row.push_back(Cell(r.reason()));
+      row.push_back(r.transitions().empty() ? kNone : Cell(r.transitions().rbegin()->actor()));
+    }
+    row.push_back(FormatAgeSince(r.created_unix_ms(), now));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::vector<Row> IncidentRows(const google::protobuf::RepeatedPtrField<v1::Incident>& is, bool wide,
+                              absl::string_view prefix, absl::Time now) {
+  std::vector<Row> rows;
+  Row header = {"NAME", "JOB", "STEP", "CHECK", "OUTCOME", "RANKS", "NODES", "ATTRIBUTED"};
+  if (wide) header.insert(header.end(), {"GPUS", "TENSORS", "EXPLANATION"});
+  header.push_back("AGE");
+  rows.push_back(std::move(header));
+  for (const v1::Incident& i : is) {
+    Row row = {absl::StrCat(prefix, i.id()), Cell(i.job_id()),    absl::StrCat(i.step()),
+               CheckName(i.check()),         Cell(i.outcome()),   JoinCell(i.ranks()),
+               JoinCell(i.node_names()),     YesNo(i.confirmed())};
+    if (wide) {
+      row.push_back(JoinCell(i.gpu_uuids()));
+      row.push_back(JoinCell(i.differing_tensors()));
+      row.push_back(Cell(i.explanation()));
+    }
+    row.push_back(FormatAgeSince(i.created_unix_ms(), now));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// For the list formats that are the same for every kind.
+std::string NameLines(absl::string_view kind, const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) absl::StrAppend(&out, kind, "/", n, "\n");
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// YAML
+
+bool IsYamlIndicator(char c) {
+  return absl::string_view("-?:,[]{}#&*!|>'\"%@`").find(c) != absl::string_view::npos;
+}
+
+// Words that YAML 1.1 or 1.2 reads as a bool or null, or that PyYAML
+// refuses as a plain value ("=", the merge key "<<").
+bool IsYamlKeyword(absl::string_view text) {
+  static const char* const kWords[] = {"true", "false", "yes",  "no", "on", "off",
+                                       "y",    "n",     "null", "~",  "=",  "<<"};
+  for (const char* w : kWords) {
+    if (absl::EqualsIgnoreCase(text, w)) return true;
+  }
+  return false;
+}
+
+// Anything that might read as a number, a timestamp or .inf/.nan. Errs on the
+// side of quoting ("3d-node" is quoted although it would read back fine).
+bool MightReadAsNumber(absl::string_view text) {
+  if (absl::ascii_isdigit(text[0])) return true;
+  if (text.size() > 1 && (text[0] == '+' || text[0] == '-' || text[0] == '.')) {
+    return absl::ascii_isdigit(text[1]) || text[1] == '.' ||
+           absl::StartsWithIgnoreCase(text.substr(1), "inf") ||
+           absl::StartsWithIgnoreCase(text.substr(1), "nan");
+  }
+  return false;
+}
+
+bool NeedsQuotes(absl::string_view text) {
+  if (text.empty()) return true;
+  if (text.front() == ' ' || text.back() == ' ') return true;
+  if (IsYamlIndicator(text.front())) return true;
+  if (IsYamlKeyword(text) || MightReadAsNumber(text)) return true;
+  if (absl::StrContains(text, ": ") || absl::StrContains(text, " #") || text.back() == ':') {
+    return true;
+  }
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return true;
+  }
+  return false;
+}
+
+std::string ShortestDouble(double d) {
+  if (std::isnan(d)) return ".nan";
+  if (std::isinf(d)) return d > 0 ? ".inf" : "-.inf";
+  std::string s;
+  for (int precision = 6; precision <= 17; ++precision) {
+    s = absl::StrFormat("%.*g", precision, d);
+    if (std::strtod(s.c_str(), nullptr) == d) break;
+  }
+  return s;
+}
+
+// Element `index` of a repeated field, or the singular field when index < 0.
+std::string YamlScalar(const Message& m, const FieldDescriptor* f, int index) {
+  const Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return absl::StrCat(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return ShortestDouble(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return ShortestDouble(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return (rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f)) ? "true" : "false";
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const int number = rep ? r->GetRepeatedEnumValue(m, f, index) : r->GetEnumValue(m, f);
+      const google::protobuf::EnumValueDescriptor* v = f->enum_type()->FindValueByNumber(number);
+      return v != nullptr ? v->name() : absl::StrCat(number);
+    }
+    case FieldDescriptor::CPPTYPE_STRING: {
+      std::string scratch;
+      const std::string& s = rep ? r->GetRepeatedStringReference(m, f, index, &scratch)
+                                 : r->GetStringReference(m, f, &scratch);
+      return YamlString(f->type() == FieldDescriptor::TYPE_BYTES ? absl::Base64Escape(s) : s);
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      break;  // Not a scalar; the caller handles messages.
+  }
+  return "";
+}
+
+std::vector<std::string> MappingLines(const Message& m);
+
+// A mapping as the value of a key or a list item: its lines, or {} when it
+// has no fields to show.
+void AppendNested(const std::vector<std::string>& lines, absl::string_view first_prefix,
+                  absl::string_view key_line, std::vector<std::string>* out) {
+  if (lines.empty()) {
+    out->push_back(absl::StrCat(key_line, first_prefix.empty() ? " {}" : "{}"));
+    return;
+  }
+  if (first_prefix.empty()) {
+    // "key:" then the mapping indented under it.
+    out->push_back(std::string(key_line));
+    for (const std::string& l : lines) out->push_back(absl::StrCat("  ", l));
+  } else {
+    // "- first: line" then the rest aligned with it.
+    out->push_back(absl::StrCat(first_prefix, lines[0]));
+    for (size_t i = 1; i < lines.size(); ++i) out->push_back(absl::StrCat("  ", lines[i]));
+  }
+}
+
+// Field order is declaration order. Unset message fields and unset members of
+// a oneof are left out; every other field is shown, defaults included, as
+// ToJson does. (Map fields would show as lists of key/value entries; the
+// admin API has none.)
+std::vector<std::string> MappingLines(const Message& m) {
+  std::vector<std::string> out;
+  const Reflection* r = m.GetReflection();
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string& key = f->name();
+    if (f->is_repeated()) {
+      const int n = r->FieldSize(m, f);
+      if (n == 0) {
+        out.push_back(absl::StrCat(key, ": []"));
+        continue;
+      }
+      out.push_back(absl::StrCat(key, ":"));
+      for (int j = 0; j < n; ++j) {
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          AppendNested(MappingLines(r->GetRepeatedMessage(m, f, j)), "- ", "- ", &out);
+        } else {
+          out.push_back(absl::StrCat("- ", YamlScalar(m, f, j)));
+        }
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!r->HasField(m, f)) continue;
+      AppendNested(MappingLines(r->GetMessage(m, f)), "", absl::StrCat(key, ":"), &out);
+    } else {
+      if (f->has_presence() && !r->HasField(m, f)) continue;
+      out.push_back(absl::StrCat(key, ": ", YamlScalar(m, f, -1)));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// describe
+
+std::string FormatTimestamp(int64_t unix_ms, absl::Time now) {
+  if (unix_ms == 0) return "<unknown>";
+  return absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone()),
+      " (", FormatAgeSince(unix_ms, now), " ago)");
+}
+
+// "Label:" padded so the values of one block line up, kubectl describe's way.
+std::string LabelBlock(const std::vector<std::pair<std::string, std::string>>& pairs,
+                       absl::string_view indent) {
+  size_t width = 0;
+  for (const auto& [label, value] : pairs) width = std::max(width, label.size() + 1);
+  std::string out;
+  for (const auto& [label, value] : pairs) {
+    absl::StrAppend(&out, indent, label, ":", std::string(width - label.size() - 1 + 2, ' '), value,
+                    "\n");
+  }
+  return out;
+}
+
+std::string DescribeIncident(const v1::Incident& i, absl::Time now) {
+  return absl::StrCat("  Incident ", i.id(), ":\n",
+                      LabelBlock({{"Job", Cell(i.job_id())},
+                                  {"Step", absl::StrCat(i.step())},
+                                  {"Check", CheckName(i.check())},
+                                  {"Outcome", Cell(i.outcome())},
+                                  {"Ranks", JoinCell(i.ranks())},
+                                  {"Nodes", JoinCell(i.node_names())},
+                                  {"GPUs", JoinCell(i.gpu_uuids())},
+                                  {"Attributed", YesNo(i.confirmed())},
+                                  {"Tensors", JoinCell(i.differing_tensors())},
+                                  {"Explanation", Cell(i.explanation())},
+                                  {"Created", FormatTimestamp(i.created_unix_ms(), now)}},
+                                 "    "));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Codes and names
+
+int ExitCodeFor(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return kExitOk;
+    case grpc::StatusCode::NOT_FOUND:
+      return kExitNotFound;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return kExitPrecondition;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kExitUnreachable;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return kExitPermission;
+    default:
+      return kExitError;
+  }
+}
+
+std::string RpcErrorMessage(const grpc::Status& status, absl::string_view server) {
+  const grpc::StatusCode code = status.error_code();
+  const std::string code_name =
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(static_cast<int>(code)));
+  std::string message = status.error_message().empty() ? code_name : status.error_message();
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::StrCat("cannot reach sdcd at ", server, ": ", message);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::StrCat("cannot reach sdcd at ", server, ": no answer before the deadline (",
+                          message, "; see --timeout)");
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return absl::StrCat("permission denied: ", message);
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return message;
+    default:
+      return absl::StrCat(code_name, ": ", message);
+  }
+}
+
+absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text) {
+  if (text.empty() || text == "table") return OutputFormat::kTable;
+  if (text == "wide") return OutputFormat::kWide;
+  if (text == "json") return OutputFormat::kJson;
+  if (text == "yaml") return OutputFormat::kYaml;
+  if (text == "name") return OutputFormat::kName;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown output format \"", text, "\" (want table, wide, json, yaml or name)"));
+}
+
+absl::StatusOr<v1::RequestState> ParseRequestState(absl::string_view text) {
+  for (v1::RequestState s :
+       {v1::PENDING, v1::APPROVED, v1::EXECUTING, v1::DONE, v1::FAILED, v1::DENIED, v1::EXPIRED}) {
+    if (absl::EqualsIgnoreCase(text, StateName(s))) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown request state \"", text,
+                   "\" (want pending, approved, executing, done, failed, denied or expired)"));
+}
+
+std::string StateName(v1::RequestState state) {
+  switch (state) {
+    case v1::PENDING:
+      return "Pending";
+    case v1::APPROVED:
+      return "Approved";
+    case v1::EXECUTING:
+      return "Executing";
+    case v1::DONE:
+      return "Done";
+    case v1::FAILED:
+      return "Failed";
+    case v1::DENIED:
+      return "Denied";
+    case v1::EXPIRED:
+      return "Expired";
+    default:
+      return "Unknown";
+  }
+}
+
+std::string CheckName(v1::CheckKind check) {
+  switch (check) {
+    case v1::CHECK_NONFINITE:
+      return "nonfinite";
+    case v1::CHECK_REDUCED_GRADIENTS:
+      return "reduced_gradients";
+    case v1::CHECK_REPLAY:
+      return "replay";
+    case v1::CHECK_WEIGHTS:
+      return "weights";
+    default:
+      return "unknown";
+  }
+}
+
+std::string FormatAge(int64_t seconds) {
+  if (seconds < 60) return absl::StrCat(std::max<int64_t>(seconds, 0), "s");
+  if (seconds < 3600) return absl::StrCat(seconds / 60, "m");
+  if (seconds < 86400) return absl::StrCat(seconds / 3600, "h");
+  return absl::StrCat(seconds / 86400, "d");
+}
+
+std::string FormatAgeSince(int64_t unix_ms, absl::Time now) {
+  if (unix_ms == 0) return "<unknown>";
+  return FormatAge(absl::ToInt64Seconds(now - absl::FromUnixMillis(unix_ms)));
+}
+
+// ---------------------------------------------------------------------------
+// Lists
+
+std::string FormatRequests(const v1::ListRequestsResponse& response, OutputFormat format,
+                           absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::vector<std::string> names;
+      for (const auto& r : response.requests()) names.push_back(absl::StrCat(r.id()));
+      return NameLines("request", names);
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  if (response.requests().empty()) return "";
+  return RenderTable(
+      RequestRows(response.requests(), format == OutputFormat::kWide, /*prefix=*/"", now));
+}
+
+std::string FormatIncidents(const v1::ListIncidentsResponse& response, OutputFormat format,
+                            absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::vector<std::string> names;
+      for (const auto& i : response.incidents()) names.push_back(absl::StrCat(i.id()));
+      return NameLines("incident", names);
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  if (response.incidents().empty()) return "";
+  return RenderTable(
+      IncidentRows(response.incidents(), format == OutputFormat::kWide, /*prefix=*/"", now));
+}
+
+std::string FormatSuspects(const v1::ListSuspectsResponse& response, OutputFormat format,
+                           absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::vector<std::string> names;
+      for (const auto& s : response.suspects()) names.push_back(Cell(s.gpu_uuid()));
+      return NameLines("suspect", names);
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  if (response.suspects().empty()) return "";
+  const bool wide = format == OutputFormat::kWide;
+  std::vector<Row> rows;
+  Row header = {"NAME", "NODE", "JOB", "RANK", "INCIDENTS", "TARGETED-LEFT"};
+  if (wide) header.push_back("REASON");
+  header.push_back("AGE");
+  rows.push_back(std::move(header));
+  for (const v1::Suspect& s : response.suspects()) {
+    Row row = {Cell(s.gpu_uuid()),
+               Cell(s.node_name()),
+               Cell(s.job_id()),
+               absl::StrCat(s.rank()),
+               absl::StrCat(s.incidents()),
+               absl::StrCat(s.targeted_audits_left())};
+    if (wide) row.push_back(Cell(s.reason()));
+    row.push_back(FormatAgeSince(s.since_unix_ms(), now));
+    rows.push_back(std::move(row));
+  }
+  return RenderTable(rows);
+}
+
+std::string FormatJobs(const v1::ListJobsResponse& response, OutputFormat format, absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::vector<std::string> names;
+      for (const auto& j : response.jobs()) names.push_back(Cell(j.job_id()));
+      return NameLines("job", names);
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  if (response.jobs().empty()) return "";
+  // Wide has nothing to add: a job has no free-text fields.
+  std::vector<Row> rows = {{"NAME", "WORLD", "NODES", "ATTACHED", "LAST-STEP", "INCIDENTS", "AGE"}};
+  for (const v1::Job& j : response.jobs()) {
+    rows.push_back({Cell(j.job_id()), absl::StrCat(j.world_size()), absl::StrCat(j.nodes()),
+                    absl::StrCat(j.attached_ranks()), absl::StrCat(j.last_step()),
+                    absl::StrCat(j.open_incidents()), FormatAgeSince(j.created_unix_ms(), now)});
+  }
+  return RenderTable(rows);
+}
+
+bool IsEmpty(const v1::HistoryResponse& response) {
+  return response.incidents().empty() && response.requests().empty();
+}
+
+std::string FormatHistory(const v1::HistoryResponse& response, OutputFormat format,
+                          absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::string out;
+      for (const auto& i : response.incidents()) absl::StrAppend(&out, "incident/", i.id(), "\n");
+      for (const auto& r : response.requests()) absl::StrAppend(&out, "request/", r.id(), "\n");
+      return out;
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  const bool wide = format == OutputFormat::kWide;
+  std::string out;
+  if (!response.incidents().empty()) {
+    out = RenderTable(IncidentRows(response.incidents(), wide, "incident/", now));
+  }
+  if (!response.requests().empty()) {
+    if (!out.empty()) out.push_back('\n');
+    absl::StrAppend(&out, RenderTable(RequestRows(response.requests(), wide, "request/", now)));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// describe, approve, deny
+
+std::string DescribeRequest(const v1::ReplacementRequest& r, absl::Time now) {
+  std::string out = LabelBlock({{"Request", absl::StrCat(r.id())},
+                                {"Node", Cell(r.node_name())},
+                                {"State", StateName(r.state())},
+                                {"Action", Cell(r.action())},
+                                {"GPUs", JoinCell(r.gpu_uuids())},
+                                {"Incidents", JoinCell(r.incident_ids())},
+                                {"Reason", Cell(r.reason())},
+                                {"Created", FormatTimestamp(r.created_unix_ms(), now)},
+                                {"Updated", FormatTimestamp(r.updated_unix_ms(), now)},
+                                {"Actuator", Cell(r.actuator())},
+                                {"Actuator Result", Cell(r.actuator_result())}},
+                               "");
+  if (r.transitions().empty()) {
+    absl::StrAppend(&out, "Transitions:  ", kNone, "\n");
+  } else {
+    absl::StrAppend(&out, "Transitions:\n");
+    std::vector<Row> rows = {{"TIME", "TRANSITION", "ACTOR", "REASON"}};
+    for (const v1::Transition& t : r.transitions()) {
+      rows.push_back({t.at_unix_ms() == 0 ? std::string("<unknown>")
+                                          : absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                                                             absl::FromUnixMillis(t.at_unix_ms()),
+                                                             absl::UTCTimeZone()),
+                      absl::StrCat(StateName(t.from()), " -> ", StateName(t.to())), Cell(t.actor()),
+                      Cell(t.reason())});
+    }
+    absl::StrAppend(&out, RenderTable(rows, "  "));
+  }
+  if (r.incident_ids().empty() && r.evidence().empty()) {
+    absl::StrAppend(&out, "Evidence:  ", kNone, "\n");
+    return out;
+  }
+  absl::StrAppend(&out, "Evidence:\n");
+  for (const v1::Incident& i : r.evidence()) absl::StrAppend(&out, DescribeIncident(i, now));
+  // sdcd leaves out incidents it no longer has; say so rather than hide it.
+  for (uint64_t id : r.incident_ids()) {
+    bool shown = false;
+    for (const v1::Incident& i : r.evidence()) shown = shown || i.id() == id;
+    if (!shown) absl::StrAppend(&out, "  Incident ", id, ":  <not returned by sdcd>\n");
+  }
+  return out;
+}
+
+std::string ApprovalNotice(const v1::ReplacementRequest& r) {
+  const std::string node = r.node_name().empty() ? "<unknown>" : Cell(r.node_name());
+  if (r.action() == "reboot") {
+    return absl::StrCat("Approving request ", r.id(), ": node ", node,
+                        " will be marked for reboot by the configured actuator. On SageMaker "
+                        "HyperPod, rebooting a node restarts the instance; jobs on it must "
+                        "restart from their last checkpoint.\n");
+  }
+  const std::string action =
+      r.action().empty() || r.action() == "replace" ? "replacement" : Cell(r.action());
+  return absl::StrCat("Approving request ", r.id(), ": node ", node, " will be marked for ", action,
+                      " by the configured actuator. On SageMaker HyperPod, replacing a node "
+                      "terminates the instance and wipes its local volumes (instance store, "
+                      "/tmp, local NVMe); jobs on it must restart from their last checkpoint.\n");
+}
+
+std::string FormatDecision(const v1::ReplacementRequest& r, bool approved, bool dry_run,
+                           OutputFormat format) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(r);
+    case OutputFormat::kYaml:
+      return ToYaml(r);
+    case OutputFormat::kName:
+      return absl::StrCat("request/", r.id(), "\n");
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  return absl::StrCat("request ", r.id(), approved ? " approved" : " denied",
+                      dry_run ? " (dry run: nothing changed)" : "", "\n");
+}
+
+// ---------------------------------------------------------------------------
+// JSON and YAML
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  // Fails only for messages the admin API never sends (an Any of an unknown
+  // type); fall back to an empty object rather than half a document.
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) out = "{}";
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  out.push_back('\n');
+  return out;
+}
+
+std::string ToYaml(const google::protobuf::Message& message) {
+  const std::vector<std::string> lines = MappingLines(message);
+  if (lines.empty()) return "{}\n";
+  return absl::StrCat(absl::StrJoin(lines, "\n"), "\n");
+}
+
+std::string YamlString(absl::string_view text) {
+  if (!NeedsQuotes(text)) return std::string(text);
+  std::string out = "\"";
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (u < 0x20 || u == 0x7f) {
+          absl::StrAppendFormat(&out, "\\x%02x", u);
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+}  // namespace sdc::sdcctl

@@ -1,0 +1,920 @@
+#include "daemon/sdcctl_format.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace sdc::sdcctl {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// 2027-01-15T08:00:00Z.
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
+int64_t MillisAgo(absl::Duration d) { return absl::ToUnixMillis(kNow - d); }
+
+v1::Transition MakeTransition(v1::RequestState from, v1::RequestState to, int64_t at_ms,
+                              const std::string& actor, const std::string& reason) {
+  v1::Transition t;
+  t.set_from(from);
+  t.set_to(to);
+  t.set_at_unix_ms(at_ms);
+  t.set_actor(actor);
+  t.set_reason(reason);
+  return t;
+}
+
+// A pending request opened five minutes ago.
+v1::ReplacementRequest PendingRequest() {
+  v1::ReplacementRequest r;
+  r.set_id(7);
+  r.set_node_name("node-b");
+  r.set_state(v1::PENDING);
+  r.add_gpu_uuids("GPU-3");
+  r.add_incident_ids(4);
+  r.set_reason("replay audit blamed rank 3");
+  r.set_created_unix_ms(MillisAgo(absl::Minutes(5)));
+  r.set_updated_unix_ms(MillisAgo(absl::Minutes(2)));
+  *r.add_transitions() = MakeTransition(v1::PENDING, v1::PENDING, r.created_unix_ms(), "sdcd",
+                                        "replay audit blamed rank 3");
+  r.set_action("replace");
+  return r;
+}
+
+// A reboot request that went all the way, opened 2 days 5 hours ago.
+v1::ReplacementRequest DoneRequest() {
+  v1::ReplacementRequest r;
+  r.set_id(12);
+  r.set_node_name("node-c");
+  r.set_state(v1::DONE);
+  r.add_gpu_uuids("GPU-5");
+  r.add_gpu_uuids("GPU-6");
+  r.add_incident_ids(9);
+  r.add_incident_ids(10);
+  r.set_reason("weights vote");
+  const int64_t created = MillisAgo(absl::Hours(2 * 24 + 5));
+  r.set_created_unix_ms(created);
+  r.set_updated_unix_ms(MillisAgo(absl::Hours(1)));
+  *r.add_transitions() = MakeTransition(v1::PENDING, v1::PENDING, created, "sdcd", "weights vote");
+  *r.add_transitions() =
+      MakeTransition(v1::PENDING, v1::APPROVED, created + 60'000, "alice", "confirmed by replay");
+  *r.add_transitions() =
+      MakeTransition(v1::APPROVED, v1::EXECUTING, created + 70'000, "actuator:eks", "");
+  *r.add_transitions() = MakeTransition(v1::EXECUTING, v1::DONE, MillisAgo(absl::Hours(1)),
+                                        "actuator:eks", "labelled node-c");
+  r.set_action("reboot");
+  r.set_actuator("eks");
+  r.set_actuator_result("labelled node-c");
+  return r;
+}
+
+// Attributed, 59 seconds old.
+v1::Incident ReplayIncident() {
+  v1::Incident i;
+  i.set_id(4);
+  i.set_job_id("job-a");
+  i.set_step(120);
+  i.set_check(v1::CHECK_REPLAY);
+  i.set_outcome("faulty");
+  i.add_ranks(3);
+  i.add_node_names("node-b");
+  i.add_gpu_uuids("GPU-3");
+  i.set_confirmed(true);
+  i.set_explanation("rank 3 differs from its replay on node-a");
+  i.add_differing_tensors("layer.0.weight");
+  i.add_differing_tensors("layer.1.bias");
+  i.set_created_unix_ms(MillisAgo(absl::Seconds(59)));
+  i.set_request_id(7);
+  return i;
+}
+
+// Not attributed, an hour old, with empty lists and text.
+v1::Incident WeightsIncident() {
+  v1::Incident i;
+  i.set_id(9);
+  i.set_job_id("job-b");
+  i.set_step(7);
+  i.set_check(v1::CHECK_WEIGHTS);
+  i.set_outcome("suspect");
+  i.add_ranks(5);
+  i.add_ranks(6);
+  i.add_node_names("node-c");
+  i.set_confirmed(false);
+  i.set_created_unix_ms(MillisAgo(absl::Hours(1)));
+  return i;
+}
+
+v1::ListRequestsResponse TwoRequests() {
+  v1::ListRequestsResponse r;
+  *r.add_requests() = PendingRequest();
+  *r.add_requests() = DoneRequest();
+  return r;
+}
+
+v1::ListIncidentsResponse TwoIncidents() {
+  v1::ListIncidentsResponse r;
+  *r.add_incidents() = ReplayIncident();
+  *r.add_incidents() = WeightsIncident();
+  return r;
+}
+
+v1::ListSuspectsResponse TwoSuspects() {
+  v1::ListSuspectsResponse r;
+  v1::Suspect* a = r.add_suspects();
+  a->set_gpu_uuid("GPU-3");
+  a->set_node_name("node-b");
+  a->set_job_id("job-a");
+  a->set_rank(3);
+  a->set_reason("replay mismatch");
+  a->set_incidents(2);
+  a->set_targeted_audits_left(1);
+  a->set_since_unix_ms(MillisAgo(absl::Seconds(45)));
+  v1::Suspect* b = r.add_suspects();
+  b->set_gpu_uuid("GPU-5");
+  b->set_node_name("node-c");
+  b->set_job_id("job-b");
+  b->set_rank(5);
+  b->set_incidents(1);
+  b->set_targeted_audits_left(3);  // No reason, no time: shown as <none>, <unknown>.
+  return r;
+}
+
+v1::ListJobsResponse TwoJobs() {
+  v1::ListJobsResponse r;
+  v1::Job* a = r.add_jobs();
+  a->set_job_id("job-a");
+  a->set_world_size(8);
+  a->set_attached_ranks(8);
+  a->set_last_step(120);
+  a->set_created_unix_ms(MillisAgo(absl::Minutes(12)));
+  a->set_open_incidents(1);
+  a->set_nodes(2);
+  v1::Job* b = r.add_jobs();
+  b->set_job_id("job-b");
+  b->set_world_size(16);
+  b->set_attached_ranks(12);
+  b->set_last_step(7);
+  b->set_created_unix_ms(MillisAgo(absl::Hours(3 * 24)));
+  b->set_nodes(4);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Ages
+
+TEST(FormatAgeTest, TruncatesToLargestUnit) {
+  const std::vector<std::pair<int64_t, std::string>> cases = {
+      {0, "0s"},     {45, "45s"},       {59, "59s"},           {60, "1m"},       {119, "1m"},
+      {720, "12m"},  {3599, "59m"},     {3600, "1h"},          {5 * 3600, "5h"}, {86399, "23h"},
+      {86400, "1d"}, {3 * 86400, "3d"}, {400 * 86400, "400d"}, {-5, "0s"},
+  };
+  for (const auto& [seconds, want] : cases) {
+    EXPECT_EQ(FormatAge(seconds), want) << seconds << "s";
+  }
+}
+
+TEST(FormatAgeTest, SinceUnixMillis) {
+  EXPECT_EQ(FormatAgeSince(0, kNow), "<unknown>");
+  EXPECT_EQ(FormatAgeSince(absl::ToUnixMillis(kNow) - 1'999, kNow), "1s");
+  EXPECT_EQ(FormatAgeSince(absl::ToUnixMillis(kNow) - 60'000, kNow), "1m");
+  EXPECT_EQ(FormatAgeSince(absl::ToUnixMillis(kNow) + 30'000, kNow), "0s");  // Clock skew.
+}
+
+// ---------------------------------------------------------------------------
+// Exit codes and error lines
+
+TEST(ExitCodeForTest, EveryStatusCode) {
+  const std::vector<std::pair<grpc::StatusCode, int>> cases = {
+      {grpc::StatusCode::OK, 0},
+      {grpc::StatusCode::CANCELLED, 1},
+      {grpc::StatusCode::UNKNOWN, 1},
+      {grpc::StatusCode::INVALID_ARGUMENT, 1},
+      {grpc::StatusCode::DEADLINE_EXCEEDED, 5},
+      {grpc::StatusCode::NOT_FOUND, 3},
+      {grpc::StatusCode::ALREADY_EXISTS, 1},
+      {grpc::StatusCode::PERMISSION_DENIED, 6},
+      {grpc::StatusCode::RESOURCE_EXHAUSTED, 1},
+      {grpc::StatusCode::FAILED_PRECONDITION, 4},
+      {grpc::StatusCode::ABORTED, 1},
+      {grpc::StatusCode::OUT_OF_RANGE, 1},
+      {grpc::StatusCode::UNIMPLEMENTED, 1},
+      {grpc::StatusCode::INTERNAL, 1},
+      {grpc::StatusCode::UNAVAILABLE, 5},
+      {grpc::StatusCode::DATA_LOSS, 1},
+      {grpc::StatusCode::UNAUTHENTICATED, 6},
+  };
+  for (const auto& [code, want] : cases) {
+    EXPECT_EQ(ExitCodeFor(code), want) << "code " << static_cast<int>(code);
+  }
+  EXPECT_EQ(kExitUsage, 2);
+}
+
+TEST(RpcErrorMessageTest, OneLinePerCode) {
+  const std::string server = "unix:/run/sdc/admin.sock";
+  const std::vector<std::pair<grpc::Status, std::string>> cases = {
+      {{grpc::StatusCode::UNAVAILABLE, "failed to connect\nto all addresses"},
+       "cannot reach sdcd at unix:/run/sdc/admin.sock: failed to connect to all addresses"},
+      {{grpc::StatusCode::UNAVAILABLE, ""},
+       "cannot reach sdcd at unix:/run/sdc/admin.sock: UNAVAILABLE"},
+      {{grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded"},
+       "cannot reach sdcd at unix:/run/sdc/admin.sock: no answer before the deadline "
+       "(Deadline Exceeded; see --timeout)"},
+      {{grpc::StatusCode::NOT_FOUND, "no replacement request 77"}, "no replacement request 77"},
+      {{grpc::StatusCode::FAILED_PRECONDITION,
+        "request 1 is already Denied (by bob: glitch); use --force to decide again"},
+       "request 1 is already Denied (by bob: glitch); use --force to decide again"},
+      {{grpc::StatusCode::PERMISSION_DENIED, "the admin token is not valid"},
+       "permission denied: the admin token is not valid"},
+      {{grpc::StatusCode::UNAUTHENTICATED, "admin calls need a token"},
+       "permission denied: admin calls need a token"},
+      {{grpc::StatusCode::INVALID_ARGUMENT, "name a GPU UUID or a node"},
+       "INVALID_ARGUMENT: name a GPU UUID or a node"},
+      {{grpc::StatusCode::INTERNAL, "boom\r\n"}, "INTERNAL: boom  "},
+  };
+  for (const auto& [status, want] : cases) {
+    EXPECT_EQ(RpcErrorMessage(status, server), want);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Parsing names
+
+TEST(ParseOutputFormatTest, KnownAndUnknown) {
+  EXPECT_EQ(*ParseOutputFormat(""), OutputFormat::kTable);
+  EXPECT_EQ(*ParseOutputFormat("table"), OutputFormat::kTable);
+  EXPECT_EQ(*ParseOutputFormat("wide"), OutputFormat::kWide);
+  EXPECT_EQ(*ParseOutputFormat("json"), OutputFormat::kJson);
+  EXPECT_EQ(*ParseOutputFormat("yaml"), OutputFormat::kYaml);
+  EXPECT_EQ(*ParseOutputFormat("name"), OutputFormat::kName);
+  for (const char* bad : {"xml", "JSON ", "jsonpath", "-o"}) {
+    EXPECT_EQ(ParseOutputFormat(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(ParseRequestStateTest, EveryStateAnyCase) {
+  const std::vector<std::pair<std::string, v1::RequestState>> cases = {
+      {"pending", v1::PENDING}, {"Approved", v1::APPROVED}, {"EXECUTING", v1::EXECUTING},
+      {"done", v1::DONE},       {"failed", v1::FAILED},     {"denied", v1::DENIED},
+      {"expired", v1::EXPIRED},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<v1::RequestState> got = ParseRequestState(text);
+    ASSERT_TRUE(got.ok()) << text;
+    EXPECT_EQ(*got, want) << text;
+  }
+  for (const char* bad : {"", "unknown", "REQUEST_STATE_UNSPECIFIED", "pend"}) {
+    EXPECT_EQ(ParseRequestState(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(NamesTest, StatesAndChecks) {
+  EXPECT_EQ(StateName(v1::PENDING), "Pending");
+  EXPECT_EQ(StateName(v1::APPROVED), "Approved");
+  EXPECT_EQ(StateName(v1::EXECUTING), "Executing");
+  EXPECT_EQ(StateName(v1::DONE), "Done");
+  EXPECT_EQ(StateName(v1::FAILED), "Failed");
+  EXPECT_EQ(StateName(v1::DENIED), "Denied");
+  EXPECT_EQ(StateName(v1::EXPIRED), "Expired");
+  EXPECT_EQ(StateName(v1::REQUEST_STATE_UNSPECIFIED), "Unknown");
+  EXPECT_EQ(CheckName(v1::CHECK_NONFINITE), "nonfinite");
+  EXPECT_EQ(CheckName(v1::CHECK_REDUCED_GRADIENTS), "reduced_gradients");
+  EXPECT_EQ(CheckName(v1::CHECK_REPLAY), "replay");
+  EXPECT_EQ(CheckName(v1::CHECK_WEIGHTS), "weights");
+  EXPECT_EQ(CheckName(v1::CHECK_KIND_UNSPECIFIED), "unknown");
+}
+
+// ---------------------------------------------------------------------------
+// Tables
+
+TEST(FormatRequestsTest, Table) {
+  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kTable, kNow),
+            "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   AGE\n"
+            "7      node-b   Pending   replace   GPU-3         4           5m\n"
+            "12     node-c   Done      reboot    GPU-5,GPU-6   9,10        2d\n");
+}
+
+TEST(FormatRequestsTest, Wide) {
+  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kWide, kNow),
+            "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   "
+            "REASON                       LAST-ACTOR     AGE\n"
+            "7      node-b   Pending   replace   GPU-3         4           "
+            "replay audit blamed rank 3   sdcd           5m\n"
+            "12     node-c   Done      reboot    GPU-5,GPU-6   9,10        "
+            "weights vote                 actuator:eks   2d\n");
+}
+
+TEST(FormatRequestsTest, Name) {
+  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kName, kNow), "request/7\nrequest/12\n");
+}
+
+TEST(FormatRequestsTest, EmptyListPrintsNothingButTheDocument) {
+  const v1::ListRequestsResponse empty;
+  EXPECT_EQ(FormatRequests(empty, OutputFormat::kTable, kNow), "");
+  EXPECT_EQ(FormatRequests(empty, OutputFormat::kWide, kNow), "");
+  EXPECT_EQ(FormatRequests(empty, OutputFormat::kName, kNow), "");
+  EXPECT_EQ(FormatRequests(empty, OutputFormat::kYaml, kNow), "requests: []\n");
+  EXPECT_THAT(FormatRequests(empty, OutputFormat::kJson, kNow), HasSubstr("\"requests\": []"));
+}
+
+TEST(FormatIncidentsTest, Table) {
+  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kTable, kNow),
+            "NAME   JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   AGE\n"
+            "4      job-a   120    replay    faulty    3       node-b   yes          59s\n"
+            "9      job-b   7      weights   suspect   5,6     node-c   no           1h\n");
+}
+
+TEST(FormatIncidentsTest, Wide) {
+  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kWide, kNow),
+            "NAME   JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   "
+            "GPUS     TENSORS                       EXPLANATION                                "
+            "AGE\n"
+            "4      job-a   120    replay    faulty    3       node-b   yes          "
+            "GPU-3    layer.0.weight,layer.1.bias   rank 3 differs from its replay on node-a   "
+            "59s\n"
+            "9      job-b   7      weights   suspect   5,6     node-c   no           "
+            "<none>   <none>                        <none>                                     "
+            "1h\n");
+}
+
+TEST(FormatIncidentsTest, Name) {
+  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kName, kNow), "incident/4\nincident/9\n");
+}
+
+TEST(FormatSuspectsTest, Table) {
+  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kTable, kNow),
+            "NAME    NODE     JOB     RANK   INCIDENTS   TARGETED-LEFT   AGE\n"
+            "GPU-3   node-b   job-a   3      2           1               45s\n"
+            "GPU-5   node-c   job-b   5      1           3               <unknown>\n");
+}
+
+TEST(FormatSuspectsTest, Wide) {
+  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kWide, kNow),
+            "NAME    NODE     JOB     RANK   INCIDENTS   TARGETED-LEFT   REASON            AGE\n"
+            "GPU-3   node-b   job-a   3      2           1               replay mismatch   45s\n"
+            "GPU-5   node-c   job-b   5      1           3               <none>            "
+            "<unknown>\n");
+}
+
+TEST(FormatSuspectsTest, Name) {
+  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kName, kNow),
+            "suspect/GPU-3\nsuspect/GPU-5\n");
+}
+
+TEST(FormatJobsTest, TableAndWideAreTheSame) {
+  const std::string want =
+      "NAME    WORLD   NODES   ATTACHED   LAST-STEP   INCIDENTS   AGE\n"
+      "job-a   8       2       8          120         1           12m\n"
+      "job-b   16      4       12         7           0           3d\n";
+  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kTable, kNow), want);
+  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kWide, kNow), want);
+}
+
+TEST(FormatJobsTest, Name) {
+  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kName, kNow), "job/job-a\njob/job-b\n");
+}
+
+// A job id comes from a trainer: it must not break the table or reach the
+// terminal as an escape sequence.
+TEST(FormatJobsTest, CellsAreOneLineWithoutControlCharacters) {
+  v1::ListJobsResponse r;
+  v1::Job* j = r.add_jobs();
+  j->set_job_id("a\tb\n\x1b[2J");
+  j->set_world_size(1);
+  EXPECT_EQ(FormatJobs(r, OutputFormat::kTable, kNow),
+            "NAME       WORLD   NODES   ATTACHED   LAST-STEP   INCIDENTS   AGE\n"
+            "a b ?[2J   1       0       0          0           0           <unknown>\n");
+}
+
+// Column widths count code points, not bytes.
+TEST(FormatJobsTest, AlignsUtf8) {
+  v1::ListJobsResponse r;
+  r.add_jobs()->set_job_id("jöb");
+  r.add_jobs()->set_job_id("job-long");
+  const std::string out = FormatJobs(r, OutputFormat::kTable, kNow);
+  EXPECT_THAT(out, HasSubstr("\njöb        0   "));
+  EXPECT_THAT(out, HasSubstr("\njob-long   0   "));
+}
+
+TEST(FormatHistoryTest, TablesOfBothKindsWithKindInName) {
+  v1::HistoryResponse h;
+  *h.add_incidents() = ReplayIncident();
+  *h.add_requests() = PendingRequest();
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kTable, kNow),
+            "NAME         JOB     STEP   CHECK    OUTCOME   RANKS   NODES    ATTRIBUTED   AGE\n"
+            "incident/4   job-a   120    replay   faulty    3       node-b   yes          59s\n"
+            "\n"
+            "NAME        NODE     STATE     ACTION    GPUS    INCIDENTS   AGE\n"
+            "request/7   node-b   Pending   replace   GPU-3   4           5m\n");
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kName, kNow), "incident/4\nrequest/7\n");
+  EXPECT_FALSE(IsEmpty(h));
+}
+
+TEST(FormatHistoryTest, OnlyRequestsHasNoLeadingBlankLine) {
+  v1::HistoryResponse h;
+  *h.add_requests() = PendingRequest();
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kTable, kNow),
+            "NAME        NODE     STATE     ACTION    GPUS    INCIDENTS   AGE\n"
+            "request/7   node-b   Pending   replace   GPU-3   4           5m\n");
+}
+
+TEST(FormatHistoryTest, Empty) {
+  const v1::HistoryResponse h;
+  EXPECT_TRUE(IsEmpty(h));
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kTable, kNow), "");
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kName, kNow), "");
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kYaml, kNow), "incidents: []\nrequests: []\n");
+}
+
+// ---------------------------------------------------------------------------
+// JSON
+
+TEST(ToJsonTest, ParsesBackToTheSameMessageWithProtoFieldNames) {
+  const v1::ListRequestsResponse want = TwoRequests();
+  const std::string json = FormatRequests(want, OutputFormat::kJson, kNow);
+  v1::ListRequestsResponse got;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &got).ok()) << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want)) << json;
+  EXPECT_THAT(json, HasSubstr("\"node_name\": \"node-b\""));
+  EXPECT_THAT(json, HasSubstr("\"created_unix_ms\": \""));
+  EXPECT_THAT(json, HasSubstr("\"state\": \"PENDING\""));
+  EXPECT_THAT(json, HasSubstr("\"actuator\": \"\""));  // Defaults are shown.
+  EXPECT_THAT(json, Not(HasSubstr("nodeName")));
+  EXPECT_EQ(json.front(), '{');
+  EXPECT_EQ(json.substr(json.size() - 2), "}\n");
+}
+
+TEST(ToJsonTest, EveryListIsOneDocument) {
+  for (const std::string& json : {FormatIncidents(TwoIncidents(), OutputFormat::kJson, kNow),
+                                  FormatSuspects(TwoSuspects(), OutputFormat::kJson, kNow),
+                                  FormatJobs(TwoJobs(), OutputFormat::kJson, kNow)}) {
+    EXPECT_EQ(json.front(), '{') << json;
+    EXPECT_EQ(json.substr(json.size() - 2), "}\n") << json;
+  }
+  v1::ListIncidentsResponse incidents;
+  const std::string json = FormatIncidents(TwoIncidents(), OutputFormat::kJson, kNow);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &incidents).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(incidents, TwoIncidents()));
+  EXPECT_THAT(json, HasSubstr("\"differing_tensors\": ["));
+  EXPECT_THAT(json, HasSubstr("\"check\": \"CHECK_WEIGHTS\""));
+  EXPECT_THAT(FormatJobs(TwoJobs(), OutputFormat::kJson, kNow), HasSubstr("\"open_incidents\": 0"));
+}
+
+// ---------------------------------------------------------------------------
+// YAML
+
+// The emitter's exact output is pinned on a test-only message type, so that
+// fields added to the admin API later do not change these goldens; the admin
+// messages are checked below by the blocks they must contain.
+class ToYamlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    google::protobuf::FileDescriptorProto file;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        R"pb(
+          name: "sdcctl_yaml_test.proto"
+          package: "sdcctl.test"
+          syntax: "proto3"
+          message_type { name: "Empty" }
+          message_type {
+            name: "Inner"
+            field { name: "label" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING }
+            field { name: "values" number: 2 label: LABEL_REPEATED type: TYPE_INT32 }
+          }
+          message_type {
+            name: "Outer"
+            field { name: "i32" number: 1 label: LABEL_OPTIONAL type: TYPE_INT32 }
+            field { name: "i64" number: 2 label: LABEL_OPTIONAL type: TYPE_INT64 }
+            field { name: "u64" number: 3 label: LABEL_OPTIONAL type: TYPE_UINT64 }
+            field { name: "d" number: 4 label: LABEL_OPTIONAL type: TYPE_DOUBLE }
+            field { name: "f" number: 5 label: LABEL_OPTIONAL type: TYPE_FLOAT }
+            field { name: "b" number: 6 label: LABEL_OPTIONAL type: TYPE_BOOL }
+            field { name: "s" number: 7 label: LABEL_OPTIONAL type: TYPE_STRING }
+            field { name: "raw" number: 8 label: LABEL_OPTIONAL type: TYPE_BYTES }
+            field {
+              name: "color"
+              number: 9
+              label: LABEL_OPTIONAL
+              type: TYPE_ENUM
+              type_name: ".sdcctl.test.Color"
+            }
+            field {
+              name: "inner"
+              number: 10
+              label: LABEL_OPTIONAL
+              type: TYPE_MESSAGE
+              type_name: ".sdcctl.test.Inner"
+            }
+            field {
+              name: "items"
+              number: 11
+              label: LABEL_REPEATED
+              type: TYPE_MESSAGE
+              type_name: ".sdcctl.test.Inner"
+            }
+            field { name: "tags" number: 12 label: LABEL_REPEATED type: TYPE_STRING }
+            field {
+              name: "empty"
+              number: 13
+              label: LABEL_OPTIONAL
+              type: TYPE_MESSAGE
+              type_name: ".sdcctl.test.Empty"
+            }
+            field {
+              name: "empties"
+              number: 14
+              label: LABEL_REPEATED
+              type: TYPE_MESSAGE
+              type_name: ".sdcctl.test.Empty"
+            }
+            field {
+              name: "by_name"
+              number: 15
+              label: LABEL_OPTIONAL
+              type: TYPE_STRING
+              oneof_index: 0
+            }
+            field {
+              name: "by_id"
+              number: 16
+              label: LABEL_OPTIONAL
+              type: TYPE_UINT64
+              oneof_index: 0
+            }
+            field { name: "doubles" number: 17 label: LABEL_REPEATED type: TYPE_DOUBLE }
+            oneof_decl { name: "subject" }
+          }
+          enum_type {
+            name: "Color"
+            value { name: "COLOR_UNSPECIFIED" number: 0 }
+            value { name: "RED" number: 1 }
+          }
+        )pb",
+        &file));
+    const google::protobuf::FileDescriptor* built = pool_.BuildFile(file);
+    ASSERT_NE(built, nullptr);
+    outer_ = built->FindMessageTypeByName("Outer");
+    ASSERT_NE(outer_, nullptr);
+  }
+
+  // An Outer with the given text-format fields.
+  std::unique_ptr<google::protobuf::Message> Outer(const std::string& text) {
+    std::unique_ptr<google::protobuf::Message> m(factory_.GetPrototype(outer_)->New());
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, m.get())) << text;
+    return m;
+  }
+
+  google::protobuf::DescriptorPool pool_;
+  google::protobuf::DynamicMessageFactory factory_;
+  const google::protobuf::Descriptor* outer_ = nullptr;
+};
+
+TEST_F(ToYamlTest, EveryKindOfField) {
+  auto m = Outer(R"pb(
+    i32: -5
+    i64: -9000000000
+    u64: 18446744073709551615
+    d: 0.1
+    f: 1.5
+    b: true
+    s: "yes"
+    raw: "\x00\xff"
+    color: RED
+    inner { values: [ 1, 2 ] }
+    items { label: "a: b" }
+    items {}
+    tags: [ "x", "" ]
+    empty {}
+    empties {}
+    by_id: 3
+    doubles: [ 1e300, -0.25, inf, nan ]
+  )pb");
+  EXPECT_EQ(ToYaml(*m),
+            "i32: -5\n"
+            "i64: -9000000000\n"
+            "u64: 18446744073709551615\n"
+            "d: 0.1\n"
+            "f: 1.5\n"
+            "b: true\n"
+            "s: \"yes\"\n"
+            "raw: AP8=\n"
+            "color: RED\n"
+            "inner:\n"
+            "  label: \"\"\n"
+            "  values:\n"
+            "  - 1\n"
+            "  - 2\n"
+            "items:\n"
+            "- label: \"a: b\"\n"
+            "  values: []\n"
+            "- label: \"\"\n"
+            "  values: []\n"
+            "tags:\n"
+            "- x\n"
+            "- \"\"\n"
+            "empty: {}\n"
+            "empties:\n"
+            "- {}\n"
+            "by_id: 3\n"  // The oneof's other member is left out.
+            "doubles:\n"
+            "- 1e+300\n"
+            "- -0.25\n"
+            "- .inf\n"
+            "- .nan\n");
+}
+
+TEST_F(ToYamlTest, DefaultsShownUnsetMessagesAndOneofsLeftOut) {
+  EXPECT_EQ(ToYaml(*Outer("")),
+            "i32: 0\n"
+            "i64: 0\n"
+            "u64: 0\n"
+            "d: 0\n"
+            "f: 0\n"
+            "b: false\n"
+            "s: \"\"\n"
+            "raw: \"\"\n"
+            "color: COLOR_UNSPECIFIED\n"
+            "items: []\n"
+            "tags: []\n"
+            "empties: []\n"
+            "doubles: []\n");
+  auto by_name = Outer("by_name: \"node-a\"");
+  EXPECT_THAT(ToYaml(*by_name), HasSubstr("\nempties: []\nby_name: node-a\ndoubles: []\n"));
+  // An enum number the schema does not name (proto3 enums are open).
+  auto unknown = Outer("");
+  unknown->GetReflection()->SetEnumValue(unknown.get(), outer_->FindFieldByName("color"), 7);
+  EXPECT_THAT(ToYaml(*unknown), HasSubstr("\ncolor: 7\n"));
+}
+
+TEST_F(ToYamlTest, EmptyMessage) {
+  EXPECT_EQ(ToYaml(v1::ListJobsRequest()), "{}\n");
+  EXPECT_EQ(ToYaml(v1::ListJobsResponse()), "jobs: []\n");
+}
+
+TEST(ToYamlAdminTest, RequestWithTransitionsAndEvidence) {
+  v1::ReplacementRequest r = PendingRequest();
+  r.set_reason("replay: rank 3");
+  r.mutable_transitions(0)->set_reason("replay: rank 3");
+  *r.add_evidence() = ReplayIncident();
+  r.mutable_evidence(0)->clear_explanation();
+  r.mutable_evidence(0)->clear_differing_tensors();
+  const std::string yaml = ToYaml(r);
+  EXPECT_THAT(yaml, StartsWith("id: 7\n"
+                               "node_name: node-b\n"
+                               "state: PENDING\n"
+                               "gpu_uuids:\n"
+                               "- GPU-3\n"
+                               "incident_ids:\n"
+                               "- 4\n"
+                               "reason: \"replay: rank 3\"\n"
+                               "created_unix_ms: 1799999700000\n"));
+  EXPECT_THAT(yaml, HasSubstr("\ntransitions:\n"
+                              "- from: PENDING\n"
+                              "  to: PENDING\n"
+                              "  at_unix_ms: 1799999700000\n"
+                              "  actor: sdcd\n"
+                              "  reason: \"replay: rank 3\"\n"));
+  EXPECT_THAT(yaml, HasSubstr("\nevidence:\n"
+                              "- id: 4\n"
+                              "  job_id: job-a\n"
+                              "  step: 120\n"
+                              "  check: CHECK_REPLAY\n"
+                              "  outcome: faulty\n"
+                              "  ranks:\n"
+                              "  - 3\n"
+                              "  node_names:\n"
+                              "  - node-b\n"
+                              "  gpu_uuids:\n"
+                              "  - GPU-3\n"
+                              "  confirmed: true\n"
+                              "  explanation: \"\"\n"
+                              "  differing_tensors: []\n"
+                              "  created_unix_ms: 1799999941000\n"
+                              "  request_id: 7\n"));
+  EXPECT_THAT(yaml, HasSubstr("\naction: replace\n"));
+  EXPECT_THAT(yaml, HasSubstr("\nactuator: \"\"\n"));
+}
+
+TEST(ToYamlAdminTest, ListsOfEachKind) {
+  const std::string jobs = FormatJobs(TwoJobs(), OutputFormat::kYaml, kNow);
+  EXPECT_THAT(jobs, StartsWith("jobs:\n- job_id: job-a\n"));
+  EXPECT_THAT(jobs, HasSubstr("\n- job_id: job-a\n"
+                              "  world_size: 8\n"
+                              "  attached_ranks: 8\n"
+                              "  last_step: 120\n"
+                              "  created_unix_ms: 1799999280000\n"
+                              "  open_incidents: 1\n"
+                              "  nodes: 2\n"));
+  EXPECT_THAT(jobs, HasSubstr("\n- job_id: job-b\n"
+                              "  world_size: 16\n"
+                              "  attached_ranks: 12\n"
+                              "  last_step: 7\n"
+                              "  created_unix_ms: 1799740800000\n"
+                              "  open_incidents: 0\n"));
+  const std::string suspects = FormatSuspects(TwoSuspects(), OutputFormat::kYaml, kNow);
+  EXPECT_THAT(suspects, StartsWith("suspects:\n- gpu_uuid: GPU-3\n"));
+  EXPECT_THAT(suspects, HasSubstr("\n- gpu_uuid: GPU-5\n"
+                                  "  node_name: node-c\n"
+                                  "  job_id: job-b\n"
+                                  "  rank: 5\n"
+                                  "  reason: \"\"\n"
+                                  "  incidents: 1\n"
+                                  "  targeted_audits_left: 3\n"
+                                  "  since_unix_ms: 0\n"));
+  const std::string incidents = FormatIncidents(TwoIncidents(), OutputFormat::kYaml, kNow);
+  EXPECT_THAT(incidents, StartsWith("incidents:\n- id: 4\n  job_id: job-a\n"));
+  EXPECT_THAT(incidents, HasSubstr("\n- id: 9\n  job_id: job-b\n  step: 7\n"
+                                   "  check: CHECK_WEIGHTS\n  outcome: suspect\n"
+                                   "  ranks:\n  - 5\n  - 6\n"));
+  v1::HistoryRequest by_gpu;
+  by_gpu.set_gpu_uuid("GPU-3");
+  EXPECT_EQ(ToYaml(by_gpu), "gpu_uuid: GPU-3\n");
+}
+
+TEST(YamlStringTest, QuotesOnlyWhatYamlWouldMisread) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plain", "plain"},
+      {"GPU-3", "GPU-3"},
+      {"node-b.cluster.local", "node-b.cluster.local"},
+      {"a:b", "a:b"},
+      {"x#y", "x#y"},
+      {"it's", "it's"},
+      {"say \"hi\"", "say \"hi\""},
+      {"back\\slash", "back\\slash"},
+      {"/tmp/x", "/tmp/x"},
+      {"jöb", "jöb"},
+      {"", "\"\""},
+      {"true", "\"true\""},
+      {"No", "\"No\""},
+      {"off", "\"off\""},
+      {"null", "\"null\""},
+      {"~", "\"~\""},
+      {"=", "\"=\""},
+      {"<<", "\"<<\""},
+      {"123", "\"123\""},
+      {"-1", "\"-1\""},
+      {".5", "\".5\""},
+      {"1e3", "\"1e3\""},
+      {".inf", "\".inf\""},
+      {"-.inf", "\"-.inf\""},
+      {"2027-01-15", "\"2027-01-15\""},
+      {"a: b", "\"a: b\""},
+      {"key:", "\"key:\""},
+      {"x #y", "\"x #y\""},
+      {"- x", "\"- x\""},
+      {"-x", "\"-x\""},
+      {"*alias", "\"*alias\""},
+      {"&anchor", "\"&anchor\""},
+      {"!tag", "\"!tag\""},
+      {"{x}", "\"{x}\""},
+      {"[x]", "\"[x]\""},
+      {"|x", "\"|x\""},
+      {">x", "\">x\""},
+      {"%x", "\"%x\""},
+      {"@x", "\"@x\""},
+      {"`x", "\"`x\""},
+      {"'q", "\"'q\""},
+      {"\"q", "\"\\\"q\""},
+      {" lead", "\" lead\""},
+      {"trail ", "\"trail \""},
+      {"line\nbreak", "\"line\\nbreak\""},
+      {"tab\there", "\"tab\\there\""},
+      {"cr\r", "\"cr\\r\""},
+      {std::string("nul\0x", 5), "\"nul\\x00x\""},
+      {"esc\x1b", "\"esc\\x1b\""},
+      {"quote\" and \\ with: colon", "\"quote\\\" and \\\\ with: colon\""},
+  };
+  for (const auto& [text, want] : cases) {
+    EXPECT_EQ(YamlString(text), want) << "for \"" << text << "\"";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// describe, approve, deny
+
+TEST(DescribeRequestTest, HistoryAndEvidence) {
+  v1::ReplacementRequest r = DoneRequest();
+  *r.add_evidence() = WeightsIncident();  // Incident 10 is missing from the evidence.
+  EXPECT_EQ(DescribeRequest(r, kNow),
+            "Request:          12\n"
+            "Node:             node-c\n"
+            "State:            Done\n"
+            "Action:           reboot\n"
+            "GPUs:             GPU-5,GPU-6\n"
+            "Incidents:        9,10\n"
+            "Reason:           weights vote\n"
+            "Created:          2027-01-13T03:00:00Z (2d ago)\n"
+            "Updated:          2027-01-15T07:00:00Z (1h ago)\n"
+            "Actuator:         eks\n"
+            "Actuator Result:  labelled node-c\n"
+            "Transitions:\n"
+            "  TIME                   TRANSITION              ACTOR          REASON\n"
+            "  2027-01-13T03:00:00Z   Pending -> Pending      sdcd           weights vote\n"
+            "  2027-01-13T03:01:00Z   Pending -> Approved     alice          confirmed by replay\n"
+            "  2027-01-13T03:01:10Z   Approved -> Executing   actuator:eks   <none>\n"
+            "  2027-01-15T07:00:00Z   Executing -> Done       actuator:eks   labelled node-c\n"
+            "Evidence:\n"
+            "  Incident 9:\n"
+            "    Job:          job-b\n"
+            "    Step:         7\n"
+            "    Check:        weights\n"
+            "    Outcome:      suspect\n"
+            "    Ranks:        5,6\n"
+            "    Nodes:        node-c\n"
+            "    GPUs:         <none>\n"
+            "    Attributed:   no\n"
+            "    Tensors:      <none>\n"
+            "    Explanation:  <none>\n"
+            "    Created:      2027-01-15T07:00:00Z (1h ago)\n"
+            "  Incident 10:  <not returned by sdcd>\n");
+}
+
+TEST(DescribeRequestTest, AttributedEvidence) {
+  v1::ReplacementRequest r = PendingRequest();
+  *r.add_evidence() = ReplayIncident();
+  const std::string out = DescribeRequest(r, kNow);
+  EXPECT_THAT(out, HasSubstr("State:            Pending\n"));
+  EXPECT_THAT(out, HasSubstr("Actuator:         <none>\n"));
+  EXPECT_THAT(out, HasSubstr("  Incident 4:\n"
+                             "    Job:          job-a\n"
+                             "    Step:         120\n"
+                             "    Check:        replay\n"
+                             "    Outcome:      faulty\n"
+                             "    Ranks:        3\n"
+                             "    Nodes:        node-b\n"
+                             "    GPUs:         GPU-3\n"
+                             "    Attributed:   yes\n"
+                             "    Tensors:      layer.0.weight,layer.1.bias\n"
+                             "    Explanation:  rank 3 differs from its replay on node-a\n"
+                             "    Created:      2027-01-15T07:59:01Z (59s ago)\n"));
+  EXPECT_THAT(out, Not(HasSubstr("not returned")));
+}
+
+TEST(DescribeRequestTest, NothingRecorded) {
+  v1::ReplacementRequest r;
+  r.set_id(3);
+  EXPECT_EQ(DescribeRequest(r, kNow),
+            "Request:          3\n"
+            "Node:             <none>\n"
+            "State:            Unknown\n"
+            "Action:           <none>\n"
+            "GPUs:             <none>\n"
+            "Incidents:        <none>\n"
+            "Reason:           <none>\n"
+            "Created:          <unknown>\n"
+            "Updated:          <unknown>\n"
+            "Actuator:         <none>\n"
+            "Actuator Result:  <none>\n"
+            "Transitions:  <none>\n"
+            "Evidence:  <none>\n");
+}
+
+TEST(ApprovalNoticeTest, ReplaceWarnsThatLocalVolumesAreWiped) {
+  EXPECT_EQ(ApprovalNotice(PendingRequest()),
+            "Approving request 7: node node-b will be marked for replacement by the configured "
+            "actuator. On SageMaker HyperPod, replacing a node terminates the instance and "
+            "wipes its local volumes (instance store, /tmp, local NVMe); jobs on it must "
+            "restart from their last checkpoint.\n");
+}
+
+TEST(ApprovalNoticeTest, Reboot) {
+  EXPECT_EQ(ApprovalNotice(DoneRequest()),
+            "Approving request 12: node node-c will be marked for reboot by the configured "
+            "actuator. On SageMaker HyperPod, rebooting a node restarts the instance; jobs on "
+            "it must restart from their last checkpoint.\n");
+}
+
+TEST(FormatDecisionTest, EveryFormat) {
+  const v1::ReplacementRequest r = PendingRequest();
+  EXPECT_EQ(FormatDecision(r, /*approved=*/true, /*dry_run=*/false, OutputFormat::kTable),
+            "request 7 approved\n");
+  EXPECT_EQ(FormatDecision(r, /*approved=*/true, /*dry_run=*/true, OutputFormat::kTable),
+            "request 7 approved (dry run: nothing changed)\n");
+  EXPECT_EQ(FormatDecision(r, /*approved=*/false, /*dry_run=*/false, OutputFormat::kWide),
+            "request 7 denied\n");
+  EXPECT_EQ(FormatDecision(r, /*approved=*/false, /*dry_run=*/true, OutputFormat::kTable),
+            "request 7 denied (dry run: nothing changed)\n");
+  EXPECT_EQ(FormatDecision(r, /*approved=*/true, /*dry_run=*/false, OutputFormat::kName),
+            "request/7\n");
+  EXPECT_EQ(FormatDecision(r, /*approved=*/true, /*dry_run=*/false, OutputFormat::kYaml),
+            ToYaml(r));
+  EXPECT_EQ(FormatDecision(r, /*approved=*/true, /*dry_run=*/false, OutputFormat::kJson),
+            ToJson(r));
+}
+
+}  // namespace
+}  // namespace sdc::sdcctl

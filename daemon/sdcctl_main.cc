@@ -1,0 +1,644 @@
+// sdcctl: the operator's command line over sdcd's AdminService. This file is
+// the edge: flags and environment into a validated Config, the channel and
+// its credentials, one deadline per call, and exit codes. What is printed is
+// decided by the pure functions of daemon/sdcctl_format.h.
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "admin.grpc.pb.h"
+#include "daemon/sdcctl_format.h"
+#include "grpcpp/grpcpp.h"
+
+// Empty defaults are resolved from the environment in ConfigFromFlags.
+ABSL_FLAG(std::string, server, "",
+          "Admin address, HOST:PORT or unix:PATH. Default: $SDC_ADMIN_ADDR, else 127.0.0.1:7401.");
+ABSL_FLAG(std::string, token_file, "",
+          "Bearer token file. Default: $SDC_ADMIN_TOKEN_FILE, else /var/lib/sdc/admin.token.");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of sdcd's certificate: connect with TLS.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (authenticates instead of a token).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, output, "table", "table, wide, json, yaml or name.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of every call.");
+ABSL_FLAG(std::string, as, "", "Who approves or denies. Default: $USER.");
+ABSL_FLAG(std::string, state, "", "get requests: only requests in this state.");
+ABSL_FLAG(std::string, job, "", "get incidents: only incidents of this job.");
+ABSL_FLAG(std::string, reason, "", "approve, deny: why (required).");
+ABSL_FLAG(bool, dry_run, false, "approve, deny: validate and report, change nothing.");
+ABSL_FLAG(bool, force, false, "approve, deny: decide even if already decided.");
+
+namespace sdc::sdcctl {
+namespace {
+
+constexpr char kUsage[] =
+    R"(sdcctl: the sdc-guard operator CLI (talks to sdcd's admin service).
+
+Usage:
+  sdcctl [global flags] COMMAND [ARGS] [command flags]
+
+Commands:
+  get requests [--state=pending|approved|executing|done|failed|denied|expired]
+  get incidents [--job=ID]
+  get suspects
+  get jobs
+  describe request ID     state, transitions, actuator and evidence of a request
+  approve ID --reason=TEXT [--dry-run] [--force]
+  deny ID --reason=TEXT [--dry-run] [--force]
+  history gpu UUID        every incident and request involving a GPU
+  history node NAME       every incident and request involving a node
+
+Global flags (accepted anywhere on the line):
+  --server=ADDR         admin address, HOST:PORT or unix:PATH
+                        (default: $SDC_ADMIN_ADDR, else 127.0.0.1:7401)
+  --token_file=PATH     bearer token file (default: $SDC_ADMIN_TOKEN_FILE, else
+                        /var/lib/sdc/admin.token); required unless --tls_cert
+  --tls_ca=PATH         PEM CA of sdcd's certificate: connect with TLS
+  --tls_cert=PATH       PEM client certificate (authenticates instead of a token)
+  --tls_key=PATH        PEM private key of --tls_cert
+  -o, --output=FORMAT   table (default), wide, json, yaml or name
+  --timeout=DURATION    deadline of every call (default: 10s)
+  --as=NAME             who approves or denies (default: $USER)
+
+Command flags:
+  --state=STATE         get requests: only requests in STATE
+  --job=ID              get incidents: only incidents of job ID
+  --reason=TEXT         approve, deny: why; required, kept in the request's history
+  --dry-run             approve, deny: validate and report, change nothing
+  --force               approve, deny: decide a request already decided (not one
+                        executing or done), or approve past the blast-radius cap
+
+Exit codes:
+  0 success, 1 other error, 2 usage error, 3 not found, 4 already decided or
+  other failed precondition, 5 sdcd unreachable, 6 permission denied or no
+  readable token.
+)";
+
+constexpr char kDefaultServer[] = "127.0.0.1:7401";
+constexpr char kDefaultTokenFile[] = "/var/lib/sdc/admin.token";
+// sdcd sends messages of up to 16 MiB (daemon/service.h kMaxMessageBytes);
+// gRPC clients accept 4 MiB by default.
+constexpr int kMaxReceiveBytes = 16 << 20;
+
+// The flags sdcctl accepts (absl flags of other libraries are not ours to
+// take), and the commands each command flag applies to.
+const std::set<std::string>& GlobalFlags() {
+  static const auto* const kFlags = new std::set<std::string>{
+      "server", "token_file", "tls_ca", "tls_cert", "tls_key", "output", "timeout", "as"};
+  return *kFlags;
+}
+
+enum class Verb {
+  kGetRequests,
+  kGetIncidents,
+  kGetSuspects,
+  kGetJobs,
+  kDescribeRequest,
+  kApprove,
+  kDeny,
+  kHistoryGpu,
+  kHistoryNode,
+};
+
+std::set<std::string> CommandFlags(Verb verb) {
+  switch (verb) {
+    case Verb::kGetRequests:
+      return {"state"};
+    case Verb::kGetIncidents:
+      return {"job"};
+    case Verb::kApprove:
+    case Verb::kDeny:
+      return {"reason", "dry_run", "force"};
+    default:
+      return {};
+  }
+}
+
+bool IsCommandFlag(const std::string& name) {
+  return name == "state" || name == "job" || name == "reason" || name == "dry_run" ||
+         name == "force";
+}
+
+// What sdcctl reads from its environment, read in exactly one place.
+struct Environment {
+  std::string admin_addr;  // $SDC_ADMIN_ADDR
+  std::string token_file;  // $SDC_ADMIN_TOKEN_FILE
+  std::string user;        // $USER
+};
+
+Environment ReadEnvironment() {
+  auto get = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v == nullptr ? "" : v);
+  };
+  return {get("SDC_ADMIN_ADDR"), get("SDC_ADMIN_TOKEN_FILE"), get("USER")};
+}
+
+// argv once flags are applied: the positional words, and which flags the
+// line named (to refuse a command flag on a command it means nothing to).
+struct CommandLine {
+  std::vector<std::string> words;
+  std::set<std::string> flags_named;
+  bool help = false;
+};
+
+// Applies every flag on the line, wherever it is, and keeps the rest. "-o X",
+// "-oX" and "-o=X" mean --output=X; "--dry-run" means --dry_run; "--" ends the
+// flags. InvalidArgument for an unknown flag or a bad value.
+absl::StatusOr<CommandLine> ApplyFlags(int argc, char** argv) {
+  CommandLine line;
+  bool flags_done = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (flags_done || arg.size() < 2 || arg[0] != '-') {
+      line.words.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    if (arg == "-h" || arg == "--help" || arg == "-help") {
+      line.help = true;
+      continue;
+    }
+    std::string name;
+    std::string value;
+    bool has_value = false;
+    if (arg[1] == 'o' && (arg.size() == 2 || arg[2] != 'u')) {
+      // -o, -oX, -o=X (but not -output=X, which the general case takes).
+      name = "output";
+      if (arg.size() > 2) {
+        value = arg.substr(arg[2] == '=' ? 3 : 2);
+        has_value = true;
+      }
+    } else {
+      absl::string_view body = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
+      const size_t eq = body.find('=');
+      if (eq != absl::string_view::npos) {
+        value = std::string(body.substr(eq + 1));
+        has_value = true;
+        body = body.substr(0, eq);
+      }
+      name = absl::StrReplaceAll(body, {{"-", "_"}});
+      if (name == "o") name = "output";
+    }
+    absl::CommandLineFlag* flag = nullptr;
+    if (GlobalFlags().count(name) > 0 || IsCommandFlag(name)) {
+      flag = absl::FindCommandLineFlag(name);
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg, " (see sdcctl --help)"));
+    }
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("flag ", arg, " needs a value"));
+      }
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad value \"", value, "\" for --", name, ": ", error));
+    }
+    line.flags_named.insert(name);
+  }
+  return line;
+}
+
+// Everything one run needs, checked by Validate before anything is sent.
+struct Config {
+  // Connection.
+  std::string server;
+  std::string token_file;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  absl::Duration timeout;
+  OutputFormat output = OutputFormat::kTable;
+
+  // Command.
+  Verb verb = Verb::kGetJobs;
+  uint64_t id = 0;                                         // describe, approve, deny.
+  std::string subject;                                     // history: the GPU UUID or node name.
+  std::string job;                                         // get incidents --job.
+  v1::RequestState state = v1::REQUEST_STATE_UNSPECIFIED;  // get requests --state.
+  std::string reason;                                      // approve, deny.
+  std::string operator_name;                               // approve, deny: --as, else $USER.
+  bool dry_run = false;
+  bool force = false;
+};
+
+// "7" or "request/7" (what -o name prints); a positive integer.
+absl::StatusOr<uint64_t> ParseRequestId(absl::string_view text) {
+  absl::string_view digits = absl::StripPrefix(text, "request/");
+  uint64_t id = 0;
+  if (digits.empty() || digits.size() > 20 ||
+      !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(digits, &id) || id == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad request id \"", text, "\" (want a positive integer)"));
+  }
+  return id;
+}
+
+// The command words into the Config's verb and arguments.
+absl::Status ParseCommand(const std::vector<std::string>& w, Config* c) {
+  auto want = [&](size_t n, absl::string_view form) -> absl::Status {
+    if (w.size() < n) return absl::InvalidArgumentError(absl::StrCat("usage: sdcctl ", form));
+    if (w.size() > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", w[n], "\" (usage: sdcctl ", form, ")"));
+    }
+    return absl::OkStatus();
+  };
+  if (w.empty()) return absl::InvalidArgumentError("no command given (see sdcctl --help)");
+  const std::string& command = w[0];
+  if (command == "get") {
+    if (w.size() < 2) {
+      return absl::InvalidArgumentError("get what? (requests, incidents, suspects or jobs)");
+    }
+    const std::string& what = w[1];
+    if (what == "requests" || what == "request") {
+      c->verb = Verb::kGetRequests;
+    } else if (what == "incidents" || what == "incident") {
+      c->verb = Verb::kGetIncidents;
+    } else if (what == "suspects" || what == "suspect") {
+      c->verb = Verb::kGetSuspects;
+    } else if (what == "jobs" || what == "job") {
+      c->verb = Verb::kGetJobs;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown resource \"", what, "\" (want requests, incidents, suspects or jobs)"));
+    }
+    return want(2, absl::StrCat("get ", what));
+  }
+  if (command == "describe") {
+    c->verb = Verb::kDescribeRequest;
+    // "describe request ID", or "describe request/ID" as -o name prints it.
+    if (w.size() == 2 && absl::StartsWith(w[1], "request/")) {
+      absl::StatusOr<uint64_t> id = ParseRequestId(w[1]);
+      if (!id.ok()) return id.status();
+      c->id = *id;
+      return absl::OkStatus();
+    }
+    if (w.size() >= 2 && w[1] != "request" && w[1] != "requests") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot describe \"", w[1], "\" (usage: sdcctl describe request ID)"));
+    }
+    if (absl::Status s = want(3, "describe request ID"); !s.ok()) return s;
+    absl::StatusOr<uint64_t> id = ParseRequestId(w[2]);
+    if (!id.ok()) return id.status();
+    c->id = *id;
+    return absl::OkStatus();
+  }
+  if (command == "approve" || command == "deny") {
+    c->verb = command == "approve" ? Verb::kApprove : Verb::kDeny;
+    if (absl::Status s = want(2, absl::StrCat(command, " ID --reason=TEXT")); !s.ok()) return s;
+    absl::StatusOr<uint64_t> id = ParseRequestId(w[1]);
+    if (!id.ok()) return id.status();
+    c->id = *id;
+    return absl::OkStatus();
+  }
+  if (command == "history") {
+    if (w.size() >= 2 && w[1] == "gpu") {
+      c->verb = Verb::kHistoryGpu;
+      if (absl::Status s = want(3, "history gpu UUID"); !s.ok()) return s;
+    } else if (w.size() >= 2 && w[1] == "node") {
+      c->verb = Verb::kHistoryNode;
+      if (absl::Status s = want(3, "history node NAME"); !s.ok()) return s;
+    } else {
+      return absl::InvalidArgumentError("usage: sdcctl history gpu UUID | history node NAME");
+    }
+    c->subject = w[2];
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command \"", command, "\" (see sdcctl --help)"));
+}
+
+// Flags, environment and command words into a Config. InvalidArgument for a
+// usage error.
+absl::StatusOr<Config> ConfigFromFlags(const CommandLine& line, const Environment& env) {
+  Config c;
+  if (absl::Status s = ParseCommand(line.words, &c); !s.ok()) return s;
+  const std::set<std::string> allowed = CommandFlags(c.verb);
+  for (const std::string& name : line.flags_named) {
+    if (IsCommandFlag(name) && allowed.count(name) == 0) {
+      // "get jobs", "approve": the words that name the command.
+      const bool two_words =
+          line.words[0] == "get" || line.words[0] == "describe" || line.words[0] == "history";
+      const std::string command =
+          two_words ? absl::StrCat(line.words[0], " ", line.words[1]) : line.words[0];
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name == "dry_run" ? "dry-run" : name, " does not apply to \"",
+                       command, "\" (see sdcctl --help)"));
+    }
+  }
+  auto first = [](const std::string& a, const std::string& b, const char* fallback) {
+    return !a.empty() ? a : !b.empty() ? b : std::string(fallback);
+  };
+  c.server = first(absl::GetFlag(FLAGS_server), env.admin_addr, kDefaultServer);
+  c.token_file = first(absl::GetFlag(FLAGS_token_file), env.token_file, kDefaultTokenFile);
+  c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  c.tls_key = absl::GetFlag(FLAGS_tls_key);
+  c.timeout = absl::GetFlag(FLAGS_timeout);
+  absl::StatusOr<OutputFormat> output = ParseOutputFormat(absl::GetFlag(FLAGS_output));
+  if (!output.ok()) return output.status();
+  c.output = *output;
+  if (c.verb == Verb::kGetRequests && !absl::GetFlag(FLAGS_state).empty()) {
+    absl::StatusOr<v1::RequestState> state = ParseRequestState(absl::GetFlag(FLAGS_state));
+    if (!state.ok()) return state.status();
+    c.state = *state;
+  }
+  c.job = absl::GetFlag(FLAGS_job);
+  c.reason = absl::GetFlag(FLAGS_reason);
+  c.operator_name = first(absl::GetFlag(FLAGS_as), env.user, "");
+  c.dry_run = absl::GetFlag(FLAGS_dry_run);
+  c.force = absl::GetFlag(FLAGS_force);
+  return c;
+}
+
+// InvalidArgument (a usage error) when the Config cannot make its call.
+absl::Status Validate(const Config& c) {
+  if (c.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--timeout must be positive");
+  }
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (c.verb == Verb::kApprove || c.verb == Verb::kDeny) {
+    const char* verb = c.verb == Verb::kApprove ? "approve" : "deny";
+    if (absl::StripAsciiWhitespace(c.reason).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(verb, " needs --reason=TEXT (why; it is kept in the request's history)"));
+    }
+    if (c.operator_name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(verb, " needs --as=NAME (who decides) when $USER is not set"));
+    }
+  }
+  if ((c.verb == Verb::kHistoryGpu || c.verb == Verb::kHistoryNode) && c.subject.empty()) {
+    return absl::InvalidArgumentError("history needs a GPU UUID or a node name");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) out.append(buffer, n);
+  const bool failed = std::ferror(f) != 0;
+  const int error = errno;
+  std::fclose(f);
+  if (failed) return absl::FailedPreconditionError(absl::StrCat(path, ": ", std::strerror(error)));
+  return out;
+}
+
+struct Credentials {
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+  std::string bearer_token;  // Empty: authenticate by client certificate.
+};
+
+// PermissionDenied when there is nothing to authenticate with;
+// FailedPrecondition when a TLS file cannot be read.
+absl::StatusOr<Credentials> LoadCredentials(const Config& c) {
+  Credentials creds;
+  absl::StatusOr<std::string> token = ReadFile(c.token_file);
+  if (token.ok()) {
+    creds.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (creds.bearer_token.empty() && c.tls_cert.empty()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the admin token file ", c.token_file, " is empty"));
+    }
+  } else if (c.tls_cert.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read the admin token: ", token.status().message(),
+                     " (pass --token_file=PATH or set $SDC_ADMIN_TOKEN_FILE, or use --tls_cert)"));
+  }
+  if (c.tls_ca.empty() && c.tls_cert.empty()) {
+    creds.channel = grpc::InsecureChannelCredentials();
+    return creds;
+  }
+  grpc::SslCredentialsOptions options;
+  if (!c.tls_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile(c.tls_ca);
+    if (!ca.ok())
+      return absl::FailedPreconditionError(absl::StrCat("--tls_ca: ", ca.status().message()));
+    options.pem_root_certs = *ca;
+  }
+  if (!c.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile(c.tls_cert);
+    if (!cert.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--tls_cert: ", cert.status().message()));
+    }
+    absl::StatusOr<std::string> key = ReadFile(c.tls_key);
+    if (!key.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--tls_key: ", key.status().message()));
+    }
+    options.pem_cert_chain = *cert;
+    options.pem_private_key = *key;
+  }
+  creds.channel = grpc::SslCredentials(options);
+  return creds;
+}
+
+// The admin stub, with the token and a fresh deadline on every call.
+class AdminClient {
+ public:
+  AdminClient(const Config& config, Credentials creds)
+      : timeout_(config.timeout), bearer_token_(std::move(creds.bearer_token)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+    args.SetUserAgentPrefix("sdcctl");
+    stub_ =
+        v1::AdminService::NewStub(grpc::CreateCustomChannel(config.server, creds.channel, args));
+  }
+
+  // Runs `call(stub, context)` under the deadline. Returns its status.
+  template <typename Call>
+  grpc::Status Run(Call call) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    if (!bearer_token_.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", bearer_token_));
+    }
+    return call(*stub_, &context);
+  }
+
+ private:
+  const absl::Duration timeout_;
+  const std::string bearer_token_;
+  std::unique_ptr<v1::AdminService::Stub> stub_;
+};
+
+int Fail(int exit_code, absl::string_view message) {
+  std::fprintf(stderr, "sdcctl: error: %.*s\n", static_cast<int>(message.size()), message.data());
+  return exit_code;
+}
+
+void Print(const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); }
+
+// Prints a list, or says on stderr that there was nothing (as kubectl does;
+// json and yaml still print the empty document on stdout).
+void PrintList(const std::string& text, bool empty) {
+  if (empty) std::fputs("No resources found.\n", stderr);
+  Print(text);
+}
+
+int Execute(const Config& c, AdminClient& admin) {
+  grpc::Status status;
+  auto failed = [&] {
+    return Fail(ExitCodeFor(status.error_code()), RpcErrorMessage(status, c.server));
+  };
+  switch (c.verb) {
+    case Verb::kGetRequests: {
+      v1::ListRequestsRequest q;
+      q.set_state(c.state);
+      v1::ListRequestsResponse r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.ListRequests(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatRequests(r, c.output, absl::Now()), r.requests().empty());
+      return kExitOk;
+    }
+    case Verb::kGetIncidents: {
+      v1::ListIncidentsRequest q;
+      q.set_job_id(c.job);
+      v1::ListIncidentsResponse r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.ListIncidents(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatIncidents(r, c.output, absl::Now()), r.incidents().empty());
+      return kExitOk;
+    }
+    case Verb::kGetSuspects: {
+      v1::ListSuspectsResponse r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.ListSuspects(ctx, {}, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatSuspects(r, c.output, absl::Now()), r.suspects().empty());
+      return kExitOk;
+    }
+    case Verb::kGetJobs: {
+      v1::ListJobsResponse r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.ListJobs(ctx, {}, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatJobs(r, c.output, absl::Now()), r.jobs().empty());
+      return kExitOk;
+    }
+    case Verb::kDescribeRequest: {
+      v1::GetRequestRequest q;
+      q.set_id(c.id);
+      v1::ReplacementRequest r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.GetRequest(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      switch (c.output) {
+        case OutputFormat::kJson:
+          Print(ToJson(r));
+          break;
+        case OutputFormat::kYaml:
+          Print(ToYaml(r));
+          break;
+        case OutputFormat::kName:
+          Print(absl::StrCat("request/", r.id(), "\n"));
+          break;
+        case OutputFormat::kTable:
+        case OutputFormat::kWide:
+          Print(DescribeRequest(r, absl::Now()));
+          break;
+      }
+      return kExitOk;
+    }
+    case Verb::kApprove:
+    case Verb::kDeny: {
+      const bool approve = c.verb == Verb::kApprove;
+      if (approve) {
+        // The notice names the node and the action, which only sdcd knows.
+        v1::GetRequestRequest q;
+        q.set_id(c.id);
+        v1::ReplacementRequest current;
+        status = admin.Run([&](auto& s, auto* ctx) { return s.GetRequest(ctx, q, &current); });
+        if (!status.ok()) return failed();
+        std::fputs(ApprovalNotice(current).c_str(), stderr);
+      }
+      v1::DecideRequest q;
+      q.set_id(c.id);
+      q.set_reason(c.reason);
+      q.set_operator_(c.operator_name);
+      q.set_dry_run(c.dry_run);
+      q.set_force(c.force);
+      v1::ReplacementRequest r;
+      status = admin.Run(
+          [&](auto& s, auto* ctx) { return approve ? s.Approve(ctx, q, &r) : s.Deny(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      Print(FormatDecision(r, approve, c.dry_run, c.output));
+      return kExitOk;
+    }
+    case Verb::kHistoryGpu:
+    case Verb::kHistoryNode: {
+      v1::HistoryRequest q;
+      if (c.verb == Verb::kHistoryGpu) {
+        q.set_gpu_uuid(c.subject);
+      } else {
+        q.set_node_name(c.subject);
+      }
+      v1::HistoryResponse r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.History(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatHistory(r, c.output, absl::Now()), IsEmpty(r));
+      return kExitOk;
+    }
+  }
+  return Fail(kExitError, "internal: unhandled command");
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<CommandLine> line = ApplyFlags(argc, argv);
+  if (!line.ok()) return Fail(kExitUsage, line.status().message());
+  if (line->help || (!line->words.empty() && line->words[0] == "help")) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  absl::StatusOr<Config> config = ConfigFromFlags(*line, ReadEnvironment());
+  if (!config.ok()) return Fail(kExitUsage, config.status().message());
+  if (absl::Status s = Validate(*config); !s.ok()) return Fail(kExitUsage, s.message());
+  absl::StatusOr<Credentials> creds = LoadCredentials(*config);
+  if (!creds.ok()) {
+    return Fail(
+        creds.status().code() == absl::StatusCode::kPermissionDenied ? kExitPermission : kExitError,
+        creds.status().message());
+  }
+  AdminClient admin(*config, *std::move(creds));
+  return Execute(*config, admin);
+}
+
+}  // namespace
+}  // namespace sdc::sdcctl
+
+int main(int argc, char** argv) { return sdc::sdcctl::Main(argc, argv); }

@@ -1,0 +1,391 @@
+// sdcd: the per-cluster coordinator daemon. Flags are parsed here, and only
+// here, into a validated Config; everything else is wiring. See
+// docs/ARCHITECTURE.md ("sdcd") and docs/operations.md.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "daemon/actuator.h"
+#include "daemon/config.h"
+#include "daemon/core/coordinator.h"
+#include "daemon/metrics/exposer.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/service.h"
+#include "daemon/sqlite_store.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace {
+const sdc::daemon::Config kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, listen, kDefaults.listen, "Trainer service address, HOST:PORT.");
+ABSL_FLAG(std::string, admin_listen, kDefaults.admin_listen,
+          "Admin service address: HOST:PORT (loopback by default) or unix:PATH.");
+ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
+          "Prometheus /metrics address, HOST:PORT.");
+ABSL_FLAG(std::string, db, kDefaults.db, "SQLite database file.");
+ABSL_FLAG(std::string, admin_token_file, kDefaults.admin_token_file,
+          "Admin bearer token file; created with a random token if missing.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate for the trainer service.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "If set, trainers must present a client certificate signed by this CA.");
+ABSL_FLAG(bool, admin_tls, false, "Serve the admin service over TLS with --tls_cert.");
+ABSL_FLAG(std::string, admin_client_ca, "",
+          "If set, admin clients may authenticate with a certificate from this CA.");
+ABSL_FLAG(std::string, actuator, "dry-run",
+          "What approval does: dry-run, eks, slurm, hyperpod or command.");
+ABSL_FLAG(std::string, actuator_command, "",
+          "For --actuator=command: program and arguments; {node}, {action}, {request} "
+          "are substituted.");
+ABSL_FLAG(absl::Duration, actuator_timeout, absl::Seconds(60),
+          "Deadline for each program an actuator runs.");
+ABSL_FLAG(std::string, hyperpod_cluster, "", "For --actuator=hyperpod: the cluster name.");
+ABSL_FLAG(std::string, hyperpod_node_ids_file, "",
+          "For --actuator=hyperpod: lines of 'node-name instance-id'.");
+ABSL_FLAG(std::string, action, kDefaults.action, "What a request asks for: replace or reboot.");
+ABSL_FLAG(std::string, approval, kDefaults.approval,
+          "require: a human approves every request; auto: approve at once.");
+ABSL_FLAG(int, max_open_requests, kDefaults.max_open_requests,
+          "Blast radius: requests open at once.");
+ABSL_FLAG(int, max_executions, kDefaults.max_executions,
+          "Blast radius: replacements executed per --execution_window.");
+ABSL_FLAG(absl::Duration, execution_window, kDefaults.execution_window,
+          "Window of --max_executions.");
+ABSL_FLAG(absl::Duration, request_ttl, kDefaults.request_ttl,
+          "Pending requests expire after this.");
+ABSL_FLAG(std::vector<std::string>, never_replace, {},
+          "Comma-separated nodes that are never replaced (controllers).");
+ABSL_FLAG(absl::Duration, report_deadline, kDefaults.report_deadline,
+          "A step's checks are decided with what arrived after this long.");
+ABSL_FLAG(int, targeted_audits, kDefaults.targeted_audits,
+          "Targeted audits scheduled for each unconfirmed suspect.");
+
+namespace sdc::daemon {
+namespace {
+
+class RealClock : public core::Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+};
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "%s sdcd: %s\n",
+               absl::FormatTime("%Y-%m-%dT%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
+               line.c_str());
+}
+
+[[noreturn]] void Die(const std::string& line) {
+  std::fprintf(stderr, "sdcd: %s\n", line.c_str());
+  std::exit(2);
+}
+
+Config ConfigFromFlags() {
+  Config c;
+  c.listen = absl::GetFlag(FLAGS_listen);
+  c.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  c.db = absl::GetFlag(FLAGS_db);
+  c.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  c.tls_key = absl::GetFlag(FLAGS_tls_key);
+  c.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  c.admin_tls = absl::GetFlag(FLAGS_admin_tls);
+  c.admin_client_ca = absl::GetFlag(FLAGS_admin_client_ca);
+  c.actuator.kind = absl::GetFlag(FLAGS_actuator);
+  c.actuator.command = absl::GetFlag(FLAGS_actuator_command);
+  c.actuator.timeout = absl::GetFlag(FLAGS_actuator_timeout);
+  c.actuator.hyperpod_cluster = absl::GetFlag(FLAGS_hyperpod_cluster);
+  c.hyperpod_node_ids_file = absl::GetFlag(FLAGS_hyperpod_node_ids_file);
+  c.action = absl::GetFlag(FLAGS_action);
+  c.approval = absl::GetFlag(FLAGS_approval);
+  c.max_open_requests = absl::GetFlag(FLAGS_max_open_requests);
+  c.max_executions = absl::GetFlag(FLAGS_max_executions);
+  c.execution_window = absl::GetFlag(FLAGS_execution_window);
+  c.request_ttl = absl::GetFlag(FLAGS_request_ttl);
+  c.never_replace = absl::GetFlag(FLAGS_never_replace);
+  c.report_deadline = absl::GetFlag(FLAGS_report_deadline);
+  c.targeted_audits = absl::GetFlag(FLAGS_targeted_audits);
+  return c;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The admin token, created (0600, 32 random hex bytes) if the file is absent.
+std::string AdminToken(const std::string& path) {
+  if (path.empty()) return "";
+  if (access(path.c_str(), F_OK) != 0) {
+    std::random_device rd;
+    std::string token;
+    for (int i = 0; i < 32; ++i) token += absl::StrFormat("%02x", rd() & 0xff);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || write(fd, token.data(), token.size()) != static_cast<ssize_t>(token.size())) {
+      Die(absl::StrCat("--admin_token_file: cannot create ", path));
+    }
+    close(fd);
+    Log(absl::StrCat("created admin token file ", path));
+    return token;
+  }
+  std::string token(absl::StripAsciiWhitespace(ReadFile(path)));
+  if (token.empty()) Die(absl::StrCat("--admin_token_file: ", path, " is empty"));
+  return token;
+}
+
+std::shared_ptr<grpc::ServerCredentials> Credentials(const Config& c, bool tls,
+                                                     const std::string& client_ca,
+                                                     bool require_client_cert) {
+  if (!tls) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+      : require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                            : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = client_ca.empty() ? "" : ReadFile(client_ca);
+  options.pem_key_cert_pairs.push_back({ReadFile(c.tls_key), ReadFile(c.tls_cert)});
+  return grpc::SslServerCredentials(options);
+}
+
+// Keepalive settings; the client (client/) uses a 30 s ping interval, which
+// these accept.
+void ConfigureKeepalive(grpc::ServerBuilder& b) {
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.SetMaxSendMessageSize(kMaxMessageBytes);
+}
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop = true; }
+
+std::string ApproveHint(const core::ReplacementRequest& r) {
+  return absl::StrCat("sdcctl describe request ", r.id, "; sdcctl approve ", r.id,
+                      " --reason \"...\"");
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the sdc-guard coordinator daemon.\n  sdcd --db=PATH [--listen=HOST:PORT] "
+      "[--admin_listen=HOST:PORT|unix:PATH] [--metrics_listen=HOST:PORT] ...");
+  absl::ParseCommandLine(argc, argv);
+  Config config = ConfigFromFlags();
+  if (absl::Status s = Validate(config); !s.ok()) Die(std::string(s.message()));
+  if (!config.hyperpod_node_ids_file.empty()) {
+    std::istringstream lines(ReadFile(config.hyperpod_node_ids_file));
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      if (f.size() == 2) config.actuator.node_ids[f[0]] = f[1];
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(config.db);
+  if (!store.ok()) Die(absl::StrCat("--db: ", store.status().message()));
+  RealClock clock;
+  core::CoordinatorOptions options;
+  options.report_deadline = config.report_deadline;
+  options.targeted_audits_per_suspect = static_cast<uint32_t>(config.targeted_audits);
+  options.escalation.request_ttl = config.request_ttl;
+  options.escalation.max_open_requests = config.max_open_requests;
+  options.escalation.max_executed_per_window = config.max_executions;
+  options.escalation.execution_window = config.execution_window;
+  options.escalation.require_approval = config.approval == "require";
+  options.escalation.never_replace = {config.never_replace.begin(), config.never_replace.end()};
+  options.escalation.action = config.action;
+  core::Coordinator coordinator(options, &clock, store->get());
+  if (absl::Status s = coordinator.Restore(); !s.ok()) {
+    Die(absl::StrCat("--db: cannot restore from ", config.db, ": ", s.message()));
+  }
+  std::unique_ptr<Actuator> actuator = *MakeActuator(config.actuator);
+
+  metrics::Registry registry;
+  ServiceMetrics service_metrics(registry);
+  metrics::BuildGauge()
+      .Name("sdc_build_info")
+      .Help("sdcd's version; always 1.")
+      .Register(registry)
+      .Add({{"version", kVersion}, {"actuator", actuator->name()}})
+      .Set(1);
+  auto& attached = metrics::BuildGauge()
+                       .Name("sdc_attached_ranks")
+                       .Help("Trainer ranks with a live stream.")
+                       .Register(registry)
+                       .Add({});
+  auto& suspects = metrics::BuildGauge()
+                       .Name("sdc_suspects")
+                       .Help("GPUs under suspicion, not yet attributed.")
+                       .Register(registry)
+                       .Add({});
+  auto& requests = metrics::BuildGauge()
+                       .Name("sdc_replacement_requests")
+                       .Help("Replacement requests, by state.")
+                       .Register(registry);
+  auto& db_bytes = metrics::BuildGauge()
+                       .Name("sdc_store_bytes")
+                       .Help("Size of the SQLite database and its WAL.")
+                       .Register(registry)
+                       .Add({});
+  auto& queue = metrics::BuildGauge()
+                    .Name("sdc_store_queue_depth")
+                    .Help("Changes waiting for their commit.")
+                    .Register(registry)
+                    .Add({});
+  auto& commits = metrics::BuildGauge()
+                      .Name("sdc_store_commits")
+                      .Help("Commits since start (each holds many changes).")
+                      .Register(registry)
+                      .Add({});
+  SqliteStore* db = store->get();
+  registry.AddCollectHook([&] {
+    attached.Set(coordinator.AttachedRanks());
+    suspects.Set(static_cast<double>(coordinator.ListSuspects().size()));
+    std::map<std::string, int> by_state;
+    for (core::RequestState s :
+         {core::RequestState::kPending, core::RequestState::kApproved,
+          core::RequestState::kExecuting, core::RequestState::kDone, core::RequestState::kFailed,
+          core::RequestState::kDenied, core::RequestState::kExpired}) {
+      by_state[core::RequestStateName(s)] = 0;
+    }
+    for (const auto& r : coordinator.ListRequests()) ++by_state[core::RequestStateName(r.state)];
+    for (const auto& [state, n] : by_state) requests.Add({{"state", state}}).Set(n);
+    db_bytes.Set(static_cast<double>(db->file_bytes()));
+    queue.Set(static_cast<double>(db->queue_depth()));
+    commits.Set(static_cast<double>(db->commits()));
+  });
+  absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =
+      metrics::Exposer::Start(config.metrics_listen, &registry);
+  if (!exposer.ok()) Die(absl::StrCat("--metrics_listen: ", exposer.status().message()));
+
+  StreamRegistry streams;
+  Delivery delivery(db, &streams, &service_metrics);
+  absl::Mutex wake_mu;
+  bool wake = false;
+  TrainerService trainer(&coordinator, &delivery, &streams, &service_metrics);
+  AdminAuth auth{AdminToken(config.admin_token_file), !config.admin_client_ca.empty()};
+  AdminService admin(&coordinator, &delivery, &service_metrics, auth, [&] {
+    absl::MutexLock lock(&wake_mu);
+    wake = true;
+  });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  int trainer_port = 0;
+  int admin_port = 0;
+  grpc::ServerBuilder trainer_builder;
+  trainer_builder.AddListeningPort(
+      config.listen, Credentials(config, !config.tls_cert.empty(), config.tls_client_ca, true),
+      &trainer_port);
+  trainer_builder.RegisterService(&trainer);
+  ConfigureKeepalive(trainer_builder);
+  std::unique_ptr<grpc::Server> trainer_server = trainer_builder.BuildAndStart();
+  if (trainer_server == nullptr) Die(absl::StrCat("--listen: cannot listen on ", config.listen));
+  grpc::ServerBuilder admin_builder;
+  admin_builder.AddListeningPort(
+      config.admin_listen,
+      Credentials(config, config.admin_tls, config.admin_client_ca, false), &admin_port);
+  admin_builder.RegisterService(&admin);
+  ConfigureKeepalive(admin_builder);
+  std::unique_ptr<grpc::Server> admin_server = admin_builder.BuildAndStart();
+  if (admin_server == nullptr) {
+    Die(absl::StrCat("--admin_listen: cannot listen on ", config.admin_listen));
+  }
+  Log(absl::StrCat("sdcd ", kVersion, " serving trainers on ", config.listen, " (port ",
+                   trainer_port, "), admin on ", config.admin_listen,
+                   absl::StartsWith(config.admin_listen, "unix:") ? ""
+                                                                   : absl::StrCat(" (port ", admin_port, ")"),
+                   ", metrics on port ", (*exposer)->port(), ", database ", config.db,
+                   ", actuator ", actuator->name(), ", approval ", config.approval));
+
+  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnSignal);
+  signal(SIGPIPE, SIG_IGN);
+
+  // Logs what the core decided, for operators watching the daemon.
+  auto log_effects = [](const core::Effects& e) {
+    for (const core::Incident& i : e.incidents) {
+      Log(absl::StrCat("incident ", i.id, ": ", core::CheckKindName(i.check), " check, job ",
+                       i.job_id, " step ", i.step, ", ", i.outcome, ": ", i.explanation));
+    }
+    for (const core::ReplacementRequest& r : e.requests) {
+      Log(absl::StrCat("request ", r.id, " for node ", r.node, " is ",
+                       core::RequestStateName(r.state),
+                       r.state == core::RequestState::kPending ? absl::StrCat(" (", ApproveHint(r), ")")
+                                                               : ""));
+    }
+  };
+
+  // Deadlines and expiry, once a second; health follows the store.
+  std::thread ticker([&] {
+    while (!g_stop) {
+      core::Effects e = coordinator.Tick();
+      log_effects(e);
+      delivery.Deliver(std::move(e));
+      const bool healthy = db->health().ok();
+      trainer_server->GetHealthCheckService()->SetServingStatus(healthy);
+      admin_server->GetHealthCheckService()->SetServingStatus(healthy);
+      absl::SleepFor(absl::Seconds(1));
+    }
+  });
+  // Approved requests run through the actuator, outside every lock.
+  std::thread actuator_loop([&] {
+    while (!g_stop) {
+      {
+        absl::MutexLock lock(&wake_mu);
+        wake_mu.AwaitWithTimeout(absl::Condition(&wake), absl::Seconds(1));
+        wake = false;
+      }
+      auto [started, effects] = coordinator.StartApproved(actuator->name());
+      delivery.Deliver(std::move(effects));
+      if (started.empty()) continue;
+      const std::vector<ActuatorResult> results = actuator->Execute(started);
+      for (size_t i = 0; i < started.size(); ++i) {
+        Log(absl::StrCat("actuator ", actuator->name(), " on request ", started[i].id, ": ",
+                         results[i].detail));
+        service_metrics.ActuatorRun(actuator->name(), results[i].ok ? "ok" : "failed");
+        auto done = coordinator.FinishExecution(started[i].id, results[i].ok, results[i].detail);
+        if (done.ok()) delivery.Deliver(std::move(done->second));
+      }
+    }
+  });
+
+  while (!g_stop) absl::SleepFor(absl::Milliseconds(200));
+  Log("shutting down");
+  trainer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ticker.join();
+  actuator_loop.join();
+  return 0;
+}
+
+}  // namespace
+}  // namespace sdc::daemon
+
+int main(int argc, char** argv) { return sdc::daemon::Main(argc, argv); }

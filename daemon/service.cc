@@ -1,0 +1,578 @@
+#include "daemon/service.h"
+
+#include <deque>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/convert.h"
+
+namespace sdc::daemon {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+namespace {
+
+// Lower-case status code name, the bounded `reason` label of rejections.
+std::string ReasonOf(absl::StatusCode code) {
+  return absl::AsciiStrToLower(absl::StatusCodeToString(code));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Metrics
+
+ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
+    : registry_(registry),
+      reports_(metrics::BuildCounter()
+                   .Name("sdc_reports_total")
+                   .Help("Reports received from trainer ranks, by kind.")
+                   .Register(registry)),
+      report_bytes_(metrics::BuildCounter()
+                        .Name("sdc_report_bytes_total")
+                        .Help("Bytes of reports received from trainer ranks, by kind.")
+                        .Register(registry)),
+      rejected_(metrics::BuildCounter()
+                    .Name("sdc_rejected_inputs_total")
+                    .Help("Inputs refused, by reason (gRPC status code).")
+                    .Register(registry)),
+      checks_(metrics::BuildCounter()
+                  .Name("sdc_checks_total")
+                  .Help("Checks decided, by check and result.")
+                  .Register(registry)),
+      incidents_(metrics::BuildCounter()
+                     .Name("sdc_incidents_total")
+                     .Help("Incidents recorded, by check and whether attributed.")
+                     .Register(registry)),
+      skipped_(metrics::BuildCounter()
+                   .Name("sdc_steps_skipped_total")
+                   .Help("Training steps skipped (gradients zeroed, no optimizer step).")
+                   .Register(registry)
+                   .Add({})),
+      checkpoints_(metrics::BuildCounter()
+                       .Name("sdc_checkpoint_decisions_total")
+                       .Help("Checkpoint gate answers, by decision.")
+                       .Register(registry)),
+      latency_(metrics::BuildHistogram()
+                   .Name("sdc_verdict_latency_seconds")
+                   .Help("From a step's first report to its verdict, by check.")
+                   .Register(registry)),
+      actuator_runs_(metrics::BuildCounter()
+                         .Name("sdc_actuator_runs_total")
+                         .Help("Replacement actions run, by actuator and result.")
+                         .Register(registry)) {
+  // Every label combination exists from the start, so a scrape sees zeros
+  // instead of missing series.
+  for (const char* kind : {"step", "audit", "weights"}) {
+    reports_.Add({{"kind", kind}});
+    report_bytes_.Add({{"kind", kind}});
+  }
+  for (const char* d : {"allowed", "denied", "wait"}) checkpoints_.Add({{"decision", d}});
+  for (const char* check : {"nonfinite", "reduced_gradients", "replay", "weights"}) {
+    checks_.Add({{"check", check}, {"result", "pass"}});
+    latency_.Add({{"check", check}}, metrics::Histogram::BucketBoundaries{
+                                         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                         2.5, 5, 10, 30, 60, 120});
+  }
+}
+
+void ServiceMetrics::Report(const std::string& kind, size_t bytes) {
+  reports_.Add({{"kind", kind}}).Increment();
+  report_bytes_.Add({{"kind", kind}}).Increment(static_cast<double>(bytes));
+}
+
+void ServiceMetrics::Rejected(const std::string& reason) {
+  rejected_.Add({{"reason", reason}}).Increment();
+}
+
+void ServiceMetrics::Checkpoint(const std::string& decision) {
+  checkpoints_.Add({{"decision", decision}}).Increment();
+}
+
+void ServiceMetrics::ActuatorRun(const std::string& actuator, const std::string& result) {
+  actuator_runs_.Add({{"actuator", actuator}, {"result", result}}).Increment();
+}
+
+void ServiceMetrics::Observe(const core::Effects& effects) {
+  for (const core::CheckEvent& c : effects.checks) {
+    checks_.Add({{"check", core::CheckKindName(c.check)}, {"result", c.result}}).Increment();
+    if (c.result != "incomplete") {
+      latency_
+          .Add({{"check", core::CheckKindName(c.check)}},
+               metrics::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                    0.5, 1, 2.5, 5, 10, 30, 60, 120})
+          .Observe(absl::ToDoubleSeconds(c.latency));
+    }
+  }
+  for (const core::Incident& i : effects.incidents) {
+    incidents_
+        .Add({{"check", core::CheckKindName(i.check)},
+              {"attributed", i.confirmed ? "true" : "false"}})
+        .Increment();
+  }
+  if (effects.skipped_steps > 0) skipped_.Increment(effects.skipped_steps);
+}
+
+// ---------------------------------------------------------------------------
+// Streams
+
+class AttachReactor;
+
+// A stream's outgoing side, shared with durability callbacks that may run
+// after the stream ended (they then drop their message). gRPC may run a
+// reaction inline inside StartWrite or Finish, even OnDone, so no lock is
+// held across those calls, and a reactor whose OnDone runs while a Push is
+// in progress is deleted by that Push when it returns.
+class Outbox {
+ public:
+  explicit Outbox(AttachReactor* reactor) : reactor_(reactor) {}
+  void Push(v1::CoordinatorMessage message);
+  // From OnDone: true if the reactor may be deleted now.
+  bool Close() {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    if (pushing_ > 0) return false;
+    reactor_ = nullptr;
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  AttachReactor* reactor_ ABSL_GUARDED_BY(mu_);
+  int pushing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage> {
+ public:
+  explicit AttachReactor(TrainerService* service)
+      : service_(service), outbox_(std::make_shared<Outbox>(this)) {
+    StartRead(&in_);
+  }
+
+  void Enqueue(v1::CoordinatorMessage m) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      queue_.push_back(std::move(m));
+    }
+    Pump();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client closed its side or the call broke: flush and finish.
+      RequestFinish(grpc::Status::OK);
+      return;
+    }
+    grpc::Status refused = Handle();
+    if (!refused.ok()) {
+      service_->metrics_->Rejected(ReasonOf(static_cast<absl::StatusCode>(refused.error_code())));
+      RequestFinish(refused);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        queue_.clear();
+        finish_requested_ = true;
+      }
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    if (attached_) {
+      service_->streams_->Unregister(job_, rank_, outbox_.get());
+      service_->coordinator_->Detach(job_, rank_, incarnation_);
+    }
+    if (outbox_->Close()) delete this;
+  }
+
+ private:
+  // Starts the next write, or the finish once nothing is left to write.
+  // Called without mu_ held.
+  void Pump() {
+    bool write = false;
+    grpc::Status finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+        write = true;
+      } else if (finish_requested_) {
+        finished_ = true;
+        finish = finish_status_;
+      } else {
+        return;
+      }
+    }
+    if (write) {
+      StartWrite(&current_);
+    } else {
+      Finish(finish);
+    }
+  }
+
+  void RequestFinish(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      finish_requested_ = true;
+      finish_status_ = std::move(status);
+    }
+    Pump();
+  }
+
+  grpc::Status Handle() {
+    if (!attached_) {
+      if (!in_.has_hello()) {
+        return {grpc::StatusCode::INVALID_ARGUMENT,
+                "the first message of a stream must be a Hello"};
+      }
+      const core::Hello hello = FromProto(in_.hello());
+      absl::StatusOr<core::AttachResult> result = service_->coordinator_->Attach(hello);
+      if (!result.ok()) return ToGrpc(result.status());
+      attached_ = true;
+      job_ = hello.job_id;
+      rank_ = hello.placement.rank;
+      incarnation_ = hello.incarnation;
+      service_->streams_->Register(job_, rank_, outbox_);
+      v1::CoordinatorMessage welcome;
+      welcome.mutable_welcome()->set_acked_sequence(result->acked_sequence);
+      welcome.mutable_welcome()->set_coordinator_version(kVersion);
+      for (const core::PlanMessage& p : result->pending_plans) {
+        *welcome.mutable_welcome()->add_pending_plans() = ToProto(p);
+      }
+      std::shared_ptr<Outbox> outbox = outbox_;
+      service_->delivery_->Deliver(std::move(result->effects),
+                                   [outbox, welcome](absl::Status s) {
+                                     if (s.ok()) outbox->Push(welcome);
+                                   });
+      return grpc::Status::OK;
+    }
+    if (in_.has_hello()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "a stream says Hello only once"};
+    }
+    const v1::Report& report = in_.report();
+    if (report.job_id() != job_ || report.rank() != rank_) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("report for job ", report.job_id(), " rank ", report.rank(),
+                           " on the stream of job ", job_, " rank ", rank_)};
+    }
+    const char* kind = report.has_step_report() ? "step"
+                       : report.has_audit()     ? "audit"
+                                                : "weights";
+    service_->metrics_->Report(kind, in_.ByteSizeLong());
+    absl::StatusOr<core::Report> converted = FromProto(report);
+    if (!converted.ok()) return ToGrpc(converted.status());
+    absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
+    if (!effects.ok()) return ToGrpc(effects.status());
+    v1::CoordinatorMessage ack;
+    ack.mutable_ack()->set_acked_sequence(effects->acked_sequence);
+    std::shared_ptr<Outbox> outbox = outbox_;
+    // The acknowledgement goes out only once the report is durable.
+    service_->delivery_->Deliver(*std::move(effects), [outbox, ack](absl::Status s) {
+      if (s.ok()) outbox->Push(ack);
+    });
+    return grpc::Status::OK;
+  }
+
+  TrainerService* const service_;
+  const std::shared_ptr<Outbox> outbox_;
+  v1::TrainerMessage in_;  // Touched only by the read path, one read at a time.
+  bool attached_ = false;
+  std::string job_;
+  core::Rank rank_ = 0;
+  uint64_t incarnation_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<v1::CoordinatorMessage> queue_ ABSL_GUARDED_BY(mu_);
+  v1::CoordinatorMessage current_;  // The write in flight; owned while writing_.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
+void Outbox::Push(v1::CoordinatorMessage message) {
+  AttachReactor* reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || done_) return;
+    reactor = reactor_;
+    ++pushing_;
+  }
+  reactor->Enqueue(std::move(message));
+  bool last = false;
+  {
+    absl::MutexLock lock(&mu_);
+    last = --pushing_ == 0 && done_ && reactor_ != nullptr;
+    if (last) reactor_ = nullptr;
+  }
+  if (last) delete reactor;
+}
+
+void StreamRegistry::Register(const std::string& job, core::Rank rank,
+                              std::shared_ptr<Outbox> outbox) {
+  absl::MutexLock lock(&mu_);
+  streams_[{job, rank}] = std::move(outbox);
+}
+
+void StreamRegistry::Unregister(const std::string& job, core::Rank rank, const Outbox* outbox) {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find({job, rank});
+  if (it != streams_.end() && it->second.get() == outbox) streams_.erase(it);
+}
+
+void StreamRegistry::Send(const std::string& job, const std::vector<core::Rank>& ranks,
+                          const v1::CoordinatorMessage& message) {
+  std::vector<std::shared_ptr<Outbox>> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (core::Rank r : ranks) {
+      auto it = streams_.find({job, r});
+      if (it != streams_.end()) targets.push_back(it->second);
+    }
+  }
+  for (auto& t : targets) t->Push(message);
+}
+
+size_t StreamRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return streams_.size();
+}
+
+void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> then) {
+  const uint64_t ticket = effects.ticket;
+  auto send = [this, effects = std::move(effects), then = std::move(then)](absl::Status s) {
+    if (s.ok()) {
+      for (const core::OutMessage& m : effects.messages) {
+        streams_->Send(m.job_id, m.ranks, ToProto(m));
+      }
+      metrics_->Observe(effects);
+    }
+    if (then) then(s);
+  };
+  if (ticket == 0) {
+    send(absl::OkStatus());
+  } else {
+    store_->NotifyDurable(ticket, std::move(send));
+  }
+}
+
+grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* TrainerService::Attach(
+    grpc::CallbackServerContext* context) {
+  return new AttachReactor(this);
+}
+
+grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerContext* context,
+                                                        const v1::CheckpointRequest* request,
+                                                        v1::CheckpointDecision* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<core::CheckpointResult> result =
+      coordinator_->MayCheckpoint(request->job_id(), request->step());
+  if (!result.ok()) {
+    metrics_->Rejected(ReasonOf(result.status().code()));
+    reactor->Finish(ToGrpc(result.status()));
+    return reactor;
+  }
+  response->set_allowed(result->allowed);
+  response->set_reason(result->reason);
+  response->set_retryable(result->retryable);
+  metrics_->Checkpoint(result->allowed ? "allowed" : result->retryable ? "wait" : "denied");
+  delivery_->Deliver(std::move(result->effects),
+                     [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
+// ---------------------------------------------------------------------------
+// Admin
+
+grpc::Status AdminService::Authorize(grpc::CallbackServerContext* c) {
+  if (auth_.accept_client_certs && c->auth_context() != nullptr &&
+      c->auth_context()->IsPeerAuthenticated()) {
+    return grpc::Status::OK;
+  }
+  const auto& md = c->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    metrics_->Rejected("unauthenticated");
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "admin calls need 'authorization: Bearer <token>' (sdcctl --token_file) or a "
+            "TLS client certificate"};
+  }
+  const std::string presented(it->second.data(), it->second.size());
+  const std::string expected = absl::StrCat("Bearer ", auth_.token);
+  // Constant-time comparison: no early exit on the first differing byte.
+  unsigned char diff = presented.size() != expected.size() ? 1 : 0;
+  for (size_t i = 0; i < presented.size() && i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(presented[i] ^ expected[i]);
+  }
+  if (auth_.token.empty() || diff != 0) {
+    metrics_->Rejected("permission_denied");
+    return {grpc::StatusCode::PERMISSION_DENIED, "the admin token is not valid"};
+  }
+  return grpc::Status::OK;
+}
+
+#define SDC_AUTHORIZE(context, reactor)                 \
+  do {                                                  \
+    grpc::Status auth = Authorize(context);             \
+    if (!auth.ok()) {                                   \
+      reactor->Finish(auth);                            \
+      return reactor;                                   \
+    }                                                   \
+  } while (false)
+
+grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* c,
+                                                 const v1::ListJobsRequest*,
+                                                 v1::ListJobsResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  for (const core::JobSummary& j : coordinator_->ListJobs()) *r->add_jobs() = ToProto(j);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListRanks(grpc::CallbackServerContext* c,
+                                                  const v1::ListRanksRequest* q,
+                                                  v1::ListRanksResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  absl::StatusOr<std::vector<core::RankSummary>> ranks = coordinator_->ListRanks(q->job_id());
+  if (!ranks.ok()) {
+    reactor->Finish(ToGrpc(ranks.status()));
+    return reactor;
+  }
+  for (const core::RankSummary& s : *ranks) *r->add_ranks() = ToProto(s);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListIncidents(grpc::CallbackServerContext* c,
+                                                      const v1::ListIncidentsRequest* q,
+                                                      v1::ListIncidentsResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  for (const core::Incident& i : coordinator_->ListIncidents(q->job_id())) {
+    *r->add_incidents() = ToProto(i);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListSuspects(grpc::CallbackServerContext* c,
+                                                     const v1::ListSuspectsRequest*,
+                                                     v1::ListSuspectsResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  for (const core::Suspect& s : coordinator_->ListSuspects()) *r->add_suspects() = ToProto(s);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListRequests(grpc::CallbackServerContext* c,
+                                                     const v1::ListRequestsRequest* q,
+                                                     v1::ListRequestsResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  for (const core::ReplacementRequest& req : coordinator_->ListRequests()) {
+    if (q->state() != v1::REQUEST_STATE_UNSPECIFIED && ToProto(req.state) != q->state()) continue;
+    *r->add_requests() = ToProto(req);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void AdminService::FillEvidence(v1::ReplacementRequest* r) {
+  for (uint64_t id : r->incident_ids()) {
+    absl::StatusOr<core::Incident> i = coordinator_->GetIncident(id);
+    if (i.ok()) *r->add_evidence() = ToProto(*i);
+  }
+}
+
+grpc::ServerUnaryReactor* AdminService::GetRequest(grpc::CallbackServerContext* c,
+                                                   const v1::GetRequestRequest* q,
+                                                   v1::ReplacementRequest* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  absl::StatusOr<core::ReplacementRequest> req = coordinator_->GetRequest(q->id());
+  if (!req.ok()) {
+    metrics_->Rejected(ReasonOf(req.status().code()));
+    reactor->Finish(ToGrpc(req.status()));
+    return reactor;
+  }
+  *r = ToProto(*req);
+  FillEvidence(r);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Decide(grpc::CallbackServerContext* c,
+                                               const v1::DecideRequest* q,
+                                               v1::ReplacementRequest* r, bool approve) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  auto result = approve ? coordinator_->Approve(q->id(), q->operator_(), q->reason(), q->force(),
+                                                q->dry_run())
+                        : coordinator_->Deny(q->id(), q->operator_(), q->reason(), q->force(),
+                                             q->dry_run());
+  if (!result.ok()) {
+    metrics_->Rejected(ReasonOf(result.status().code()));
+    reactor->Finish(ToGrpc(result.status()));
+    return reactor;
+  }
+  *r = ToProto(result->first);
+  FillEvidence(r);
+  const bool wake = approve && !q->dry_run();
+  delivery_->Deliver(std::move(result->second), [this, reactor, wake](absl::Status s) {
+    if (s.ok() && wake && on_approved_) on_approved_();
+    reactor->Finish(ToGrpc(s));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Approve(grpc::CallbackServerContext* c,
+                                                const v1::DecideRequest* q,
+                                                v1::ReplacementRequest* r) {
+  return Decide(c, q, r, /*approve=*/true);
+}
+
+grpc::ServerUnaryReactor* AdminService::Deny(grpc::CallbackServerContext* c,
+                                             const v1::DecideRequest* q,
+                                             v1::ReplacementRequest* r) {
+  return Decide(c, q, r, /*approve=*/false);
+}
+
+grpc::ServerUnaryReactor* AdminService::History(grpc::CallbackServerContext* c,
+                                                const v1::HistoryRequest* q,
+                                                v1::HistoryResponse* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  if (q->gpu_uuid().empty() && q->node_name().empty()) {
+    metrics_->Rejected("invalid_argument");
+    reactor->Finish({grpc::StatusCode::INVALID_ARGUMENT, "name a GPU UUID or a node"});
+    return reactor;
+  }
+  auto [incidents, requests] = coordinator_->History(q->gpu_uuid(), q->node_name());
+  for (const core::Incident& i : incidents) *r->add_incidents() = ToProto(i);
+  for (const core::ReplacementRequest& req : requests) *r->add_requests() = ToProto(req);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+#undef SDC_AUTHORIZE
+
+}  // namespace sdc::daemon

@@ -1,0 +1,169 @@
+#ifndef SDC_DAEMON_SERVICE_H_
+#define SDC_DAEMON_SERVICE_H_
+
+// sdcd's gRPC services: thin adapters that translate messages, hand them to
+// the coordinator core, and send the core's answers once the store says they
+// are durable. Callback API; no reaction blocks (the core's calls are short
+// and durability is awaited with NotifyDurable).
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "admin.grpc.pb.h"
+#include "daemon/core/coordinator.h"
+#include "daemon/core/store.h"
+#include "daemon/metrics/registry.h"
+#include "grpcpp/grpcpp.h"
+#include "trainer.grpc.pb.h"
+
+namespace sdc::daemon {
+
+inline constexpr char kVersion[] = "0.1.0";
+
+// Largest message either side accepts: a weight report of 100,000 tensors is
+// about 3 MiB.
+inline constexpr int kMaxMessageBytes = 16 << 20;
+
+// Converts at the edge; the codes are the same numbers.
+grpc::Status ToGrpc(const absl::Status& s);
+
+// The metrics sdcd exports (names per shared STYLE: sdc_ prefix, _total
+// counters, _seconds durations, bounded labels).
+class ServiceMetrics {
+ public:
+  explicit ServiceMetrics(metrics::Registry& registry);
+
+  void Report(const std::string& kind, size_t bytes);
+  void Rejected(const std::string& reason);
+  void Checkpoint(const std::string& decision);
+  void Observe(const core::Effects& effects);
+  void ActuatorRun(const std::string& actuator, const std::string& result);
+
+ private:
+  metrics::Registry& registry_;
+  metrics::Family<metrics::Counter>& reports_;
+  metrics::Family<metrics::Counter>& report_bytes_;
+  metrics::Family<metrics::Counter>& rejected_;
+  metrics::Family<metrics::Counter>& checks_;
+  metrics::Family<metrics::Counter>& incidents_;
+  metrics::Counter& skipped_;
+  metrics::Family<metrics::Counter>& checkpoints_;
+  metrics::Family<metrics::Histogram>& latency_;
+  metrics::Family<metrics::Counter>& actuator_runs_;
+};
+
+class Outbox;
+class AttachReactor;
+
+// Live trainer streams by (job, rank). Thread-safe.
+class StreamRegistry {
+ public:
+  void Register(const std::string& job, core::Rank rank, std::shared_ptr<Outbox> outbox);
+  void Unregister(const std::string& job, core::Rank rank, const Outbox* outbox);
+  void Send(const std::string& job, const std::vector<core::Rank>& ranks,
+            const v1::CoordinatorMessage& message);
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::pair<std::string, core::Rank>, std::shared_ptr<Outbox>> streams_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Sends what the core decided, once durable: messages to their ranks, and
+// metrics. Shared by both services and sdcd's background loops.
+class Delivery {
+ public:
+  Delivery(core::Store* store, StreamRegistry* streams, ServiceMetrics* metrics)
+      : store_(store), streams_(streams), metrics_(metrics) {}
+  // Runs `then` (if any) after the effects are durable and delivered.
+  void Deliver(core::Effects effects, std::function<void(absl::Status)> then = nullptr);
+
+ private:
+  core::Store* store_;
+  StreamRegistry* streams_;
+  ServiceMetrics* metrics_;
+};
+
+class TrainerService final : public v1::TrainerService::CallbackService {
+ public:
+  TrainerService(core::Coordinator* coordinator, Delivery* delivery, StreamRegistry* streams,
+                 ServiceMetrics* metrics)
+      : coordinator_(coordinator), delivery_(delivery), streams_(streams), metrics_(metrics) {}
+
+  grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Attach(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointRequest* request,
+                                          v1::CheckpointDecision* response) override;
+
+ private:
+  friend class AttachReactor;
+  core::Coordinator* coordinator_;
+  Delivery* delivery_;
+  StreamRegistry* streams_;
+  ServiceMetrics* metrics_;
+};
+
+struct AdminAuth {
+  std::string token;            // Bearer token; empty: tokens not accepted.
+  bool accept_client_certs = false;  // A verified TLS client certificate suffices.
+};
+
+class AdminService final : public v1::AdminService::CallbackService {
+ public:
+  AdminService(core::Coordinator* coordinator, Delivery* delivery, ServiceMetrics* metrics,
+               AdminAuth auth, std::function<void()> on_approved)
+      : coordinator_(coordinator),
+        delivery_(delivery),
+        metrics_(metrics),
+        auth_(std::move(auth)),
+        on_approved_(std::move(on_approved)) {}
+
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* c, const v1::ListJobsRequest* q,
+                                     v1::ListJobsResponse* r) override;
+  grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* c,
+                                      const v1::ListRanksRequest* q,
+                                      v1::ListRanksResponse* r) override;
+  grpc::ServerUnaryReactor* ListIncidents(grpc::CallbackServerContext* c,
+                                          const v1::ListIncidentsRequest* q,
+                                          v1::ListIncidentsResponse* r) override;
+  grpc::ServerUnaryReactor* ListSuspects(grpc::CallbackServerContext* c,
+                                         const v1::ListSuspectsRequest* q,
+                                         v1::ListSuspectsResponse* r) override;
+  grpc::ServerUnaryReactor* ListRequests(grpc::CallbackServerContext* c,
+                                         const v1::ListRequestsRequest* q,
+                                         v1::ListRequestsResponse* r) override;
+  grpc::ServerUnaryReactor* GetRequest(grpc::CallbackServerContext* c,
+                                       const v1::GetRequestRequest* q,
+                                       v1::ReplacementRequest* r) override;
+  grpc::ServerUnaryReactor* Approve(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
+                                    v1::ReplacementRequest* r) override;
+  grpc::ServerUnaryReactor* Deny(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
+                                 v1::ReplacementRequest* r) override;
+  grpc::ServerUnaryReactor* History(grpc::CallbackServerContext* c,
+                                    const v1::HistoryRequest* q,
+                                    v1::HistoryResponse* r) override;
+
+ private:
+  // OK, or UNAUTHENTICATED / PERMISSION_DENIED with a reason (counted).
+  grpc::Status Authorize(grpc::CallbackServerContext* c);
+  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
+                                   v1::ReplacementRequest* r, bool approve);
+  void FillEvidence(v1::ReplacementRequest* r);
+
+  core::Coordinator* coordinator_;
+  Delivery* delivery_;
+  ServiceMetrics* metrics_;
+  const AdminAuth auth_;
+  std::function<void()> on_approved_;
+};
+
+}  // namespace sdc::daemon
+
+#endif  // SDC_DAEMON_SERVICE_H_

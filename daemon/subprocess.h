@@ -1,0 +1,25 @@
+#ifndef SDC_DAEMON_SUBPROCESS_H_
+#define SDC_DAEMON_SUBPROCESS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace sdc::daemon {
+
+struct CommandResult {
+  bool started = false;    // False: the program could not be run (see output).
+  bool timed_out = false;  // Killed at the deadline.
+  int exit_code = -1;      // When it exited normally.
+  std::string output;      // stdout and stderr, interleaved, at most 64 KiB.
+  bool ok() const { return started && !timed_out && exit_code == 0; }
+};
+
+// Runs argv[0] (searched on PATH) with `argv`, no shell, stdin from
+// /dev/null, and kills its process group at `timeout`. Thread-safe.
+CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
+
+}  // namespace sdc::daemon
+
+#endif  // SDC_DAEMON_SUBPROCESS_H_

@@ -1,0 +1,231 @@
+// Bad input through the real API: each gets a specific status and message,
+// is counted in sdc_rejected_inputs_total, and sdcd keeps serving.
+
+#include <memory>
+#include <regex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/process.h"
+#include "tests/testing/scripted_rank.h"
+#include "tests/testing/sdcd.h"
+#include "daemon/convert.h"
+
+namespace sdc::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<std::string> kTensors = {"a", "b"};
+
+double Rejected(const Sdcd& sdcd, const std::string& reason) {
+  absl::StatusOr<std::string> body = HttpGet(sdcd.metrics_port(), "/metrics");
+  if (!body.ok()) return -1;
+  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
+  std::smatch m;
+  return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
+}
+
+class SdcdBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TestDir("bad-input");
+    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    sdcd_ = *std::move(d);
+  }
+
+  // A stream that sends `first` then expects the server to end it.
+  grpc::Status StreamEndingWith(const v1::TrainerMessage& first,
+                                const v1::TrainerMessage* second = nullptr) {
+    auto stub = v1::TrainerService::NewStub(Channel(sdcd_->trainer_address()));
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->Attach(&c);
+    stream->Write(first);
+    if (second != nullptr) stream->Write(*second);
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+    }
+    return stream->Finish();
+  }
+
+  std::string dir_;
+  std::unique_ptr<Sdcd> sdcd_;
+};
+
+TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
+  // A first message that is not a Hello.
+  v1::TrainerMessage report_first;
+  report_first.mutable_report()->set_job_id("j");
+  grpc::Status s = StreamEndingWith(report_first);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("first message of a stream must be a Hello"));
+
+  // A Hello naming a rank beyond the world.
+  v1::TrainerMessage bad_rank;
+  core::Hello h = TestHello("job-x", 9, 6, 2, kTensors);
+  *bad_rank.mutable_hello() = daemon::ToProto(h);
+  s = StreamEndingWith(bad_rank);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("rank 9 is not below the world size 6"));
+  EXPECT_EQ(Rejected(*sdcd_, "invalid_argument"), 2);
+
+  // A good rank, then a report for another job and one without a body.
+  ScriptedRank rank(Channel(sdcd_->trainer_address()), TestHello("job-x", 0, 6, 2, kTensors));
+  ASSERT_TRUE(rank.Connect().ok());
+  v1::Report wrong_job;
+  wrong_job.set_job_id("job-y");
+  wrong_job.set_rank(0);
+  wrong_job.set_incarnation(1);
+  wrong_job.set_sequence(1);
+  wrong_job.mutable_step_report();
+  rank.SendRaw(wrong_job);
+  s = rank.WaitFinished();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("report for job job-y rank 0 on the stream of job job-x"));
+  ASSERT_TRUE(rank.Connect().ok());
+  v1::Report no_body;
+  no_body.set_job_id("job-x");
+  no_body.set_incarnation(1);
+  no_body.set_sequence(1);
+  rank.SendRaw(no_body);
+  s = rank.WaitFinished();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("report has no body"));
+  // A gap in sequence numbers.
+  ASSERT_TRUE(rank.Connect().ok());
+  rank.set_next_sequence(5);
+  rank.Send(1, core::StepReport{});
+  s = rank.WaitFinished();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(s.error_message(), HasSubstr("resend from 1"));
+  EXPECT_EQ(Rejected(*sdcd_, "out_of_range"), 1);
+  // A weight report with the wrong tensor count.
+  ASSERT_TRUE(rank.Connect().ok());
+  core::WeightReport w;
+  w.tensors = {{8, 1, 1}};
+  rank.Send(10, w);
+  s = rank.WaitFinished();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("has 1 tensors; the layout of replica group 0 has 2"));
+
+  // An oversized message: refused by gRPC before it reaches sdcd.
+  ASSERT_TRUE(rank.Connect().ok());
+  core::WeightReport huge;
+  huge.tensors.assign(1'000'000, {8, 1, 1});
+  rank.Send(10, huge);
+  s = rank.WaitFinished();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+
+  // The checkpoint gate for an unknown job.
+  auto trainer = v1::TrainerService::NewStub(Channel(sdcd_->trainer_address()));
+  v1::CheckpointRequest cq;
+  cq.set_job_id("nope");
+  cq.set_step(1);
+  v1::CheckpointDecision cd;
+  grpc::ClientContext cc;
+  s = trainer->MayCheckpoint(&cc, cq, &cd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown job nope"));
+
+  // Admin: no token, a wrong token, unknown and already-denied requests.
+  auto admin = sdcd_->Admin();
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext no_token;
+  s = admin->ListJobs(&no_token, {}, &jobs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(s.error_message(), HasSubstr("authorization: Bearer"));
+  grpc::ClientContext wrong_token;
+  wrong_token.AddMetadata("authorization", "Bearer not-the-token");
+  s = admin->ListJobs(&wrong_token, {}, &jobs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Rejected(*sdcd_, "unauthenticated"), 1);
+  EXPECT_EQ(Rejected(*sdcd_, "permission_denied"), 1);
+  v1::DecideRequest approve_unknown;
+  approve_unknown.set_id(77);
+  approve_unknown.set_reason("r");
+  approve_unknown.set_operator_("op");
+  v1::ReplacementRequest out;
+  s = admin->Approve(sdcd_->AdminContext().get(), approve_unknown, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("no replacement request 77"));
+  RunResult cli = sdcd_->Sdcctl({"approve", "77", "--reason=x"});
+  EXPECT_EQ(cli.exit_code, 3) << cli.output;
+  EXPECT_THAT(cli.output, HasSubstr("sdcctl: error:"));
+
+  // A real request, denied, then approved without --force.
+  std::vector<std::unique_ptr<ScriptedRank>> ranks;
+  std::vector<uint64_t> last(6);
+  for (core::Rank r = 0; r < 6; ++r) {
+    ranks.push_back(std::make_unique<ScriptedRank>(
+        Channel(sdcd_->trainer_address()), TestHello("job-z", r, 6, 2, kTensors)));
+    ASSERT_TRUE(ranks.back()->Connect().ok());
+    core::WeightReport wr;
+    wr.tensors = {{8, 1, 1}, {8, 2, r == 1 ? 9u : 2u}};
+    wr.digest = r == 1 ? 2 : 1;
+    last[r] = ranks.back()->Send(10, wr);
+  }
+  for (core::Rank r = 0; r < 6; ++r) {
+    const absl::Status acked = ranks[r]->WaitAcked(last[r]);
+    ASSERT_TRUE(acked.ok()) << acked;
+  }
+  RunResult deny = sdcd_->Sdcctl({"deny", "1", "--reason=sensor glitch"});
+  ASSERT_EQ(deny.exit_code, 0) << deny.output;
+  RunResult late = sdcd_->Sdcctl({"approve", "1", "--reason=changed my mind"});
+  EXPECT_EQ(late.exit_code, 4) << late.output;
+  EXPECT_THAT(late.output, HasSubstr("already Denied"));
+  EXPECT_THAT(late.output, HasSubstr("--force"));
+  EXPECT_GE(Rejected(*sdcd_, "failed_precondition"), 1);
+
+  // Still serving: a new rank is welcomed and acknowledged.
+  ScriptedRank fresh(Channel(sdcd_->trainer_address()), TestHello("job-x", 1, 6, 2, kTensors));
+  ASSERT_TRUE(fresh.Connect().ok());
+  EXPECT_TRUE(fresh.WaitAcked(fresh.Send(1, core::StepReport{})).ok());
+}
+
+// TLS with client certificates: a trainer without one is refused.
+TEST(SdcdTlsTest, TrainerWithoutClientCertificateIsRefused) {
+  const std::string dir = TestDir("tls");
+  RunResult certs = testing::Run(
+      {"sh", "-c",
+       absl::StrCat(
+           "cd ", dir, " && ",
+           "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+           "-subj /CN=sdc-test-ca && ",
+           "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+           "-subj /CN=localhost && ",
+           "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.ext && ",
+           "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+           "-out server.pem -days 2 -extfile san.ext && ",
+           "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+           "-subj /CN=trainer && ",
+           "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+           "-out client.pem -days 2")});
+  ASSERT_EQ(certs.exit_code, 0) << certs.output;
+  absl::StatusOr<std::unique_ptr<Sdcd>> sdcd =
+      Sdcd::Start(dir, {absl::StrCat("--tls_cert=", dir, "/server.pem"),
+                        absl::StrCat("--tls_key=", dir, "/server.key"),
+                        absl::StrCat("--tls_client_ca=", dir, "/ca.pem")});
+  ASSERT_TRUE(sdcd.ok()) << sdcd.status();
+  auto connect = [&](bool with_cert) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFile(dir + "/ca.pem");
+    if (with_cert) {
+      o.pem_private_key = ReadFile(dir + "/client.key");
+      o.pem_cert_chain = ReadFile(dir + "/client.pem");
+    }
+    auto channel = grpc::CreateChannel(absl::StrCat("localhost:", (*sdcd)->trainer_port()),
+                                       grpc::SslCredentials(o));
+    ScriptedRank rank(channel, TestHello("job-t", 0, 3, 1, kTensors));
+    return rank.Connect(absl::Seconds(5));
+  };
+  const absl::Status without = connect(false);
+  EXPECT_FALSE(without.ok());
+  EXPECT_TRUE(connect(true).ok());
+}
+
+}  // namespace
+}  // namespace sdc::testing

@@ -1,0 +1,77 @@
+#include "tests/testing/sdcd.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "tests/testing/scripted_rank.h"
+
+namespace sdc::testing {
+
+absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
+                                                  const std::vector<std::string>& extra_flags,
+                                                  const std::map<std::string, std::string>& env,
+                                                  int trainer_port, int admin_port,
+                                                  int metrics_port) {
+  auto d = std::make_unique<Sdcd>();
+  d->dir_ = dir;
+  std::vector<std::string> argv = {
+      BinaryPath("daemon/sdcd"),
+      absl::StrCat("--db=", dir, "/sdcd.db"),
+      absl::StrCat("--admin_token_file=", dir, "/admin.token"),
+      absl::StrCat("--listen=127.0.0.1:", trainer_port),
+      absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
+      absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  absl::StatusOr<Process> p = Process::Start(argv, dir + "/sdcd.log", env);
+  if (!p.ok()) return p.status();
+  d->process_ = *std::move(p);
+  absl::StatusOr<std::string> line =
+      d->process_.WaitForLog("serving trainers on .*");
+  if (!line.ok()) return line.status();
+  auto number_after = [&](const std::string& prefix) {
+    const size_t at = line->find(prefix);
+    int n = 0;
+    if (at != std::string::npos) {
+      const std::string rest = line->substr(at + prefix.size());
+      (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &n);
+    }
+    return n;
+  };
+  d->trainer_port_ = number_after("(port ");
+  const size_t admin_at = line->find("admin on");
+  d->admin_port_ = 0;
+  if (admin_at != std::string::npos) {
+    const size_t p2 = line->find("(port ", admin_at);
+    int n = 0;
+    const std::string rest = line->substr(p2 + 6);
+    (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &n);
+    d->admin_port_ = n;
+  }
+  d->metrics_port_ = number_after("metrics on port ");
+  if (d->trainer_port_ == 0 || d->admin_port_ == 0 || d->metrics_port_ == 0) {
+    return absl::InternalError(absl::StrCat("cannot read ports from: ", *line));
+  }
+  return d;
+}
+
+std::unique_ptr<v1::AdminService::Stub> Sdcd::Admin() const {
+  return v1::AdminService::NewStub(Channel(admin_address()));
+}
+
+std::unique_ptr<grpc::ClientContext> Sdcd::AdminContext() const {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->AddMetadata("authorization",
+                 absl::StrCat("Bearer ", absl::StripAsciiWhitespace(ReadFile(token_file()))));
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return c;
+}
+
+RunResult Sdcd::Sdcctl(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {BinaryPath("daemon/sdcctl"),
+                                   absl::StrCat("--server=", admin_address()),
+                                   absl::StrCat("--token_file=", token_file())};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Run(argv, {{"USER", "test-operator"}});
+}
+
+}  // namespace sdc::testing

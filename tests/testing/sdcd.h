@@ -1,0 +1,54 @@
+#ifndef SDC_TESTS_TESTING_SDCD_H_
+#define SDC_TESTS_TESTING_SDCD_H_
+
+// A real sdcd for integration tests: its own directory, database and token,
+// loopback ports chosen by the kernel (port 0) and read back from its log.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "admin.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/testing/process.h"
+
+namespace sdc::testing {
+
+class Sdcd {
+ public:
+  // Starts sdcd in `dir` (database dir/sdcd.db, token dir/admin.token) with
+  // `extra_flags`, on the given ports (0: any free one).
+  static absl::StatusOr<std::unique_ptr<Sdcd>> Start(
+      const std::string& dir, const std::vector<std::string>& extra_flags = {},
+      const std::map<std::string, std::string>& env = {}, int trainer_port = 0,
+      int admin_port = 0, int metrics_port = 0);
+
+  std::string trainer_address() const { return "127.0.0.1:" + std::to_string(trainer_port_); }
+  std::string admin_address() const { return "127.0.0.1:" + std::to_string(admin_port_); }
+  int trainer_port() const { return trainer_port_; }
+  int admin_port() const { return admin_port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string token_file() const { return dir_ + "/admin.token"; }
+  std::string db() const { return dir_ + "/sdcd.db"; }
+  Process& process() { return process_; }
+
+  // An admin stub; calls need AdminContext() for the token.
+  std::unique_ptr<v1::AdminService::Stub> Admin() const;
+  // A client context carrying the bearer token and a 10 s deadline.
+  std::unique_ptr<grpc::ClientContext> AdminContext() const;
+  // sdcctl against this daemon, with its token; returns exit code + output.
+  RunResult Sdcctl(const std::vector<std::string>& args) const;
+
+ private:
+  std::string dir_;
+  Process process_;
+  int trainer_port_ = 0;
+  int admin_port_ = 0;
+  int metrics_port_ = 0;
+};
+
+}  // namespace sdc::testing
+
+#endif  // SDC_TESTS_TESTING_SDCD_H_
