@@ -206,10 +206,9 @@ int LoadGen(const Args& a) {
   {
     kernels::ModelDigestBuilder digest;
     for (uint32_t t = 0; t < a.tensors; ++t) {
-      v1::Fingerprint* f = weights.add_tensors();
-      f->set_byte_length(1 << 20);
-      f->set_s1(0x1234 + t);
-      f->set_s2(0x5678 + t);
+      weights.add_tensors(1 << 20);
+      weights.add_tensors(0x1234 + t);
+      weights.add_tensors(0x5678 + t);
       digest.Add(names[t], {1u << 20, 0x1234u + t, 0x5678u + t});
     }
     weights.set_digest(digest.Finish());

@@ -1,17 +1,9 @@
 #include "daemon/convert.h"
 
+#include <cstring>
+
 namespace sdc::daemon {
 namespace {
-
-core::Fingerprint FromProto(const v1::Fingerprint& f) {
-  return {f.byte_length(), f.s1(), f.s2()};
-}
-
-void ToProto(const core::Fingerprint& f, v1::Fingerprint* out) {
-  out->set_byte_length(f.byte_length);
-  out->set_s1(f.s1);
-  out->set_s2(f.s2);
-}
 
 core::Placement FromProto(const v1::RankPlacement& p) {
   return {p.rank(), p.node_name(), p.local_rank(), p.gpu_uuid(), p.replica_group()};
@@ -51,6 +43,9 @@ v1::AuditRole ToProto(core::AuditRole role) {
   }
   return v1::ORIGINAL;
 }
+
+static_assert(sizeof(core::Fingerprint) == 3 * sizeof(uint64_t),
+              "Fingerprint is packed on the wire as three fixed64 words");
 
 }  // namespace
 
@@ -112,8 +107,11 @@ absl::StatusOr<core::Report> FromProto(const v1::Report& r) {
       c.loss_bits = a.loss_bits();
       c.gradient_digest = a.gradient_digest();
       c.nonfinite = a.nonfinite();
-      c.gradients.reserve(a.gradients_size());
-      for (const auto& g : a.gradients()) c.gradients.push_back(FromProto(g));
+      if (a.gradients_size() % 3 != 0) {
+        return absl::InvalidArgumentError("gradient fingerprints must be (length, s1, s2) triplets");
+      }
+      c.gradients.resize(a.gradients_size() / 3);
+      std::memcpy(c.gradients.data(), a.gradients().data(), a.gradients_size() * sizeof(uint64_t));
       out.body = std::move(c);
       break;
     }
@@ -124,8 +122,11 @@ absl::StatusOr<core::Report> FromProto(const v1::Report& r) {
       c.checkpoint = w.checkpoint();
       c.has_optimizer_digest = w.has_optimizer_digest();
       c.optimizer_digest = w.optimizer_digest();
-      c.tensors.reserve(w.tensors_size());
-      for (const auto& t : w.tensors()) c.tensors.push_back(FromProto(t));
+      if (w.tensors_size() % 3 != 0) {
+        return absl::InvalidArgumentError("weight fingerprints must be (length, s1, s2) triplets");
+      }
+      c.tensors.resize(w.tensors_size() / 3);
+      std::memcpy(c.tensors.data(), w.tensors().data(), w.tensors_size() * sizeof(uint64_t));
       out.body = std::move(c);
       break;
     }
@@ -159,7 +160,9 @@ v1::Report ToProto(const core::Report& r) {
     p->set_loss_bits(a->loss_bits);
     p->set_gradient_digest(a->gradient_digest);
     p->set_nonfinite(a->nonfinite);
-    for (const auto& g : a->gradients) ToProto(g, p->add_gradients());
+    p->mutable_gradients()->Resize(static_cast<int>(3 * a->gradients.size()), 0);
+    std::memcpy(p->mutable_gradients()->mutable_data(), a->gradients.data(),
+                a->gradients.size() * sizeof(core::Fingerprint));
   } else {
     const auto& w = std::get<core::WeightReport>(r.body);
     v1::WeightReport* p = out.mutable_weights();
@@ -167,7 +170,9 @@ v1::Report ToProto(const core::Report& r) {
     p->set_checkpoint(w.checkpoint);
     p->set_has_optimizer_digest(w.has_optimizer_digest);
     p->set_optimizer_digest(w.optimizer_digest);
-    for (const auto& t : w.tensors) ToProto(t, p->add_tensors());
+    p->mutable_tensors()->Resize(static_cast<int>(3 * w.tensors.size()), 0);
+    std::memcpy(p->mutable_tensors()->mutable_data(), w.tensors.data(),
+                w.tensors.size() * sizeof(core::Fingerprint));
   }
   return out;
 }

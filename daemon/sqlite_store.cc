@@ -3,7 +3,10 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/convert.h"
@@ -353,10 +356,7 @@ void SqliteStore::WriterMain() {
     {
       absl::MutexLock lock(&write_mu_);
       status = Exec(db_, "BEGIN IMMEDIATE;");
-      for (auto& [ticket, m] : batch) {
-        if (!status.ok()) break;
-        status = Write(m);
-      }
+      if (status.ok()) status = Write(Coalesce(batch));
       status = status.ok() ? Exec(db_, "COMMIT;") : status;
       if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
     }
@@ -383,6 +383,69 @@ void SqliteStore::WriterMain() {
     }
     for (auto& cb : ready) cb(status);
   }
+}
+
+// One commit's worth of mutations as one, without writes a later mutation
+// of the same batch makes void: a rank record rewritten (the last wins), and
+// a report added and removed again before the commit. Order is kept
+// otherwise; the result is what applying them one by one would leave.
+core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch) {
+  core::Mutation out;
+  std::map<std::tuple<std::string, core::Rank>, size_t> rank_at;
+  std::set<std::tuple<std::string, core::Rank, uint64_t, uint64_t>> removed;
+  for (auto& [ticket, m] : batch) {
+    for (const auto& k : m.pending_removed) {
+      removed.insert({k.job_id, k.rank, k.incarnation, k.sequence});
+    }
+  }
+  std::set<std::tuple<std::string, core::Rank, uint64_t, uint64_t>> added_here;
+  for (auto& [ticket, m] : batch) {
+    auto move_all = [](auto& to, auto& from) {
+      to.insert(to.end(), std::make_move_iterator(from.begin()),
+                std::make_move_iterator(from.end()));
+    };
+    move_all(out.jobs, m.jobs);
+    for (auto& r : m.ranks) {
+      auto [it, fresh] = rank_at.emplace(std::make_tuple(r.job_id, r.placement.rank), out.ranks.size());
+      if (fresh) {
+        out.ranks.push_back(std::move(r));
+      } else {
+        out.ranks[it->second] = std::move(r);
+      }
+    }
+    move_all(out.groups, m.groups);
+    for (auto& r : m.pending_added) {
+      auto key = std::make_tuple(r.job_id, r.rank, r.incarnation, r.sequence);
+      if (removed.count(key) > 0) {
+        added_here.insert(key);  // Added and finalized within the batch.
+        continue;
+      }
+      out.pending_added.push_back(std::move(r));
+    }
+    for (auto& k : m.pending_removed) {
+      if (added_here.count({k.job_id, k.rank, k.incarnation, k.sequence}) > 0) continue;
+      out.pending_removed.push_back(std::move(k));
+    }
+    move_all(out.incidents, m.incidents);
+    move_all(out.requests, m.requests);
+    move_all(out.suspects, m.suspects);
+    move_all(out.suspects_removed, m.suspects_removed);
+    move_all(out.plans, m.plans);
+    move_all(out.checkpoint_decisions, m.checkpoint_decisions);
+    // A rollback voids the verdicts of its job from its step on, including
+    // those earlier in this batch; Write() applies rollbacks first.
+    for (const auto& [job, from] : m.rollbacks) {
+      out.step_verdicts.erase(
+          std::remove_if(out.step_verdicts.begin(), out.step_verdicts.end(),
+                         [&](const core::StepVerdict& v) {
+                           return v.job_id == job && v.step >= from;
+                         }),
+          out.step_verdicts.end());
+    }
+    move_all(out.rollbacks, m.rollbacks);
+    move_all(out.step_verdicts, m.step_verdicts);
+  }
+  return out;
 }
 
 internal::SqliteStatement& SqliteStore::Prepared(const char* sql) {
@@ -491,6 +554,11 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
     s.Bind(4, d.reason).Bind(5, UnixMillis(d.at));
     if (absl::Status st = s.Run("writing a checkpoint decision"); !st.ok()) return st;
   }
+  for (const auto& [job, from] : m.rollbacks) {
+    Stmt& s = Prepared( "DELETE FROM step_verdicts WHERE job_id = ?1 AND step >= ?2");
+    s.Bind(1, job).Bind(2, static_cast<int64_t>(from));
+    if (absl::Status st = s.Run("rolling back step verdicts"); !st.ok()) return st;
+  }
   if (!m.step_verdicts.empty()) {
     Stmt& s = Prepared(
            "INSERT OR REPLACE INTO step_verdicts VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
@@ -501,11 +569,6 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
       s.Bind(9, static_cast<int64_t>(v.incident_id));
       if (absl::Status st = s.Run("writing a step verdict"); !st.ok()) return st;
     }
-  }
-  for (const auto& [job, from] : m.rollbacks) {
-    Stmt& s = Prepared( "DELETE FROM step_verdicts WHERE job_id = ?1 AND step >= ?2");
-    s.Bind(1, job).Bind(2, static_cast<int64_t>(from));
-    if (absl::Status st = s.Run("rolling back step verdicts"); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -63,6 +63,7 @@ class SqliteStore : public core::Store {
   SqliteStore(sqlite3* db, std::string path);
   void WriterMain();
   absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  static core::Mutation Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch);
   // A cached prepared statement for a literal `sql`.
   internal::SqliteStatement& Prepared(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 

@@ -1,0 +1,273 @@
+#include "client/coordinator_link.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/convert.h"
+
+namespace sdc::client {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Codes after which resending the same report cannot succeed.
+bool Rejects(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT ||
+         code == grpc::StatusCode::FAILED_PRECONDITION ||
+         code == grpc::StatusCode::ALREADY_EXISTS || code == grpc::StatusCode::NOT_FOUND ||
+         code == grpc::StatusCode::OUT_OF_RANGE;
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(16 << 20);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(options.tls_ca);
+    if (!options.tls_cert.empty()) {
+      ssl.pem_cert_chain = ReadFile(options.tls_cert);
+      ssl.pem_private_key = ReadFile(options.tls_key);
+    }
+    creds = grpc::SslCredentials(ssl);
+  }
+  return grpc::CreateCustomChannel(options.coordinator, creds, args);
+}
+
+CoordinatorLink::CoordinatorLink(const GuardOptions& options, core::Hello hello)
+    : options_(options),
+      hello_(std::move(hello)),
+      channel_(MakeChannel(options)),
+      stub_(v1::TrainerService::NewStub(channel_)) {}
+
+CoordinatorLink::~CoordinatorLink() { Stop(absl::ZeroDuration()); }
+
+void CoordinatorLink::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void CoordinatorLink::Stop(absl::Duration flush) {
+  if (!thread_.joinable()) return;
+  if (flush > absl::ZeroDuration()) Flush(flush);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  thread_.join();
+}
+
+uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) body) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t sequence = next_sequence_++;
+  buffer_.push_back({step, std::move(body), sequence});
+  ++stats_.sent;
+  while (buffer_.size() > options_.report_buffer) {
+    // Never block training: the oldest unacknowledged report goes.
+    buffer_.pop_front();
+    ++stats_.dropped;
+  }
+  return sequence;
+}
+
+v1::Report CoordinatorLink::Build(const Pending& p) const {
+  core::Report r;
+  r.job_id = hello_.job_id;
+  r.rank = hello_.placement.rank;
+  r.incarnation = hello_.incarnation;
+  r.sequence = p.sequence;
+  r.step = p.step;
+  r.body = p.body;
+  return daemon::ToProto(r);
+}
+
+void CoordinatorLink::Run() {
+  std::mt19937_64 rng(hello_.placement.rank * 7919 + hello_.incarnation);
+  absl::Duration backoff = options_.reconnect_min;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    const absl::Time started = absl::Now();
+    Session();
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    ++stats_.reconnects;
+    // A session that lasted resets the backoff; a failing one doubles it.
+    backoff = absl::Now() - started > absl::Seconds(10)
+                  ? options_.reconnect_min
+                  : std::min(options_.reconnect_max, backoff * 2);
+    // +-50% jitter so a restarted coordinator is not hit by every rank at once.
+    const double jitter = 0.5 + std::uniform_real_distribution<double>(0, 1)(rng);
+    const absl::Time until = absl::Now() + backoff * jitter;
+    auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
+    mu_.AwaitWithDeadline(absl::Condition(&stopped), until);
+  }
+}
+
+void CoordinatorLink::Session() {
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    context_ = &context;
+    reader_done_ = false;
+  }
+  auto stream = stub_->Attach(&context);
+  v1::TrainerMessage hello;
+  *hello.mutable_hello() = daemon::ToProto(hello_);
+  bool ok = stream->Write(hello);
+  // The reader: acks, the welcome, and everything else into the inbox.
+  std::thread reader([&] {
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+      absl::MutexLock lock(&mu_);
+      if (m.has_welcome()) {
+        const uint64_t acked = m.welcome().acked_sequence();
+        while (!buffer_.empty() && buffer_.front().sequence <= acked) buffer_.pop_front();
+        stats_.acked = std::max(stats_.acked, acked);
+        next_to_write_ = acked + 1;
+        session_open_ = true;
+        stats_.connected = true;
+        for (const v1::AuditPlan& p : m.welcome().pending_plans()) {
+          v1::CoordinatorMessage plan;
+          *plan.mutable_audit_plan() = p;
+          inbox_.push_back(std::move(plan));
+        }
+      } else if (m.has_ack()) {
+        const uint64_t acked = m.ack().acked_sequence();
+        while (!buffer_.empty() && buffer_.front().sequence <= acked) buffer_.pop_front();
+        stats_.acked = std::max(stats_.acked, acked);
+      } else {
+        if (m.has_audit_verdict()) verdicts_.push_back(m.audit_verdict());
+        inbox_.push_back(m);
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    session_open_ = false;
+    reader_done_ = true;
+  });
+  // The writer: sends buffered reports in order as they come.
+  while (ok) {
+    Pending next;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        if (stop_ || reader_done_) return true;
+        if (!session_open_) return false;
+        return !buffer_.empty() && buffer_.back().sequence >= next_to_write_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_ || reader_done_) break;
+      if (!session_open_ || buffer_.empty() || buffer_.back().sequence < next_to_write_) continue;
+      // The buffer is ordered: find the next report to write.
+      auto it = std::lower_bound(
+          buffer_.begin(), buffer_.end(), next_to_write_,
+          [](const Pending& p, uint64_t s) { return p.sequence < s; });
+      next = *it;
+      next_to_write_ = next.sequence + 1;
+    }
+    v1::TrainerMessage m;
+    *m.mutable_report() = Build(next);
+    ok = stream->Write(m);
+  }
+  context.TryCancel();
+  reader.join();
+  const grpc::Status status = stream->Finish();
+  absl::MutexLock lock(&mu_);
+  context_ = nullptr;
+  session_open_ = false;
+  stats_.connected = false;
+  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+    stats_.last_error = absl::StrCat(status.error_code(), ": ", status.error_message());
+  }
+  if (Rejects(status.error_code()) && !buffer_.empty()) {
+    // The coordinator processed everything before the refused report (its
+    // Welcome will say so); the refused one is the first unacknowledged.
+    // Drop it and renumber the rest: none of them was accepted.
+    const Pending refused = buffer_.front();
+    std::fprintf(stderr, "sdc-guard: rank %u: sdcd refused report %llu (step %llu): %s\n",
+                 hello_.placement.rank, static_cast<unsigned long long>(refused.sequence),
+                 static_cast<unsigned long long>(refused.step), status.error_message().c_str());
+    ++stats_.rejected;
+    buffer_.pop_front();
+    uint64_t s = refused.sequence;
+    for (Pending& p : buffer_) p.sequence = s++;
+    next_sequence_ = s;
+  }
+}
+
+std::vector<v1::CoordinatorMessage> CoordinatorLink::TakeMessages() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::CoordinatorMessage> out;
+  out.swap(inbox_);
+  return out;
+}
+
+std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(core::Step step,
+                                                                  absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::optional<v1::AuditVerdict> found;
+  auto have = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (const v1::AuditVerdict& v : verdicts_) {
+      if (v.step() == step && v.outcome() != v1::TIEBREAK_PENDING) {
+        found = v;
+        return true;
+      }
+    }
+    return false;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&have), timeout);
+  // Verdicts older than this step are of no further use.
+  verdicts_.erase(std::remove_if(verdicts_.begin(), verdicts_.end(),
+                                 [&](const v1::AuditVerdict& v) { return v.step() <= step; }),
+                  verdicts_.end());
+  return found;
+}
+
+absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(core::Step step,
+                                                                      absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::CheckpointRequest q;
+  q.set_job_id(hello_.job_id);
+  q.set_step(step);
+  absl::Duration pause = absl::Milliseconds(50);
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::CheckpointDecision d;
+    grpc::Status s = stub_->MayCheckpoint(&context, q, &d);
+    if (!s.ok()) {
+      return absl::UnavailableError(absl::StrCat("checkpoint gate: ", s.error_message()));
+    }
+    if (!d.retryable() || absl::Now() + pause >= deadline) return d;
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Seconds(1));
+  }
+}
+
+bool CoordinatorLink::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto empty = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return buffer_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
+}
+
+CoordinatorLink::Stats CoordinatorLink::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace sdc::client

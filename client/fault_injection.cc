@@ -1,0 +1,89 @@
+#include "client/fault_injection.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "kernels/model_digest.h"
+
+namespace sdc::client {
+
+const char* FaultKindName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kNone:
+      return "none";
+    case FaultKind::kActivationScale:
+      return "activation-scale";
+    case FaultKind::kMantissaBitflip:
+      return "mantissa-bitflip";
+    case FaultKind::kNanGradient:
+      return "nan-gradient";
+    case FaultKind::kWeight:
+      return "weight";
+    case FaultKind::kReducedGradient:
+      return "reduced-gradient";
+    case FaultKind::kReplay:
+      return "replay";
+  }
+  return "unknown";
+}
+
+bool FaultPlan::FiresAt(uint32_t r, uint64_t s) const {
+  if (!enabled() || r != rank) return false;
+  if (step >= 0) return static_cast<int64_t>(s) == step;
+  if (from_step >= 0) return static_cast<int64_t>(s) >= from_step;
+  // A hash of (seed, step) decides, so every run and every replay agree.
+  const uint64_t h = kernels::Mix64(seed * 0x9e3779b97f4a7c15ull + s);
+  return static_cast<double>(h >> 11) * 0x1p-53 < probability;
+}
+
+std::string FaultPlan::Describe() const {
+  std::string when = step >= 0        ? absl::StrCat("at step ", step)
+                     : from_step >= 0 ? absl::StrCat("every step from ", from_step)
+                                      : absl::StrCat("with probability ", probability, " per step");
+  return absl::StrCat(FaultKindName(kind), " on rank ", rank, " ", when,
+                      kind == FaultKind::kActivationScale ? absl::StrCat(" (x", magnitude, ")")
+                                                          : "");
+}
+
+absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("fault spec '", spec, "': ", why));
+  };
+  if (parts.size() < 3 || parts.size() > 4) return bad("expected KIND:RANK:WHEN[:MAGNITUDE]");
+  FaultPlan p;
+  static const std::pair<const char*, FaultKind> kKinds[] = {
+      {"activation-scale", FaultKind::kActivationScale},
+      {"mantissa-bitflip", FaultKind::kMantissaBitflip},
+      {"nan-gradient", FaultKind::kNanGradient},
+      {"weight", FaultKind::kWeight},
+      {"reduced-gradient", FaultKind::kReducedGradient},
+      {"replay", FaultKind::kReplay}};
+  for (const auto& [name, kind] : kKinds) {
+    if (parts[0] == name) p.kind = kind;
+  }
+  if (p.kind == FaultKind::kNone) return bad(absl::StrCat("unknown kind '", parts[0], "'"));
+  if (!absl::SimpleAtoi(parts[1], &p.rank)) return bad("RANK must be a non-negative integer");
+  const std::string& when = parts[2];
+  if (absl::StartsWith(when, "step=")) {
+    if (!absl::SimpleAtoi(when.substr(5), &p.step) || p.step < 0) return bad("bad step=N");
+  } else if (absl::StartsWith(when, "from=")) {
+    if (!absl::SimpleAtoi(when.substr(5), &p.from_step) || p.from_step < 0) return bad("bad from=N");
+  } else if (absl::StartsWith(when, "p=")) {
+    if (!absl::SimpleAtod(when.substr(2), &p.probability) || p.probability < 0 ||
+        p.probability > 1) {
+      return bad("p=X needs 0 <= X <= 1");
+    }
+  } else {
+    return bad("WHEN must be step=N, from=N or p=X");
+  }
+  if (parts.size() == 4 && !absl::SimpleAtod(parts[3], &p.magnitude)) {
+    return bad("MAGNITUDE must be a number");
+  }
+  return p;
+}
+
+}  // namespace sdc::client

@@ -1,0 +1,60 @@
+#ifndef SDC_CLIENT_FAULT_INJECTION_H_
+#define SDC_CLIENT_FAULT_INJECTION_H_
+
+// Software fault injection, for tests and demos only. Off by default, and
+// impossible to enable by accident: it needs both SDC_INJECT_FAULT=<spec>
+// and SDC_ALLOW_FAULT_INJECTION=yes-i-am-testing; anything else is an error
+// at start, and an armed rank logs a warning on every injection.
+//
+// Spec: KIND:RANK:WHEN[:MAGNITUDE], e.g. "activation-scale:3:step=40:10000",
+// "mantissa-bitflip:3:p=0.05", "nan-gradient:1:step=25".
+//   KIND      activation-scale    multiply one activation by MAGNITUDE (default 10000)
+//             mantissa-bitflip    flip a low mantissa bit of one activation (a small finite error)
+//             nan-gradient        set one local gradient element to NaN
+//             weight              corrupt one weight element after optimizer.step()
+//             reduced-gradient    corrupt one element of the reduced gradients on RANK
+//             replay              corrupt only the replays RANK computes for peers
+//   RANK      the global rank that misbehaves
+//   WHEN      step=N (exactly that step), from=N (every step from N on),
+//             p=X (each step with probability X, from a seeded generator)
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace sdc::client {
+
+enum class FaultKind {
+  kNone,
+  kActivationScale,
+  kMantissaBitflip,
+  kNanGradient,
+  kWeight,
+  kReducedGradient,
+  kReplay,
+};
+
+const char* FaultKindName(FaultKind kind);
+
+struct FaultPlan {
+  FaultKind kind = FaultKind::kNone;
+  uint32_t rank = 0;
+  int64_t step = -1;       // step=N
+  int64_t from_step = -1;  // from=N
+  double probability = 0;  // p=X
+  double magnitude = 10000;
+  uint64_t seed = 1;
+
+  bool enabled() const { return kind != FaultKind::kNone; }
+  // Whether the fault fires on `rank` at `step` (deterministic in seed).
+  bool FiresAt(uint32_t rank, uint64_t step) const;
+  std::string Describe() const;
+};
+
+// Parses a spec; InvalidArgument with the reason.
+absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec);
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_FAULT_INJECTION_H_

@@ -1,0 +1,142 @@
+#ifndef SDC_CLIENT_GUARD_H_
+#define SDC_CLIENT_GUARD_H_
+
+// sdc::Guard: the three checks inside a libtorch data-parallel training step.
+//
+//   auto guard = sdc::Guard::Create(options, process_group, model, optimizer,
+//                                   loss_fn);
+//   for (step ...) {
+//     guard->BeginStep(step, micro_batches);            // audit? RNG, determinism
+//     for (i ...) {                                     // the trainer's own loop
+//       torch::Tensor loss = loss_fn(micro_batches[i]) / micro_batches.size();
+//       loss.backward();
+//       guard->AfterMicroBatchBackward(i, loss);        // audit fingerprints
+//     }
+//     sdc::StepDecision d = guard->AllReduceAndCheck(); // checks 1 and 2
+//     if (d.apply) optimizer.step();                    // same decision on every rank
+//     guard->AfterOptimizerStep(is_checkpoint_step);    // check 3 (asynchronous)
+//     if (is_checkpoint_step && guard->MayCheckpoint(step)) save(...);
+//   }
+//
+// Or TrainStep(), which runs exactly that. See docs/ARCHITECTURE.md ("The
+// trainer client") for the protocol and its collectives.
+//
+// Thread-compatible: one Guard per rank, used from the training thread. The
+// coordinator link runs its own thread.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/options.h"
+#include "torch/torch.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace sdc {
+
+// Computes the training loss of one micro-batch (a list of tensors, e.g.
+// inputs and targets) with the trainer's model. The guard calls it to replay
+// a peer's micro-batch; it must be a pure function of the batch, the
+// parameters, the buffers and the RNG state.
+using LossFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
+
+struct StepDecision {
+  bool apply = true;       // Run optimizer.step(); else the step is skipped.
+  std::string reason;      // Why skipped.
+  double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
+  double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
+  bool audited = false;    // A replay audit ran on this step.
+  bool audit_unverified = false;  // The coordinator's verdict did not arrive in time.
+  std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
+  bool repaired = false;   // Weights were restored from the majority this step.
+};
+
+struct GuardSummary {
+  uint64_t steps = 0;
+  uint64_t skipped = 0;
+  uint64_t audits = 0;
+  uint64_t audits_unverified = 0;
+  uint64_t audit_mismatches = 0;
+  uint64_t weight_checks = 0;
+  uint64_t repairs = 0;
+  uint64_t checkpoints_allowed = 0;
+  uint64_t checkpoints_vetoed = 0;
+  uint64_t reports_sent = 0;
+  uint64_t reports_acked = 0;
+  uint64_t reports_dropped = 0;
+  bool coordinator_connected = false;
+  std::string last_veto;
+  std::string ToString() const;
+};
+
+class Guard {
+ public:
+  // Exchanges node names over `process_group` (a collective: every rank
+  // calls Create), says Hello to the coordinator (when configured) and
+  // starts the link. InvalidArgument for bad options or an empty model.
+  static absl::StatusOr<std::unique_ptr<Guard>> Create(
+      client::GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+      torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn);
+  ~Guard();
+
+  // Starts step `step` with its micro-batches (the first is the one audited).
+  // Clears gradients (to undefined, so the first backward writes them
+  // exactly); on audit steps captures the RNG state and turns deterministic
+  // algorithms on for the first micro-batch.
+  absl::Status BeginStep(uint64_t step, std::vector<std::vector<torch::Tensor>> micro_batches);
+
+  // After micro-batch `index`'s backward. On audit steps, index 0
+  // fingerprints the local gradients before the next micro-batch adds to them.
+  void AfterMicroBatchBackward(size_t index, const torch::Tensor& loss);
+
+  // Checks 1 and 2 around the bucketed gradient all-reduce, then the one
+  // agreement all-reduce: returns the decision every rank takes. On skip the
+  // gradients are zeroed; on apply they are clipped to max_grad_norm.
+  // Collective: every rank calls it at every step.
+  absl::StatusOr<StepDecision> AllReduceAndCheck();
+
+  // Check 3 after optimizer.step() (or after a skipped step): fingerprints
+  // parameters and buffers on weight-check steps and always when
+  // `checkpoint` (then optimizer state too), and sends them. Training does
+  // not wait for the verdict. Fault injection of weights happens here.
+  void AfterOptimizerStep(bool checkpoint = false);
+
+  // True when sdcd allows a checkpoint of the current step (every rank gets
+  // the same answer: collective). REQUIRES: AfterOptimizerStep(true) ran for
+  // this step. Vetoed when sdcd is unreachable, unless the in-band fallback
+  // is configured.
+  absl::StatusOr<bool> MayCheckpoint();
+
+  // The whole step with `loss_fn`: BeginStep, forward/backward of each
+  // micro-batch (loss averaged over micro-batches), AllReduceAndCheck,
+  // optimizer.step() when applied, AfterOptimizerStep. Returns the decision
+  // and the mean loss of the micro-batches in `loss_out`.
+  absl::StatusOr<StepDecision> TrainStep(uint64_t step,
+                                         std::vector<std::vector<torch::Tensor>> micro_batches,
+                                         bool checkpoint, double* loss_out);
+
+  // A point in the model's forward where activation faults are injected
+  // (tests and demos only; a no-op unless fault injection is armed).
+  torch::Tensor FaultPoint(const torch::Tensor& activation);
+
+  GuardSummary Summary() const;
+  uint32_t rank() const;
+  uint32_t world_size() const;
+  // Stops the link after flushing reports for up to `flush`.
+  void Shutdown(absl::Duration flush = absl::Seconds(5));
+
+ private:
+  class Impl;
+  explicit Guard(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sdc
+
+#endif  // SDC_CLIENT_GUARD_H_

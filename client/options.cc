@@ -1,0 +1,126 @@
+#include "client/options.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace sdc::client {
+namespace {
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+template <typename T>
+absl::Status ReadInt(const char* name, T* out) {
+  const char* v = Env(name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected a non-negative integer, got '", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadMillis(const char* name, absl::Duration* out) {
+  int64_t ms = -1;
+  if (absl::Status s = ReadInt(name, &ms); !s.ok()) return s;
+  if (Env(name) != nullptr) {
+    if (ms < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": must not be negative"));
+    *out = absl::Milliseconds(ms);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
+  GuardOptions o;
+  if (const char* v = Env("SDC_COORDINATOR")) o.coordinator = v;
+  if (const char* v = Env("SDC_JOB_ID")) {
+    o.job_id = v;
+  } else {
+    return absl::InvalidArgumentError("SDC_JOB_ID: not set (every rank of a job must share it)");
+  }
+  if (absl::Status s = ReadInt("LOCAL_RANK", &o.local_rank); !s.ok()) return s;
+  if (const char* v = Env("SDC_NODE_NAME")) {
+    o.node_name = v;
+  } else {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    o.node_name = host;
+  }
+  if (const char* v = Env("SDC_GPU_UUID")) {
+    o.gpu_uuid = v;
+  } else {
+    o.gpu_uuid = absl::StrCat("cpu-", o.node_name, "-", o.local_rank);
+  }
+  if (absl::Status s = ReadInt("SDC_REPLICA_GROUP", &o.replica_group); !s.ok()) return s;
+  o.incarnation = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
+  if (absl::Status s = ReadInt("SDC_INCARNATION", &o.incarnation); !s.ok()) return s;
+  if (absl::Status s = ReadInt("SDC_AUDIT_EVERY", &o.audit_every); !s.ok()) return s;
+  if (absl::Status s = ReadInt("SDC_WEIGHT_CHECK_EVERY", &o.weight_check_every); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadMillis("SDC_VERDICT_WAIT_MS", &o.verdict_wait); !s.ok()) return s;
+  if (absl::Status s = ReadMillis("SDC_CHECKPOINT_WAIT_MS", &o.checkpoint_wait); !s.ok()) return s;
+  if (const char* v = Env("SDC_CHECKPOINT_FALLBACK")) {
+    const std::string f = v;
+    if (f == "veto") {
+      o.checkpoint_fallback = CheckpointFallback::kVeto;
+    } else if (f == "in-band") {
+      o.checkpoint_fallback = CheckpointFallback::kInBand;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SDC_CHECKPOINT_FALLBACK: expected veto or in-band, got '", f, "'"));
+    }
+  }
+  if (absl::Status s = ReadInt("SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
+  if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
+  if (absl::Status s = ReadInt("SDC_BUCKET_BYTES", &o.bucket_bytes); !s.ok()) return s;
+  if (o.bucket_bytes < 4096) {
+    return absl::InvalidArgumentError("SDC_BUCKET_BYTES: must be at least 4096");
+  }
+  if (const char* v = Env("SDC_MAX_GRAD_NORM")) {
+    if (!absl::SimpleAtod(v, &o.max_grad_norm) || o.max_grad_norm < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SDC_MAX_GRAD_NORM: expected a non-negative number, got '", v, "'"));
+    }
+  }
+  if (const char* v = Env("SDC_PARAMETER_FINGERPRINTS")) {
+    const std::string f = v;
+    if (f != "0" && f != "1") {
+      return absl::InvalidArgumentError("SDC_PARAMETER_FINGERPRINTS: expected 0 or 1");
+    }
+    o.parameter_fingerprints = f == "1";
+  }
+  if (const char* v = Env("SDC_TLS_CA")) o.tls_ca = v;
+  if (const char* v = Env("SDC_TLS_CERT")) o.tls_cert = v;
+  if (const char* v = Env("SDC_TLS_KEY")) o.tls_key = v;
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("SDC_TLS_CERT and SDC_TLS_KEY go together");
+  }
+  const char* spec = Env("SDC_INJECT_FAULT");
+  const char* allow = Env("SDC_ALLOW_FAULT_INJECTION");
+  if (spec != nullptr) {
+    if (allow == nullptr || std::string(allow) != "yes-i-am-testing") {
+      return absl::InvalidArgumentError(
+          "SDC_INJECT_FAULT is set but SDC_ALLOW_FAULT_INJECTION is not 'yes-i-am-testing': "
+          "refusing to corrupt a real job");
+    }
+    absl::StatusOr<FaultPlan> plan = ParseFaultSpec(spec);
+    if (!plan.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("SDC_INJECT_FAULT: ", plan.status().message()));
+    }
+    o.fault = *plan;
+    o.fault.seed = 1 + o.fault.rank;  // Same draws on every run of the scenario.
+  }
+  return o;
+}
+
+}  // namespace sdc::client

@@ -1,0 +1,67 @@
+#ifndef SDC_CLIENT_OPTIONS_H_
+#define SDC_CLIENT_OPTIONS_H_
+
+// Everything a trainer configures about sdc-guard, in one struct. A trainer
+// with no command line of its own fills it from the environment with
+// OptionsFromEnvironment() (the only function that reads the environment).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/fault_injection.h"
+
+namespace sdc::client {
+
+enum class CheckpointFallback {
+  kVeto,    // Coordinator unreachable: no checkpoint (default).
+  kInBand,  // Coordinator unreachable: vote on weight digests over the process group.
+};
+
+struct GuardOptions {
+  // The coordinator's trainer address, HOST:PORT. Empty: run without one
+  // (checks 1-3 in-band only; audits unverified). Env: SDC_COORDINATOR.
+  std::string coordinator;
+  std::string job_id;         // Env: SDC_JOB_ID. Required.
+  std::string node_name;      // Env: SDC_NODE_NAME, else the host name.
+  std::string gpu_uuid;       // Env: SDC_GPU_UUID, else "cpu-<node>-<local_rank>".
+  uint32_t local_rank = 0;    // Env: LOCAL_RANK.
+  uint32_t replica_group = 0; // Env: SDC_REPLICA_GROUP. Default: 0 (pure data parallel).
+  // Incarnation of this process; grows on every restart. Env: SDC_INCARNATION,
+  // else the start time in milliseconds.
+  uint64_t incarnation = 0;
+  uint32_t audit_every = 100;        // Env: SDC_AUDIT_EVERY. 0 = no scheduled audits.
+  uint32_t weight_check_every = 10;  // Env: SDC_WEIGHT_CHECK_EVERY. 0 = only at checkpoints.
+  // Bounded wait for the coordinator's audit verdict. Env: SDC_VERDICT_WAIT_MS.
+  absl::Duration verdict_wait = absl::Seconds(2);
+  // Bounded wait for a checkpoint decision. Env: SDC_CHECKPOINT_WAIT_MS.
+  absl::Duration checkpoint_wait = absl::Seconds(30);
+  CheckpointFallback checkpoint_fallback = CheckpointFallback::kVeto;  // Env: SDC_CHECKPOINT_FALLBACK=veto|in-band.
+  // Unacknowledged reports kept for resending; the oldest are dropped
+  // (and counted) beyond this. Env: SDC_REPORT_BUFFER.
+  size_t report_buffer = 4096;
+  absl::Duration reconnect_min = absl::Milliseconds(100);
+  absl::Duration reconnect_max = absl::Seconds(10);
+  // Gradient all-reduce bucket size in bytes. Env: SDC_BUCKET_BYTES.
+  size_t bucket_bytes = 25u << 20;
+  // Clip the gradient norm to this; 0 = no clipping. Env: SDC_MAX_GRAD_NORM.
+  double max_grad_norm = 1.0;
+  // Per-parameter gradient fingerprints in audit reports (names the first
+  // differing parameters; costs the coordinator memory on large jobs).
+  // Env: SDC_PARAMETER_FINGERPRINTS=0|1. Default: on.
+  bool parameter_fingerprints = true;
+  std::string tls_ca;    // Env: SDC_TLS_CA (PEM): use TLS.
+  std::string tls_cert;  // Env: SDC_TLS_CERT: client certificate.
+  std::string tls_key;   // Env: SDC_TLS_KEY.
+  // Off by default; see fault_injection.h for how it is enabled.
+  FaultPlan fault;
+};
+
+// Reads the SDC_* variables above (plus LOCAL_RANK). InvalidArgument names
+// the variable: "SDC_AUDIT_EVERY: expected a non-negative integer, got 'x'".
+absl::StatusOr<GuardOptions> OptionsFromEnvironment();
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_OPTIONS_H_

@@ -1,0 +1,113 @@
+#include "client/options.h"
+
+#include <cstdlib>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+class OptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : {"SDC_COORDINATOR", "SDC_JOB_ID", "SDC_NODE_NAME", "SDC_GPU_UUID",
+                          "LOCAL_RANK", "SDC_AUDIT_EVERY", "SDC_WEIGHT_CHECK_EVERY",
+                          "SDC_INJECT_FAULT", "SDC_ALLOW_FAULT_INJECTION",
+                          "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
+                          "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS"}) {
+      unsetenv(v);
+    }
+    setenv("SDC_JOB_ID", "job-1", 1);
+  }
+};
+
+TEST_F(OptionsTest, DefaultsAndEnvironment) {
+  setenv("SDC_COORDINATOR", "sdcd:7400", 1);
+  setenv("SDC_NODE_NAME", "node-a", 1);
+  setenv("LOCAL_RANK", "3", 1);
+  setenv("SDC_AUDIT_EVERY", "50", 1);
+  setenv("SDC_VERDICT_WAIT_MS", "250", 1);
+  setenv("SDC_INCARNATION", "7", 1);
+  absl::StatusOr<GuardOptions> o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator, "sdcd:7400");
+  EXPECT_EQ(o->job_id, "job-1");
+  EXPECT_EQ(o->node_name, "node-a");
+  EXPECT_EQ(o->local_rank, 3u);
+  EXPECT_EQ(o->gpu_uuid, "cpu-node-a-3");
+  EXPECT_EQ(o->audit_every, 50u);
+  EXPECT_EQ(o->weight_check_every, 10u);
+  EXPECT_EQ(o->verdict_wait, absl::Milliseconds(250));
+  EXPECT_EQ(o->incarnation, 7u);
+  EXPECT_EQ(o->checkpoint_fallback, CheckpointFallback::kVeto);
+  EXPECT_FALSE(o->fault.enabled());
+}
+
+TEST_F(OptionsTest, BadValuesNameTheVariable) {
+  struct Case {
+    const char* var;
+    const char* value;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"SDC_AUDIT_EVERY", "often", "SDC_AUDIT_EVERY: expected a non-negative integer, got 'often'"},
+           {"SDC_CHECKPOINT_FALLBACK", "maybe", "SDC_CHECKPOINT_FALLBACK: expected veto or in-band"},
+           {"SDC_MAX_GRAD_NORM", "-1", "SDC_MAX_GRAD_NORM: expected a non-negative number"},
+           {"SDC_TLS_CERT", "/c.pem", "SDC_TLS_CERT and SDC_TLS_KEY go together"},
+       }) {
+    SetUp();
+    setenv(c.var, c.value, 1);
+    absl::StatusOr<GuardOptions> o = OptionsFromEnvironment();
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << c.var;
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr(c.message));
+  }
+  unsetenv("SDC_JOB_ID");
+  EXPECT_THAT(std::string(OptionsFromEnvironment().status().message()), HasSubstr("SDC_JOB_ID"));
+}
+
+TEST_F(OptionsTest, FaultInjectionNeedsTheExplicitAllowance) {
+  setenv("SDC_INJECT_FAULT", "weight:2:step=5", 1);
+  absl::StatusOr<GuardOptions> o = OptionsFromEnvironment();
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status().message()), HasSubstr("refusing to corrupt a real job"));
+  setenv("SDC_ALLOW_FAULT_INJECTION", "yes", 1);
+  EXPECT_FALSE(OptionsFromEnvironment().ok()) << "only the exact phrase arms it";
+  setenv("SDC_ALLOW_FAULT_INJECTION", "yes-i-am-testing", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->fault.kind, FaultKind::kWeight);
+  EXPECT_EQ(o->fault.rank, 2u);
+  EXPECT_EQ(o->fault.step, 5);
+}
+
+TEST(FaultSpecTest, ParsesAndFires) {
+  absl::StatusOr<FaultPlan> p = ParseFaultSpec("activation-scale:3:step=40:10000");
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->FiresAt(3, 40));
+  EXPECT_FALSE(p->FiresAt(3, 41));
+  EXPECT_FALSE(p->FiresAt(2, 40));
+  EXPECT_EQ(p->magnitude, 10000);
+  EXPECT_EQ(p->Describe(), "activation-scale on rank 3 at step 40 (x10000)");
+  p = ParseFaultSpec("replay:1:from=10");
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->FiresAt(1, 9));
+  EXPECT_TRUE(p->FiresAt(1, 10));
+  EXPECT_TRUE(p->FiresAt(1, 1000));
+  // A probability fires on about that share of steps, the same on every run.
+  p = ParseFaultSpec("mantissa-bitflip:0:p=0.25");
+  ASSERT_TRUE(p.ok());
+  int fired = 0;
+  for (uint64_t s = 0; s < 10000; ++s) fired += p->FiresAt(0, s) ? 1 : 0;
+  EXPECT_GT(fired, 2300);
+  EXPECT_LT(fired, 2700);
+  for (const char* bad : {"explode:1:step=2", "nan-gradient:x:step=2", "weight:1:when=3",
+                          "weight:1:p=2", "weight:1", "activation-scale:1:step=2:big"}) {
+    EXPECT_EQ(ParseFaultSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace sdc::client

@@ -1,0 +1,92 @@
+#ifndef SDC_CLIENT_STEP_CORE_H_
+#define SDC_CLIENT_STEP_CORE_H_
+
+// The trainer-side step logic that decides things, as plain C++ (no torch,
+// no process group): what a step checks, the in-band agreement every rank
+// contributes to, and the single apply-or-skip decision every rank derives
+// from it. client/guard.cc feeds it tensors' results and runs the
+// collectives; tests drive it directly.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "daemon/core/attribution.h"
+#include "daemon/core/replay_plan.h"
+
+namespace sdc::client {
+
+// What one rank saw in one step, before the agreement all-reduce.
+struct LocalView {
+  bool local_nonfinite = false;    // NaN/Inf in its local gradients.
+  bool reduced_nonfinite = false;  // NaN/Inf in its reduced gradients.
+  bool audit_mismatch = false;     // The in-band audit found a mismatch.
+  uint64_t reduced_digest = 0;     // Digest of its reduced gradients.
+  uint64_t plans_held = 0;         // Highest contiguous targeted plan id it holds.
+  uint64_t repair_step = 0;        // Step of the newest weight minority verdict it holds.
+};
+
+// What every rank agrees on after the all-reduce (MAX) of EncodeAgreement.
+struct Agreement {
+  bool any_local_nonfinite = false;
+  bool all_local_nonfinite = false;
+  int64_t highest_local_nonfinite_rank = -1;
+  bool any_reduced_nonfinite = false;
+  bool audit_mismatch = false;
+  bool reduced_digests_differ = false;
+  uint64_t plans_held_by_all = 0;   // Minimum over ranks.
+  uint64_t repair_step_known_by_all = 0;  // Minimum over ranks.
+};
+
+// The slots of the agreement all-reduce. Minimums travel negated so one MAX
+// reduction carries both; digests travel as 32-bit halves so negation never
+// overflows.
+inline constexpr size_t kAgreementSlots = 12;
+std::vector<int64_t> EncodeAgreement(const LocalView& view, uint32_t rank);
+Agreement DecodeAgreement(absl::Span<const int64_t> maxed);
+
+struct Decision {
+  bool apply = true;
+  std::string reason;  // Why the step is skipped; empty when applied.
+};
+
+// The same on every rank, because it reads only the agreement.
+Decision Decide(const Agreement& a);
+
+// Which checks run at a step.
+struct StepPlan {
+  bool scheduled_audit = false;
+  uint64_t targeted_plan = 0;  // Non-zero: run this targeted plan.
+  bool weight_check = false;
+};
+
+// REQUIRES: audit_every/weight_check_every as in the job's options.
+// `activated_plan` is a targeted plan all ranks hold, not yet run.
+StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
+                  uint64_t activated_plan);
+
+// One rank's audit results as exchanged in-band (all-gathered int64s).
+struct AuditExchange {
+  uint64_t original_loss_bits = 0;
+  uint64_t original_digest = 0;
+  int64_t replay_subject = -1;  // -1: this rank replayed nobody.
+  uint64_t replay_loss_bits = 0;
+  uint64_t replay_digest = 0;
+  bool has_original = false;
+};
+
+inline constexpr size_t kAuditSlots = 6;
+std::vector<int64_t> EncodeAudit(const AuditExchange& a);
+std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> gathered, uint32_t world);
+
+// The in-band verdict every rank computes from the exchanged digests, with
+// the coordinator's own rules (core::Attribute): identical on every rank.
+core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topology& topology,
+                                 const std::vector<AuditExchange>& audits, bool deterministic,
+                                 uint64_t step);
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_STEP_CORE_H_

@@ -1,0 +1,124 @@
+#include "client/step_core.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace sdc::client {
+namespace {
+
+// The agreement is an all-reduce (MAX) of every rank's encoding.
+Agreement Agree(const std::vector<LocalView>& views) {
+  std::vector<int64_t> m;
+  for (uint32_t r = 0; r < views.size(); ++r) {
+    const std::vector<int64_t> e = EncodeAgreement(views[r], r);
+    if (m.empty()) m = e;
+    for (size_t i = 0; i < e.size(); ++i) m[i] = std::max(m[i], e[i]);
+  }
+  EXPECT_EQ(m.size(), kAgreementSlots);
+  return DecodeAgreement(m);
+}
+
+TEST(StepCoreTest, CleanStepApplies) {
+  std::vector<LocalView> v(4);
+  for (auto& x : v) x.reduced_digest = 0x1234567890abcdefull;
+  const Agreement a = Agree(v);
+  EXPECT_FALSE(a.any_local_nonfinite);
+  EXPECT_FALSE(a.reduced_digests_differ);
+  EXPECT_EQ(a.highest_local_nonfinite_rank, -1);
+  const Decision d = Decide(a);
+  EXPECT_TRUE(d.apply);
+  EXPECT_EQ(d.reason, "");
+}
+
+TEST(StepCoreTest, LoneLocalNanNamesTheHighestRank) {
+  std::vector<LocalView> v(6);
+  v[1].local_nonfinite = true;
+  v[4].local_nonfinite = true;
+  const Agreement a = Agree(v);
+  EXPECT_TRUE(a.any_local_nonfinite);
+  EXPECT_FALSE(a.all_local_nonfinite);
+  EXPECT_EQ(a.highest_local_nonfinite_rank, 4);
+  const Decision d = Decide(a);
+  EXPECT_FALSE(d.apply);
+  EXPECT_EQ(d.reason, "NaN/Inf in the local gradients of rank 4");
+}
+
+TEST(StepCoreTest, NanOnEveryRank) {
+  std::vector<LocalView> v(3);
+  for (auto& x : v) x.local_nonfinite = true;
+  const Agreement a = Agree(v);
+  EXPECT_TRUE(a.all_local_nonfinite);
+  EXPECT_EQ(Decide(a).reason, "NaN/Inf in every rank's local gradients");
+}
+
+TEST(StepCoreTest, DifferentReducedGradientsSkip) {
+  // Digests differing only in the high or only in the low half.
+  for (uint64_t other : {0x1234567890abcdeeull, 0x1234567790abcdefull}) {
+    std::vector<LocalView> v(3);
+    for (auto& x : v) x.reduced_digest = 0x1234567890abcdefull;
+    v[2].reduced_digest = other;
+    const Agreement a = Agree(v);
+    EXPECT_TRUE(a.reduced_digests_differ) << std::hex << other;
+    EXPECT_EQ(Decide(a).reason, "ranks received different reduced gradients");
+  }
+}
+
+TEST(StepCoreTest, ReasonsCombineAndMinimumsTravel) {
+  std::vector<LocalView> v(3);
+  v[0].reduced_nonfinite = true;
+  v[1].audit_mismatch = true;
+  v[0].plans_held = 5;
+  v[1].plans_held = 3;
+  v[2].plans_held = 4;
+  v[0].repair_step = 20;
+  v[1].repair_step = 20;
+  v[2].repair_step = 10;
+  const Agreement a = Agree(v);
+  EXPECT_EQ(Decide(a).reason, "NaN/Inf in the reduced gradients; replay audit mismatch");
+  EXPECT_EQ(a.plans_held_by_all, 3u);
+  EXPECT_EQ(a.repair_step_known_by_all, 10u);
+}
+
+TEST(StepCoreTest, PlanStep) {
+  EXPECT_TRUE(PlanStep(100, 100, 10, 0).scheduled_audit);
+  EXPECT_TRUE(PlanStep(100, 100, 10, 0).weight_check);
+  EXPECT_FALSE(PlanStep(101, 100, 10, 0).scheduled_audit);
+  EXPECT_EQ(PlanStep(101, 100, 10, 7).targeted_plan, 7u);
+  // A scheduled audit takes precedence; the targeted plan waits.
+  EXPECT_EQ(PlanStep(200, 100, 10, 7).targeted_plan, 0u);
+  EXPECT_FALSE(PlanStep(5, 0, 0, 0).scheduled_audit);
+  EXPECT_FALSE(PlanStep(5, 0, 0, 0).weight_check);
+}
+
+TEST(StepCoreTest, AuditExchangeRoundTripsAndFindsTheFaultyRank) {
+  std::vector<core::PlanMember> members;
+  for (core::Rank r = 0; r < 6; ++r) members.push_back({r, std::string("n") + char('0' + r / 2)});
+  const core::Topology t(members);
+  const core::ReplayPlan plan = core::PlanFullAudit(t, 3);
+  std::vector<int64_t> gathered;
+  for (core::Rank r = 0; r < 6; ++r) {
+    AuditExchange a;
+    a.has_original = true;
+    a.original_loss_bits = 1000 + r + (r == 4 ? 1 : 0);
+    a.original_digest = ~0ull - r - (r == 4 ? 1 : 0);  // Above INT64_MAX: survives int64.
+    for (const core::Assignment& x : plan.assignments) {
+      if (x.replayer == r) {
+        a.replay_subject = x.subject;
+        a.replay_loss_bits = 1000 + x.subject + (r == 4 ? 9 : 0);
+        a.replay_digest = ~0ull - x.subject - (r == 4 ? 9 : 0);
+      }
+    }
+    const std::vector<int64_t> e = EncodeAudit(a);
+    ASSERT_EQ(e.size(), kAuditSlots);
+    gathered.insert(gathered.end(), e.begin(), e.end());
+  }
+  const std::vector<AuditExchange> audits = DecodeAudits(gathered, 6);
+  EXPECT_EQ(audits[5].original_digest, ~0ull - 5);
+  const core::AuditVerdict v = InBandVerdict(plan, t, audits, true, 30);
+  EXPECT_EQ(v.outcome, core::AuditOutcome::kFaulty);
+  EXPECT_EQ(v.faulty, std::vector<core::Rank>{4});
+}
+
+}  // namespace
+}  // namespace sdc::client

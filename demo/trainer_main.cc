@@ -1,0 +1,232 @@
+// sdc-trainer: one data-parallel rank of the demo's training job (CPU, Gloo),
+// guarded by sdc::Guard. The demo launcher and the multi-process tests start
+// several of these; sdc-guard's own settings come from SDC_* environment
+// variables (client/options.h), the trainer's from its flags. Progress is
+// written as one JSON line per step to --progress.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/guard.h"
+#include "client/options.h"
+#include "demo/model.h"
+#include "kernels/fingerprint.h"
+#include "kernels/model_digest.h"
+
+ABSL_FLAG(int, rank, -1, "This process's global rank.");
+ABSL_FLAG(int, world_size, -1, "Number of ranks.");
+ABSL_FLAG(std::string, rendezvous, "", "c10d FileStore path shared by every rank.");
+ABSL_FLAG(int, steps, 100, "Training steps.");
+ABSL_FLAG(int, first_step, 1, "Number of the first step (resuming).");
+ABSL_FLAG(std::string, model, "transformer", "transformer or bn-mlp.");
+ABSL_FLAG(int, batch, 8, "Sequences per micro-batch.");
+ABSL_FLAG(int, micro_batches, 1, "Micro-batches per step (gradient accumulation).");
+ABSL_FLAG(int, checkpoint_every, 0, "Ask for a checkpoint every N steps (0 = never).");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Where allowed checkpoints are written (rank 0).");
+ABSL_FLAG(std::string, progress, "", "JSON lines: one per step, then a summary.");
+ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files.");
+ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
+ABSL_FLAG(int, seed, 1234, "Model initialization seed (the same on every rank).");
+ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
+
+namespace sdc::demo {
+namespace {
+
+[[noreturn]] void Die(const std::string& why) {
+  std::fprintf(stderr, "sdc-trainer: %s\n", why.c_str());
+  std::exit(2);
+}
+
+// What the unguarded baseline does instead of the Guard: one flat
+// all-reduce and norm clipping, the way a plain DDP loop would.
+double PlainAllReduce(c10d::ProcessGroup& pg, std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params) {
+    grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  std::vector<torch::Tensor> one = {flat};
+  pg.allreduce(one)->wait();
+  flat.div_(pg.getSize());
+  const double norm = flat.norm().item<double>();
+  if (max_norm > 0 && norm > max_norm) flat.mul_(max_norm / (norm + 1e-6));
+  int64_t offset = 0;
+  for (auto& p : params) {
+    p.mutable_grad() = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+  }
+  return norm;
+}
+
+uint64_t WeightsDigest(torch::nn::Module& model) {
+  kernels::ModelDigestBuilder d;
+  for (const auto& item : model.named_parameters()) {
+    torch::Tensor t = item.value().detach().contiguous();
+    kernels::ByteSpan span{t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
+    kernels::Fingerprint fp;
+    (void)kernels::FingerprintTensors({&span, 1}, {&fp, 1});
+    d.Add(item.key(), fp);
+  }
+  return d.Finish();
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int rank = absl::GetFlag(FLAGS_rank), world = absl::GetFlag(FLAGS_world_size);
+  if (rank < 0 || world < 1 || rank >= world) Die("--rank and --world_size: need 0 <= rank < world_size");
+  if (absl::GetFlag(FLAGS_rendezvous).empty()) Die("--rendezvous: a FileStore path is required");
+  if (absl::GetFlag(FLAGS_micro_batches) < 1) Die("--micro_batches: must be at least 1");
+  const std::string model_kind = absl::GetFlag(FLAGS_model);
+  if (model_kind != "transformer" && model_kind != "bn-mlp") Die("--model: transformer or bn-mlp");
+  torch::set_num_threads(1);  // Ranks share the CPUs; one thread keeps them deterministic.
+
+  std::string corpus;
+  if (model_kind == "transformer") {
+    absl::StatusOr<std::string> c = LoadCorpus(absl::GetFlag(FLAGS_corpus));
+    if (!c.ok()) Die(absl::StrCat("--corpus: ", c.status().message()));
+    corpus = *std::move(c);
+  }
+  std::unique_ptr<client::GuardOptions> options;
+  if (!absl::GetFlag(FLAGS_unguarded)) {
+    absl::StatusOr<client::GuardOptions> o = client::OptionsFromEnvironment();
+    if (!o.ok()) Die(std::string(o.status().message()));
+    options = std::make_unique<client::GuardOptions>(*std::move(o));
+  }
+
+  auto store = c10::make_intrusive<c10d::FileStore>(absl::GetFlag(FLAGS_rendezvous), world);
+  auto gloo = c10d::ProcessGroupGloo::Options::create();
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  gloo->timeout = std::chrono::seconds(120);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo);
+
+  torch::manual_seed(absl::GetFlag(FLAGS_seed));  // Identical initial replicas.
+  std::shared_ptr<torch::nn::Module> model;
+  TinyTransformer transformer{nullptr};
+  BnMlp mlp{nullptr};
+  LossFn loss_fn;
+  const TransformerConfig config;
+  if (model_kind == "transformer") {
+    transformer = TinyTransformer(config);
+    model = transformer.ptr();
+    loss_fn = [transformer, &config](const std::vector<torch::Tensor>& b) mutable {
+      torch::Tensor logits = transformer->forward(b[0]);
+      return torch::nn::functional::cross_entropy(logits.view({-1, config.vocab}), b[1].view({-1}));
+    };
+  } else {
+    mlp = BnMlp();
+    model = mlp.ptr();
+    loss_fn = [mlp](const std::vector<torch::Tensor>& b) mutable {
+      return torch::mse_loss(mlp->forward(b[0]), b[1]);
+    };
+  }
+  model->train();
+  torch::manual_seed(absl::GetFlag(FLAGS_seed) + 1000 * (rank + 1));  // Per-rank dropout streams.
+  std::vector<torch::Tensor> params = model->parameters();
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(absl::GetFlag(FLAGS_lr)));
+
+  std::unique_ptr<Guard> guard;
+  if (options != nullptr) {
+    absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(*options, pg, *model, optimizer, loss_fn);
+    if (!g.ok()) Die(std::string(g.status().message()));
+    guard = *std::move(g);
+    Guard* raw = guard.get();
+    auto hook = [raw](const torch::Tensor& x) { return raw->FaultPoint(x); };
+    if (transformer) transformer->set_fault_hook(hook);
+    if (mlp) mlp->set_fault_hook(hook);
+  }
+
+  std::ofstream progress;
+  if (!absl::GetFlag(FLAGS_progress).empty()) progress.open(absl::GetFlag(FLAGS_progress), std::ios::app);
+  const int first = absl::GetFlag(FLAGS_first_step);
+  const int last = first + absl::GetFlag(FLAGS_steps) - 1;
+  const int every = absl::GetFlag(FLAGS_checkpoint_every);
+  for (int step = first; step <= last; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::vector<torch::Tensor>> batches;
+    for (int m = 0; m < absl::GetFlag(FLAGS_micro_batches); ++m) {
+      const uint64_t seed = (static_cast<uint64_t>(step) * 1000003 + rank) * 31 + m;
+      batches.push_back(model_kind == "transformer"
+                            ? TextBatch(corpus, absl::GetFlag(FLAGS_batch), config.context, seed)
+                            : RegressionBatch(absl::GetFlag(FLAGS_batch), seed));
+    }
+    const bool checkpoint = every > 0 && step % every == 0;
+    double loss = 0;
+    StepDecision d;
+    if (guard != nullptr) {
+      absl::StatusOr<StepDecision> r = guard->TrainStep(step, std::move(batches), checkpoint, &loss);
+      if (!r.ok()) Die(absl::StrCat("step ", step, ": ", r.status().message()));
+      d = *r;
+    } else {
+      optimizer.zero_grad();
+      for (auto& b : batches) {
+        torch::Tensor l = loss_fn(b) / static_cast<double>(absl::GetFlag(FLAGS_micro_batches));
+        l.backward();
+        loss += l.item<double>();
+      }
+      d.grad_norm = PlainAllReduce(*pg, params, 1.0);
+      optimizer.step();
+    }
+    std::string checkpoint_result = "none";
+    if (checkpoint && guard != nullptr) {
+      absl::StatusOr<bool> may = guard->MayCheckpoint();
+      checkpoint_result = may.ok() && *may ? "allowed" : "vetoed";
+      if (may.ok() && *may && rank == 0 && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+        torch::serialize::OutputArchive archive;
+        model->save(archive);
+        archive.save_to(absl::StrCat(absl::GetFlag(FLAGS_checkpoint_dir), "/step-", step, ".pt"));
+      }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (progress.is_open()) {
+      progress << absl::StrFormat(
+                      "{\"step\":%d,\"rank\":%d,\"loss\":%.6f,\"apply\":%s,\"reason\":\"%s\","
+                      "\"audited\":%s,\"outcome\":\"%s\",\"unverified\":%s,\"norm\":%.6f,"
+                      "\"repaired\":%s,\"checkpoint\":\"%s\",\"ms\":%.3f}",
+                      step, rank, loss, d.apply ? "true" : "false", d.reason,
+                      d.audited ? "true" : "false", d.audit_outcome,
+                      d.audit_unverified ? "true" : "false", d.grad_norm,
+                      d.repaired ? "true" : "false", checkpoint_result, ms)
+               << std::endl;
+    }
+  }
+  // Every replica must end with the same weights; the digest says so.
+  const uint64_t digest = WeightsDigest(*model);
+  std::string summary = "{}";
+  if (guard != nullptr) {
+    guard->Shutdown(absl::Seconds(10));
+    const GuardSummary s = guard->Summary();
+    summary = absl::StrFormat(
+        "{\"steps\":%d,\"skipped\":%d,\"audits\":%d,\"unverified\":%d,\"mismatches\":%d,"
+        "\"weight_checks\":%d,\"repairs\":%d,\"checkpoints_allowed\":%d,"
+        "\"checkpoints_vetoed\":%d,\"reports_sent\":%d,\"reports_acked\":%d,"
+        "\"reports_dropped\":%d}",
+        s.steps, s.skipped, s.audits, s.audits_unverified, s.audit_mismatches, s.weight_checks,
+        s.repairs, s.checkpoints_allowed, s.checkpoints_vetoed, s.reports_sent, s.reports_acked,
+        s.reports_dropped);
+    std::fprintf(stderr, "sdc-guard rank %d summary: %s\n", rank, s.ToString().c_str());
+  }
+  if (progress.is_open()) {
+    progress << absl::StrFormat("{\"final\":true,\"rank\":%d,\"weights_digest\":\"%016x\",\"guard\":%s}",
+                                rank, digest, summary)
+             << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace sdc::demo
+
+int main(int argc, char** argv) { return sdc::demo::Main(argc, argv); }
