@@ -120,9 +120,15 @@ cmd_test() {
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a
-# benchmark's timing never includes Bazel.
+# benchmark's timing never includes Bazel. Bazel's chatter goes to a log,
+# shown only when the build fails.
 build_targets() {
-  bazel_run build "$@" >&2
+  local log="${SDC_CACHE:-$HOME/.cache/sdc-guard}/build.log"
+  mkdir -p "$(dirname "$log")"
+  if ! bazel_run build --noshow_progress "$@" >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "build failed (full log: $log)"
+  fi
 }
 
 cmd_bench() {
@@ -146,18 +152,22 @@ cmd_bench() {
 
 cmd_demo() {
   setup
-  cat <<'TXT'
-sdc demo: the local cluster demo (sdcd + 6 trainer ranks with injected faults)
-is not built yet. What exists today:
-  ./sdc test            build everything and run every test
-  ./sdc bench kernels   fingerprint / non-finite scan throughput
-TXT
+  log "building the demo (the first build on a fresh machine takes several minutes)"
+  build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //daemon:sdcctl
+  exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"
+}
+
+# The operator CLI, built on demand: ./sdc ctl get requests ...
+cmd_ctl() {
+  build_targets //daemon:sdcctl >/dev/null 2>&1 || build_targets //daemon:sdcctl
+  exec "$ROOT/bazel-bin/daemon/sdcctl" "$@"
 }
 
 usage() {
   cat <<'TXT'
 usage: ./sdc COMMAND [ARGS]
-  demo                 run the local cluster demo with injected faults
+  demo [FLAGS]         run the local cluster demo with injected faults (--help for flags)
+  ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon
   build [BAZEL ARGS]   install what is missing and build everything
@@ -171,6 +181,7 @@ main() {
   [[ $# -gt 0 ]] && shift
   case "$cmd" in
     demo) cmd_demo "$@" ;;
+    ctl) cmd_ctl "$@" ;;
     test) cmd_test "$@" ;;
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;

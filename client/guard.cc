@@ -382,14 +382,17 @@ torch::Tensor Guard::Impl::FaultPoint(const torch::Tensor& x) {
   if (!f.FiresAt(rank_, step_)) return x;
   const bool activation = f.kind == FaultKind::kActivationScale || f.kind == FaultKind::kMantissaBitflip;
   if (!(activation || (f.kind == FaultKind::kReplay && replaying_))) return x;
-  torch::Tensor y = x.clone();
+  torch::Tensor y = x.detach().clone();
   {
+    // The largest value, so the error is never lost below rounding.
     torch::NoGradGuard no_grad;
     auto flat = y.view({-1});
+    const int64_t at = flat.abs().argmax().item<int64_t>();
     if (f.kind == FaultKind::kActivationScale) {
-      flat[0].mul_(f.magnitude);
+      flat[at].mul_(f.magnitude);
     } else {
-      FlipMantissaBit(y, 12);
+      torch::Tensor element = flat.narrow(0, at, 1);
+      FlipMantissaBit(element, 12);
     }
   }
   Log(absl::StrCat("INJECTED ", client::FaultKindName(f.kind), " into an activation at step ",

@@ -44,8 +44,10 @@ torch::Tensor TinyTransformerImpl::forward(const torch::Tensor& tokens) {
     torch::Tensor attn = dropout_->forward(torch::softmax(scores, -1));
     torch::Tensor y = torch::matmul(attn, v).transpose(1, 2).reshape({b, t, w});
     y = proj_[l]->forward(y);
-    if (l == 0 && hook_) y = hook_(y);  // Where activation faults land.
     x = x + dropout_->forward(y);
+    // Where activation faults land: the residual stream, after dropout, so
+    // a corrupted value always reaches the loss.
+    if (l == 0 && hook_) x = hook_(x);
     x = x + dropout_->forward(fc2_[l]->forward(torch::gelu(fc1_[l]->forward(norm2_[l]->forward(x)))));
   }
   return head_->forward(final_norm_->forward(x));
@@ -59,9 +61,9 @@ BnMlpImpl::BnMlpImpl() {
 }
 
 torch::Tensor BnMlpImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = torch::relu(bn_->forward(fc1_->forward(x)));
-  if (hook_) h = hook_(h);
-  return fc2_->forward(dropout_->forward(h));
+  torch::Tensor h = dropout_->forward(torch::relu(bn_->forward(fc1_->forward(x))));
+  if (hook_) h = hook_(h);  // After dropout: an injected error always counts.
+  return fc2_->forward(h);
 }
 
 absl::StatusOr<std::string> LoadCorpus(const std::string& dir, size_t min_bytes) {

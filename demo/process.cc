@@ -1,4 +1,4 @@
-#include "tests/testing/process.h"
+#include "demo/process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 
 extern char** environ;
 
-namespace sdc::testing {
+namespace sdc::demo {
 
 std::string TestDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -36,6 +36,14 @@ std::string BinaryPath(const std::string& workspace_relative) {
   const char* workspace = std::getenv("TEST_WORKSPACE");
   if (srcdir != nullptr && workspace != nullptr) {
     return absl::StrCat(srcdir, "/", workspace, "/", workspace_relative);
+  }
+  // A binary run from bazel-bin finds its siblings through its runfiles.
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    const std::string exe(self, n);
+    const std::string runfiles = absl::StrCat(exe, ".runfiles/sdc_guard/", workspace_relative);
+    if (access(runfiles.c_str(), X_OK) == 0) return runfiles;
   }
   return workspace_relative;
 }
@@ -63,7 +71,7 @@ std::vector<std::string> Environment(const std::map<std::string, std::string>& e
 }
 
 pid_t Spawn(const std::vector<std::string>& argv, int out_fd,
-            const std::map<std::string, std::string>& env) {
+            const std::map<std::string, std::string>& env, bool detached = false) {
   std::vector<std::string> envs = Environment(env);
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -73,9 +81,13 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd,
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    setpgid(0, 0);
+    if (detached) {
+      setsid();
+    } else {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      setpgid(0, 0);
+    }
     dup2(out_fd, 1);
     dup2(out_fd, 2);
     const int devnull = open("/dev/null", O_RDONLY);
@@ -91,13 +103,14 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd,
 
 absl::StatusOr<Process> Process::Start(const std::vector<std::string>& argv,
                                        const std::string& log_path,
-                                       const std::map<std::string, std::string>& env) {
+                                       const std::map<std::string, std::string>& env,
+                                       bool detached) {
   const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log_path));
   Process p;
   p.log_path_ = log_path;
   p.log_offset_ = ReadFile(log_path).size();
-  p.pid_ = Spawn(argv, fd, env);
+  p.pid_ = Spawn(argv, fd, env, detached);
   close(fd);
   if (p.pid_ < 0) return absl::InternalError("fork failed");
   return p;
@@ -249,4 +262,4 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   return response.substr(header_end + 4);
 }
 
-}  // namespace sdc::testing
+}  // namespace sdc::demo

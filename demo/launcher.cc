@@ -1,0 +1,356 @@
+#include "demo/launcher.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "admin.grpc.pb.h"
+#include "demo/process.h"
+#include "grpcpp/grpcpp.h"
+
+namespace sdc::demo {
+namespace {
+
+// The trainers' progress lines are flat JSON objects with string, number and
+// boolean values (plus one nested object in the final line, kept raw).
+std::map<std::string, std::string> ParseFlatJson(const std::string& line) {
+  std::map<std::string, std::string> out;
+  static const std::regex kField(R"re("([a-z_]+)":("([^"]*)"|\{[^}]*\}|[^,}]+))re");
+  for (auto it = std::sregex_iterator(line.begin(), line.end(), kField);
+       it != std::sregex_iterator(); ++it) {
+    out[(*it)[1]] = (*it)[3].matched ? (*it)[3].str() : (*it)[2].str();
+  }
+  return out;
+}
+
+StepRecord ToRecord(const std::map<std::string, std::string>& f) {
+  StepRecord r;
+  auto num = [&](const char* k) {
+    double v = 0;
+    auto it = f.find(k);
+    if (it != f.end()) (void)absl::SimpleAtod(it->second, &v);
+    return v;
+  };
+  auto str = [&](const char* k) {
+    auto it = f.find(k);
+    return it == f.end() ? std::string() : it->second;
+  };
+  r.step = static_cast<int>(num("step"));
+  r.rank = static_cast<int>(num("rank"));
+  r.loss = num("loss");
+  r.apply = str("apply") == "true";
+  r.reason = str("reason");
+  r.audited = str("audited") == "true";
+  r.outcome = str("outcome");
+  r.unverified = str("unverified") == "true";
+  r.norm = num("norm");
+  r.repaired = str("repaired") == "true";
+  r.checkpoint = str("checkpoint");
+  r.ms = num("ms");
+  return r;
+}
+
+// Reads whole new lines of a progress file.
+class Tail {
+ public:
+  explicit Tail(std::string path) : path_(std::move(path)) {}
+  std::vector<std::string> NewLines() {
+    std::vector<std::string> lines;
+    std::ifstream in(path_);
+    if (!in) return lines;
+    in.seekg(static_cast<std::streamoff>(offset_));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // A partial line: read it next time.
+      offset_ += line.size() + 1;
+      lines.push_back(line);
+    }
+    return lines;
+  }
+
+ private:
+  std::string path_;
+  size_t offset_ = 0;
+};
+
+class Admin {
+ public:
+  Admin(const std::string& address, const std::string& token_file)
+      : stub_(v1::AdminService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        token_file_(token_file) {}
+
+  template <typename Req, typename Resp, typename Call>
+  bool Query(Call call, const Req& req, Resp* resp) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (token_.empty()) token_ = std::string(absl::StripAsciiWhitespace(ReadFile(token_file_)));
+    c.AddMetadata("authorization", "Bearer " + token_);
+    return (stub_.get()->*call)(&c, req, resp).ok();
+  }
+  v1::AdminService::Stub* stub() { return stub_.get(); }
+
+ private:
+  std::unique_ptr<v1::AdminService::Stub> stub_;
+  std::string token_file_;
+  std::string token_;
+};
+
+int PortAfter(const std::string& line, const std::string& marker) {
+  const size_t at = line.find(marker);
+  if (at == std::string::npos) return 0;
+  int n = 0;
+  const std::string rest = line.substr(at + marker.size());
+  (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &n);
+  return n;
+}
+
+}  // namespace
+
+std::string NodeName(int node) {
+  std::string name = "node-";
+  if (node >= 26) name += static_cast<char>('a' + node / 26 - 1);
+  name += static_cast<char>('a' + node % 26);
+  return name;
+}
+
+absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
+  const int world = c.nodes * c.gpus_per_node;
+  if (c.nodes < 1 || c.gpus_per_node < 1) return absl::InvalidArgumentError("nodes and GPUs per node must be at least 1");
+  if (world < 2) return absl::InvalidArgumentError("a data-parallel job needs at least 2 ranks");
+  if (c.steps < 1) return absl::InvalidArgumentError("steps must be at least 1");
+  mkdir(c.run_dir.c_str(), 0755);
+  if (access(c.run_dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("run folder ", c.run_dir, " is not writable"));
+  }
+  const std::string sdcd_bin = c.sdcd_binary.empty() ? BinaryPath("daemon/sdcd") : c.sdcd_binary;
+  const std::string trainer_bin =
+      c.trainer_binary.empty() ? BinaryPath("demo/sdc-trainer") : c.trainer_binary;
+  ClusterResult result;
+  result.db = c.run_dir + "/sdcd.db";
+  result.token_file = c.run_dir + "/admin.token";
+  const absl::Time start = absl::Now();
+
+  // The coordinator, on free loopback ports it reports in its log.
+  Process sdcd;
+  int trainer_port = 0, admin_port = 0, metrics_port = 0;
+  auto start_sdcd = [&]() -> absl::Status {
+    absl::StatusOr<Process> p = Process::Start(
+        {sdcd_bin, "--db=" + result.db, "--admin_token_file=" + result.token_file,
+         absl::StrCat("--listen=127.0.0.1:", trainer_port),
+         absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
+         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
+         "--actuator=" + c.actuator, "--report_deadline=30s"},
+        c.run_dir + "/sdcd.log", {}, /*detached=*/c.keep_coordinator);
+    if (!p.ok()) return p.status();
+    sdcd = *std::move(p);
+    absl::StatusOr<std::string> line = sdcd.WaitForLog("serving trainers on .*");
+    if (!line.ok()) return line.status();
+    trainer_port = PortAfter(*line, "(port ");
+    admin_port = PortAfter(line->substr(line->find("admin on")), "(port ");
+    metrics_port = PortAfter(*line, "metrics on port ");
+    return absl::OkStatus();
+  };
+  if (!c.unguarded) {
+    if (absl::Status s = start_sdcd(); !s.ok()) return s;
+    result.admin_address = absl::StrCat("127.0.0.1:", admin_port);
+  }
+  std::unique_ptr<Admin> admin =
+      c.unguarded ? nullptr : std::make_unique<Admin>(result.admin_address, result.token_file);
+
+  // The trainers.
+  const std::string store = c.run_dir + "/rendezvous";
+  unlink(store.c_str());
+  std::vector<Process> trainers;
+  std::vector<std::unique_ptr<Tail>> tails;
+  for (int r = 0; r < world; ++r) {
+    const std::string progress = absl::StrCat(c.run_dir, "/progress-", r, ".jsonl");
+    unlink(progress.c_str());
+    std::map<std::string, std::string> env = {
+        {"SDC_JOB_ID", c.job_id},
+        {"SDC_NODE_NAME", NodeName(r / c.gpus_per_node)},
+        {"LOCAL_RANK", std::to_string(r % c.gpus_per_node)},
+        {"SDC_AUDIT_EVERY", std::to_string(c.audit_every)},
+        {"SDC_WEIGHT_CHECK_EVERY", std::to_string(c.weight_check_every)},
+        {"SDC_INCARNATION", std::to_string(absl::ToUnixMillis(start))},
+        {"SDC_VERDICT_WAIT_MS", "3000"}};
+    if (!c.unguarded) env["SDC_COORDINATOR"] = absl::StrCat("127.0.0.1:", trainer_port);
+    if (!c.fault.empty()) {
+      env["SDC_INJECT_FAULT"] = c.fault;
+      env["SDC_ALLOW_FAULT_INJECTION"] = "yes-i-am-testing";
+    }
+    std::vector<std::string> argv = {trainer_bin,
+                                     absl::StrCat("--rank=", r),
+                                     absl::StrCat("--world_size=", world),
+                                     "--rendezvous=" + store,
+                                     absl::StrCat("--steps=", c.steps),
+                                     "--model=" + c.model,
+                                     absl::StrCat("--batch=", c.batch),
+                                     absl::StrCat("--micro_batches=", c.micro_batches),
+                                     absl::StrCat("--checkpoint_every=", c.checkpoint_every),
+                                     "--checkpoint_dir=" + c.run_dir,
+                                     "--progress=" + progress};
+    if (c.unguarded) argv.push_back("--unguarded");
+    absl::StatusOr<Process> p =
+        Process::Start(argv, absl::StrCat(c.run_dir, "/trainer-", r, ".log"), env);
+    if (!p.ok()) return p.status();
+    trainers.push_back(*std::move(p));
+    tails.push_back(std::make_unique<Tail>(progress));
+  }
+
+  result.ranks.resize(world);
+  result.weight_digests.resize(world);
+  std::vector<bool> finished(world, false);
+  LiveStatus live;
+  live.total_steps = c.steps;
+  std::map<int, double> slowest;
+  bool restarted = false;
+  absl::Time last_admin = absl::InfinitePast();
+  while (true) {
+    bool all_done = true;
+    for (int r = 0; r < world; ++r) {
+      for (const std::string& line : tails[r]->NewLines()) {
+        const auto fields = ParseFlatJson(line);
+        if (fields.count("final") > 0) {
+          finished[r] = true;
+          result.weight_digests[r] = fields.count("weights_digest") ? fields.at("weights_digest") : "";
+          continue;
+        }
+        StepRecord rec = ToRecord(fields);
+        slowest[rec.step] = std::max(slowest[rec.step], rec.ms);
+        if (r == 0) {
+          live.audits += rec.audited ? 1 : 0;
+          live.audits_failed += rec.audited && rec.outcome != "pass" ? 1 : 0;
+          live.weight_checks += c.weight_check_every > 0 && rec.step % c.weight_check_every == 0 ? 1 : 0;
+          live.skipped += rec.apply ? 0 : 1;
+          live.checkpoints_allowed += rec.checkpoint == "allowed" ? 1 : 0;
+          live.checkpoints_vetoed += rec.checkpoint == "vetoed" ? 1 : 0;
+          if (!rec.apply) live.last_event = absl::StrCat("step ", rec.step, " skipped: ", rec.reason);
+        }
+        result.ranks[r].push_back(std::move(rec));
+      }
+      if (!finished[r]) {
+        if (!trainers[r].running()) {
+          return absl::InternalError(absl::StrCat("trainer rank ", r, " exited early; its log:\n",
+                                                  trainers[r].Log().substr(0, 4000)));
+        }
+        all_done = false;
+      }
+    }
+    int done_step = c.steps;
+    for (int r = 0; r < world; ++r) {
+      done_step = std::min(done_step, result.ranks[r].empty() ? 0 : result.ranks[r].back().step);
+    }
+    live.step = done_step;
+    live.elapsed = absl::Now() - start;
+    live.steps_per_s = done_step / std::max(1e-3, absl::ToDoubleSeconds(live.elapsed));
+    double loss = 0;
+    int n = 0;
+    for (int r = 0; r < world; ++r) {
+      for (auto it = result.ranks[r].rbegin(); it != result.ranks[r].rend(); ++it) {
+        if (it->step == done_step) {
+          loss += it->loss;
+          ++n;
+          break;
+        }
+      }
+    }
+    if (n > 0) live.loss = loss / n;
+    // The coordinator-restart scenario: a crash, then the same database.
+    if (c.restart_coordinator_at >= 0 && !restarted && done_step >= c.restart_coordinator_at) {
+      sdcd.Kill();
+      live.coordinator_up = false;
+      live.last_event = absl::StrCat("sdcd killed (kill -9) after step ", done_step);
+      if (c.on_tick) c.on_tick(live);
+      absl::SleepFor(absl::Seconds(1));
+      if (absl::Status s = start_sdcd(); !s.ok()) return s;
+      restarted = true;
+      ++result.coordinator_restarts;
+      live.coordinator_up = true;
+      live.last_event = absl::StrCat("sdcd restarted on its database after step ", done_step);
+    }
+    if (admin != nullptr && absl::Now() - last_admin > absl::Seconds(1)) {
+      last_admin = absl::Now();
+      v1::ListIncidentsResponse inc;
+      if (admin->Query(&v1::AdminService::Stub::ListIncidents, v1::ListIncidentsRequest(), &inc)) {
+        if (inc.incidents_size() > live.incidents && inc.incidents_size() > 0) {
+          const v1::Incident& last = inc.incidents(inc.incidents_size() - 1);
+          live.last_event = absl::StrCat("incident ", last.id(), " at step ", last.step(), ": ",
+                                         last.explanation().substr(0, 120));
+        }
+        live.incidents = inc.incidents_size();
+      }
+      v1::ListSuspectsResponse sus;
+      if (admin->Query(&v1::AdminService::Stub::ListSuspects, v1::ListSuspectsRequest(), &sus)) {
+        live.suspects = sus.suspects_size();
+      }
+      v1::ListRequestsResponse req;
+      if (admin->Query(&v1::AdminService::Stub::ListRequests, v1::ListRequestsRequest(), &req)) {
+        live.requests = req.requests_size();
+      }
+    }
+    if (c.on_tick) c.on_tick(live);
+    if (all_done) break;
+    if (absl::Now() - start > c.timeout) {
+      return absl::DeadlineExceededError(absl::StrCat("the cluster did not finish within ",
+                                                      absl::FormatDuration(c.timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  for (Process& t : trainers) t.Stop(absl::Seconds(30));
+  result.wall = absl::Now() - start;
+  for (const auto& [step, ms] : slowest) result.step_ms.push_back(ms);
+  // What each faulty rank says it injected.
+  static const std::regex kInjected(R"re(sdc-guard rank (\d+): (INJECTED .*))re");
+  for (int r = 0; r < world; ++r) {
+    std::istringstream log(ReadFile(absl::StrCat(c.run_dir, "/trainer-", r, ".log")));
+    std::string line;
+    while (std::getline(log, line)) {
+      std::smatch m;
+      if (std::regex_search(line, m, kInjected)) result.injections.push_back(absl::StrCat("rank ", m[1].str(), ": ", m[2].str()));
+    }
+  }
+  if (admin != nullptr) {
+    // Tie-break results and the last verdicts land after the trainers
+    // finish: wait until the incident list holds still for a second.
+    v1::ListIncidentsResponse inc;
+    int stable = -1;
+    for (int i = 0; i < 40; ++i) {
+      admin->Query(&v1::AdminService::Stub::ListIncidents, v1::ListIncidentsRequest(), &inc);
+      if (inc.incidents_size() == stable && i >= 4) break;
+      stable = inc.incidents_size();
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+    result.incidents.assign(inc.incidents().begin(), inc.incidents().end());
+    v1::ListRequestsResponse req;
+    admin->Query(&v1::AdminService::Stub::ListRequests, v1::ListRequestsRequest(), &req);
+    for (const auto& r : req.requests()) {
+      v1::GetRequestRequest q;
+      q.set_id(r.id());
+      v1::ReplacementRequest full;
+      result.requests.push_back(admin->Query(&v1::AdminService::Stub::GetRequest, q, &full) ? full : r);
+    }
+    v1::ListSuspectsResponse sus;
+    admin->Query(&v1::AdminService::Stub::ListSuspects, v1::ListSuspectsRequest(), &sus);
+    result.suspects.assign(sus.suspects().begin(), sus.suspects().end());
+    if (c.keep_coordinator) {
+      result.sdcd_pid = sdcd.pid();
+      sdcd.Release();
+    } else {
+      sdcd.Stop();
+    }
+  }
+  return result;
+}
+
+}  // namespace sdc::demo

@@ -1,0 +1,104 @@
+#ifndef SDC_DEMO_LAUNCHER_H_
+#define SDC_DEMO_LAUNCHER_H_
+
+// Runs a local training cluster: sdcd plus nodes x GPUs trainer processes
+// (CPU, Gloo), each rank told its node name; reads their progress while they
+// run, can kill -9 and restart the coordinator mid-run, and collects what
+// happened (per-step records, final weight digests, the coordinator's
+// incidents and requests through its admin API). The demo, the detection
+// benchmark, the overhead benchmark and the end-to-end tests all use it. On a
+// GPU cluster the same trainer takes NCCL and real node names; this launcher
+// is the local stand-in for torchrun.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "admin.pb.h"
+
+namespace sdc::demo {
+
+struct StepRecord {
+  int step = 0;
+  int rank = 0;
+  double loss = 0;
+  bool apply = true;
+  std::string reason;
+  bool audited = false;
+  std::string outcome;
+  bool unverified = false;
+  double norm = 0;
+  bool repaired = false;
+  std::string checkpoint;  // none | allowed | vetoed
+  double ms = 0;
+};
+
+// Live numbers for a progress display.
+struct LiveStatus {
+  int step = 0;        // Every rank has finished this step.
+  int total_steps = 0;
+  double loss = 0;     // Mean over ranks at `step`.
+  double steps_per_s = 0;
+  int audits = 0;
+  int audits_failed = 0;
+  int weight_checks = 0;
+  int skipped = 0;
+  int checkpoints_allowed = 0;
+  int checkpoints_vetoed = 0;
+  int incidents = 0;
+  int suspects = 0;
+  int requests = 0;
+  bool coordinator_up = true;
+  std::string last_event;  // The newest incident or skip, one line.
+  absl::Duration elapsed;
+};
+
+struct ClusterConfig {
+  std::string run_dir;  // Created if missing; holds db, logs, progress.
+  int nodes = 3;
+  int gpus_per_node = 2;
+  int steps = 150;
+  int audit_every = 5;
+  int weight_check_every = 5;
+  int checkpoint_every = 25;
+  std::string model = "transformer";  // or bn-mlp
+  int batch = 8;
+  int micro_batches = 1;
+  std::string fault;                  // SDC_INJECT_FAULT spec, or empty.
+  int restart_coordinator_at = -1;    // kill -9 sdcd once every rank passed this step.
+  std::string job_id = "demo";
+  bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
+  bool keep_coordinator = false;      // Leave sdcd running after the run, detached.
+  std::string actuator = "dry-run";
+  std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
+  std::string trainer_binary;         // Default: BinaryPath("demo/sdc-trainer").
+  absl::Duration timeout = absl::Minutes(20);
+  std::function<void(const LiveStatus&)> on_tick;  // About twice a second.
+};
+
+struct ClusterResult {
+  std::vector<std::vector<StepRecord>> ranks;  // [rank][i]
+  std::vector<std::string> weight_digests;     // Final, per rank.
+  std::vector<std::string> injections;         // "rank 3 step 20: ..." from trainer logs.
+  std::vector<v1::Incident> incidents;
+  std::vector<v1::ReplacementRequest> requests;
+  std::vector<v1::Suspect> suspects;
+  std::string admin_address;
+  std::string token_file;
+  std::string db;
+  int sdcd_pid = 0;          // When kept running.
+  int coordinator_restarts = 0;
+  absl::Duration wall;
+  std::vector<double> step_ms;  // Per step, the slowest rank's time.
+};
+
+absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& config);
+
+// "node-a", "node-b", ...
+std::string NodeName(int node);
+
+}  // namespace sdc::demo
+
+#endif  // SDC_DEMO_LAUNCHER_H_

@@ -1,0 +1,371 @@
+#include "demo/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace sdc::demo {
+namespace {
+
+std::string CheckName(v1::CheckKind k) {
+  switch (k) {
+    case v1::CHECK_NONFINITE:
+      return "non-finite gradients (check 1)";
+    case v1::CHECK_REDUCED_GRADIENTS:
+      return "reduced-gradient agreement (check 1)";
+    case v1::CHECK_REPLAY:
+      return "ring replay audit (check 2)";
+    case v1::CHECK_WEIGHTS:
+      return "weight fingerprint vote (check 3)";
+    default:
+      return "unknown";
+  }
+}
+
+std::string StateName(v1::RequestState s) {
+  std::string n = v1::RequestState_Name(s);
+  std::transform(n.begin() + 1, n.end(), n.begin() + 1, ::tolower);
+  return n;
+}
+
+// Mean loss per step over ranks.
+std::map<int, double> MeanLoss(const ClusterResult& r) {
+  std::map<int, std::pair<double, int>> acc;
+  for (const auto& rank : r.ranks) {
+    for (const StepRecord& s : rank) {
+      acc[s.step].first += s.loss;
+      ++acc[s.step].second;
+    }
+  }
+  std::map<int, double> out;
+  for (const auto& [step, v] : acc) out[step] = v.first / v.second;
+  return out;
+}
+
+}  // namespace
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
+                 const ClusterConfig& config, int fault_rank) {
+  RunFacts f;
+  f.scenario = scenario;
+  f.fault_spec = config.fault;
+  f.fault_rank = config.fault.empty() ? -1 : fault_rank;
+  static const std::regex kStep(R"re((?:at|after) step (\d+))re");
+  for (const std::string& line : result.injections) {
+    Injection inj;
+    inj.what = line;
+    inj.rank = std::atoi(line.c_str() + 5);
+    std::smatch m;
+    if (std::regex_search(line, m, kStep)) inj.step = std::stoi(m[1].str());
+    inj.while_replaying = line.find("while replaying") != std::string::npos;
+    f.injections.push_back(inj);
+    if (inj.step >= 0 && (f.first_injection_step < 0 || inj.step < f.first_injection_step)) {
+      f.first_injection_step = inj.step;
+    }
+  }
+  f.incidents = result.incidents;
+  std::set<int> blamed;
+  for (const v1::Incident& i : f.incidents) {
+    if (f.first_detection_step < 0 || static_cast<int>(i.step()) < f.first_detection_step) {
+      f.first_detection_step = static_cast<int>(i.step());
+    }
+    if (i.confirmed()) {
+      for (uint32_t r : i.ranks()) blamed.insert(static_cast<int>(r));
+    }
+  }
+  if (f.fault_rank < 0) {
+    f.false_alarms = static_cast<int>(f.incidents.size());
+  } else {
+    for (int r : blamed) f.false_alarms += r != f.fault_rank ? 1 : 0;
+    f.detected = !f.incidents.empty() && !f.injections.empty();
+    f.attributed_correctly = blamed.count(f.fault_rank) > 0 && blamed.size() == 1;
+    if (f.detected && f.first_injection_step >= 0) {
+      f.latency_steps = f.first_detection_step - f.first_injection_step;
+    }
+  }
+  // Per-step decisions (every rank takes the same; read rank 0's).
+  std::map<int, StepRecord> steps;
+  if (!result.ranks.empty()) {
+    for (const StepRecord& s : result.ranks[0]) steps[s.step] = s;
+  }
+  for (const auto& [step, s] : steps) {
+    if (!s.apply) f.skipped_steps.push_back(step);
+    if (s.checkpoint == "allowed") f.checkpoints_allowed.push_back(step);
+    if (s.checkpoint == "vetoed") f.checkpoints_vetoed.push_back(step);
+    f.audits += s.audited ? 1 : 0;
+    f.weight_checks += config.weight_check_every > 0 && step % config.weight_check_every == 0;
+  }
+  if (!steps.empty()) {
+    f.first_loss = steps.begin()->second.loss;
+    f.last_loss = steps.rbegin()->second.loss;
+  }
+  // Corrupted intervals of the weights.
+  std::vector<std::pair<int, int>> corrupted;  // [from, to)
+  for (const Injection& inj : f.injections) {
+    if (inj.step < 0 || inj.while_replaying) continue;
+    if (inj.what.find("into weight") != std::string::npos) {
+      int repaired = INT32_MAX;
+      for (const auto& [step, s] : steps) {
+        if (step > inj.step && s.repaired) {
+          repaired = step;
+          break;
+        }
+      }
+      corrupted.push_back({inj.step, repaired});
+    } else {
+      auto it = steps.find(inj.step);
+      if (it != steps.end() && it->second.apply) corrupted.push_back({inj.step, INT32_MAX});
+    }
+  }
+  for (int c : f.checkpoints_allowed) {
+    for (const auto& [from, to] : corrupted) {
+      if (c >= from && c < to) {
+        f.bad_checkpoints.push_back(c);
+        break;
+      }
+    }
+  }
+  f.weights_identical = !result.weight_digests.empty() &&
+                        std::all_of(result.weight_digests.begin(), result.weight_digests.end(),
+                                    [&](const std::string& d) {
+                                      return !d.empty() && d == result.weight_digests[0];
+                                    });
+  return f;
+}
+
+std::string SummaryText(const RunFacts& f, const ClusterResult& r, const ClusterConfig& c,
+                        const std::string& sdcctl) {
+  std::string out;
+  absl::StrAppend(&out, "\n== sdc-guard demo: ", f.scenario.name, " ==\n", f.scenario.description,
+                  "\n", c.nodes, " nodes x ", c.gpus_per_node, " GPUs (CPU ranks, Gloo), ", c.steps,
+                  " steps, audit every ", c.audit_every, ", weight check every ",
+                  c.weight_check_every, ", checkpoint every ", c.checkpoint_every, "\n");
+  absl::StrAppendFormat(&out, "loss %.3f -> %.3f; %d audits, %d weight checks; wall %s\n",
+                        f.first_loss, f.last_loss, f.audits, f.weight_checks,
+                        absl::FormatDuration(absl::Trunc(r.wall, absl::Seconds(1))));
+  absl::StrAppend(&out, "\nInjected:\n");
+  if (f.injections.empty()) {
+    absl::StrAppend(&out, f.fault_spec.empty() ? "  nothing\n"
+                                               : "  nothing fired (the fault's steps never came)\n");
+  }
+  const size_t shown = std::min<size_t>(f.injections.size(), 6);
+  for (size_t i = 0; i < shown; ++i) absl::StrAppend(&out, "  ", f.injections[i].what, "\n");
+  if (f.injections.size() > shown) {
+    absl::StrAppend(&out, "  ... and ", f.injections.size() - shown, " more\n");
+  }
+  absl::StrAppend(&out, "\nDetected:\n");
+  if (f.incidents.empty()) absl::StrAppend(&out, "  nothing\n");
+  for (const v1::Incident& i : f.incidents) {
+    absl::StrAppend(&out, "  step ", i.step(), ": ", CheckName(i.check()), ", ", i.outcome());
+    if (f.first_injection_step >= 0) {
+      absl::StrAppend(&out, " (", static_cast<int>(i.step()) - f.first_injection_step,
+                      " steps after the first injection)");
+    }
+    absl::StrAppend(&out, "\n    ", i.explanation(), "\n");
+    if (i.confirmed()) {
+      for (int k = 0; k < i.ranks_size(); ++k) {
+        absl::StrAppend(&out, "    blamed: rank ", i.ranks(k), " on node ", i.node_names(k),
+                        ", GPU ", i.gpu_uuids(k), "\n");
+      }
+    }
+    if (i.differing_tensors_size() > 0) {
+      absl::StrAppend(&out, "    differing: ", absl::StrJoin(i.differing_tensors(), ", "), "\n");
+    }
+  }
+  absl::StrAppend(&out, "\nSteps skipped on every rank: ",
+                  f.skipped_steps.empty() ? "none" : absl::StrJoin(f.skipped_steps, ", "), "\n");
+  absl::StrAppend(&out, "Checkpoints written: ",
+                  f.checkpoints_allowed.empty() ? "none" : absl::StrJoin(f.checkpoints_allowed, ", "),
+                  "; vetoed: ",
+                  f.checkpoints_vetoed.empty() ? "none" : absl::StrJoin(f.checkpoints_vetoed, ", "),
+                  "\n");
+  absl::StrAppend(&out, "Checkpoints holding corrupted weights: ",
+                  f.bad_checkpoints.empty() ? "none" : absl::StrJoin(f.bad_checkpoints, ", "), "\n");
+  absl::StrAppend(&out, "Replicas at the end: ",
+                  f.weights_identical ? "identical weights on every rank"
+                                      : "WEIGHTS DIFFER between ranks",
+                  "\n");
+  for (const v1::ReplacementRequest& q : r.requests) {
+    absl::StrAppend(&out, "\nReplacement request ", q.id(), " for ", q.node_name(), " is ",
+                    StateName(q.state()), ": ", q.reason().substr(0, 160), "\n");
+    if (q.state() == v1::PENDING && !sdcctl.empty()) {
+      absl::StrAppend(&out, "  see the evidence:  ", sdcctl, " describe request ", q.id(), "\n",
+                      "  approve it:        ", sdcctl, " approve ", q.id(),
+                      " --reason \"confirmed by the sdc-guard demo\"\n");
+    }
+  }
+  return out;
+}
+
+std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterConfig& c) {
+  const std::map<int, double> loss = MeanLoss(r);
+  const int w = 900, h = 300, left = 60, right = 20, top = 20, bottom = 40;
+  double lo = 1e9, hi = -1e9;
+  for (const auto& [step, v] : loss) {
+    if (std::isfinite(v)) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  if (lo > hi) lo = 0, hi = 1;
+  if (hi - lo < 1e-9) hi = lo + 1;
+  const int last_step = loss.empty() ? 1 : std::max(1, loss.rbegin()->first);
+  auto x = [&](double step) { return left + (w - left - right) * (step - 1) / std::max(1, last_step - 1); };
+  auto y = [&](double v) { return top + (h - top - bottom) * (hi - v) / (hi - lo); };
+  std::string svg = absl::StrFormat(
+      "<svg viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" role=\"img\" "
+      "aria-label=\"mean training loss per step\">",
+      w, h, w, h);
+  absl::StrAppendFormat(&svg,
+                        "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#fafafa\" "
+                        "stroke=\"#ccc\"/>",
+                        left, top, w - left - right, h - top - bottom);
+  for (int i = 0; i <= 4; ++i) {
+    const double v = lo + (hi - lo) * i / 4;
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.2f</text>",
+                          left - 6, y(v) + 4, v);
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%d\" font-size=\"11\">step 1</text><text x=\"%d\" "
+                        "y=\"%d\" font-size=\"11\" text-anchor=\"end\">step %d</text>",
+                        left, h - 10, w - right, h - 10, last_step);
+  for (const Injection& inj : f.injections) {
+    if (inj.step < 0) continue;
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#f0a\" "
+                          "stroke-dasharray=\"2,3\"><title>injected: %s</title></line>",
+                          x(inj.step), top, x(inj.step), h - bottom, HtmlEscape(inj.what));
+  }
+  for (const v1::Incident& i : f.incidents) {
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#d00\" "
+                          "stroke-width=\"2\"><title>incident %d at step %d: %s</title></line>",
+                          x(i.step()), top, x(i.step()), h - bottom, i.id(), i.step(),
+                          HtmlEscape(i.explanation()));
+  }
+  std::string path;
+  for (const auto& [step, v] : loss) {
+    if (!std::isfinite(v)) continue;
+    absl::StrAppendFormat(&path, "%s%.1f,%.1f ", path.empty() ? "M" : "L", x(step), y(v));
+  }
+  absl::StrAppend(&svg, "<path d=\"", path, "\" fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\"/>");
+  for (int s : f.skipped_steps) {
+    auto it = loss.find(s);
+    const double v = it != loss.end() && std::isfinite(it->second) ? it->second : hi;
+    absl::StrAppendFormat(&svg,
+                          "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#f57c00\"><title>step %d "
+                          "skipped</title></circle>",
+                          x(s), y(v), s);
+  }
+  for (int s : f.checkpoints_vetoed) {
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%.1f\" y=\"%d\" font-size=\"14\" text-anchor=\"middle\" "
+                          "fill=\"#555\">&#x2715;<title>checkpoint of step %d vetoed</title></text>",
+                          x(s), h - bottom - 4, s);
+  }
+  for (int s : f.checkpoints_allowed) {
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" "
+                          "fill=\"#2e7d32\">&#x2713;<title>checkpoint of step %d written</title></text>",
+                          x(s), h - bottom - 4, s);
+  }
+  absl::StrAppend(&svg, "</svg>");
+
+  std::string html = absl::StrCat(
+      "<!doctype html><html><head><meta charset=\"utf-8\"><title>sdc-guard demo: ",
+      HtmlEscape(f.scenario.name),
+      "</title><style>body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:960px;"
+      "color:#222}h1{font-size:22px}h2{font-size:17px;margin-top:1.6em}table{border-collapse:"
+      "collapse;width:100%}td,th{border:1px solid #ddd;padding:4px 6px;text-align:left;"
+      "vertical-align:top}th{background:#f3f3f3}.ok{color:#2e7d32}.bad{color:#c62828}"
+      ".legend span{margin-right:1.2em}code{background:#f3f3f3;padding:1px 4px}</style></head><body>");
+  absl::StrAppend(&html, "<h1>sdc-guard demo: ", HtmlEscape(f.scenario.name), "</h1><p>",
+                  HtmlEscape(f.scenario.description), "</p>");
+  absl::StrAppendFormat(&html,
+                        "<p>%d nodes &times; %d GPUs (CPU ranks, Gloo), %d steps; audit every %d "
+                        "steps, weight check every %d, checkpoint every %d. Loss %.3f &rarr; %.3f. "
+                        "Wall time %s.</p>",
+                        c.nodes, c.gpus_per_node, c.steps, c.audit_every, c.weight_check_every,
+                        c.checkpoint_every, f.first_loss, f.last_loss,
+                        absl::FormatDuration(absl::Trunc(r.wall, absl::Seconds(1))));
+  absl::StrAppend(&html, "<h2>Training loss</h2>", svg,
+                  "<p class=\"legend\"><span style=\"color:#1565c0\">&#9644; mean loss</span>"
+                  "<span style=\"color:#f0a\">&#9482; fault injected</span><span style=\"color:#d00\">"
+                  "&#9475; incident</span><span style=\"color:#f57c00\">&#9679; skipped step</span>"
+                  "<span style=\"color:#2e7d32\">&#x2713; checkpoint written</span><span>&#x2715; "
+                  "checkpoint vetoed</span></p>");
+  absl::StrAppend(&html, "<h2>Outcome</h2><table>");
+  auto row = [&](const std::string& k, const std::string& v, bool good) {
+    absl::StrAppend(&html, "<tr><th>", k, "</th><td class=\"", good ? "ok" : "bad", "\">", v, "</td></tr>");
+  };
+  row("Injected", f.injections.empty() ? "nothing" : HtmlEscape(absl::StrCat(f.injections.size(), " injection(s), first at step ", f.first_injection_step)), true);
+  row("Detected", f.incidents.empty() ? "nothing" : absl::StrCat("first at step ", f.first_detection_step, f.latency_steps >= 0 ? absl::StrCat(", ", f.latency_steps, " steps after the first injection") : ""), f.fault_rank < 0 ? f.incidents.empty() : f.detected);
+  row("Blamed correctly", f.fault_rank < 0 ? "n/a" : (f.attributed_correctly ? "yes" : "no"), f.fault_rank < 0 || f.attributed_correctly || !f.scenario.attributable);
+  row("False alarms", absl::StrCat(f.false_alarms), f.false_alarms == 0);
+  row("Skipped steps", f.skipped_steps.empty() ? "none" : absl::StrJoin(f.skipped_steps, ", "), true);
+  row("Checkpoints written", f.checkpoints_allowed.empty() ? "none" : absl::StrJoin(f.checkpoints_allowed, ", "), true);
+  row("Checkpoints vetoed", f.checkpoints_vetoed.empty() ? "none" : absl::StrJoin(f.checkpoints_vetoed, ", "), true);
+  row("Checkpoints with corrupted weights", f.bad_checkpoints.empty() ? "none" : absl::StrJoin(f.bad_checkpoints, ", "), f.bad_checkpoints.empty());
+  row("Replicas at the end", f.weights_identical ? "identical" : "differ", f.weights_identical);
+  absl::StrAppend(&html, "</table>");
+  absl::StrAppend(&html, "<h2>Incident timeline</h2>");
+  if (f.incidents.empty()) absl::StrAppend(&html, "<p>No incident.</p>");
+  else {
+    absl::StrAppend(&html, "<table><tr><th>#</th><th>step</th><th>check</th><th>outcome</th><th>ranks</th><th>nodes / GPUs</th><th>evidence</th></tr>");
+    for (const v1::Incident& i : f.incidents) {
+      std::vector<std::string> where;
+      for (int k = 0; k < i.ranks_size(); ++k) where.push_back(absl::StrCat(i.node_names(k), " / ", i.gpu_uuids(k)));
+      absl::StrAppend(&html, "<tr><td>", i.id(), "</td><td>", i.step(), "</td><td>", HtmlEscape(CheckName(i.check())),
+                      "</td><td>", HtmlEscape(i.outcome()), i.confirmed() ? " (attributed)" : "", "</td><td>",
+                      absl::StrJoin(i.ranks(), ", "), "</td><td>", HtmlEscape(absl::StrJoin(where, "; ")), "</td><td>",
+                      HtmlEscape(i.explanation()),
+                      i.differing_tensors_size() > 0 ? absl::StrCat("<br>differing: <code>", HtmlEscape(absl::StrJoin(i.differing_tensors(), ", ")), "</code>") : "",
+                      "</td></tr>");
+    }
+    absl::StrAppend(&html, "</table>");
+  }
+  absl::StrAppend(&html, "<h2>Injections</h2>");
+  if (f.injections.empty()) absl::StrAppend(&html, "<p>None.</p>");
+  else {
+    absl::StrAppend(&html, "<ul>");
+    for (const Injection& i : f.injections) absl::StrAppend(&html, "<li>", HtmlEscape(i.what), "</li>");
+    absl::StrAppend(&html, "</ul>");
+  }
+  absl::StrAppend(&html, "<h2>Replacement requests</h2>");
+  if (r.requests.empty()) absl::StrAppend(&html, "<p>None.</p>");
+  for (const v1::ReplacementRequest& q : r.requests) {
+    absl::StrAppend(&html, "<p><b>Request ", q.id(), "</b> for <code>", HtmlEscape(q.node_name()), "</code> (",
+                    HtmlEscape(q.action()), "), ", StateName(q.state()), ": ", HtmlEscape(q.reason()), "</p><table><tr><th>time</th><th>transition</th><th>who</th><th>why</th></tr>");
+    for (const v1::Transition& t : q.transitions()) {
+      absl::StrAppend(&html, "<tr><td>", absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(t.at_unix_ms()), absl::UTCTimeZone()),
+                      " UTC</td><td>", StateName(t.from()), " &rarr; ", StateName(t.to()), "</td><td>", HtmlEscape(t.actor()),
+                      "</td><td>", HtmlEscape(t.reason()), "</td></tr>");
+    }
+    absl::StrAppend(&html, "</table>");
+  }
+  absl::StrAppend(&html, "<p style=\"color:#777;margin-top:2em\">Generated by <code>./sdc demo</code>. The facts above come from sdcd's records (incidents, requests) and the trainers' per-step decisions.</p></body></html>\n");
+  return html;
+}
+
+}  // namespace sdc::demo

@@ -1,0 +1,66 @@
+#ifndef SDC_DEMO_REPORT_H_
+#define SDC_DEMO_REPORT_H_
+
+// What a demo run showed, computed from the launcher's result and the
+// coordinator's records (not from prose), and rendered as a terminal
+// summary and a self-contained HTML report.
+
+#include <string>
+#include <vector>
+
+#include "demo/launcher.h"
+#include "demo/scenarios.h"
+
+namespace sdc::demo {
+
+struct Injection {
+  int rank = -1;
+  int step = -1;
+  std::string what;
+  bool while_replaying = false;
+};
+
+struct RunFacts {
+  Scenario scenario;
+  std::string fault_spec;
+  int fault_rank = -1;
+  std::vector<Injection> injections;
+  int first_injection_step = -1;
+  // Incidents, as the coordinator recorded them.
+  std::vector<v1::Incident> incidents;
+  int first_detection_step = -1;
+  int latency_steps = -1;         // First detection minus first injection.
+  bool detected = false;          // Some check fired on an injected fault.
+  bool attributed_correctly = false;  // A confirmed incident names the faulty rank, and only it.
+  int false_alarms = 0;           // Confirmed blames of other ranks (any incident when clean).
+  std::vector<int> skipped_steps;
+  std::vector<int> checkpoints_allowed;
+  std::vector<int> checkpoints_vetoed;
+  // Checkpoints written while corrupted values were in the weights: after an
+  // applied step that carried an injected gradient fault, or between a
+  // weight corruption and its repair.
+  std::vector<int> bad_checkpoints;
+  bool weights_identical = false;  // All replicas ended with the same digest.
+  int audits = 0;
+  int weight_checks = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+};
+
+RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
+                 const ClusterConfig& config, int fault_rank);
+
+// The terminal summary: what was injected, what was detected, who was
+// blamed, checkpoints, the request and the exact sdcctl command.
+std::string SummaryText(const RunFacts& facts, const ClusterResult& result,
+                        const ClusterConfig& config, const std::string& sdcctl);
+
+// A self-contained HTML page (inline SVG and CSS, no scripts).
+std::string HtmlReport(const RunFacts& facts, const ClusterResult& result,
+                       const ClusterConfig& config);
+
+std::string HtmlEscape(const std::string& s);
+
+}  // namespace sdc::demo
+
+#endif  // SDC_DEMO_REPORT_H_

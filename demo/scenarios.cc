@@ -1,0 +1,41 @@
+#include "demo/scenarios.h"
+
+namespace sdc::demo {
+
+const std::vector<Scenario>& Scenarios() {
+  static const auto* const kScenarios = new std::vector<Scenario>{
+      {"clean", "no fault: every check passes, no alarm", "", 0, false, false, false, false},
+      {"nan-gradient", "one GPU writes NaN into its local gradients at one step",
+       "nan-gradient:{rank}:step={step}"},
+      {"activation-x10000",
+       "one activation multiplied by 10,000 on one GPU at one step (AWS's own test)",
+       "activation-scale:{rank}:step={step}:10000"},
+      {"mantissa-bitflip", "a one-bit mantissa error in one activation: a small finite error",
+       "mantissa-bitflip:{rank}:step={step}"},
+      {"weight-corruption", "one weight flipped on one GPU right after an optimizer step",
+       "weight:{rank}:step={step}"},
+      {"reduced-gradient", "one GPU receives different reduced gradients from the all-reduce",
+       "reduced-gradient:{rank}:step={step}"},
+      {"faulty-replayer", "a GPU that is wrong only when it replays a peer's micro-batch",
+       "replay:{rank}:from={step}", 0, false, true, true, true},
+      {"intermittent",
+       "one GPU corrupts finite values intermittently (20% of its steps): the hard case",
+       "mantissa-bitflip:{rank}:p=0.2", 0, false, true, true, true},
+      {"two-node",
+       "2 nodes: a finite fault is detected, but nobody can be named (needs 3 nodes)",
+       "activation-scale:{rank}:step={step}:10000", 2, false, true, false, false},
+      {"coordinator-restart",
+       "sdcd is killed (kill -9) and restarted mid-run; a fault after the restart is still caught",
+       "activation-scale:{rank}:step={step}:10000", 0, true},
+  };
+  return *kScenarios;
+}
+
+std::optional<Scenario> FindScenario(const std::string& name) {
+  for (const Scenario& s : Scenarios()) {
+    if (s.name == name) return s;
+  }
+  return std::nullopt;
+}
+
+}  // namespace sdc::demo

@@ -1,0 +1,32 @@
+#ifndef SDC_DEMO_SCENARIOS_H_
+#define SDC_DEMO_SCENARIOS_H_
+
+// The demo's fault scenarios (./sdc demo --scenario NAME).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sdc::demo {
+
+struct Scenario {
+  std::string name;
+  std::string description;  // One line for `--scenario list` and the summary.
+  // The injected fault as an SDC_INJECT_FAULT spec; "{rank}", "{step}" are
+  // filled in by the launcher. Empty: nothing injected.
+  std::string fault;
+  int nodes = 0;               // Override of --nodes (0: keep).
+  bool restart_coordinator = false;  // kill -9 sdcd mid-run and restart it.
+  // What the design can do about it.
+  bool detectable = true;      // A check should fire.
+  bool attributable = true;    // With >= 3 nodes, the faulty rank can be named.
+  bool persistent = false;     // The GPU stays faulty (tie-breaks, targeted audits).
+};
+
+const std::vector<Scenario>& Scenarios();
+std::optional<Scenario> FindScenario(const std::string& name);
+inline constexpr char kDefaultScenario[] = "intermittent";
+
+}  // namespace sdc::demo
+
+#endif  // SDC_DEMO_SCENARIOS_H_

@@ -1,0 +1,171 @@
+// The whole system under real multi-process training: sdcd plus 6 trainer
+// processes (3 nodes x 2 GPUs, CPU, Gloo), launched by the demo's launcher
+// in a fast configuration. Every fault kind the client can inject: the right
+// check fires on the right step, the right rank and node are blamed, the
+// step is skipped on every rank, replicas end identical, checkpoints are
+// vetoed, and a replacement request is opened. Facts come from sdcd's admin
+// API and the trainers' per-step records, never from prose.
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "demo/launcher.h"
+#include "demo/process.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::demo {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ClusterConfig Fast(const std::string& name, const std::string& fault) {
+  ClusterConfig c;
+  c.run_dir = TestDir(name);
+  c.steps = 24;
+  c.audit_every = 5;
+  c.weight_check_every = 5;
+  c.checkpoint_every = 10;
+  c.fault = fault;
+  c.job_id = name;
+  c.timeout = absl::Minutes(8);
+  return c;
+}
+
+// Every rank took the same decision at every step; returns rank 0's records.
+std::map<int, StepRecord> SameDecisions(const ClusterResult& r) {
+  std::map<int, StepRecord> steps;
+  for (const StepRecord& s : r.ranks[0]) steps[s.step] = s;
+  for (size_t rank = 1; rank < r.ranks.size(); ++rank) {
+    EXPECT_EQ(r.ranks[rank].size(), r.ranks[0].size()) << "rank " << rank;
+    for (const StepRecord& s : r.ranks[rank]) {
+      EXPECT_EQ(s.apply, steps[s.step].apply) << "rank " << rank << " step " << s.step;
+      EXPECT_EQ(s.checkpoint, steps[s.step].checkpoint) << "rank " << rank << " step " << s.step;
+    }
+  }
+  return steps;
+}
+
+void ExpectIdenticalReplicas(const ClusterResult& r) {
+  ASSERT_FALSE(r.weight_digests.empty());
+  for (const std::string& d : r.weight_digests) {
+    EXPECT_FALSE(d.empty());
+    EXPECT_EQ(d, r.weight_digests[0]);
+  }
+}
+
+// The one confirmed incident that names `rank`; fails if others blame anyone else.
+const v1::Incident* Blames(const ClusterResult& r, uint32_t rank) {
+  const v1::Incident* found = nullptr;
+  for (const v1::Incident& i : r.incidents) {
+    if (!i.confirmed()) continue;
+    EXPECT_THAT(i.ranks(), ElementsAre(rank)) << i.explanation();
+    if (found == nullptr) found = &i;
+  }
+  return found;
+}
+
+TEST(ClusterTest, CleanRunRaisesNoAlarm) {
+  ClusterConfig c = Fast("clean", "");
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  EXPECT_TRUE(r->incidents.empty()) << r->incidents.size() << " incidents";
+  EXPECT_TRUE(r->requests.empty());
+  EXPECT_TRUE(r->suspects.empty());
+  for (const auto& [step, s] : steps) {
+    EXPECT_TRUE(s.apply) << step;
+    if (s.audited) EXPECT_EQ(s.outcome, "pass") << step;
+    if (step % 10 == 0) EXPECT_EQ(s.checkpoint, "allowed") << step;
+  }
+  EXPECT_LT(steps.rbegin()->second.loss, steps.begin()->second.loss) << "the loss falls";
+  ExpectIdenticalReplicas(*r);
+}
+
+TEST(ClusterTest, ActivationTimesTenThousandIsAttributedAndSkipped) {
+  absl::StatusOr<ClusterResult> r = RunCluster(Fast("activation", "activation-scale:3:step=15:10000"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  const v1::Incident* i = Blames(*r, 3);
+  ASSERT_NE(i, nullptr);
+  EXPECT_EQ(i->check(), v1::CHECK_REPLAY);
+  EXPECT_EQ(i->step(), 15u);
+  EXPECT_THAT(i->node_names(), ElementsAre("node-b"));
+  EXPECT_FALSE(steps.at(15).apply);
+  EXPECT_EQ(steps.at(15).reason, "replay audit mismatch");
+  EXPECT_EQ(steps.at(10).checkpoint, "allowed");
+  EXPECT_EQ(steps.at(20).checkpoint, "vetoed") << "the faulty GPU is still in the job";
+  ASSERT_EQ(r->requests.size(), 1u);
+  EXPECT_EQ(r->requests[0].node_name(), "node-b");
+  EXPECT_EQ(r->requests[0].state(), v1::PENDING);
+  ExpectIdenticalReplicas(*r);
+}
+
+TEST(ClusterTest, NanGradientIsConfirmedByAReplay) {
+  absl::StatusOr<ClusterResult> r = RunCluster(Fast("nan", "nan-gradient:1:step=12"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  const v1::Incident* i = Blames(*r, 1);
+  ASSERT_NE(i, nullptr);
+  EXPECT_EQ(i->check(), v1::CHECK_NONFINITE);
+  EXPECT_EQ(i->step(), 12u);
+  EXPECT_THAT(i->node_names(), ElementsAre("node-a"));
+  EXPECT_THAT(i->explanation(), HasSubstr("finite gradients"));
+  EXPECT_FALSE(steps.at(12).apply);
+  EXPECT_EQ(steps.at(12).reason, "NaN/Inf in the local gradients of rank 1");
+  ASSERT_EQ(r->requests.size(), 1u);
+  ExpectIdenticalReplicas(*r);
+}
+
+TEST(ClusterTest, WeightCorruptionIsVotedOutAndRepaired) {
+  absl::StatusOr<ClusterResult> r = RunCluster(Fast("weight", "weight:4:step=12"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  const v1::Incident* i = Blames(*r, 4);
+  ASSERT_NE(i, nullptr);
+  EXPECT_EQ(i->check(), v1::CHECK_WEIGHTS);
+  EXPECT_EQ(i->step(), 15u) << "the next weight check after the corruption";
+  EXPECT_THAT(i->node_names(), ElementsAre("node-c"));
+  ASSERT_GE(i->differing_tensors_size(), 1);
+  bool repaired = false;
+  for (const auto& [step, s] : steps) repaired = repaired || (s.repaired && step > 15);
+  EXPECT_TRUE(repaired) << "weights restored from the majority";
+  EXPECT_EQ(steps.at(10).checkpoint, "allowed");
+  EXPECT_EQ(steps.at(20).checkpoint, "vetoed");
+  ExpectIdenticalReplicas(*r);
+}
+
+TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
+  absl::StatusOr<ClusterResult> r = RunCluster(Fast("reduced", "reduced-gradient:2:step=13"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  const v1::Incident* i = Blames(*r, 2);
+  ASSERT_NE(i, nullptr);
+  EXPECT_EQ(i->check(), v1::CHECK_REDUCED_GRADIENTS);
+  EXPECT_EQ(i->step(), 13u);
+  EXPECT_FALSE(steps.at(13).apply);
+  EXPECT_EQ(steps.at(13).reason, "ranks received different reduced gradients");
+  ExpectIdenticalReplicas(*r);
+}
+
+TEST(ClusterTest, FaultyReplayerIsSettledByATieBreak) {
+  absl::StatusOr<ClusterResult> r = RunCluster(Fast("replayer", "replay:5:from=10"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  const v1::Incident* i = Blames(*r, 5);
+  ASSERT_NE(i, nullptr);
+  EXPECT_EQ(i->check(), v1::CHECK_REPLAY);
+  EXPECT_EQ(i->step(), 10u);
+  EXPECT_THAT(i->explanation(), HasSubstr("replay was wrong"));
+  EXPECT_FALSE(steps.at(10).apply);
+  EXPECT_EQ(steps.at(5).checkpoint, "none") << "no checkpoint asked at step 5";
+  ASSERT_GE(r->requests.size(), 1u);
+  EXPECT_EQ(r->requests[0].node_name(), "node-c");
+  ExpectIdenticalReplicas(*r);
+}
+
+}  // namespace
+}  // namespace sdc::demo

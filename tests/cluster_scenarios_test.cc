@@ -1,0 +1,129 @@
+// More of the system under real multi-process training (see
+// cluster_e2e_test.cc): two nodes, a coordinator killed mid-run, gradient
+// accumulation, dropout and BatchNorm replayed bit for bit over a few hundred
+// steps, and a small finite error.
+
+#include <sqlite3.h>
+
+#include <string>
+#include <vector>
+
+#include "demo/launcher.h"
+#include "demo/process.h"
+#include "demo/report.h"
+#include "demo/scenarios.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::demo {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ClusterConfig Fast(const std::string& name, const std::string& fault) {
+  ClusterConfig c;
+  c.run_dir = TestDir(name);
+  c.steps = 24;
+  c.audit_every = 5;
+  c.weight_check_every = 5;
+  c.checkpoint_every = 10;
+  c.fault = fault;
+  c.job_id = name;
+  c.timeout = absl::Minutes(8);
+  return c;
+}
+
+int64_t SqlCount(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) return -1;
+  sqlite3_stmt* s = nullptr;
+  int64_t n = -1;
+  if (sqlite3_prepare_v2(h, sql.c_str(), -1, &s, nullptr) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW) {
+    n = sqlite3_column_int64(s, 0);
+  }
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  return n;
+}
+
+TEST(ClusterScenarioTest, TwoNodesDetectButCannotAttribute) {
+  ClusterConfig c = Fast("two-node", "activation-scale:3:step=15:10000");
+  c.nodes = 2;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->incidents.empty());
+  for (const v1::Incident& i : r->incidents) {
+    EXPECT_FALSE(i.confirmed()) << "nobody is blamed with two nodes: " << i.explanation();
+  }
+  EXPECT_EQ(r->incidents[0].outcome(), "attribution_impossible");
+  EXPECT_THAT(r->incidents[0].explanation(), HasSubstr("attribution needs 3"));
+  EXPECT_TRUE(r->requests.empty());
+  const RunFacts f = Analyze(*r, *FindScenario("two-node"), c, 3);
+  EXPECT_THAT(f.skipped_steps, ElementsAre(15));
+  EXPECT_TRUE(f.weights_identical);
+}
+
+TEST(ClusterScenarioTest, CoordinatorKilledMidRunLosesNoReport) {
+  ClusterConfig c = Fast("restart", "activation-scale:3:step=20:10000");
+  c.restart_coordinator_at = 8;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->coordinator_restarts, 1);
+  // Every rank's every step reached the restarted coordinator's database.
+  EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM ranks WHERE last_step = 24"), 6);
+  EXPECT_EQ(SqlCount(r->db,
+                     "SELECT COUNT(*) FROM step_verdicts WHERE check_kind = 'nonfinite' AND "
+                     "complete = 1 AND failed = 0"),
+            24) << "a complete check-1 verdict for every step, across the crash";
+  EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM pending_reports"), 0);
+  // The fault after the restart is still caught and attributed.
+  ASSERT_EQ(r->incidents.size(), 1u);
+  EXPECT_TRUE(r->incidents[0].confirmed());
+  EXPECT_THAT(r->incidents[0].ranks(), ElementsAre(3));
+  EXPECT_EQ(r->incidents[0].step(), 20u);
+  const RunFacts f = Analyze(*r, *FindScenario("coordinator-restart"), c, 3);
+  EXPECT_TRUE(f.weights_identical);
+  EXPECT_TRUE(f.bad_checkpoints.empty());
+}
+
+TEST(ClusterScenarioTest, DropoutAndBatchNormReplayBitExactlyForHundredsOfSteps) {
+  ClusterConfig c = Fast("bn-soak", "");
+  c.model = "bn-mlp";
+  c.steps = 300;
+  c.audit_every = 1;
+  c.weight_check_every = 1;
+  c.checkpoint_every = 100;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->incidents.empty());
+  EXPECT_TRUE(r->suspects.empty());
+  int audits = 0;
+  for (const StepRecord& s : r->ranks[0]) {
+    ASSERT_TRUE(s.apply) << "step " << s.step << ": " << s.reason;
+    ASSERT_EQ(s.outcome, "pass") << "step " << s.step;
+    ++audits;
+  }
+  EXPECT_EQ(audits, 300);
+  EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM step_verdicts WHERE check_kind = 'weights' AND failed = 0"), 300);
+  EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM step_verdicts WHERE check_kind = 'replay' AND failed = 0"), 300);
+}
+
+TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
+  ClusterConfig c = Fast("accumulation", "mantissa-bitflip:3:step=15");
+  c.micro_batches = 2;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // A one-bit error in the first micro-batch's activations, caught by the
+  // audit before the second micro-batch is added.
+  ASSERT_FALSE(r->incidents.empty());
+  EXPECT_TRUE(r->incidents[0].confirmed());
+  EXPECT_THAT(r->incidents[0].ranks(), ElementsAre(3));
+  EXPECT_EQ(r->incidents[0].step(), 15u);
+  for (const StepRecord& s : r->ranks[0]) {
+    if (s.audited && s.step != 15) EXPECT_EQ(s.outcome, "pass") << "step " << s.step;
+  }
+}
+
+}  // namespace
+}  // namespace sdc::demo

@@ -1,0 +1,78 @@
+// The demo binary as a newcomer runs it (in a fast configuration): exit
+// status, the run folder, the HTML report, the printed sdcctl command, and
+// one-line failures for bad flags.
+
+#include <sys/stat.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "demo/process.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::demo {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+RunResult Demo(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {BinaryPath("demo/sdc-demo")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Run(argv, {}, absl::Minutes(5));
+}
+
+TEST(DemoCliTest, BadFlagsFailAtOnceWithOneLine) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--scenario", "nope"}, "unknown scenario 'nope'"},
+           {{"--nodes", "0"}, "--nodes must be an integer >= 1, got '0'"},
+           {{"--run-dir", "/proc/sdc-demo-cannot-write"}, "--run-dir: cannot create"},
+           {{"--steps"}, "--steps needs a value"},
+           {{"--bogus"}, "unknown flag '--bogus'"},
+       }) {
+    const RunResult r = Demo(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args[0];
+    EXPECT_THAT(r.output, HasSubstr(c.message));
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+}
+
+TEST(DemoCliTest, ListsEveryScenario) {
+  const RunResult r = Demo({"--scenario", "list"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* s : {"clean", "nan-gradient", "activation-x10000", "mantissa-bitflip",
+                        "weight-corruption", "reduced-gradient", "faulty-replayer",
+                        "intermittent", "two-node", "coordinator-restart"}) {
+    EXPECT_THAT(r.output, HasSubstr(s));
+  }
+}
+
+TEST(DemoCliTest, FaultyReplayerRunWritesAReportAndTheApproveCommand) {
+  const std::string dir = TestDir("demo-run");
+  const RunResult r = Demo({"--scenario", "faulty-replayer", "--steps", "16", "--fault-step", "10",
+                            "--checkpoint-every", "8", "--run-dir", dir, "--quiet",
+                            "--no-keep-coordinator"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("replay:3:from=10"));
+  EXPECT_THAT(r.output, HasSubstr("blamed: rank 3 on node node-b"));
+  EXPECT_THAT(r.output, HasSubstr("Steps skipped on every rank: 10"));
+  EXPECT_THAT(r.output, HasSubstr("Checkpoints written: 8; vetoed: 16"));
+  EXPECT_THAT(r.output, HasSubstr("Replicas at the end: identical weights on every rank"));
+  EXPECT_THAT(r.output, HasSubstr("Replacement request 1 for node-b is Pending"));
+  const std::string html = ReadFile(dir + "/report.html");
+  EXPECT_THAT(html, HasSubstr("<svg"));
+  EXPECT_THAT(html, HasSubstr("incident 1 at step 10"));
+  EXPECT_THAT(html, Not(HasSubstr("<script")));
+  struct stat st;
+  EXPECT_EQ(stat((dir + "/sdcd.db").c_str(), &st), 0);
+  EXPECT_EQ(stat((dir + "/step-8.pt").c_str(), &st), 0) << "the allowed checkpoint was written";
+  EXPECT_NE(stat((dir + "/step-16.pt").c_str(), &st), 0) << "the vetoed one was not";
+}
+
+}  // namespace
+}  // namespace sdc::demo

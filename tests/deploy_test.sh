@@ -1,0 +1,958 @@
+#!/usr/bin/env bash
+# tests/deploy_test.sh: checks sdc-guard's deployment files (deploy/) offline.
+#
+#   bazel test //tests:deploy_test
+#   bash tests/deploy_test.sh            (from anywhere in a checkout)
+#
+# What it checks, and prints as it goes:
+#  - every kustomization (deploy/eks/base and each overlay) renders with
+#    `kubectl kustomize`; on the rendered objects: images, namespace, the
+#    coordinator Deployment (1 replica, Recreate, named ports 7400/9464, gRPC
+#    probes on 7400, PVC at /var/lib/sdc, flags sdcd really has, actuator,
+#    approval, security context, resources), PVC, Service, ServiceMonitor,
+#    RBAC (nodes get/list/watch/patch only, bound to sdcd only), the agent
+#    DaemonSet (tolerations, NODE_NAME, NVML env, no privilege, no RBAC);
+#  - deploy/prometheus/alerts.yml: promtool check + unit tests, the alert
+#    contract (names, expressions, for, severity, operator commands), the
+#    metrics exist in sdcd's source, and the PrometheusRule carries the same
+#    groups;
+#  - the PyTorchJob sidecar example;
+#  - the systemd units: required settings, sdcd flags, systemd-analyze verify;
+#  - the Slurm installer (role detection with python3 and jq, files
+#    installed) and trainer-env.sh;
+#  - shellcheck on every .sh under deploy/ and on this file;
+#  - that the checks can fail: mutated manifests must be rejected.
+# Any failure: a FAIL line naming it, and exit status 1.
+set -euo pipefail
+
+PY=/usr/bin/python3
+failures=0
+
+section() { printf '\n== %s\n' "$*"; }
+ok() { printf '  ok   %s\n' "$*"; }
+skip() { printf '  SKIP %s\n' "$*"; }
+bad() {
+  printf '  FAIL %s\n' "$*"
+  failures=$((failures + 1))
+}
+
+# The checkout: Bazel's runfiles tree, or the directory above this file.
+if [[ -n "${TEST_SRCDIR:-}" ]]; then
+  src="${TEST_SRCDIR}/${TEST_WORKSPACE:-sdc_guard}"
+else
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+fi
+self="${BASH_SOURCE[0]}"
+[[ -d "$src/deploy" ]] || {
+  echo "FAIL: no deploy/ directory under $src" >&2
+  exit 1
+}
+
+work="$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/deploy_test.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+# A real copy (runfiles are symlinks, which kustomize's load restrictor and
+# the mutation checks below must not follow back into the source tree).
+cp -RL "$src/deploy" "$work/deploy"
+deploy="$work/deploy"
+export HOME="$work/home"
+mkdir -p "$HOME"
+export KUBECONFIG="$work/no-kubeconfig"
+
+# Sources the checks compare the manifests with: sdcd's flags and metrics,
+# the trainer's environment variables.
+sdcd_main="$src/daemon/sdcd_main.cc"
+service_cc="$src/daemon/service.cc"
+options_h="$src/client/options.h"
+
+section "tools"
+for tool in kubectl promtool shellcheck "$PY"; do
+  if command -v "$tool" >/dev/null; then
+    ok "$tool: $(command -v "$tool")"
+  else
+    bad "$tool is not installed (./sdc setup installs kubectl, prometheus, shellcheck, python3-yaml)"
+  fi
+done
+if "$PY" -c 'import yaml' 2>/dev/null; then ok "python3 yaml module"; else bad "python3-yaml is not installed"; fi
+for f in "$sdcd_main" "$service_cc" "$options_h"; do
+  if [[ -r "$f" ]]; then ok "reference source ${f#"$src"/}"; else bad "cannot read $f"; fi
+done
+if ((failures > 0)); then
+  echo "FAIL: $failures prerequisite(s) missing" >&2
+  exit 1
+fi
+
+# ---------------------------------------------------------------------------
+# The checker: python3 + yaml over rendered manifests, units and the example.
+cat >"$work/check.py" <<'PY'
+import copy
+import re
+import sys
+
+import yaml
+
+NS = "sdc-system"
+SDCD_IMAGE = "sdc-guard/sdcd"
+AGENT_IMAGE = "sdc-guard/sdc-agent"
+DEFAULT_TAG = "0.1.0"
+AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key"}
+RBAC_VERBS = {"get", "list", "watch", "patch"}
+HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
+HEALTH_TAINTS = [
+    {"key": HEALTH_KEY, "value": "UnschedulablePendingReplacement", "effect": "NoSchedule"},
+    {"key": HEALTH_KEY, "value": "UnschedulablePendingReboot", "effect": "NoSchedule"},
+    {"key": HEALTH_KEY, "value": "Unschedulable", "effect": "NoExecute"},
+]
+ALERTS = {  # name: (expr, for)
+    "SdcReplacementRequestPending": ('sdc_replacement_requests{state="Pending"} > 0', "5m"),
+    "SdcIncidentAttributed": ('increase(sdc_incidents_total{attributed="true"}[15m]) > 0', None),
+    "SdcSystemicMismatch": ('increase(sdc_checks_total{check="replay",result="systemic"}[30m]) > 0', None),
+    "SdcCoordinatorDown": ('up{job=~".*sdcd.*"} == 0', "2m"),
+    "SdcRejectedInputs": ("rate(sdc_rejected_inputs_total[10m]) > 1", None),
+    "SdcStoreBacklog": ("sdc_store_queue_depth > 10000", "5m"),
+    "SdcStepsSkipped": ("increase(sdc_steps_skipped_total[30m]) > 0", None),
+}
+NAMESPACED_EXEMPT = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                     "PersistentVolume", "StorageClass", "PriorityClass"}
+
+
+class Report:
+    def __init__(self, label, quiet=False):
+        self.label, self.quiet, self.errors = label, quiet, []
+
+    def expect(self, cond, what, detail=""):
+        if cond:
+            if not self.quiet:
+                print(f"  ok   [{self.label}] {what}")
+        else:
+            self.errors.append(f"[{self.label}] {what}" + (f": {detail}" if detail else ""))
+        return bool(cond)
+
+    def finish(self):
+        for e in self.errors:
+            print(f"  FAIL {e}")
+        return 1 if self.errors else 0
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def sdcd_flags(path):
+    """{flag name: type} from sdcd_main.cc's ABSL_FLAG definitions."""
+    return {n: t.strip() for t, n in re.findall(r"ABSL_FLAG\(\s*([^,]+?)\s*,\s*(\w+)\s*,", read(path))}
+
+
+def trainer_vars(path):
+    return set(re.findall(r"\b(SDC_[A-Z0-9_]+|LOCAL_RANK)\b", read(path)))
+
+
+def parse_flags(args):
+    """[(name, value or None, raw)] for --name=value / --name arguments."""
+    out = []
+    for a in args:
+        m = re.fullmatch(r"--?([A-Za-z0-9_]+)(?:=(.*))?", a, re.S)
+        out.append((m.group(1), m.group(2), a) if m else (None, None, a))
+    return out
+
+
+def check_flag_list(r, what, args, known):
+    """Every argument is --flag=value (bare only for bools) for a flag the binary defines."""
+    parsed, problems = parse_flags(args), []
+    for name, value, raw in parsed:
+        if name is None:
+            problems.append(f"'{raw}' is not a --flag")
+        elif name not in known:
+            problems.append(f"unknown flag in '{raw}' (known: {', '.join(sorted(known))})")
+        elif isinstance(known, dict) and known[name] != "bool" and value is None:
+            problems.append(f"'{raw}': write --{name}=VALUE")
+    r.expect(not problems, f"{what}: {len(parsed)} flags, each one the binary defines, as --flag=value",
+             "; ".join(problems))
+    return parsed
+
+
+def flag_values(parsed, name):
+    return [v for n, v, _ in parsed if n == name]
+
+
+def host_port(addr):
+    host, _, port = (addr or "").rpartition(":")
+    return host, port
+
+
+def approval_auto(text):
+    return re.search(r"approval[\"']?\s*[=:,]?\s*[\"']?auto\b", text) is not None
+
+
+def walk_strings(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from walk_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from walk_strings(v)
+    elif isinstance(obj, str):
+        yield obj
+
+
+def pod_specs(doc):
+    kind, spec = doc.get("kind"), doc.get("spec") or {}
+    if kind in ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"):
+        yield kind + "/" + doc["metadata"]["name"], spec.get("template", {}).get("spec", {})
+    elif kind == "CronJob":
+        yield "CronJob/" + doc["metadata"]["name"], spec["jobTemplate"]["spec"]["template"]["spec"]
+    elif kind == "Pod":
+        yield "Pod/" + doc["metadata"]["name"], spec
+    elif kind == "PyTorchJob":
+        for rtype, rspec in (spec.get("pytorchReplicaSpecs") or {}).items():
+            yield f"PyTorchJob/{doc['metadata']['name']}/{rtype}", rspec["template"]["spec"]
+
+
+def all_containers(pod):
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        for c in pod.get(field) or []:
+            yield field, c
+
+
+def tolerates(tol, taint):
+    if tol.get("effect") and tol["effect"] != taint["effect"]:
+        return False
+    op, key = tol.get("operator", "Equal"), tol.get("key", "")
+    if not key:
+        return op == "Exists"
+    if key != taint["key"]:
+        return False
+    return op == "Exists" or tol.get("value", "") == taint.get("value", "")
+
+
+def selector_matches(sel, labels):
+    if not sel or not (sel.get("matchLabels") or sel.get("matchExpressions")):
+        return False
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if (op == "In" and labels.get(k) not in vals) or (op == "NotIn" and labels.get(k) in vals) \
+                or (op == "Exists" and k not in labels) or (op == "DoesNotExist" and k in labels):
+            return False
+    return True
+
+
+def resolve_port(container, port):
+    for p in container.get("ports") or []:
+        if port in (p.get("name"), p.get("containerPort")):
+            return p.get("containerPort")
+    return None
+
+
+def expected_images(kustomization):
+    """Image of each sdc-guard component after the kustomization's images: field."""
+    want = {SDCD_IMAGE: f"{SDCD_IMAGE}:{DEFAULT_TAG}", AGENT_IMAGE: f"{AGENT_IMAGE}:{DEFAULT_TAG}"}
+    for img in (load(kustomization)[0].get("images") or []):
+        if img.get("name") in want:
+            name = img.get("newName", img["name"])
+            if img.get("digest"):
+                want[img["name"]] = f"{name}@{img['digest']}"
+            else:
+                want[img["name"]] = f"{name}:{img.get('newTag', DEFAULT_TAG)}"
+    return want
+
+
+# --- Rendered kustomizations --------------------------------------------------
+
+def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
+    by = {}
+    for d in docs:
+        by.setdefault(d.get("kind"), {})[d["metadata"]["name"]] = d
+    get = lambda kind, name: by.get(kind, {}).get(name)
+
+    required = [("Namespace", NS), ("ServiceAccount", "sdcd"), ("ServiceAccount", "sdc-agent"),
+                ("ClusterRole", "sdc-guard-coordinator"), ("ClusterRoleBinding", "sdc-guard-coordinator"),
+                ("PersistentVolumeClaim", "sdcd-state"), ("Deployment", "sdcd"), ("Service", "sdcd"),
+                ("ServiceMonitor", "sdcd"), ("PrometheusRule", "sdc-guard"), ("DaemonSet", "sdc-agent")]
+    missing = [f"{k}/{n}" for k, n in required if get(k, n) is None]
+    r.expect(not missing, f"all {len(required)} objects present", "missing " + ", ".join(missing))
+    if missing:
+        return
+    wrong_ns = [f"{d['kind']}/{d['metadata']['name']}={d['metadata'].get('namespace')}" for d in docs
+                if d["kind"] not in NAMESPACED_EXEMPT and d["metadata"].get("namespace") != NS]
+    r.expect(not wrong_ns, f"every namespaced object is in {NS}", ", ".join(wrong_ns))
+    autos = [s for d in docs for s in walk_strings(d) if approval_auto(s)]
+    r.expect(not autos, "no --approval=auto anywhere", "; ".join(autos))
+
+    # Images: the two sdc-guard images (after the overlay's images: override),
+    # an override keeping each component's image name.
+    want = expected_images(kustomization)
+    for component, image in want.items():
+        repo = re.split(r"[:@]", image.rsplit("/", 1)[-1])[0]
+        r.expect(repo == component.rsplit("/", 1)[-1], f"{component} resolves to a {repo} image", image)
+    for _, pod in (p for d in docs for p in pod_specs(d)):
+        for field, c in all_containers(pod):
+            r.expect(c.get("image") in want.values(), f"container {c['name']} image {c.get('image')} is an sdc-guard image",
+                     "allowed: " + ", ".join(want.values()))
+
+    # Coordinator Deployment.
+    dep = get("Deployment", "sdcd")
+    spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
+    r.expect(spec.get("replicas") == 1, "sdcd replicas: 1", f"got {spec.get('replicas')}")
+    r.expect((spec.get("strategy") or {}).get("type") == "Recreate", "sdcd strategy: Recreate",
+             f"got {spec.get('strategy')}")
+    cs = [c for c in pod.get("containers") or [] if c.get("name") == "sdcd"]
+    if not r.expect(len(cs) == 1, "sdcd container present"):
+        return
+    c = cs[0]
+    r.expect(c.get("image") == want[SDCD_IMAGE], f"sdcd image is {want[SDCD_IMAGE]}", c.get("image"))
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    r.expect(ports.get("grpc") == 7400, "sdcd port grpc: 7400", str(ports))
+    r.expect(ports.get("metrics") == 9464, "sdcd port metrics: 9464", str(ports))
+    for probe in ("livenessProbe", "readinessProbe"):
+        g = (c.get(probe) or {}).get("grpc") or {}
+        r.expect(resolve_port(c, g.get("port")) == 7400 and not g.get("service"),
+                 f"sdcd {probe}: grpc on 7400", str(c.get(probe)))
+    if c.get("startupProbe"):
+        g = c["startupProbe"].get("grpc") or {}
+        r.expect(resolve_port(c, g.get("port")) == 7400, "sdcd startupProbe: grpc on 7400", str(c["startupProbe"]))
+    vols = {v["name"]: v for v in pod.get("volumes") or []}
+    mounts = {m["mountPath"]: m for m in c.get("volumeMounts") or []}
+    state = mounts.get("/var/lib/sdc")
+    claim = ((vols.get(state["name"]) if state else None) or {}).get("persistentVolumeClaim", {}).get("claimName")
+    r.expect(claim == "sdcd-state" and not state.get("readOnly"),
+             "PVC sdcd-state mounted read-write at /var/lib/sdc", f"mount {state}, claim {claim}")
+    if c.get("command"):
+        r.expect(c["command"][-1].endswith("sdcd"), "sdcd command runs sdcd", str(c["command"]))
+    parsed = check_flag_list(r, "sdcd args", c.get("args") or [], known)
+    listen = flag_values(parsed, "listen")
+    r.expect(listen == ["0.0.0.0:7400"], "--listen=0.0.0.0:7400", str(listen))
+    ml = flag_values(parsed, "metrics_listen")
+    r.expect(len(ml) == 1 and host_port(ml[0]) == ("0.0.0.0", "9464"), "--metrics_listen on 0.0.0.0:9464", str(ml))
+    al = flag_values(parsed, "admin_listen")
+    r.expect(len(al) <= 1 and all(a.startswith("unix:") or host_port(a)[0] in ("127.0.0.1", "localhost", "[::1]")
+                                  for a in al), "--admin_listen is loopback or a unix socket", str(al))
+    db = flag_values(parsed, "db")
+    r.expect(len(db) == 1 and db[0].startswith("/var/lib/sdc/"), "--db on the PVC (/var/lib/sdc/)", str(db))
+    tok = flag_values(parsed, "admin_token_file")
+    r.expect(len(tok) == 1 and (tok[0].startswith("/var/lib/sdc/") or any(
+        tok[0].startswith(p.rstrip("/") + "/") for p in mounts if p != "/var/lib/sdc")),
+        "--admin_token_file on a mounted volume", str(tok))
+    act = flag_values(parsed, "actuator")
+    r.expect(act == [actuator], f"--actuator={actuator}, once", str(act))
+    appr = flag_values(parsed, "approval")
+    r.expect(appr in ([], ["require"]), "--approval unset or require", str(appr))
+    psc, csc = pod.get("securityContext") or {}, c.get("securityContext") or {}
+    r.expect(csc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, "sdcd runs as non-root")
+    r.expect(csc.get("readOnlyRootFilesystem") is True, "sdcd read-only root filesystem")
+    r.expect(csc.get("allowPrivilegeEscalation") is False and not csc.get("privileged"),
+             "sdcd: no privilege escalation, not privileged")
+    r.expect("ALL" in ((csc.get("capabilities") or {}).get("drop") or []), "sdcd drops all capabilities")
+    res = c.get("resources") or {}
+    r.expect(all(k in (res.get(s) or {}) for s in ("requests", "limits") for k in ("cpu", "memory")),
+             "sdcd resources: cpu/memory requests and limits", str(res))
+    r.expect(pod.get("serviceAccountName") == "sdcd", "sdcd uses ServiceAccount sdcd")
+    env = {e["name"]: e.get("value") for e in c.get("env") or []}
+    for name in ("HOME", "SQLITE_TMPDIR", "TMPDIR"):
+        if env.get(name):
+            r.expect(any(env[name] == p or env[name].startswith(p + "/") for p in mounts),
+                     f"sdcd ${name} ({env[name]}) is on a writable volume", str(sorted(mounts)))
+
+    # PersistentVolumeClaim.
+    pvc = get("PersistentVolumeClaim", "sdcd-state")["spec"]
+    r.expect(pvc.get("resources", {}).get("requests", {}).get("storage") == "10Gi", "PVC requests 10Gi")
+    r.expect("ReadWriteOnce" in (pvc.get("accessModes") or []), "PVC ReadWriteOnce")
+    if base:
+        r.expect("storageClassName" not in pvc, "base PVC has no storageClassName")
+
+    # Service.
+    svc = get("Service", "sdcd")
+    sp = svc["spec"]
+    r.expect(sp.get("type", "ClusterIP") == "ClusterIP", "Service sdcd is ClusterIP")
+    sports = {p.get("name"): p for p in sp.get("ports") or []}
+    for name, port in (("grpc", 7400), ("metrics", 9464)):
+        p = sports.get(name) or {}
+        r.expect(p.get("port") == port and resolve_port(c, p.get("targetPort", port)) == port,
+                 f"Service port {name}: {port} -> container {port}", str(p))
+    pod_labels = dep["spec"]["template"]["metadata"].get("labels") or {}
+    sel = sp.get("selector") or {}
+    r.expect(sel and all(pod_labels.get(k) == v for k, v in sel.items()), "Service selects the sdcd pods",
+             f"{sel} vs {pod_labels}")
+    agent_labels = get("DaemonSet", "sdc-agent")["spec"]["template"]["metadata"].get("labels") or {}
+    r.expect(not all(agent_labels.get(k) == v for k, v in sel.items()), "Service does not select agent pods")
+
+    # ServiceMonitor.
+    sm = get("ServiceMonitor", "sdcd")
+    r.expect(sm.get("apiVersion") == "monitoring.coreos.com/v1", "ServiceMonitor is monitoring.coreos.com/v1")
+    smspec = sm["spec"]
+    r.expect(selector_matches(smspec.get("selector"), svc["metadata"].get("labels") or {}),
+             "ServiceMonitor selects the Service's labels", f"{smspec.get('selector')} vs {svc['metadata'].get('labels')}")
+    nsel = smspec.get("namespaceSelector")
+    r.expect(nsel is None or nsel.get("any") or svc["metadata"].get("namespace") in (nsel.get("matchNames") or []),
+             "ServiceMonitor looks in the Service's namespace", str(nsel))
+    eps = smspec.get("endpoints") or []
+    r.expect(any(e.get("port") == "metrics" for e in eps) and "metrics" in sports,
+             "ServiceMonitor scrapes Service port 'metrics'", str(eps))
+    r.expect(all(e.get("interval") == "30s" for e in eps) and eps, "ServiceMonitor interval 30s")
+    r.expect(all(e.get("path", "/metrics") == "/metrics" for e in eps), "ServiceMonitor path /metrics")
+    job = (svc["metadata"].get("labels") or {}).get(smspec["jobLabel"]) if smspec.get("jobLabel") else svc["metadata"]["name"]
+    r.expect(job and re.fullmatch(".*sdcd.*", job), f"scrape job '{job}' matches SdcCoordinatorDown's job=~\".*sdcd.*\"")
+
+    # RBAC: nodes get/list/watch/patch and nothing else, for sdcd only.
+    r.expect(not by.get("Role") and not by.get("RoleBinding"), "no namespaced Role or RoleBinding",
+             str(list(by.get("Role", {})) + list(by.get("RoleBinding", {}))))
+    for name, cr in by.get("ClusterRole", {}).items():
+        rules = cr.get("rules") or []
+        r.expect(not cr.get("aggregationRule"), f"ClusterRole {name} is not aggregated")
+        r.expect(rules, f"ClusterRole {name} has rules")
+        for rule in rules:
+            r.expect(rule.get("resources") == ["nodes"], f"ClusterRole {name}: resources exactly [nodes]",
+                     str(rule.get("resources")))
+            r.expect(rule.get("apiGroups") == [""], f"ClusterRole {name}: core API group only", str(rule.get("apiGroups")))
+            r.expect(set(rule.get("verbs") or []) <= RBAC_VERBS and rule.get("verbs"),
+                     f"ClusterRole {name}: verbs {rule.get('verbs')} within {sorted(RBAC_VERBS)}")
+            r.expect(not rule.get("nonResourceURLs") and not rule.get("resourceNames"),
+                     f"ClusterRole {name}: no nonResourceURLs or resourceNames")
+        if actuator == "eks":
+            verbs = {v for rule in rules for v in rule.get("verbs") or []}
+            r.expect({"get", "patch"} <= verbs, f"ClusterRole {name} allows what `kubectl label node` needs (get, patch)")
+    for name, crb in by.get("ClusterRoleBinding", {}).items():
+        ref = crb.get("roleRef") or {}
+        r.expect(ref.get("kind") == "ClusterRole" and ref.get("name") in by.get("ClusterRole", {}),
+                 f"ClusterRoleBinding {name} binds a ClusterRole of this install", str(ref))
+        subs = [(s.get("kind"), s.get("name"), s.get("namespace")) for s in crb.get("subjects") or []]
+        r.expect(subs == [("ServiceAccount", "sdcd", NS)], f"ClusterRoleBinding {name} binds only {NS}/sdcd", str(subs))
+
+    # Agent DaemonSet.
+    ds = get("DaemonSet", "sdc-agent")
+    apod = ds["spec"]["template"]["spec"]
+    tols = apod.get("tolerations") or []
+    for t in HEALTH_TAINTS:
+        r.expect(any(tolerates(x, t) for x in tols), f"agent tolerates {t['key']}={t['value']}:{t['effect']}")
+    r.expect(any(x.get("key") == HEALTH_KEY for x in tols), f"agent names {HEALTH_KEY} explicitly")
+    for flag in ("hostPID", "hostNetwork", "hostIPC"):
+        r.expect(not apod.get(flag), f"agent {flag} is false")
+    r.expect(not any("hostPath" in v for v in apod.get("volumes") or []), "agent mounts no hostPath")
+    r.expect(apod.get("serviceAccountName") == "sdc-agent" and apod.get("automountServiceAccountToken") is False,
+             "agent ServiceAccount sdc-agent without a token")
+    sa = get("ServiceAccount", "sdc-agent")
+    r.expect(sa.get("automountServiceAccountToken") is False, "ServiceAccount sdc-agent does not automount a token")
+    acs = [x for x in apod.get("containers") or [] if x.get("name") == "sdc-agent"]
+    if not r.expect(len(acs) == 1, "sdc-agent container present"):
+        return
+    a = acs[0]
+    r.expect(a.get("image") == want[AGENT_IMAGE], f"agent image is {want[AGENT_IMAGE]}", a.get("image"))
+    asc, apsc = a.get("securityContext") or {}, apod.get("securityContext") or {}
+    r.expect(not asc.get("privileged") and asc.get("allowPrivilegeEscalation") is False,
+             "agent: not privileged, no privilege escalation")
+    r.expect(asc.get("runAsNonRoot", apsc.get("runAsNonRoot")) is True, "agent runs as non-root")
+    env = {e["name"]: e for e in a.get("env") or []}
+    r.expect(((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
+             "agent NODE_NAME from fieldRef spec.nodeName")
+    r.expect((env.get("NVIDIA_VISIBLE_DEVICES") or {}).get("value") == "all", "agent NVIDIA_VISIBLE_DEVICES=all")
+    r.expect("utility" in ((env.get("NVIDIA_DRIVER_CAPABILITIES") or {}).get("value") or ""),
+             "agent NVIDIA_DRIVER_CAPABILITIES includes utility")
+    ares = a.get("resources") or {}
+    r.expect(all(k in (ares.get("limits") or {}) for k in ("cpu", "memory")), "agent cpu/memory limits", str(ares))
+    r.expect(not any("gpu" in k for s in ("requests", "limits") for k in (ares.get(s) or {})), "agent requests no GPU")
+    r.expect(not a.get("ports"), "agent exposes no ports")
+    aparsed = check_flag_list(r, "agent args", a.get("args") or [], AGENT_FLAGS)
+    coord = flag_values(aparsed, "coordinator")
+    svc_hosts = {f"sdcd.{svc['metadata']['namespace']}.svc", f"sdcd.{svc['metadata']['namespace']}.svc.cluster.local",
+                 f"sdcd.{svc['metadata']['namespace']}"}
+    r.expect(len(coord) == 1 and host_port(coord[0])[0] in svc_hosts and host_port(coord[0])[1] == "7400",
+             "agent --coordinator is the sdcd Service on 7400", str(coord))
+
+    # Pod security: seccomp on both pods (the namespace enforces "restricted").
+    for d in (dep, ds):
+        p = d["spec"]["template"]["spec"]
+        r.expect(((p.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "RuntimeDefault",
+                 f"{d['kind']}/{d['metadata']['name']} seccompProfile RuntimeDefault")
+
+    check_prometheus_rule(r, alerts_path, get("PrometheusRule", "sdc-guard"))
+
+
+# --- Alert rules --------------------------------------------------------------
+
+def check_prometheus_rule(r, alerts_path, prometheus_rule):
+    alerts = load(alerts_path)[0]
+    r.expect(prometheus_rule.get("apiVersion") == "monitoring.coreos.com/v1", "PrometheusRule is monitoring.coreos.com/v1")
+    r.expect(prometheus_rule["spec"].get("groups") == alerts.get("groups"),
+             "PrometheusRule groups == deploy/prometheus/alerts.yml groups",
+             "they differ: run deploy/prometheus/sync-prometheusrule.sh")
+
+
+def check_alert_contract(r, alerts_path, metrics):
+    alerts = load(alerts_path)[0]
+    rules = {x.get("alert"): x for g in alerts["groups"] for x in g["rules"]}
+    for name, (expr, dur) in ALERTS.items():
+        x = rules.get(name)
+        if not r.expect(x is not None, f"alert {name} defined", "missing in alerts.yml"):
+            continue
+        norm = lambda s: re.sub(r"\s+", "", s or "")
+        r.expect(norm(x.get("expr")) == norm(expr), f"alert {name}: expr {expr}", x.get("expr"))
+        r.expect(x.get("for") == dur, f"alert {name}: for {dur or '(none)'}", str(x.get("for")))
+        r.expect((x.get("labels") or {}).get("severity") in ("critical", "warning", "info"), f"alert {name}: severity label")
+        ann = x.get("annotations") or {}
+        r.expect(ann.get("summary") and "sdcctl " in (ann.get("description") or ""),
+                 f"alert {name}: summary, and a description naming an sdcctl command")
+        for metric in re.findall(r"\b(sdc_[a-z_]+)\b", x.get("expr", "")):
+            r.expect(metric in metrics, f"alert {name}: metric {metric} is exported by sdcd", "not in sdcd's source")
+    r.expect(set(rules) == set(ALERTS), "no alerts beyond the contract", str(sorted(set(rules) - set(ALERTS))))
+
+
+# --- PyTorchJob example -------------------------------------------------------
+
+def check_example(r, path, known, tvars):
+    docs = load(path)
+    r.expect(len(docs) == 1 and docs[0].get("kind") == "PyTorchJob" and docs[0].get("apiVersion") == "kubeflow.org/v1",
+             "example is one kubeflow.org/v1 PyTorchJob")
+    job = docs[0]
+    name = job["metadata"]["name"]
+    specs = job["spec"].get("pytorchReplicaSpecs") or {}
+    r.expect({"Master", "Worker"} <= set(specs), "Master and Worker replica specs")
+    r.expect(specs.get("Master", {}).get("replicas") == 1, "one Master")
+    autos = [s for s in walk_strings(job) if approval_auto(s)]
+    r.expect(not autos, "no --approval=auto", str(autos))
+    sidecars = []
+    job_ids = set()
+    for rtype, rspec in specs.items():
+        pod = rspec["template"]["spec"]
+        vols = {v["name"]: v for v in pod.get("volumes") or []}
+        for field, c in all_containers(pod):
+            if (c.get("image") or "").startswith(SDCD_IMAGE + ":"):
+                sidecars.append((rtype, field, c, vols))
+        trainers = [c for c in pod.get("containers") or [] if c.get("name") == "pytorch"]
+        if not r.expect(len(trainers) == 1, f"{rtype}: one container named pytorch"):
+            continue
+        env = {e["name"]: e for e in trainers[0].get("env") or []}
+        for var in env:
+            if var.startswith("SDC_"):
+                r.expect(var in tvars, f"{rtype}: {var} is a variable the client reads (client/options.h)")
+        coord = (env.get("SDC_COORDINATOR") or {}).get("value", "")
+        host, port = host_port(coord)
+        hosts = {"localhost", "127.0.0.1"} if rtype == "Master" else set()
+        hosts |= {f"{name}-master-0", f"{name}-master-0.default.svc"}
+        r.expect(port == "7400" and host in hosts, f"{rtype}: SDC_COORDINATOR reaches the Master's sdcd on 7400", coord)
+        jid = env.get("SDC_JOB_ID") or {}
+        fr = ((jid.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        r.expect(jid.get("value") == name or fr in ("metadata.labels['training.kubeflow.org/job-name']",
+                                                   "metadata.labels['job-name']"),
+                 f"{rtype}: SDC_JOB_ID is the job name", str(jid))
+        job_ids.add(jid.get("value") or fr)
+        nn = ((env.get("SDC_NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        r.expect(nn == "spec.nodeName", f"{rtype}: SDC_NODE_NAME from fieldRef spec.nodeName")
+    r.expect(len(job_ids) == 1, "every rank has the same SDC_JOB_ID", str(job_ids))
+    if not r.expect(len(sidecars) == 1 and sidecars[0][0] == "Master", "exactly one sdcd, in the Master pod"):
+        return
+    rtype, field, c, vols = sidecars[0]
+    r.expect(field == "containers" or c.get("restartPolicy") == "Always",
+             "sdcd is a native sidecar (init container with restartPolicy: Always)", f"{field}, {c.get('restartPolicy')}")
+    parsed = check_flag_list(r, "sidecar sdcd args", c.get("args") or [], known)
+    r.expect(flag_values(parsed, "listen") == ["0.0.0.0:7400"], "sidecar --listen=0.0.0.0:7400")
+    r.expect(flag_values(parsed, "approval") in ([], ["require"]), "sidecar --approval unset or require")
+    db = flag_values(parsed, "db")
+    mount = next((m for m in c.get("volumeMounts") or [] if db and db[0].startswith(m["mountPath"].rstrip("/") + "/")), None)
+    vol = vols.get(mount["name"]) if mount else None
+    r.expect(vol and ("emptyDir" in vol or "persistentVolumeClaim" in vol),
+             f"sidecar --db {db} on an emptyDir or PVC", str(vol))
+    r.expect(((c.get("startupProbe") or c.get("readinessProbe") or {}).get("grpc") or {}).get("port") == 7400,
+             "sidecar has a gRPC probe on 7400")
+
+
+# --- systemd units ------------------------------------------------------------
+
+def parse_unit(path):
+    sections, cur = {}, None
+    for line in read(path).splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            cur = sections.setdefault(line.strip("[]"), {})
+            continue
+        k, _, v = line.partition("=")
+        cur.setdefault(k.strip(), []).append(v.strip())
+    return sections
+
+
+def check_units(r, sdcd_unit, agent_unit, known):
+    u = parse_unit(sdcd_unit)
+    s = u.get("Service", {})
+    one = lambda k: (s.get(k) or [None])[-1]
+    for key, value in (("User", "sdc"), ("StateDirectory", "sdc"), ("RuntimeDirectory", "sdc"),
+                       ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("PrivateTmp", "yes"),
+                       ("Restart", "on-failure")):
+        r.expect(one(key) == value, f"sdcd.service {key}={value}", str(one(key)))
+    r.expect(one("ProtectHome") in ("yes", "true", "read-only", "tmpfs"), "sdcd.service ProtectHome")
+    r.expect(any("/var/lib/sdc" in v.split() for v in s.get("ReadWritePaths", [])), "sdcd.service ReadWritePaths=/var/lib/sdc")
+    r.expect(u.get("Install", {}).get("WantedBy") == ["multi-user.target"], "sdcd.service WantedBy=multi-user.target")
+    exec_start = (one("ExecStart") or "").split()
+    r.expect(exec_start[:1] == ["/usr/local/bin/sdcd"], "sdcd.service runs /usr/local/bin/sdcd", str(exec_start[:1]))
+    parsed = check_flag_list(r, "sdcd.service ExecStart", exec_start[1:], known)
+    want = {"--db=/var/lib/sdc/sdcd.db", "--admin_token_file=/var/lib/sdc/admin.token", "--listen=0.0.0.0:7400",
+            "--admin_listen=unix:/run/sdc/admin.sock", "--metrics_listen=0.0.0.0:9464", "--actuator=slurm"}
+    r.expect(set(exec_start[1:]) == want, "sdcd.service ExecStart flags are exactly the Slurm set",
+             f"extra {sorted(set(exec_start[1:]) - want)}, missing {sorted(want - set(exec_start[1:]))}")
+    r.expect(flag_values(parsed, "approval") in ([], ["require"]), "sdcd.service keeps --approval=require")
+    r.expect("adminlevel=operator" in read(sdcd_unit), "sdcd.service documents the Slurm operator requirement")
+    r.expect(any("PATH=" in v and "/opt/slurm/bin" in v for v in s.get("Environment", [])),
+             "sdcd.service PATH reaches HyperPod's scontrol (/opt/slurm/bin)")
+
+    a = parse_unit(agent_unit).get("Service", {})
+    aone = lambda k: (a.get(k) or [None])[-1]
+    r.expect(aone("Restart") == "always", "sdc-agent.service Restart=always")
+    r.expect("-/etc/default/sdc-agent" in a.get("EnvironmentFile", []), "sdc-agent.service EnvironmentFile=-/etc/default/sdc-agent")
+    aexec = (aone("ExecStart") or "").split()
+    r.expect(aexec[:1] == ["/usr/local/bin/sdc-agent"], "sdc-agent.service runs /usr/local/bin/sdc-agent")
+    aflags = [x for x in aexec[1:] if x != "$SDC_AGENT_FLAGS"]
+    aparsed = check_flag_list(r, "sdc-agent.service ExecStart", aflags, AGENT_FLAGS)
+    r.expect(flag_values(aparsed, "coordinator") == ["${SDC_COORDINATOR}"], "sdc-agent --coordinator=${SDC_COORDINATOR}")
+    r.expect(not any(approval_auto(x) for x in read(sdcd_unit).splitlines() + read(agent_unit).splitlines()),
+             "no --approval=auto in the units")
+
+
+# --- Mutations: every check above must be able to fail ------------------------
+
+def mutations():
+    def find(docs, kind, name):
+        return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+    def dep_container(docs):
+        return find(docs, "Deployment", "sdcd")["spec"]["template"]["spec"]["containers"][0]
+
+    def agent_pod(docs):
+        return find(docs, "DaemonSet", "sdc-agent")["spec"]["template"]["spec"]
+
+    def m(f):
+        def apply(docs):
+            f(docs)
+            return docs
+        return apply
+
+    return {
+        "ClusterRole verb delete": m(lambda d: find(d, "ClusterRole", "sdc-guard-coordinator")["rules"][0]["verbs"].append("delete")),
+        "ClusterRole resource pods": m(lambda d: find(d, "ClusterRole", "sdc-guard-coordinator")["rules"][0]["resources"].append("pods")),
+        "extra ClusterRole rule on secrets": m(lambda d: find(d, "ClusterRole", "sdc-guard-coordinator")["rules"].append(
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})),
+        "agent bound to the ClusterRole": m(lambda d: find(d, "ClusterRoleBinding", "sdc-guard-coordinator")["subjects"].append(
+            {"kind": "ServiceAccount", "name": "sdc-agent", "namespace": NS})),
+        "replicas 2": m(lambda d: find(d, "Deployment", "sdcd")["spec"].update(replicas=2)),
+        "strategy RollingUpdate": m(lambda d: find(d, "Deployment", "sdcd")["spec"].update(strategy={"type": "RollingUpdate"})),
+        "--approval=auto": m(lambda d: dep_container(d)["args"].append("--approval=auto")),
+        "unknown sdcd flag": m(lambda d: dep_container(d)["args"].append("--actuater=eks")),
+        "second --actuator": m(lambda d: dep_container(d)["args"].append("--actuator=command")),
+        "foreign image": m(lambda d: dep_container(d).update(image="busybox:latest")),
+        "agent image on the coordinator": m(lambda d: dep_container(d).update(image=f"{AGENT_IMAGE}:{DEFAULT_TAG}")),
+        "liveness probe not gRPC": m(lambda d: dep_container(d).update(livenessProbe={"tcpSocket": {"port": 7400}})),
+        "readiness probe on 9464": m(lambda d: dep_container(d).update(readinessProbe={"grpc": {"port": 9464}})),
+        "port grpc renamed": m(lambda d: dep_container(d)["ports"][0].update(name="rpc")),
+        "state not on the PVC": m(lambda d: dep_container(d)["volumeMounts"][0].update(mountPath="/data")),
+        "writable root filesystem": m(lambda d: dep_container(d)["securityContext"].update(readOnlyRootFilesystem=False)),
+        "PVC storage 1Gi": m(lambda d: find(d, "PersistentVolumeClaim", "sdcd-state")["spec"]["resources"]["requests"].update(storage="1Gi")),
+        "ServiceMonitor port http": m(lambda d: find(d, "ServiceMonitor", "sdcd")["spec"]["endpoints"][0].update(port="http")),
+        "ServiceMonitor selects nothing": m(lambda d: find(d, "ServiceMonitor", "sdcd")["spec"]["selector"]["matchLabels"].update(
+            {"app.kubernetes.io/name": "other"})),
+        "Service metrics port 9465": m(lambda d: find(d, "Service", "sdcd")["spec"]["ports"][1].update(port=9465)),
+        "agent without health-status toleration": m(lambda d: agent_pod(d).update(tolerations=[
+            {"key": "nvidia.com/gpu", "operator": "Exists"}])),
+        "agent privileged": m(lambda d: agent_pod(d)["containers"][0]["securityContext"].update(privileged=True)),
+        "agent hostPID": m(lambda d: agent_pod(d).update(hostPID=True)),
+        "agent NODE_NAME literal": m(lambda d: agent_pod(d)["containers"][0]["env"][0].update(value="x", valueFrom=None)),
+        "agent coordinator elsewhere": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(0, "--coordinator=sdcd:7400")),
+        "PrometheusRule drifted": m(lambda d: find(d, "PrometheusRule", "sdc-guard")["spec"]["groups"][0]["rules"][0].update(
+            expr="sdc_replacement_requests > 1")),
+        "wrong namespace": m(lambda d: find(d, "Service", "sdcd")["metadata"].update(namespace="default")),
+    }
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "rendered":
+        label, rendered, kustomization, actuator, sdcd_main, alerts, base = sys.argv[2:9]
+        r = Report(label)
+        check_rendered(r, load(rendered), kustomization, actuator, sdcd_flags(sdcd_main), alerts, base == "base")
+        return r.finish()
+    if mode == "selftest":
+        rendered, kustomization, sdcd_main, alerts = sys.argv[2:6]
+        docs, known, bad = load(rendered), sdcd_flags(sdcd_main), 0
+        clean = Report("selftest-clean", quiet=True)
+        check_rendered(clean, copy.deepcopy(docs), kustomization, "dry-run", known, alerts, True)
+        if clean.errors:
+            print("  FAIL [selftest] the unmutated render fails: " + "; ".join(clean.errors))
+            return 1
+        for name, mutate in mutations().items():
+            r = Report("mutant", quiet=True)
+            try:
+                check_rendered(r, mutate(copy.deepcopy(docs)), kustomization, "dry-run", known, alerts, True)
+            except Exception as e:  # a crash is a rejection too, but say so
+                r.errors.append(f"checker raised {type(e).__name__}: {e}")
+            if r.errors:
+                print(f"  ok   [selftest] mutation '{name}' rejected: {r.errors[0]}")
+            else:
+                print(f"  FAIL [selftest] mutation '{name}' was NOT rejected")
+                bad += 1
+        return 1 if bad else 0
+    if mode == "alerts":
+        alerts, sdcd_main, service_cc = sys.argv[2:5]
+        metrics = set(re.findall(r'\.Name\("(sdc_[a-z_]+)"\)', read(sdcd_main) + read(service_cc)))
+        r = Report("alerts")
+        check_alert_contract(r, alerts, metrics)
+        return r.finish()
+    if mode == "example":
+        path, sdcd_main, options_h = sys.argv[2:5]
+        r = Report("example")
+        check_example(r, path, sdcd_flags(sdcd_main), trainer_vars(options_h))
+        return r.finish()
+    if mode == "units":
+        sdcd_unit, agent_unit, sdcd_main = sys.argv[2:5]
+        r = Report("units")
+        check_units(r, sdcd_unit, agent_unit, sdcd_flags(sdcd_main))
+        return r.finish()
+    if mode == "vars":
+        options_h, names = sys.argv[2], sys.argv[3:]
+        known, missing = trainer_vars(options_h), [n for n in names if n not in trainer_vars(sys.argv[2])]
+        for n in names:
+            print(f"  {'ok  ' if n in known else 'FAIL'} [vars] {n} is read by the client (client/options.h)")
+        return 1 if missing else 0
+    if mode == "approval-scan":
+        bad = 0
+        for path in sys.argv[2:]:
+            for i, line in enumerate(read(path).splitlines(), 1):
+                if approval_auto(line):
+                    print(f"  FAIL [scan] {path}:{i}: approval set to auto: {line.strip()}")
+                    bad += 1
+        if not bad:
+            print(f"  ok   [scan] no file under deploy/ sets approval to auto ({len(sys.argv) - 2} files)")
+        return 1 if bad else 0
+    raise SystemExit(f"unknown mode {mode}")
+
+
+sys.exit(main())
+PY
+check() { "$PY" "$work/check.py" "$@"; }
+
+# ---------------------------------------------------------------------------
+section "kustomize renders"
+eks="$deploy/eks"
+kustomizations=("base")
+for d in "$eks"/overlays/*/; do
+  kustomizations+=("overlays/$(basename "$d")")
+done
+for k in "${kustomizations[@]}"; do
+  out="$work/render-${k//\//-}.yaml"
+  if ! kubectl kustomize "$eks/$k" >"$out" 2>"$work/kustomize.err"; then
+    bad "kubectl kustomize deploy/eks/$k: $(cat "$work/kustomize.err")"
+    continue
+  fi
+  ok "kubectl kustomize deploy/eks/$k ($(grep -c '^kind:' "$out") objects)"
+  actuator=dry-run
+  [[ "$k" == overlays/hyperpod ]] && actuator=eks
+  kind=overlay
+  [[ "$k" == base ]] && kind=base
+  check rendered "$k" "$out" "$eks/$k/kustomization.yaml" "$actuator" "$sdcd_main" \
+    "$deploy/prometheus/alerts.yml" "$kind" || bad "deploy/eks/$k: see FAIL lines above"
+done
+[[ -d "$eks/overlays/hyperpod" && -d "$eks/overlays/dry-run" ]] ||
+  bad "overlays hyperpod and dry-run must both exist"
+
+section "Prometheus rules"
+if promtool check rules "$deploy/prometheus/alerts.yml" >"$work/promtool.out" 2>&1; then
+  ok "promtool check rules deploy/prometheus/alerts.yml: $(grep -o '[0-9]* rules found' "$work/promtool.out")"
+else
+  bad "promtool check rules: $(cat "$work/promtool.out")"
+fi
+if (cd "$deploy/prometheus" && promtool test rules alerts_test.yml) >"$work/promtool-test.out" 2>&1; then
+  ok "promtool test rules deploy/prometheus/alerts_test.yml (every alert fires, and only when it should)"
+else
+  bad "promtool test rules: $(cat "$work/promtool-test.out")"
+fi
+check alerts "$deploy/prometheus/alerts.yml" "$sdcd_main" "$service_cc" || bad "alert contract"
+if "$deploy/prometheus/sync-prometheusrule.sh" --check >"$work/sync.out" 2>&1; then
+  ok "deploy/eks/base/prometheusrule.yaml is what sync-prometheusrule.sh generates"
+else
+  bad "PrometheusRule is stale: $(cat "$work/sync.out")"
+fi
+
+section "PyTorchJob example"
+check example "$eks/examples/pytorchjob-sidecar.yaml" "$sdcd_main" "$options_h" ||
+  bad "deploy/eks/examples/pytorchjob-sidecar.yaml"
+if grep -rq 'pytorchjob-sidecar' "$eks"/base/kustomization.yaml "$eks"/overlays/*/kustomization.yaml; then
+  bad "the example must not be part of a kustomization"
+else
+  ok "the example is in no kustomization"
+fi
+
+section "approval"
+mapfile -t deploy_files < <(find "$deploy" -type f | sort)
+check approval-scan "${deploy_files[@]}" || bad "approval set to auto somewhere under deploy/"
+
+section "systemd units"
+check units "$deploy/slurm/sdcd.service" "$deploy/slurm/sdc-agent.service" "$sdcd_main" || bad "systemd units"
+if ! command -v systemd-analyze >/dev/null; then
+  skip "systemd-analyze verify: systemd-analyze is not installed here (units checked by the parser above only)"
+else
+  # The units run /usr/local/bin binaries that this machine lacks: verify
+  # copies whose ExecStart points at stub executables.
+  mkdir -p "$work/units/bin"
+  for b in sdcd sdc-agent; do
+    printf '#!/bin/sh\nexit 0\n' >"$work/units/bin/$b"
+    chmod +x "$work/units/bin/$b"
+  done
+  for u in sdcd.service sdc-agent.service; do
+    sed "s#/usr/local/bin/#$work/units/bin/#g" "$deploy/slurm/$u" >"$work/units/$u"
+  done
+  # A known-good unit first: if even that does not verify, systemd-analyze
+  # does not work in this environment and the result would mean nothing.
+  printf '[Unit]\nDescription=probe\n[Service]\nExecStart=%s\n' "$work/units/bin/sdcd" >"$work/units/probe.service"
+  if ! (cd "$work/units" && systemd-analyze verify --man=no ./probe.service) >"$work/sa-probe.out" 2>&1 ||
+    [[ -s "$work/sa-probe.out" ]]; then
+    skip "systemd-analyze verify: it fails on a trivial unit here ($(head -n 3 "$work/sa-probe.out" | tr '\n' ' '))"
+  else
+    for u in sdcd.service sdc-agent.service; do
+      # verify exits 0 on unknown keys and unparsable values and only
+      # prints them: any output is a failure.
+      if (cd "$work/units" && systemd-analyze verify --man=no "./$u") >"$work/sa.out" 2>&1 && [[ ! -s "$work/sa.out" ]]; then
+        ok "systemd-analyze verify $u (ExecStart pointed at a stub): no warnings"
+      else
+        bad "systemd-analyze verify $u: $(cat "$work/sa.out")"
+      fi
+    done
+  fi
+fi
+
+section "Slurm installer"
+inst="$deploy/slurm/lifecycle/install_sdc_guard.sh"
+dist="$work/dist"
+mkdir -p "$dist/bin" "$work/hp"
+for b in sdcd sdcctl sdc-agent; do
+  printf '#!/bin/sh\nexit 0\n' >"$dist/bin/$b"
+  chmod +x "$dist/bin/$b"
+done
+cat >"$work/hp/resource_config.json" <<'JSON'
+{"ClusterConfig": {"ClusterName": "test"},
+ "InstanceGroups": [
+  {"Name": "controller-machine", "Instances": [{"InstanceName": "controller-machine-1", "CustomerIpAddress": "10.1.0.10"}]},
+  {"Name": "my-login-group", "Instances": [{"InstanceName": "my-login-group-1", "CustomerIpAddress": "10.1.0.20"}]},
+  {"Name": "compute-nodes", "Instances": [{"CustomerIpAddress": "10.1.0.30"}, {"CustomerIpAddress": "10.1.0.31"}]}]}
+JSON
+printf '{"controller_group": "controller-machine", "login_group": "my-login-group"}\n' >"$work/hp/provisioning_parameters.json"
+# install ROOT TOOL IP [ARGS...]: the installer under --root with a fake HyperPod config.
+install_as() {
+  local root="$1" tool="$2" ip="$3"
+  shift 3
+  SDC_GUARD_JSON_TOOL="$tool" SAGEMAKER_RESOURCE_CONFIG_PATH="$work/hp/resource_config.json" \
+    SDC_PROVISIONING_PARAMETERS="$work/hp/provisioning_parameters.json" SDC_COORDINATOR="" \
+    bash "$inst" --root "$work/roots/$root" --self-ip "$ip" "$@" >"$work/roots/$root.log" 2>&1
+}
+mkdir -p "$work/roots"
+for tool in python3 jq; do
+  if ! command -v "$tool" >/dev/null; then
+    skip "installer role detection with $tool: $tool is not installed"
+    continue
+  fi
+  if install_as "ctl-$tool" "$tool" "10.1.0.10 172.17.0.1" "$dist" &&
+    [[ -x "$work/roots/ctl-$tool/usr/local/bin/sdcd" && -x "$work/roots/ctl-$tool/usr/local/bin/sdcctl" &&
+      -f "$work/roots/ctl-$tool/etc/systemd/system/sdcd.service" && ! -e "$work/roots/ctl-$tool/usr/local/bin/sdc-agent" ]] &&
+    grep -q 'would run: systemctl enable --now sdcd.service' "$work/roots/ctl-$tool.log"; then
+    ok "installer ($tool): controller detected from resource_config.json; sdcd, sdcctl, sdcd.service installed and enabled"
+  else
+    bad "installer ($tool) controller: $(cat "$work/roots/ctl-$tool.log")"
+  fi
+  if SDC_GUARD_DIST="$dist" install_as "cmp-$tool" "$tool" "10.1.0.31" &&
+    [[ -x "$work/roots/cmp-$tool/usr/local/bin/sdc-agent" && -f "$work/roots/cmp-$tool/etc/systemd/system/sdc-agent.service" &&
+      ! -e "$work/roots/cmp-$tool/usr/local/bin/sdcd" ]] &&
+    grep -qx 'SDC_COORDINATOR=10.1.0.10:7400' "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
+    grep -q 'would run: systemctl enable --now sdc-agent.service' "$work/roots/cmp-$tool.log"; then
+    ok "installer ($tool): compute detected (SDC_GUARD_DIST); agent installed, SDC_COORDINATOR=controller:7400, enabled"
+  else
+    bad "installer ($tool) compute: $(cat "$work/roots/cmp-$tool.log")"
+  fi
+  if install_as "login-$tool" "$tool" "10.1.0.20" "$dist" &&
+    [[ -x "$work/roots/login-$tool/usr/local/bin/sdcctl" && ! -e "$work/roots/login-$tool/etc/systemd/system/sdcd.service" &&
+      ! -e "$work/roots/login-$tool/etc/systemd/system/sdc-agent.service" ]]; then
+    ok "installer ($tool): login node gets sdcctl only"
+  else
+    bad "installer ($tool) login: $(cat "$work/roots/login-$tool.log")"
+  fi
+done
+if install_as explicit python3 "192.0.2.1" --role compute --coordinator head:7400 --no-start --dist "$dist" &&
+  grep -qx 'SDC_COORDINATOR=head:7400' "$work/roots/explicit/etc/default/sdc-agent" &&
+  ! grep -q 'enable --now' "$work/roots/explicit.log"; then
+  ok "installer: --role compute --coordinator --no-start"
+else
+  bad "installer explicit role: $(cat "$work/roots/explicit.log")"
+fi
+if install_as slurmuser python3 "10.1.0.10" --sdcd-user slurm "$dist" &&
+  grep -qx 'User=slurm' "$work/roots/slurmuser/etc/systemd/system/sdcd.service.d/user.conf"; then
+  ok "installer: --sdcd-user slurm writes the sdcd.service drop-in"
+else
+  bad "installer --sdcd-user: $(cat "$work/roots/slurmuser.log")"
+fi
+if install_as unknown python3 "192.0.2.1" "$dist"; then
+  bad "installer must refuse a node missing from resource_config.json without --role"
+else
+  ok "installer refuses a node missing from resource_config.json without --role: $(tail -n 1 "$work/roots/unknown.log")"
+fi
+if install_as badrole python3 "10.1.0.30" --role gpu "$dist"; then
+  bad "installer must refuse --role gpu"
+else
+  ok "installer refuses an unknown --role"
+fi
+
+section "trainer-env.sh"
+tenv="$deploy/slurm/trainer-env.sh"
+# shellcheck disable=SC2016 # expanded by the inner bash
+got="$(env -i PATH="$PATH" SLURM_JOB_ID=4242 SLURMD_NODENAME=ip-10-1-0-31 SDC_COORDINATOR=10.1.0.10:7400 \
+  bash -c 'set -euo pipefail; source "$1"; printf "%s|%s|%s|%s|%s" "$SDC_COORDINATOR" "$SDC_JOB_ID" "$SDC_NODE_NAME" "$SDC_AUDIT_EVERY" "$SDC_WEIGHT_CHECK_EVERY"' _ "$tenv" 2>&1)" || true
+if [[ "$got" == "10.1.0.10:7400|4242|ip-10-1-0-31|100|10" ]]; then
+  ok "sourcing trainer-env.sh (set -u) exports SDC_COORDINATOR, SDC_JOB_ID=\$SLURM_JOB_ID, SDC_NODE_NAME, defaults"
+else
+  bad "trainer-env.sh exports: got '$got'"
+fi
+# shellcheck disable=SC2016 # expanded by the inner bash
+got="$(env -i PATH="$PATH" SLURM_JOB_ID=7 SDC_COORDINATOR=h:7400 bash -c 'source "$1"; printf "%s" "$SDC_NODE_NAME"' _ "$tenv" 2>&1)" || true
+if [[ "$got" == "$(hostname)" ]]; then
+  ok "trainer-env.sh: SDC_NODE_NAME falls back to \$(hostname) outside a step"
+else
+  bad "trainer-env.sh SDC_NODE_NAME fallback: got '$got'"
+fi
+mapfile -t exported < <(sed -n 's/^export \([A-Z_]*\)=.*/\1/p' "$tenv")
+check vars "$options_h" "${exported[@]}" || bad "trainer-env.sh exports a variable the client does not read"
+
+section "shellcheck"
+mapfile -t scripts < <(find "$deploy" -name '*.sh' -type f | sort)
+for f in "${scripts[@]}" "$self"; do
+  name="${f#"$work"/}"
+  [[ "$f" == "$self" ]] && name="tests/deploy_test.sh"
+  if shellcheck -x "$f" >"$work/sc.out" 2>&1; then
+    ok "shellcheck $name"
+  else
+    bad "shellcheck $name: $(cat "$work/sc.out")"
+  fi
+done
+
+section "the checks can fail"
+check selftest "$work/render-base.yaml" "$eks/base/kustomization.yaml" "$sdcd_main" \
+  "$deploy/prometheus/alerts.yml" || bad "mutation self-test (see FAIL lines above)"
+# End to end through kustomize: a "delete" verb in the ClusterRole source.
+cp -R "$deploy" "$work/mutant"
+sed -i 's/verbs: \["get", "list", "patch"\]/verbs: ["get", "list", "patch", "delete"]/' "$work/mutant/eks/base/coordinator-rbac.yaml"
+if ! grep -q '"delete"' "$work/mutant/eks/base/coordinator-rbac.yaml"; then
+  bad "could not plant a delete verb in coordinator-rbac.yaml (its verbs line changed?)"
+elif kubectl kustomize "$work/mutant/eks/base" >"$work/mutant.yaml" 2>/dev/null &&
+  ! check rendered mutant "$work/mutant.yaml" "$work/mutant/eks/base/kustomization.yaml" dry-run "$sdcd_main" \
+    "$work/mutant/prometheus/alerts.yml" base >"$work/mutant.out"; then
+  ok "a ClusterRole with verb delete, rendered by kustomize, is rejected: $(grep -m1 FAIL "$work/mutant.out" | sed 's/^ *//')"
+else
+  bad "a ClusterRole with verb delete was not rejected"
+fi
+
+section "summary"
+if ((failures > 0)); then
+  echo "FAIL: $failures check group(s) failed; see the FAIL lines above" >&2
+  exit 1
+fi
+echo "PASS: deploy/ checked (${#kustomizations[@]} kustomizations, alerts, example, units, installer, scripts)"
