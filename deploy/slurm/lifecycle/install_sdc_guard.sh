@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Installs sdc-guard on one node of a SageMaker HyperPod Slurm cluster. Call it
+# from your lifecycle script (on_create.sh / lifecycle_script.py) on every
+# node, as root, after Slurm is configured:
+#
+#   bash install_sdc_guard.sh /fsx/sdc-guard/dist
+#   SDC_GUARD_DIST=/fsx/sdc-guard/dist bash install_sdc_guard.sh
+#   bash install_sdc_guard.sh --role compute --coordinator 10.1.0.10:7400 /fsx/sdc-guard/dist
+#
+# DIST holds the binaries sdcd, sdcctl, sdc-agent (directly or under bin/).
+# The units and trainer-env.sh are taken from DIST when present there, else
+# from this script's deploy/slurm directory (../ of this file).
+#
+# Role: --role controller|compute|login, else from HyperPod's resource config
+# ($SAGEMAKER_RESOURCE_CONFIG_PATH, default /opt/ml/config/resource_config.json):
+# the instance group holding this node's IP address is compared with
+# controller_group / login_group of provisioning_parameters.json (looked up in
+# $SDC_PROVISIONING_PARAMETERS, ./, this directory and its parent, and
+# /opt/ml/config/). Without that file a group named like *controller* or
+# *head* is the controller and one named like *login* the login group.
+#
+#   controller: user sdc, sdcd + sdcctl, sdcd.service enabled and started
+#   compute:    user sdc, sdc-agent (+ sdcctl), /etc/default/sdc-agent,
+#               sdc-agent.service enabled and started
+#   login:      sdcctl only
+# Every role gets /usr/local/share/sdc-guard/trainer-env.sh.
+#
+# The coordinator address for compute nodes: --coordinator, else
+# $SDC_COORDINATOR, else the controller group's first IP address in the
+# resource config, port 7400.
+#
+# Options:
+#   --role ROLE          controller, compute or login (skips detection)
+#   --dist DIR           binaries directory (or the first non-option argument,
+#                        or $SDC_GUARD_DIST)
+#   --coordinator H:P    sdcd's trainer address for agents and trainers
+#   --sdcd-user USER     run sdcd as USER (e.g. slurm, when the sdc user cannot
+#                        be made a Slurm operator): writes a unit drop-in
+#   --self-ip IP         this node's address (default: hostname -I)
+#   --root DIR           install under DIR instead of /; creates no user and
+#                        runs no systemctl (for packaging and tests)
+#   --no-start           enable nothing, start nothing
+#
+# Slurm rights: the slurm actuator runs `scontrol update node=... state=fail`,
+# which needs a Slurm operator: `sacctmgr -i add user sdc account=root
+# adminlevel=operator` once accounting runs, or --sdcd-user slurm.
+set -euo pipefail
+
+log() { echo "install_sdc_guard: $*"; }
+die() {
+  echo "install_sdc_guard: error: $*" >&2
+  exit 1
+}
+
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+role=""
+dist="${SDC_GUARD_DIST:-}"
+coordinator="${SDC_COORDINATOR:-}"
+sdcd_user=""
+self_ip=""
+root="/"
+start=1
+resource_config="${SAGEMAKER_RESOURCE_CONFIG_PATH:-/opt/ml/config/resource_config.json}"
+
+while (($# > 0)); do
+  case "$1" in
+    --role) role="${2:?--role needs a value}"; shift 2 ;;
+    --role=*) role="${1#*=}"; shift ;;
+    --dist) dist="${2:?--dist needs a value}"; shift 2 ;;
+    --dist=*) dist="${1#*=}"; shift ;;
+    --coordinator) coordinator="${2:?--coordinator needs a value}"; shift 2 ;;
+    --coordinator=*) coordinator="${1#*=}"; shift ;;
+    --sdcd-user) sdcd_user="${2:?--sdcd-user needs a value}"; shift 2 ;;
+    --sdcd-user=*) sdcd_user="${1#*=}"; shift ;;
+    --self-ip) self_ip="${2:?--self-ip needs a value}"; shift 2 ;;
+    --self-ip=*) self_ip="${1#*=}"; shift ;;
+    --root) root="${2:?--root needs a value}"; shift 2 ;;
+    --root=*) root="${1#*=}"; shift ;;
+    --no-start) start=0; shift ;;
+    -h | --help)
+      sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+      exit 0
+      ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) dist="$1"; shift ;;
+  esac
+done
+
+[[ -n "$dist" ]] || die "no binaries directory: pass DIST or set SDC_GUARD_DIST"
+[[ -d "$dist" ]] || die "binaries directory $dist does not exist"
+root="${root%/}"
+live=1
+[[ -z "$root" ]] || live=0
+
+# --- Node role -------------------------------------------------------------
+
+find_provisioning_parameters() {
+  local candidate
+  for candidate in "${SDC_PROVISIONING_PARAMETERS:-}" ./provisioning_parameters.json \
+    "$script_dir/provisioning_parameters.json" "$script_dir/../provisioning_parameters.json" \
+    /opt/ml/config/provisioning_parameters.json; do
+    if [[ -n "$candidate" && -f "$candidate" ]]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 0
+}
+
+# Prints "ROLE CONTROLLER_IP" ("-" when unknown) from the resource config.
+detect_with_python() {
+  python3 -c '
+import json, re, sys
+rc_path, pp_path, ips = sys.argv[1], sys.argv[2], set(sys.argv[3].split())
+with open(rc_path) as f:
+    groups = json.load(f).get("InstanceGroups", [])
+params = {}
+if pp_path:
+    with open(pp_path) as f:
+        params = json.load(f)
+names = [g.get("Name", "") for g in groups]
+controller = params.get("controller_group") or next(
+    (n for n in names if re.search("controller|head", n, re.I)), "")
+login = params.get("login_group") or next((n for n in names if re.search("login", n, re.I)), "")
+mine = next((g.get("Name", "") for g in groups
+             for i in g.get("Instances", []) if i.get("CustomerIpAddress") in ips), None)
+role = "-" if mine is None else ("controller" if mine == controller else
+                                 "login" if mine == login else "compute")
+ctl_ip = next((i.get("CustomerIpAddress") for g in groups if g.get("Name") == controller
+               for i in g.get("Instances", []) if i.get("CustomerIpAddress")), "-")
+print(role, ctl_ip)
+' "$1" "$2" "$3"
+}
+
+detect_with_jq() {
+  local controller="" login=""
+  if [[ -n "$2" ]]; then
+    controller="$(jq -r '.controller_group // ""' "$2")"
+    login="$(jq -r '.login_group // ""' "$2")"
+  fi
+  jq -r --arg ips "$3" --arg controller "$controller" --arg login "$login" '
+    (.InstanceGroups // []) as $groups
+    | ($ips | split(" ") | map(select(length > 0))) as $mine
+    | (if $controller != "" then $controller
+       else ([$groups[].Name | select(test("controller|head"; "i"))] | first // "") end) as $ctl
+    | (if $login != "" then $login
+       else ([$groups[].Name | select(test("login"; "i"))] | first // "") end) as $lgn
+    | ([$groups[] | .Name as $n | .Instances[]?
+        | select(.CustomerIpAddress as $ip | $mine | index($ip)) | $n] | first) as $group
+    | (if $group == null then "-" elif $group == $ctl then "controller"
+       elif $group == $lgn then "login" else "compute" end) as $role
+    | ([$groups[] | select(.Name == $ctl) | .Instances[]?.CustomerIpAddress
+        | select(. != null)] | first // "-") as $ctl_ip
+    | "\($role) \($ctl_ip)"' "$1"
+}
+
+controller_ip="-"
+if [[ -f "$resource_config" ]]; then
+  if [[ -z "$self_ip" ]]; then
+    self_ip="$(hostname -I 2>/dev/null || true)"
+  fi
+  params_file="$(find_provisioning_parameters)"
+  tool="${SDC_GUARD_JSON_TOOL:-}"
+  if [[ -z "$tool" ]]; then
+    if command -v python3 >/dev/null; then tool=python3; elif command -v jq >/dev/null; then tool=jq; fi
+  fi
+  case "$tool" in
+    python3) detection="$(detect_with_python "$resource_config" "$params_file" "$self_ip")" ||
+      die "cannot read $resource_config with python3: pass --role" ;;
+    jq) detection="$(detect_with_jq "$resource_config" "$params_file" "$self_ip")" ||
+      die "cannot read $resource_config with jq: pass --role" ;;
+    *) die "neither python3 nor jq is available to read $resource_config: pass --role" ;;
+  esac
+  read -r detected controller_ip <<<"$detection"
+  log "resource config $resource_config (${params_file:-no provisioning_parameters.json}, $tool): this node ($self_ip) is ${detected}, controller ${controller_ip}"
+  if [[ -z "$role" ]]; then
+    [[ "$detected" != "-" ]] || die "this node's address ($self_ip) is not in $resource_config: pass --role"
+    role="$detected"
+  fi
+fi
+[[ -n "$role" ]] || die "no role: pass --role controller|compute|login (no $resource_config)"
+case "$role" in
+  controller | compute | login) ;;
+  *) die "unknown role '$role' (controller, compute or login)" ;;
+esac
+log "role: $role"
+
+# --- Files -----------------------------------------------------------------
+
+binary() {
+  local name="$1"
+  if [[ -x "$dist/$name" ]]; then
+    echo "$dist/$name"
+  elif [[ -x "$dist/bin/$name" ]]; then
+    echo "$dist/bin/$name"
+  fi
+}
+
+# A unit or script: from DIST when it ships one, else from deploy/slurm.
+asset() {
+  local name="$1"
+  if [[ -f "$dist/$name" ]]; then
+    echo "$dist/$name"
+  elif [[ -f "$script_dir/../$name" ]]; then
+    echo "$script_dir/../$name"
+  else
+    die "cannot find $name in $dist or $script_dir/.."
+  fi
+}
+
+install_binary() {
+  local name="$1" required="$2" path
+  path="$(binary "$name")"
+  if [[ -z "$path" ]]; then
+    [[ "$required" == optional ]] && return 0
+    die "$dist has no executable $name (nor bin/$name)"
+  fi
+  install -D -m 0755 "$path" "$root/usr/local/bin/$name"
+  log "installed $root/usr/local/bin/$name"
+}
+
+run() {
+  if ((live)); then
+    "$@"
+  else
+    log "(--root) would run: $*"
+  fi
+}
+
+ensure_user() {
+  if ((live)) && ! getent passwd sdc >/dev/null; then
+    useradd --system --user-group --home-dir /var/lib/sdc --no-create-home \
+      --shell /usr/sbin/nologin --comment "sdc-guard" sdc
+    log "created system user sdc"
+  elif ((!live)); then
+    log "(--root) would create system user sdc"
+  fi
+}
+
+install -D -m 0644 "$(asset trainer-env.sh)" "$root/usr/local/share/sdc-guard/trainer-env.sh"
+log "installed $root/usr/local/share/sdc-guard/trainer-env.sh"
+
+case "$role" in
+  controller)
+    ensure_user
+    install_binary sdcd required
+    install_binary sdcctl required
+    install -D -m 0644 "$(asset sdcd.service)" "$root/etc/systemd/system/sdcd.service"
+    log "installed $root/etc/systemd/system/sdcd.service"
+    if [[ -n "$sdcd_user" ]]; then
+      install -d -m 0755 "$root/etc/systemd/system/sdcd.service.d"
+      printf '[Service]\nUser=%s\nGroup=%s\n' "$sdcd_user" "$sdcd_user" \
+        >"$root/etc/systemd/system/sdcd.service.d/user.conf"
+      log "sdcd runs as $sdcd_user (drop-in sdcd.service.d/user.conf)"
+    else
+      log "reminder: the slurm actuator needs the sdc user to be a Slurm operator:" \
+        "sacctmgr -i add user sdc account=root adminlevel=operator (or rerun with --sdcd-user slurm)"
+    fi
+    run systemctl daemon-reload
+    if ((start)); then run systemctl enable --now sdcd.service; fi
+    ;;
+  compute)
+    ensure_user
+    install_binary sdc-agent required
+    install_binary sdcctl optional
+    install -D -m 0644 "$(asset sdc-agent.service)" "$root/etc/systemd/system/sdc-agent.service"
+    log "installed $root/etc/systemd/system/sdc-agent.service"
+    if [[ -z "$coordinator" && "$controller_ip" != "-" ]]; then
+      coordinator="${controller_ip}:7400"
+    fi
+    [[ -n "$coordinator" ]] ||
+      die "no coordinator address for the agent: pass --coordinator HOST:PORT or set SDC_COORDINATOR"
+    install -d -m 0755 "$root/etc/default"
+    {
+      echo "# Written by install_sdc_guard.sh; read by sdc-agent.service and trainer-env.sh."
+      echo "SDC_COORDINATOR=$coordinator"
+      echo "NODE_NAME=$(hostname)"
+      echo "SDC_AGENT_FLAGS="
+    } >"$root/etc/default/sdc-agent"
+    log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$coordinator)"
+    run systemctl daemon-reload
+    if ((start)); then run systemctl enable --now sdc-agent.service; fi
+    ;;
+  login)
+    install_binary sdcctl optional
+    ;;
+esac
+log "done ($role)"
