@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev
   libgtest-dev libgmock-dev
-  libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev
+  libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev libgoogle-perftools-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
 )
 

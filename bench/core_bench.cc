@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/core/coordinator.h"
 #include "kernels/model_digest.h"
 
@@ -175,6 +176,9 @@ class Bench {
 };
 
 int Main(int argc, char** argv) {
+  // Abseil here is built with mutex deadlock detection on: a graph walk on
+  // every lock. Production code does not pay for a debugging aid.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   uint32_t ranks = 16384;
   uint32_t tensors = 1000;
   for (int i = 1; i < argc; ++i) {

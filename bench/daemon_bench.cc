@@ -407,6 +407,9 @@ int Bench(const Args& a, const char* self) {
 }
 
 int Main(int argc, char** argv) {
+  // Abseil here is built with mutex deadlock detection on: a graph walk on
+  // every lock. Production code does not pay for a debugging aid.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -259,6 +259,20 @@ absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(core::Step
   }
 }
 
+absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::CheckpointStatus(absl::Duration timeout) {
+  v1::CheckpointRequest q;
+  q.set_job_id(hello_.job_id);
+  q.set_status_only(true);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::CheckpointDecision d;
+  grpc::Status s = stub_->MayCheckpoint(&context, q, &d);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("checkpoint status: ", s.error_message()));
+  }
+  return d;
+}
+
 bool CoordinatorLink::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto empty = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return buffer_.empty(); };

@@ -67,6 +67,8 @@ class CoordinatorLink {
   // `timeout`. Unavailable when the coordinator cannot be reached in time.
   absl::StatusOr<v1::CheckpointDecision> MayCheckpoint(core::Step step,
                                                        absl::Duration timeout);
+  // Which checkpoints are confirmed and revoked, deciding nothing.
+  absl::StatusOr<v1::CheckpointDecision> CheckpointStatus(absl::Duration timeout);
 
   // Waits until every queued report is acknowledged.
   bool Flush(absl::Duration timeout);

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/coordinator_link.h"
 #include "client/step_core.h"
 #include "daemon/core/replay_plan.h"
@@ -20,6 +21,12 @@
 
 namespace sdc {
 namespace {
+
+// What the coordinator said about the job's checkpoints.
+void Learn(client::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
+  ledger.Learn(d.confirmed_through_step(),
+               absl::MakeConstSpan(d.revoked_steps().data(), d.revoked_steps().size()));
+}
 
 using client::FaultKind;
 
@@ -33,6 +40,8 @@ constexpr int64_t kMaxDims = 6;
   } catch (const c10::Error& e) {                                             \
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace())); \
   }
+
+double MsSince(absl::Time t) { return absl::ToDoubleMilliseconds(absl::Now() - t); }
 
 uint64_t LossBits(const torch::Tensor& loss) {
   const double v = loss.detach().to(torch::kDouble).item<double>();
@@ -168,6 +177,8 @@ class Guard::Impl {
   absl::StatusOr<StepDecision> AllReduceAndCheck();
   void AfterOptimizerStep(bool checkpoint);
   absl::StatusOr<bool> MayCheckpoint();
+  absl::StatusOr<client::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  const client::CheckpointLedger& checkpoints() const { return checkpoints_; }
   torch::Tensor FaultPoint(const torch::Tensor& x);
   GuardSummary Summary() const;
   absl::StatusOr<StepDecision> TrainStep(uint64_t step,
@@ -238,6 +249,7 @@ class Guard::Impl {
   bool has_original_ = false;
   bool replaying_ = false;
   bool checkpoint_weights_sent_ = false;
+  double last_weight_ms_ = 0;
 
   // Targeted plans and repairs, agreed in-band.
   std::map<uint64_t, core::ReplayPlan> plans_;
@@ -249,6 +261,7 @@ class Guard::Impl {
   uint64_t repaired_step_ = 0;
 
   GuardSummary summary_;
+  client::CheckpointLedger checkpoints_;
 };
 
 absl::Status Guard::Impl::Init() {
@@ -461,6 +474,21 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
     own_rng = gen.get_state();
     gen.set_state(rng_state);
   }
+  // Whatever happens in the replay (a libtorch error propagates to the
+  // caller), the rank leaves it with its own RNG, buffers and mode.
+  struct Restore {
+    Impl* self;
+    at::Generator gen;
+    torch::Tensor rng;
+    std::vector<torch::Tensor>& saved;
+    ~Restore() {
+      self->replaying_ = false;
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < self->buffers_.size(); ++i) self->buffers_[i].copy_(saved[i]);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng);
+    }
+  } restore{this, gen, own_rng, saved_buffers};
   replaying_ = true;
   Replayed out;
   torch::Tensor loss = loss_fn_(batch) / static_cast<double>(micro_batches);
@@ -474,12 +502,6 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
   std::vector<std::string> names(names_.begin(), names_.begin() + parameter_count_);
   out.digest = Digest(names, out.gradients);
   out.nonfinite = NonFinite(grads);
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers[i]);
-  }
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(own_rng);
   return out;
 }
 
@@ -522,6 +544,7 @@ void Guard::Impl::Broadcast(std::vector<torch::Tensor> tensors, uint32_t root) {
 
 absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
   StepDecision decision;
+  double allreduce_ms = 0;
   decision.audited = audit_;
   const client::FaultPlan& fault = options_.fault;
   client::LocalView view;
@@ -579,12 +602,17 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
       if (squares != nullptr) *squares = s;
       return n;
     };
+    const absl::Time check1_start = absl::Now();
     local_nonfinite = scan(nullptr);  // Check 1, before the all-reduce.
+    decision.check1_ms += MsSince(check1_start);
+    const absl::Time reduce_start = absl::Now();
     for (Bucket& b : buckets) {
       std::vector<torch::Tensor> one = {b.flat};
       pg_->allreduce(one)->wait();
       b.flat.div_(static_cast<double>(world_));
     }
+    allreduce_ms = MsSince(reduce_start);
+    const absl::Time post_start = absl::Now();
     if (fault.kind == FaultKind::kReducedGradient && fault.FiresAt(rank_, step_)) {
       FlipMantissaBit(buckets.front().flat, 20);
       Log(absl::StrCat("INJECTED a bit flip into the reduced gradients at step ", step_));
@@ -597,6 +625,7 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
     kernels::ModelDigestBuilder reduced;
     for (size_t i = 0; i < fps.size(); ++i) reduced.Add(absl::StrCat("bucket.", i), fps[i]);
     view.reduced_digest = reduced.Finish();
+    decision.check1_ms += MsSince(post_start);
     // Buffers follow rank 0, as DistributedDataParallel's broadcast_buffers.
     if (!buffers_.empty()) Broadcast(buffers_, 0);
   } catch (const c10::Error& e) {
@@ -606,7 +635,9 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
   view.reduced_nonfinite = reduced_nonfinite > 0;
   decision.grad_norm = std::sqrt(sum_squares);
 
+  (void)allreduce_ms;
   // Check 2: replay audit, compared in-band so every rank decides alike.
+  const absl::Time audit_start = absl::Now();
   if (audit_) {
     ++summary_.audits;
     const bool subject = std::any_of(plan_.assignments.begin(), plan_.assignments.end(),
@@ -696,7 +727,9 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
     }
   }
 
+  if (audit_) decision.audit_ms = MsSince(audit_start);
   // The one agreement all-reduce.
+  const absl::Time agreement_start = absl::Now();
   DrainMessages();
   view.plans_held = plans_held_;
   view.repair_step = repair_step_;
@@ -710,6 +743,7 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
   const client::Agreement a =
       client::DecodeAgreement(absl::MakeConstSpan(agree.data_ptr<int64_t>(), agree.numel()));
   plans_held_by_all_ = a.plans_held_by_all;
+  decision.agreement_ms = MsSince(agreement_start);
   const client::Decision d = client::Decide(a);
   decision.apply = d.apply;
   decision.reason = d.reason;
@@ -793,6 +827,7 @@ void Guard::Impl::AfterOptimizerStep(bool checkpoint) {
   }
   const bool scheduled = options_.weight_check_every > 0 && step_ % options_.weight_check_every == 0;
   if (!scheduled && !checkpoint) return;
+  const absl::Time start = absl::Now();
   ++summary_.weight_checks;
   std::vector<torch::Tensor> all = params_;
   all.insert(all.end(), buffers_.begin(), buffers_.end());
@@ -809,6 +844,7 @@ void Guard::Impl::AfterOptimizerStep(bool checkpoint) {
     checkpoint_weights_sent_ = true;
   }
   Send(std::move(w));
+  last_weight_ms_ = MsSince(start);
 }
 
 absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
@@ -823,6 +859,7 @@ absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
     if (d.ok()) {
       allowed = d->allowed();
       reason = d->reason();
+      Learn(checkpoints_, *d);
     } else if (options_.checkpoint_fallback == client::CheckpointFallback::kInBand) {
       reason = "coordinator unreachable: in-band vote";
       allowed = true;  // Refined by the in-band digest vote below.
@@ -861,8 +898,17 @@ absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
     Log(absl::StrCat("checkpoint of step ", step_, " vetoed: ", summary_.last_veto));
   } else {
     ++summary_.checkpoints_allowed;
+    checkpoints_.Allowed(step_);
   }
   return all_allowed;
+}
+
+absl::StatusOr<client::CheckpointLedger> Guard::Impl::RefreshCheckpoints(absl::Duration timeout) {
+  if (link_ == nullptr) return absl::FailedPreconditionError("no coordinator configured");
+  absl::StatusOr<v1::CheckpointDecision> d = link_->CheckpointStatus(timeout);
+  if (!d.ok()) return d.status();
+  Learn(checkpoints_, *d);
+  return checkpoints_;
 }
 
 absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
@@ -890,7 +936,9 @@ absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
   }
+  last_weight_ms_ = 0;
   AfterOptimizerStep(checkpoint);
+  d->weight_ms = last_weight_ms_;
   if (loss_out != nullptr) *loss_out = total;
   return d;
 }
@@ -932,6 +980,10 @@ void Guard::AfterMicroBatchBackward(size_t index, const torch::Tensor& loss) {
 absl::StatusOr<StepDecision> Guard::AllReduceAndCheck() { return impl_->AllReduceAndCheck(); }
 void Guard::AfterOptimizerStep(bool checkpoint) { impl_->AfterOptimizerStep(checkpoint); }
 absl::StatusOr<bool> Guard::MayCheckpoint() { return impl_->MayCheckpoint(); }
+const client::CheckpointLedger& Guard::Checkpoints() const { return impl_->checkpoints(); }
+absl::StatusOr<client::CheckpointLedger> Guard::RefreshCheckpoints(absl::Duration timeout) {
+  return impl_->RefreshCheckpoints(timeout);
+}
 torch::Tensor Guard::FaultPoint(const torch::Tensor& x) { return impl_->FaultPoint(x); }
 GuardSummary Guard::Summary() const { return impl_->Summary(); }
 uint32_t Guard::rank() const { return impl_->rank(); }

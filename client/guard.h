@@ -15,7 +15,8 @@
 //     sdc::StepDecision d = guard->AllReduceAndCheck(); // checks 1 and 2
 //     if (d.apply) optimizer.step();                    // same decision on every rank
 //     guard->AfterOptimizerStep(is_checkpoint_step);    // check 3 (asynchronous)
-//     if (is_checkpoint_step && guard->MayCheckpoint(step)) save(...);
+//     if (is_checkpoint_step && guard->MayCheckpoint()) save(...provisional);
+//     promote or delete earlier checkpoints as guard->Checkpoints() says;
 //   }
 //
 // Or TrainStep(), which runs exactly that. See docs/ARCHITECTURE.md ("The
@@ -32,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/options.h"
+#include "client/step_core.h"
 #include "torch/torch.h"
 
 namespace c10d {
@@ -55,6 +57,11 @@ struct StepDecision {
   bool audit_unverified = false;  // The coordinator's verdict did not arrive in time.
   std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
   bool repaired = false;   // Weights were restored from the majority this step.
+  // Time spent in the guard's own work this step, in milliseconds:
+  double check1_ms = 0;    // Non-finite scans and the reduced-gradient digest (local work).
+  double agreement_ms = 0; // The agreement all-reduce, waiting for the slowest rank included.
+  double audit_ms = 0;     // Batch exchange, replays, in-band comparison, verdict wait.
+  double weight_ms = 0;    // Weight fingerprints after the optimizer step (of this step).
 };
 
 struct GuardSummary {
@@ -112,6 +119,18 @@ class Guard {
   // this step. Vetoed when sdcd is unreachable, unless the in-band fallback
   // is configured.
   absl::StatusOr<bool> MayCheckpoint();
+
+  // Where the job's checkpoints stand, as of the last MayCheckpoint or
+  // RefreshCheckpoints. An allowed checkpoint is provisional until the next
+  // one is allowed, and revoked when a GPU of the job is attributed faulty
+  // first: keep provisional checkpoints apart from final ones, promote them
+  // when confirmed, delete them when revoked, and resume from a final one.
+  const client::CheckpointLedger& Checkpoints() const;
+  // Asks the coordinator where the checkpoints stand (not a collective; e.g.
+  // at the end of training, to learn of a revocation after the last
+  // checkpoint). Unavailable when it cannot be reached within `timeout`;
+  // FailedPrecondition without a coordinator.
+  absl::StatusOr<client::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
 
   // The whole step with `loss_fn`: BeginStep, forward/backward of each
   // micro-batch (loss averaged over micro-batches), AllReduceAndCheck,

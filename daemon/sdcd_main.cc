@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -196,6 +197,9 @@ int Main(int argc, char** argv) {
       "the sdc-guard coordinator daemon.\n  sdcd --db=PATH [--listen=HOST:PORT] "
       "[--admin_listen=HOST:PORT|unix:PATH] [--metrics_listen=HOST:PORT] ...");
   absl::ParseCommandLine(argc, argv);
+  // Abseil here is built with mutex deadlock detection on: a graph walk on
+  // every lock. Production code does not pay for a debugging aid.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   Config config = ConfigFromFlags();
   if (absl::Status s = Validate(config); !s.ok()) Die(std::string(s.message()));
   if (!config.hyperpod_node_ids_file.empty()) {

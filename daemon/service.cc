@@ -157,6 +157,13 @@ class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::Coo
     {
       absl::MutexLock lock(&mu_);
       if (finish_requested_) return;
+      // Acknowledgements are watermarks: one waiting in the queue absorbs
+      // the next, so a backlog costs one write, not one per report.
+      if (m.has_ack() && !queue_.empty() && queue_.back().has_ack()) {
+        auto* waiting = queue_.back().mutable_ack();
+        waiting->set_acked_sequence(std::max(waiting->acked_sequence(), m.ack().acked_sequence()));
+        return;
+      }
       queue_.push_back(std::move(m));
     }
     Pump();
@@ -382,7 +389,8 @@ grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerCont
                                                         v1::CheckpointDecision* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<core::CheckpointResult> result =
-      coordinator_->MayCheckpoint(request->job_id(), request->step());
+      request->status_only() ? coordinator_->CheckpointStatus(request->job_id())
+                             : coordinator_->MayCheckpoint(request->job_id(), request->step());
   if (!result.ok()) {
     metrics_->Rejected(ReasonOf(result.status().code()));
     reactor->Finish(ToGrpc(result.status()));
@@ -391,7 +399,11 @@ grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerCont
   response->set_allowed(result->allowed);
   response->set_reason(result->reason);
   response->set_retryable(result->retryable);
-  metrics_->Checkpoint(result->allowed ? "allowed" : result->retryable ? "wait" : "denied");
+  response->set_confirmed_through_step(result->confirmed_through);
+  for (core::Step s : result->revoked) response->add_revoked_steps(s);
+  if (!request->status_only()) {
+    metrics_->Checkpoint(result->allowed ? "allowed" : result->retryable ? "wait" : "denied");
+  }
   delivery_->Deliver(std::move(result->effects),
                      [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
   return reactor;

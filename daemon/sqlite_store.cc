@@ -131,6 +131,10 @@ CREATE TABLE step_verdicts (
   PRIMARY KEY (job_id, grp, step, check_kind)
 );
 )sql",
+    // 2: provisional checkpoints; a decision row may revoke an allowed one.
+    R"sql(
+ALTER TABLE checkpoint_decisions ADD COLUMN revocation INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -548,10 +552,10 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
   }
   for (const auto& d : m.checkpoint_decisions) {
     Stmt& s = Prepared(
-           "INSERT INTO checkpoint_decisions (job_id, step, allowed, reason, at_ms) "
-           "VALUES (?1, ?2, ?3, ?4, ?5)");
+           "INSERT INTO checkpoint_decisions (job_id, step, allowed, reason, at_ms, revocation) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
     s.Bind(1, d.job_id).Bind(2, static_cast<int64_t>(d.step)).Bind(3, d.allowed ? 1 : 0);
-    s.Bind(4, d.reason).Bind(5, UnixMillis(d.at));
+    s.Bind(4, d.reason).Bind(5, UnixMillis(d.at)).Bind(6, d.revocation ? 1 : 0);
     if (absl::Status st = s.Run("writing a checkpoint decision"); !st.ok()) return st;
   }
   for (const auto& [job, from] : m.rollbacks) {
@@ -684,10 +688,13 @@ absl::StatusOr<core::Snapshot> SqliteStore::Load() {
     }
   }
   {
-    Stmt s(db_, "SELECT job_id, step, allowed, reason, at_ms FROM checkpoint_decisions ORDER BY id");
+    Stmt s(db_,
+           "SELECT job_id, step, allowed, reason, at_ms, revocation FROM checkpoint_decisions "
+           "ORDER BY id");
     while (s.Next()) {
       snap.checkpoint_decisions.push_back({s.Text(0), static_cast<uint64_t>(s.Int(1)),
-                                           s.Int(2) != 0, s.Text(3), FromUnixMillis(s.Int(4))});
+                                           s.Int(2) != 0, s.Text(3), FromUnixMillis(s.Int(4)),
+                                           s.Int(5) != 0});
     }
   }
   return snap;

@@ -57,7 +57,7 @@ class SqliteStore : public core::Store {
   // Commits made so far (each may hold many mutations).
   uint64_t commits() const;
 
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
  private:
   SqliteStore(sqlite3* db, std::string path);

@@ -1,5 +1,6 @@
 #include "demo/launcher.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,7 +26,7 @@ namespace {
 // boolean values (plus one nested object in the final line, kept raw).
 std::map<std::string, std::string> ParseFlatJson(const std::string& line) {
   std::map<std::string, std::string> out;
-  static const std::regex kField(R"re("([a-z_]+)":("([^"]*)"|\{[^}]*\}|[^,}]+))re");
+  static const std::regex kField(R"re("([a-z0-9_]+)":("([^"]*)"|\{[^}]*\}|[^,}]+))re");
   for (auto it = std::sregex_iterator(line.begin(), line.end(), kField);
        it != std::sregex_iterator(); ++it) {
     out[(*it)[1]] = (*it)[3].matched ? (*it)[3].str() : (*it)[2].str();
@@ -57,6 +58,10 @@ StepRecord ToRecord(const std::map<std::string, std::string>& f) {
   r.repaired = str("repaired") == "true";
   r.checkpoint = str("checkpoint");
   r.ms = num("ms");
+  r.check1_ms = num("check1_ms");
+  r.agreement_ms = num("agreement_ms");
+  r.audit_ms = num("audit_ms");
+  r.weight_ms = num("weight_ms");
   return r;
 }
 
@@ -115,6 +120,22 @@ int PortAfter(const std::string& line, const std::string& marker) {
   return n;
 }
 
+// The trainer's checkpoint files, as rank 0 left them.
+void ListCheckpoints(const std::string& dir, ClusterResult* result) {
+  static const std::regex kName(R"re(step-(\d+)\.pt(\.provisional)?)re");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = readdir(d)) {
+    std::cmatch m;
+    if (!std::regex_match(e->d_name, m, kName)) continue;
+    const int step = std::stoi(m[1].str());
+    (m[2].matched ? result->checkpoints_provisional : result->checkpoints_final).push_back(step);
+  }
+  closedir(d);
+  std::sort(result->checkpoints_final.begin(), result->checkpoints_final.end());
+  std::sort(result->checkpoints_provisional.begin(), result->checkpoints_provisional.end());
+}
+
 }  // namespace
 
 std::string NodeName(int node) {
@@ -161,12 +182,13 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     metrics_port = PortAfter(*line, "metrics on port ");
     return absl::OkStatus();
   };
-  if (!c.unguarded) {
+  const bool with_sdcd = !c.unguarded && !c.coordinator_unreachable;
+  if (with_sdcd) {
     if (absl::Status s = start_sdcd(); !s.ok()) return s;
     result.admin_address = absl::StrCat("127.0.0.1:", admin_port);
   }
   std::unique_ptr<Admin> admin =
-      c.unguarded ? nullptr : std::make_unique<Admin>(result.admin_address, result.token_file);
+      with_sdcd ? std::make_unique<Admin>(result.admin_address, result.token_file) : nullptr;
 
   // The trainers.
   const std::string store = c.run_dir + "/rendezvous";
@@ -184,7 +206,9 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         {"SDC_WEIGHT_CHECK_EVERY", std::to_string(c.weight_check_every)},
         {"SDC_INCARNATION", std::to_string(absl::ToUnixMillis(start))},
         {"SDC_VERDICT_WAIT_MS", "3000"}};
-    if (!c.unguarded) env["SDC_COORDINATOR"] = absl::StrCat("127.0.0.1:", trainer_port);
+    if (with_sdcd) env["SDC_COORDINATOR"] = absl::StrCat("127.0.0.1:", trainer_port);
+    // Port 1 on loopback: nothing listens, every connection is refused.
+    if (c.coordinator_unreachable) env["SDC_COORDINATOR"] = "127.0.0.1:1";
     if (!c.fault.empty()) {
       env["SDC_INJECT_FAULT"] = c.fault;
       env["SDC_ALLOW_FAULT_INJECTION"] = "yes-i-am-testing";
@@ -309,6 +333,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   }
   for (Process& t : trainers) t.Stop(absl::Seconds(30));
   result.wall = absl::Now() - start;
+  ListCheckpoints(c.run_dir, &result);
   for (const auto& [step, ms] : slowest) result.step_ms.push_back(ms);
   // What each faulty rank says it injected.
   static const std::regex kInjected(R"re(sdc-guard rank (\d+): (INJECTED .*))re");

@@ -33,6 +33,10 @@ struct StepRecord {
   bool repaired = false;
   std::string checkpoint;  // none | allowed | vetoed
   double ms = 0;
+  double check1_ms = 0;  // The guard's own work (see sdc::StepDecision).
+  double agreement_ms = 0;
+  double audit_ms = 0;
+  double weight_ms = 0;
 };
 
 // Live numbers for a progress display.
@@ -70,6 +74,8 @@ struct ClusterConfig {
   int restart_coordinator_at = -1;    // kill -9 sdcd once every rank passed this step.
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
+  // Guarded, but the coordinator address leads nowhere (sdcd unreachable).
+  bool coordinator_unreachable = false;
   bool keep_coordinator = false;      // Leave sdcd running after the run, detached.
   std::string actuator = "dry-run";
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
@@ -92,6 +98,10 @@ struct ClusterResult {
   int coordinator_restarts = 0;
   absl::Duration wall;
   std::vector<double> step_ms;  // Per step, the slowest rank's time.
+  // Checkpoint files in the run folder at the end, by step: final ones
+  // (step-N.pt) and those still provisional (step-N.pt.provisional).
+  std::vector<int> checkpoints_final;
+  std::vector<int> checkpoints_provisional;
 };
 
 absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& config);

@@ -13,6 +13,10 @@
 namespace sdc::demo {
 namespace {
 
+std::string List(const std::vector<int>& steps) {
+  return steps.empty() ? "none" : absl::StrJoin(steps, ", ");
+}
+
 std::string CheckName(v1::CheckKind k) {
   switch (k) {
     case v1::CHECK_NONFINITE:
@@ -137,10 +141,18 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
       if (it != steps.end() && it->second.apply) corrupted.push_back({inj.step, INT32_MAX});
     }
   }
+  f.checkpoints_final = result.checkpoints_final;
+  f.checkpoints_provisional = result.checkpoints_provisional;
+  auto on_disk = [&](int c) {
+    return std::count(f.checkpoints_final.begin(), f.checkpoints_final.end(), c) +
+               std::count(f.checkpoints_provisional.begin(), f.checkpoints_provisional.end(), c) >
+           0;
+  };
   for (int c : f.checkpoints_allowed) {
+    if (!on_disk(c)) f.checkpoints_revoked.push_back(c);
     for (const auto& [from, to] : corrupted) {
       if (c >= from && c < to) {
-        f.bad_checkpoints.push_back(c);
+        (on_disk(c) ? f.bad_checkpoints : f.bad_checkpoints_revoked).push_back(c);
         break;
       }
     }
@@ -194,13 +206,17 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
   }
   absl::StrAppend(&out, "\nSteps skipped on every rank: ",
                   f.skipped_steps.empty() ? "none" : absl::StrJoin(f.skipped_steps, ", "), "\n");
-  absl::StrAppend(&out, "Checkpoints written: ",
-                  f.checkpoints_allowed.empty() ? "none" : absl::StrJoin(f.checkpoints_allowed, ", "),
-                  "; vetoed: ",
-                  f.checkpoints_vetoed.empty() ? "none" : absl::StrJoin(f.checkpoints_vetoed, ", "),
-                  "\n");
-  absl::StrAppend(&out, "Checkpoints holding corrupted weights: ",
-                  f.bad_checkpoints.empty() ? "none" : absl::StrJoin(f.bad_checkpoints, ", "), "\n");
+  absl::StrAppend(&out, "Checkpoints written: ", List(f.checkpoints_allowed),
+                  "; vetoed: ", List(f.checkpoints_vetoed), "\n");
+  absl::StrAppend(&out, "  at the end: final ", List(f.checkpoints_final), "; provisional ",
+                  List(f.checkpoints_provisional), "; revoked and deleted ",
+                  List(f.checkpoints_revoked), "\n");
+  absl::StrAppend(&out, "Checkpoints on disk holding corrupted weights: ", List(f.bad_checkpoints));
+  if (!f.bad_checkpoints_revoked.empty()) {
+    absl::StrAppend(&out, " (corrupted ones revoked in time: ", List(f.bad_checkpoints_revoked),
+                    ")");
+  }
+  absl::StrAppend(&out, "\n");
   absl::StrAppend(&out, "Replicas at the end: ",
                   f.weights_identical ? "identical weights on every rank"
                                       : "WEIGHTS DIFFER between ranks",
@@ -285,10 +301,16 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
                           x(s), h - bottom - 4, s);
   }
   for (int s : f.checkpoints_allowed) {
+    const bool revoked =
+        std::count(f.checkpoints_revoked.begin(), f.checkpoints_revoked.end(), s) > 0;
+    const bool provisional =
+        std::count(f.checkpoints_provisional.begin(), f.checkpoints_provisional.end(), s) > 0;
     absl::StrAppendFormat(&svg,
                           "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" "
-                          "fill=\"#2e7d32\">&#x2713;<title>checkpoint of step %d written</title></text>",
-                          x(s), h - bottom - 4, s);
+                          "fill=\"%s\">%s<title>checkpoint of step %d written, %s</title></text>",
+                          x(s), h - bottom - 4, revoked ? "#d00" : "#2e7d32",
+                          revoked ? "&#x21ba;" : "&#x2713;", s,
+                          revoked ? "then revoked and deleted" : provisional ? "still provisional" : "final");
   }
   absl::StrAppend(&svg, "</svg>");
 
@@ -313,8 +335,8 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
                   "<p class=\"legend\"><span style=\"color:#1565c0\">&#9644; mean loss</span>"
                   "<span style=\"color:#f0a\">&#9482; fault injected</span><span style=\"color:#d00\">"
                   "&#9475; incident</span><span style=\"color:#f57c00\">&#9679; skipped step</span>"
-                  "<span style=\"color:#2e7d32\">&#x2713; checkpoint written</span><span>&#x2715; "
-                  "checkpoint vetoed</span></p>");
+                  "<span style=\"color:#2e7d32\">&#x2713; checkpoint written</span><span style=\"color:#d00\">"
+                  "&#x21ba; checkpoint revoked</span><span>&#x2715; checkpoint vetoed</span></p>");
   absl::StrAppend(&html, "<h2>Outcome</h2><table>");
   auto row = [&](const std::string& k, const std::string& v, bool good) {
     absl::StrAppend(&html, "<tr><th>", k, "</th><td class=\"", good ? "ok" : "bad", "\">", v, "</td></tr>");
@@ -323,10 +345,13 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   row("Detected", f.incidents.empty() ? "nothing" : absl::StrCat("first at step ", f.first_detection_step, f.latency_steps >= 0 ? absl::StrCat(", ", f.latency_steps, " steps after the first injection") : ""), f.fault_rank < 0 ? f.incidents.empty() : f.detected);
   row("Blamed correctly", f.fault_rank < 0 ? "n/a" : (f.attributed_correctly ? "yes" : "no"), f.fault_rank < 0 || f.attributed_correctly || !f.scenario.attributable);
   row("False alarms", absl::StrCat(f.false_alarms), f.false_alarms == 0);
-  row("Skipped steps", f.skipped_steps.empty() ? "none" : absl::StrJoin(f.skipped_steps, ", "), true);
-  row("Checkpoints written", f.checkpoints_allowed.empty() ? "none" : absl::StrJoin(f.checkpoints_allowed, ", "), true);
-  row("Checkpoints vetoed", f.checkpoints_vetoed.empty() ? "none" : absl::StrJoin(f.checkpoints_vetoed, ", "), true);
-  row("Checkpoints with corrupted weights", f.bad_checkpoints.empty() ? "none" : absl::StrJoin(f.bad_checkpoints, ", "), f.bad_checkpoints.empty());
+  row("Skipped steps", List(f.skipped_steps), true);
+  row("Checkpoints written", List(f.checkpoints_allowed), true);
+  row("Checkpoints vetoed", List(f.checkpoints_vetoed), true);
+  row("Checkpoints final at the end", List(f.checkpoints_final), true);
+  row("Checkpoints still provisional", List(f.checkpoints_provisional), true);
+  row("Checkpoints revoked and deleted", List(f.checkpoints_revoked), true);
+  row("Checkpoints on disk with corrupted weights", List(f.bad_checkpoints), f.bad_checkpoints.empty());
   row("Replicas at the end", f.weights_identical ? "identical" : "differ", f.weights_identical);
   absl::StrAppend(&html, "</table>");
   absl::StrAppend(&html, "<h2>Incident timeline</h2>");

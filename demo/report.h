@@ -34,12 +34,17 @@ struct RunFacts {
   bool attributed_correctly = false;  // A confirmed incident names the faulty rank, and only it.
   int false_alarms = 0;           // Confirmed blames of other ranks (any incident when clean).
   std::vector<int> skipped_steps;
-  std::vector<int> checkpoints_allowed;
+  std::vector<int> checkpoints_allowed;  // Written (provisional at first).
   std::vector<int> checkpoints_vetoed;
-  // Checkpoints written while corrupted values were in the weights: after an
-  // applied step that carried an injected gradient fault, or between a
-  // weight corruption and its repair.
+  std::vector<int> checkpoints_final;        // On disk at the end, confirmed.
+  std::vector<int> checkpoints_provisional;  // On disk at the end, not yet confirmed.
+  std::vector<int> checkpoints_revoked;      // Written, then revoked and deleted.
+  // Checkpoints on disk at the end (final or provisional) that hold
+  // corrupted values: written after an applied step that carried an injected
+  // gradient fault, or between a weight corruption and its repair.
   std::vector<int> bad_checkpoints;
+  // Corrupted checkpoints that were written provisional and then revoked.
+  std::vector<int> bad_checkpoints_revoked;
   bool weights_identical = false;  // All replicas ended with the same digest.
   int audits = 0;
   int weight_checks = 0;

@@ -10,14 +10,17 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "client/guard.h"
 #include "client/options.h"
@@ -34,7 +37,9 @@ ABSL_FLAG(std::string, model, "transformer", "transformer or bn-mlp.");
 ABSL_FLAG(int, batch, 8, "Sequences per micro-batch.");
 ABSL_FLAG(int, micro_batches, 1, "Micro-batches per step (gradient accumulation).");
 ABSL_FLAG(int, checkpoint_every, 0, "Ask for a checkpoint every N steps (0 = never).");
-ABSL_FLAG(std::string, checkpoint_dir, "", "Where allowed checkpoints are written (rank 0).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Where allowed checkpoints are written (rank 0): step-N.pt.provisional, renamed "
+          "step-N.pt when confirmed, deleted when revoked.");
 ABSL_FLAG(std::string, progress, "", "JSON lines: one per step, then a summary.");
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files.");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
@@ -71,6 +76,51 @@ double PlainAllReduce(c10d::ProcessGroup& pg, std::vector<torch::Tensor>& params
   return norm;
 }
 
+// Rank 0's checkpoint files: written provisional, renamed final when the
+// guard says they are confirmed, deleted when revoked.
+class CheckpointFiles {
+ public:
+  explicit CheckpointFiles(std::string dir) : dir_(std::move(dir)) {}
+
+  void WriteProvisional(int step, torch::nn::Module& model) {
+    torch::serialize::OutputArchive archive;
+    model.save(archive);
+    archive.save_to(Path(step, /*provisional=*/true));
+    pending_.push_back(step);
+  }
+
+  void Reconcile(const client::CheckpointLedger& ledger) {
+    std::vector<int> still;
+    for (int step : pending_) {
+      switch (ledger.Of(step)) {
+        case client::CheckpointLedger::Standing::kFinal:
+          if (std::rename(Path(step, true).c_str(), Path(step, false).c_str()) != 0) {
+            Die(absl::StrCat("renaming ", Path(step, true), ": ", std::strerror(errno)));
+          }
+          std::fprintf(stderr, "sdc-trainer: checkpoint of step %d confirmed: %s\n", step,
+                       Path(step, false).c_str());
+          break;
+        case client::CheckpointLedger::Standing::kRevoked:
+          std::remove(Path(step, true).c_str());
+          std::fprintf(stderr, "sdc-trainer: checkpoint of step %d revoked and deleted\n", step);
+          break;
+        case client::CheckpointLedger::Standing::kProvisional:
+          still.push_back(step);
+          break;
+      }
+    }
+    pending_ = std::move(still);
+  }
+
+ private:
+  std::string Path(int step, bool provisional) const {
+    return absl::StrCat(dir_, "/step-", step, ".pt", provisional ? ".provisional" : "");
+  }
+
+  std::string dir_;
+  std::vector<int> pending_;  // Written, still provisional.
+};
+
 uint64_t WeightsDigest(torch::nn::Module& model) {
   kernels::ModelDigestBuilder d;
   for (const auto& item : model.named_parameters()) {
@@ -85,6 +135,9 @@ uint64_t WeightsDigest(torch::nn::Module& model) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Abseil here is built with mutex deadlock detection on: a graph walk on
+  // every lock. Production code does not pay for a debugging aid.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const int rank = absl::GetFlag(FLAGS_rank), world = absl::GetFlag(FLAGS_world_size);
   if (rank < 0 || world < 1 || rank >= world) Die("--rank and --world_size: need 0 <= rank < world_size");
   if (absl::GetFlag(FLAGS_rendezvous).empty()) Die("--rendezvous: a FileStore path is required");
@@ -153,6 +206,10 @@ int Main(int argc, char** argv) {
   const int first = absl::GetFlag(FLAGS_first_step);
   const int last = first + absl::GetFlag(FLAGS_steps) - 1;
   const int every = absl::GetFlag(FLAGS_checkpoint_every);
+  std::unique_ptr<CheckpointFiles> files;
+  if (rank == 0 && guard != nullptr && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    files = std::make_unique<CheckpointFiles>(absl::GetFlag(FLAGS_checkpoint_dir));
+  }
   for (int step = first; step <= last; ++step) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<torch::Tensor>> batches;
@@ -170,7 +227,9 @@ int Main(int argc, char** argv) {
       if (!r.ok()) Die(absl::StrCat("step ", step, ": ", r.status().message()));
       d = *r;
     } else {
-      optimizer.zero_grad();
+      // Gradients are views into the last step's flat buffer: drop them
+      // (optimizer.zero_grad() cannot detach views in place).
+      for (auto& p : params) p.mutable_grad() = torch::Tensor();
       for (auto& b : batches) {
         torch::Tensor l = loss_fn(b) / static_cast<double>(absl::GetFlag(FLAGS_micro_batches));
         l.backward();
@@ -183,10 +242,9 @@ int Main(int argc, char** argv) {
     if (checkpoint && guard != nullptr) {
       absl::StatusOr<bool> may = guard->MayCheckpoint();
       checkpoint_result = may.ok() && *may ? "allowed" : "vetoed";
-      if (may.ok() && *may && rank == 0 && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
-        torch::serialize::OutputArchive archive;
-        model->save(archive);
-        archive.save_to(absl::StrCat(absl::GetFlag(FLAGS_checkpoint_dir), "/step-", step, ".pt"));
+      if (files != nullptr) {
+        if (may.ok() && *may) files->WriteProvisional(step, *model);
+        files->Reconcile(guard->Checkpoints());
       }
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -194,11 +252,13 @@ int Main(int argc, char** argv) {
       progress << absl::StrFormat(
                       "{\"step\":%d,\"rank\":%d,\"loss\":%.6f,\"apply\":%s,\"reason\":\"%s\","
                       "\"audited\":%s,\"outcome\":\"%s\",\"unverified\":%s,\"norm\":%.6f,"
-                      "\"repaired\":%s,\"checkpoint\":\"%s\",\"ms\":%.3f}",
+                      "\"repaired\":%s,\"checkpoint\":\"%s\",\"ms\":%.3f,\"check1_ms\":%.3f,\"agreement_ms\":%.3f,"
+                      "\"audit_ms\":%.3f,\"weight_ms\":%.3f}",
                       step, rank, loss, d.apply ? "true" : "false", d.reason,
                       d.audited ? "true" : "false", d.audit_outcome,
                       d.audit_unverified ? "true" : "false", d.grad_norm,
-                      d.repaired ? "true" : "false", checkpoint_result, ms)
+                      d.repaired ? "true" : "false", checkpoint_result, ms, d.check1_ms, d.agreement_ms,
+                      d.audit_ms, d.weight_ms)
                << std::endl;
     }
   }
@@ -207,6 +267,20 @@ int Main(int argc, char** argv) {
   std::string summary = "{}";
   if (guard != nullptr) {
     guard->Shutdown(absl::Seconds(10));
+    if (every > 0) {  // The same on every rank.
+      // Every rank's reports are in once all have flushed: a revocation of
+      // the last checkpoint is decided by then.
+      pg->barrier()->wait();
+    }
+    if (files != nullptr) {
+      absl::StatusOr<client::CheckpointLedger> ledger = guard->RefreshCheckpoints(absl::Seconds(5));
+      if (ledger.ok()) {
+        files->Reconcile(*ledger);
+      } else {
+        std::fprintf(stderr, "sdc-trainer: checkpoint status unknown at the end: %s\n",
+                     std::string(ledger.status().message()).c_str());
+      }
+    }
     const GuardSummary s = guard->Summary();
     summary = absl::StrFormat(
         "{\"steps\":%d,\"skipped\":%d,\"audits\":%d,\"unverified\":%d,\"mismatches\":%d,"

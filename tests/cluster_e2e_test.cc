@@ -83,6 +83,9 @@ TEST(ClusterTest, CleanRunRaisesNoAlarm) {
   }
   EXPECT_LT(steps.rbegin()->second.loss, steps.begin()->second.loss) << "the loss falls";
   ExpectIdenticalReplicas(*r);
+  // Checkpoint 20 confirmed checkpoint 10; nothing confirms 20 yet.
+  EXPECT_THAT(r->checkpoints_final, ElementsAre(10));
+  EXPECT_THAT(r->checkpoints_provisional, ElementsAre(20));
 }
 
 TEST(ClusterTest, ActivationTimesTenThousandIsAttributedAndSkipped) {
@@ -98,6 +101,8 @@ TEST(ClusterTest, ActivationTimesTenThousandIsAttributedAndSkipped) {
   EXPECT_EQ(steps.at(15).reason, "replay audit mismatch");
   EXPECT_EQ(steps.at(10).checkpoint, "allowed");
   EXPECT_EQ(steps.at(20).checkpoint, "vetoed") << "the faulty GPU is still in the job";
+  EXPECT_TRUE(r->checkpoints_final.empty());
+  EXPECT_TRUE(r->checkpoints_provisional.empty()) << "checkpoint 10 was revoked and deleted";
   ASSERT_EQ(r->requests.size(), 1u);
   EXPECT_EQ(r->requests[0].node_name(), "node-b");
   EXPECT_EQ(r->requests[0].state(), v1::PENDING);

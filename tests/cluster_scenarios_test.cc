@@ -125,5 +125,25 @@ TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
   }
 }
 
+TEST(ClusterScenarioTest, UnreachableCoordinatorNeverStallsTraining) {
+  ClusterConfig c = Fast("unreachable", "activation-scale:3:step=15:10000");
+  c.coordinator_unreachable = true;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& rank : r->ranks) ASSERT_EQ(rank.size(), 24u) << "every step ran";
+  for (const StepRecord& s : r->ranks[0]) {
+    if (s.audited) EXPECT_TRUE(s.unverified) << "step " << s.step << ": no verdict to wait for";
+    if (s.step % 10 == 0) EXPECT_EQ(s.checkpoint, "vetoed") << "vetoed by default policy";
+  }
+  // Detection in-band still works: the faulty step is skipped on every rank.
+  const RunFacts f = Analyze(*r, *FindScenario("activation-x10000"), c, 3);
+  EXPECT_THAT(f.skipped_steps, ElementsAre(15));
+  EXPECT_TRUE(f.weights_identical);
+  // And the rank says so in its summary.
+  EXPECT_THAT(ReadFile(c.run_dir + "/trainer-0.log"), HasSubstr("coordinator=not connected"));
+  EXPECT_THAT(ReadFile(c.run_dir + "/trainer-0.log"),
+              HasSubstr("coordinator unreachable"));
+}
+
 }  // namespace
 }  // namespace sdc::demo

@@ -145,6 +145,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   if (!slot.has_value()) {
     slot.emplace();
     slot->record.job_id = h.job_id;
+    ++job.said_hello;
   } else {
     const Placement& old = slot->record.placement;
     placement_changed = old.node != h.placement.node || old.replica_group != group_id ||
@@ -204,10 +205,7 @@ void Coordinator::Detach(const std::string& job_id, Rank rank, uint64_t incarnat
 RankRecord& Coordinator::RankOf(JobState& job, Rank rank) { return job.ranks[rank]->record; }
 
 bool Coordinator::AllAttached(const JobState& job) {
-  for (const auto& slot : job.ranks) {
-    if (!slot.has_value()) return false;
-  }
-  return true;
+  return job.said_hello == job.record.world_size;
 }
 
 std::string Coordinator::Describe(const JobState& job, Rank rank) const {
@@ -653,12 +651,10 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
 
 absl::StatusOr<ReplayPlan> Coordinator::PlanFor(const JobState& job, const GroupState& group,
                                                 Step step, uint64_t plan_id) const {
-  for (const auto& slot : job.ranks) {
-    if (!slot.has_value()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job.record.job_id,
-                       " has ranks that never said Hello; audit plans need every rank"));
-    }
+  if (!AllAttached(job)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.record.job_id,
+                     " has ranks that never said Hello; audit plans need every rank"));
   }
   if (plan_id == 0) {
     if (job.record.audit_every == 0 || step % job.record.audit_every != 0) {
@@ -1029,6 +1025,21 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
       }
     }
   }
+  // Outcomes that point at the model, the data or the software (every rank
+  // alike) say nothing about the weights before; every other incident means
+  // some hardware produced wrong values, maybe silently on unaudited steps
+  // before the provisional checkpoint too: it is not trusted any more.
+  const bool software = outcome == "systemic" || outcome == "all_ranks" || outcome == "reproduced";
+  if (!software && job.provisional_checkpoint.has_value()) {
+    const Step revoked = *job.provisional_checkpoint;
+    job.provisional_checkpoint.reset();
+    job.revoked_checkpoints.push_back(revoked);
+    txn.mutation.checkpoint_decisions.push_back(
+        {job.record.job_id, revoked, false,
+         absl::StrCat("revoked by incident ", inc.id, " (", CheckKindName(check), " check, step ",
+                      step, ", ", outcome, ") before a later checkpoint confirmed it"),
+         now, /*revocation=*/true});
+  }
   auto [it, inserted] = incidents_.emplace(inc.id, inc);
   txn.mutation.incidents.push_back(inc);
   txn.effects.incidents.push_back(inc);
@@ -1200,6 +1211,11 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
         ") and is still in the job; replace ", f->second.node,
         " or deny its replacement request to clear it"));
   }
+  // 6. A checkpoint of this step was revoked: asking again changes nothing.
+  if (std::find(job.revoked_checkpoints.begin(), job.revoked_checkpoints.end(), step) !=
+      job.revoked_checkpoints.end()) {
+    vetoes.push_back(absl::StrCat("the checkpoint of step ", step, " was revoked"));
+  }
   *retryable = vetoes.empty() && !waits.empty();
   std::vector<std::string> all = vetoes;
   all.insert(all.end(), waits.begin(), waits.end());
@@ -1216,18 +1232,44 @@ absl::StatusOr<CheckpointResult> Coordinator::MayCheckpoint(const std::string& j
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  JobState& job = it->second;
   CheckpointResult result;
-  result.reason = CheckpointVeto(it->second, step, &result.retryable);
+  result.reason = CheckpointVeto(job, step, &result.retryable);
   result.allowed = result.reason.empty();
   if (result.allowed) result.reason = "every check through this step is in and passed";
   Txn txn;
   if (!result.retryable) {
-    txn.mutation.checkpoint_decisions.push_back(
-        {job_id, step, result.allowed, result.reason, clock_->Now()});
+    // A repeated question about the same step changes nothing.
+    const bool repeat = result.allowed && job.provisional_checkpoint == step;
+    if (!repeat) {
+      txn.mutation.checkpoint_decisions.push_back(
+          {job_id, step, result.allowed, result.reason, clock_->Now()});
+    }
+    if (result.allowed && !repeat) {
+      // A later checkpoint allowed: the job survived one more interval of
+      // checks since the provisional one, which becomes final.
+      if (job.provisional_checkpoint.has_value() && *job.provisional_checkpoint < step) {
+        job.confirmed_checkpoint = *job.provisional_checkpoint;
+      }
+      job.provisional_checkpoint = step;
+    }
   }
+  result.confirmed_through = job.confirmed_checkpoint;
+  result.revoked = job.revoked_checkpoints;
   absl::StatusOr<Effects> effects = Commit(txn);
   if (!effects.ok()) return effects.status();
   result.effects = *std::move(effects);
+  return result;
+}
+
+absl::StatusOr<CheckpointResult> Coordinator::CheckpointStatus(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  CheckpointResult result;
+  result.reason = "status only: nothing decided";
+  result.confirmed_through = it->second.confirmed_checkpoint;
+  result.revoked = it->second.revoked_checkpoints;
   return result;
 }
 
@@ -1478,6 +1520,7 @@ absl::Status Coordinator::Restore() {
     auto it = jobs_.find(r.job_id);
     if (it == jobs_.end() || r.placement.rank >= it->second.ranks.size()) continue;
     JobState& job = it->second;
+    if (!job.ranks[r.placement.rank].has_value()) ++job.said_hello;
     job.ranks[r.placement.rank] = RankState{r, false};
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
   }
@@ -1511,6 +1554,20 @@ absl::Status Coordinator::Restore() {
     }
   }
   for (const Suspect& s : snap->suspects) suspects_[s.gpu] = s;
+  for (const CheckpointDecision& d : snap->checkpoint_decisions) {
+    auto it = jobs_.find(d.job_id);
+    if (it == jobs_.end()) continue;
+    JobState& job = it->second;
+    if (d.revocation) {
+      job.revoked_checkpoints.push_back(d.step);
+      if (job.provisional_checkpoint == d.step) job.provisional_checkpoint.reset();
+    } else if (d.allowed && job.provisional_checkpoint != d.step) {
+      if (job.provisional_checkpoint.has_value() && *job.provisional_checkpoint < d.step) {
+        job.confirmed_checkpoint = *job.provisional_checkpoint;
+      }
+      job.provisional_checkpoint = d.step;
+    }
+  }
 
   // Reports not yet finalized go through the same code again, in arrival
   // order; their decisions were never written, so nothing is decided twice.

@@ -115,6 +115,10 @@ struct CheckpointResult {
   // asking again later may be allowed. Final decisions are persisted.
   bool retryable = false;
   std::string reason;
+  // Checkpoints up to here are final (0: none); `revoked` were provisional
+  // and must be deleted (see CheckpointDecision in proto/trainer.proto).
+  Step confirmed_through = 0;
+  std::vector<Step> revoked;
   Effects effects;
 };
 
@@ -160,7 +164,13 @@ class Coordinator {
   absl::StatusOr<Effects> Ingest(const Report& report) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The checkpoint gate; the decision is persisted. NotFound for unknown jobs.
+  // An allowed checkpoint is provisional; the next allowed one confirms it,
+  // and a GPU attributed faulty before that revokes it.
   absl::StatusOr<CheckpointResult> MayCheckpoint(const std::string& job_id, Step step)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Which checkpoints are confirmed and revoked, deciding nothing (allowed is
+  // false). NotFound for unknown jobs.
+  absl::StatusOr<CheckpointResult> CheckpointStatus(const std::string& job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Deadlines and expiry. Call periodically.
@@ -261,6 +271,12 @@ class Coordinator {
     std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> audits;
     std::map<uint64_t, PlanRecord> plans;
     std::map<Step, LedgerEntry> ledger;
+    uint32_t said_hello = 0;  // Ranks with a slot; all of them: groups are complete.
+    // Checkpoints: the allowed one not yet confirmed by a later one, the
+    // newest final one, and the revoked ones.
+    std::optional<Step> provisional_checkpoint;
+    Step confirmed_checkpoint = 0;
+    std::vector<Step> revoked_checkpoints;
   };
   // A GPU attributed faulty that still blocks checkpoints of its job.
   struct FaultyGpu {

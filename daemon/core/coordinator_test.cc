@@ -626,6 +626,58 @@ TEST(CoordinatorTest, AppliedFailureVetoesUntilRollback) {
   EXPECT_TRUE(d->allowed) << d->reason;
 }
 
+TEST(CoordinatorTest, CheckpointsAreProvisionalUntilTheNextAndRevokedByAFault) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  cl.AllWeights(10);
+  auto d = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(d->allowed) << d->reason;
+  EXPECT_EQ(d->confirmed_through, 0u) << "the first checkpoint is provisional";
+  d = cl.c().MayCheckpoint(kJob, 10);  // Asking again confirms nothing.
+  EXPECT_EQ(d->confirmed_through, 0u);
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  cl.AllWeights(20);
+  d = cl.c().MayCheckpoint(kJob, 20);
+  ASSERT_TRUE(d->allowed) << d->reason;
+  EXPECT_EQ(d->confirmed_through, 10u);
+  EXPECT_THAT(d->revoked, IsEmpty());
+  // Rank 5 is caught at step 25: checkpoint 20 may hold its earlier, unseen
+  // corruption.
+  for (Step s = 21; s <= 25; ++s) cl.CleanStep(s);
+  cl.AllWeights(25, /*corrupt=*/5);
+  auto status = cl.c().CheckpointStatus(kJob);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->confirmed_through, 10u);
+  EXPECT_THAT(status->revoked, ElementsAre(20u));
+  EXPECT_FALSE(status->allowed);
+  // The revocation is durable and asking again never revives it.
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  status = cl.c().CheckpointStatus(kJob);
+  EXPECT_EQ(status->confirmed_through, 10u);
+  EXPECT_THAT(status->revoked, ElementsAre(20u));
+  const uint64_t request = cl.c().ListRequests()[0].id;
+  ASSERT_TRUE(cl.c().Deny(request, "alice", "known bad sensor", false, false).ok());
+  d = cl.c().MayCheckpoint(kJob, 20);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_THAT(d->reason, HasSubstr("the checkpoint of step 20 was revoked"));
+  EXPECT_EQ(cl.c().CheckpointStatus("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorTest, ASystemicFailureRevokesNoCheckpoint) {
+  Cluster cl(3, 2, /*audit_every=*/10, /*weight_every=*/10);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  cl.Audit(10, {}, {});
+  cl.AllWeights(10);
+  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  cl.Audit(20, {}, {0, 1, 2, 3, 4, 5});  // Every replay differs: the software.
+  auto status = cl.c().CheckpointStatus(kJob);
+  EXPECT_THAT(status->revoked, IsEmpty());
+}
+
 // ---------------------------------------------------------------------------
 // Deadlines, restarts, operators
 

@@ -115,6 +115,8 @@ struct CheckpointDecision {
   bool allowed = false;
   std::string reason;
   absl::Time at;
+  // A later revocation of an allowed (provisional) checkpoint.
+  bool revocation = false;
 };
 
 // A finalized check of one step, kept for the checkpoint gate.
