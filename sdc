@@ -18,7 +18,7 @@ PACKAGES=(
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
 )
 
-BENCHMARKS="kernels core daemon"
+BENCHMARKS="kernels core daemon overhead detection"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -137,7 +137,8 @@ cmd_bench() {
   shift
   setup
   case "$name" in
-    kernels | core)
+    kernels | core | overhead | detection)
+      # overhead and detection start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
       ;;
@@ -169,7 +170,7 @@ usage: ./sdc COMMAND [ARGS]
   demo [FLAGS]         run the local cluster demo with injected faults (--help for flags)
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels, core, daemon
+  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection
   build [BAZEL ARGS]   install what is missing and build everything
   fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
   setup                install the Debian packages the project needs
