@@ -1588,6 +1588,23 @@ absl::Status Coordinator::Restore() {
     }
   }
   replaying_ = false;
+
+  // A request that was Executing when sdcd stopped: whether its actuator
+  // finished is unknown, and running it again could replace a node twice.
+  // It fails, saying so; an operator checks the node and approves it again
+  // with force to retry.
+  for (const ReplacementRequest& r : escalation_.List()) {
+    if (r.state != RequestState::kExecuting) continue;
+    absl::StatusOr<ReplacementRequest> failed = escalation_.FinishExecution(
+        r.id, false,
+        "sdcd stopped while the actuator ran; its outcome is unknown: check the node, then "
+        "approve again with --force to retry",
+        clock_->Now());
+    if (!failed.ok()) return failed.status();
+    Txn txn;
+    txn.mutation.requests.push_back(*failed);
+    if (absl::StatusOr<Effects> effects = Commit(txn); !effects.ok()) return effects.status();
+  }
   return absl::OkStatus();
 }
 

@@ -764,6 +764,29 @@ TEST(CoordinatorTest, OperatorsAndActuatorsDriveRequests) {
   EXPECT_THAT(cl.c().History("GPU-0", "").first, IsEmpty());
 }
 
+TEST(CoordinatorTest, ARequestExecutingWhenSdcdStoppedFailsAndCanBeRetried) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.AllWeights(10, 5);
+  const uint64_t id = cl.c().ListRequests()[0].id;
+  ASSERT_TRUE(cl.c().Approve(id, "alice", "confirmed", false, false).ok());
+  ASSERT_THAT(cl.c().StartApproved("eks").first, SizeIs(1));
+  cl.Reset();  // sdcd dies while kubectl runs.
+  ASSERT_TRUE(cl.c().Restore().ok());
+  auto r = cl.c().GetRequest(id);
+  EXPECT_EQ(r->state, RequestState::kFailed);
+  EXPECT_THAT(r->actuator_result, HasSubstr("outcome is unknown"));
+  EXPECT_THAT(cl.c().StartApproved("eks").first, IsEmpty()) << "never run twice by itself";
+  EXPECT_EQ(cl.c().Approve(id, "alice", "retry", false, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cl.c().Approve(id, "alice", "node checked: retry", /*force=*/true, false).ok());
+  EXPECT_THAT(cl.c().StartApproved("eks").first, SizeIs(1));
+  // And the failure was stored: another restart finds it.
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  EXPECT_EQ(cl.c().GetRequest(id)->state, RequestState::kFailed);
+}
+
 TEST(CoordinatorTest, PendingRequestsExpire) {
   CoordinatorOptions options;
   options.escalation.request_ttl = absl::Hours(1);
