@@ -1,21 +1,13 @@
 #include "client/coordinator_link.h"
 
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel.h"
 #include "daemon/convert.h"
 
 namespace sdc::client {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Codes after which resending the same report cannot succeed.
 bool Rejects(grpc::StatusCode code) {
@@ -28,24 +20,11 @@ bool Rejects(grpc::StatusCode code) {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  grpc::ChannelArguments args = KeepaliveArguments();
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!options.tls_ca.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadFile(options.tls_ca);
-    if (!options.tls_cert.empty()) {
-      ssl.pem_cert_chain = ReadFile(options.tls_cert);
-      ssl.pem_private_key = ReadFile(options.tls_key);
-    }
-    creds = grpc::SslCredentials(ssl);
-  }
-  return grpc::CreateCustomChannel(options.coordinator, creds, args);
+  return MakeClientChannel({options.coordinator, options.tls_ca, options.tls_cert, options.tls_key},
+                           args);
 }
 
 CoordinatorLink::CoordinatorLink(const GuardOptions& options, core::Hello hello)

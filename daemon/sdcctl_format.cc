@@ -664,6 +664,222 @@ std::string FormatDecision(const v1::ReplacementRequest& r, bool approved, bool 
 }
 
 // ---------------------------------------------------------------------------
+// Nodes and diagnostics
+
+std::string NodeStatusName(v1::NodeStatus status) {
+  switch (status) {
+    case v1::NODE_READY:
+      return "Ready";
+    case v1::NODE_STALE:
+      return "Stale";
+    case v1::NODE_DISCONNECTED:
+      return "Disconnected";
+    default:
+      return "Unknown";
+  }
+}
+
+std::string DiagnosticStateName(v1::DiagnosticState state) {
+  switch (state) {
+    case v1::DIAGNOSTIC_RUNNING:
+      return "Running";
+    case v1::DIAGNOSTIC_PASSED:
+      return "Passed";
+    case v1::DIAGNOSTIC_FAILED:
+      return "Failed";
+    case v1::DIAGNOSTIC_ERROR:
+      return "Error";
+    default:
+      return "Unknown";
+  }
+}
+
+namespace {
+
+// The distinct GPU models of a node, "NVIDIA H100 80GB HBM3" or "A,B".
+std::string GpuModels(const v1::Node& n) {
+  std::vector<std::string> models;
+  for (const v1::GpuIdentity& g : n.gpus()) {
+    if (std::find(models.begin(), models.end(), g.model()) == models.end()) {
+      models.push_back(g.model());
+    }
+  }
+  return JoinCell(models);
+}
+
+std::string DeviceResultName(const v1::DiagnosticResult& r) {
+  if (!r.error().empty()) return "error";
+  return r.pass() && r.mismatches() == 0 ? "pass" : "FAIL";
+}
+
+std::string Verdict(const v1::Diagnostic& d) {
+  const std::string head = absl::StrCat("diagnostic ", d.id(), " on node ", Cell(d.node_name()));
+  const std::string shape = absl::StrCat(d.size(), "x", d.size(), " fp32, ", d.repetitions(),
+                                         d.repetitions() == 1 ? " repetition" : " repetitions");
+  switch (d.state()) {
+    case v1::DIAGNOSTIC_PASSED:
+      return absl::StrCat(head, ": PASSED (", shape, "; every element matched the reference "
+                                                     "bit for bit)");
+    case v1::DIAGNOSTIC_FAILED: {
+      int wrong = 0;
+      uint64_t mismatches = 0;
+      for (const v1::DiagnosticResult& r : d.results()) {
+        if (DeviceResultName(r) == "FAIL") {
+          ++wrong;
+          mismatches += r.mismatches();
+        }
+      }
+      return absl::StrCat(head, ": FAILED (", shape, "; ", wrong,
+                          wrong == 1 ? " device" : " devices", " computed wrong values, ",
+                          mismatches, mismatches == 1 ? " element differs)" : " elements differ)");
+    }
+    case v1::DIAGNOSTIC_RUNNING:
+      return absl::StrCat(head, ": still running (", shape, "); see sdcctl describe node ",
+                          Cell(d.node_name()));
+    default: {
+      std::string why = d.error();
+      for (const v1::DiagnosticResult& r : d.results()) {
+        if (why.empty() && !r.error().empty()) why = absl::StrCat(r.device(), ": ", r.error());
+      }
+      return absl::StrCat(head, ": NO VERDICT (", Cell(why), ")");
+    }
+  }
+}
+
+std::vector<Row> DeviceRows(const v1::Diagnostic& d, bool wide) {
+  std::vector<Row> rows;
+  Row header = {"DEVICE", "GPU", "RESULT", "MISMATCHES", "MAX-ABS-ERROR", "GFLOP/S", "SECONDS"};
+  if (wide) header.push_back("DETAIL");
+  rows.push_back(std::move(header));
+  for (const v1::DiagnosticResult& r : d.results()) {
+    Row row = {Cell(r.device()),
+               Cell(r.gpu()),
+               DeviceResultName(r),
+               absl::StrCat(r.mismatches()),
+               ShortestDouble(r.max_abs_error()),
+               absl::StrFormat("%.1f", r.gflops()),
+               absl::StrFormat("%.3f", r.seconds())};
+    if (wide) row.push_back(Cell(r.error().empty() ? r.detail() : r.error()));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string FormatNodes(const v1::ListNodesResponse& response, OutputFormat format,
+                        absl::Time now) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(response);
+    case OutputFormat::kYaml:
+      return ToYaml(response);
+    case OutputFormat::kName: {
+      std::vector<std::string> names;
+      for (const auto& n : response.nodes()) names.push_back(Cell(n.node_name()));
+      return NameLines("node", names);
+    }
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  if (response.nodes().empty()) return "";
+  const bool wide = format == OutputFormat::kWide;
+  std::vector<Row> rows;
+  Row header = {"NAME"};
+  if (wide) header.push_back("HOSTNAME");
+  header.insert(header.end(), {"INSTANCE", "GPUS"});
+  if (wide) header.push_back("GPU-MODEL");
+  header.push_back("STATUS");
+  if (wide) header.push_back("AGENT");
+  header.push_back("AGE");
+  rows.push_back(std::move(header));
+  for (const v1::Node& n : response.nodes()) {
+    Row row = {Cell(n.node_name())};
+    if (wide) row.push_back(Cell(n.hostname()));
+    row.insert(row.end(), {Cell(n.instance_id()), absl::StrCat(n.gpus_size())});
+    if (wide) row.push_back(GpuModels(n));
+    row.push_back(NodeStatusName(n.status()));
+    if (wide) row.push_back(Cell(n.agent_version()));
+    row.push_back(FormatAgeSince(n.last_heartbeat_unix_ms(), now));
+    rows.push_back(std::move(row));
+  }
+  return RenderTable(rows);
+}
+
+std::string DescribeNode(const v1::Node& n, absl::Time now) {
+  std::string out = LabelBlock(
+      {{"Node", Cell(n.node_name())},
+       {"Hostname", Cell(n.hostname())},
+       {"Instance", Cell(n.instance_id())},
+       {"Status", NodeStatusName(n.status())},
+       {"Agent", Cell(n.agent_version())},
+       {"Heartbeat", absl::StrCat("every ", FormatAge(n.heartbeat_interval_ms() / 1000))},
+       {"Last Heartbeat", FormatTimestamp(n.last_heartbeat_unix_ms(), now)},
+       {"Registered", FormatTimestamp(n.registered_unix_ms(), now)}},
+      "");
+  if (n.gpus().empty()) {
+    absl::StrAppend(&out, "GPUs:  ", kNone,
+                    n.gpu_note().empty() ? "" : absl::StrCat(" (", Cell(n.gpu_note()), ")"), "\n");
+  } else {
+    absl::StrAppend(&out, "GPUs:\n");
+    std::vector<Row> rows = {{"INDEX", "UUID", "MODEL"}};
+    for (const v1::GpuIdentity& g : n.gpus()) {
+      rows.push_back({absl::StrCat(g.index()), Cell(g.uuid()), Cell(g.model())});
+    }
+    absl::StrAppend(&out, RenderTable(rows, "  "));
+  }
+  if (n.diagnostics().empty()) {
+    absl::StrAppend(&out, "Diagnostics:  ", kNone, "\n");
+    return out;
+  }
+  absl::StrAppend(&out, "Diagnostics:\n");
+  std::vector<Row> rows = {
+      {"NAME", "STATE", "GPU", "SIZE", "REPETITIONS", "DEVICES", "MISMATCHES", "AGE"}};
+  for (const v1::Diagnostic& d : n.diagnostics()) {
+    uint64_t mismatches = 0;
+    for (const v1::DiagnosticResult& r : d.results()) mismatches += r.mismatches();
+    rows.push_back({absl::StrCat(d.id()), DiagnosticStateName(d.state()),
+                    d.gpu_uuid().empty() ? std::string("all") : Cell(d.gpu_uuid()),
+                    absl::StrCat(d.size()), absl::StrCat(d.repetitions()),
+                    absl::StrCat(d.results_size()), absl::StrCat(mismatches),
+                    FormatAgeSince(d.requested_unix_ms(), now)});
+  }
+  absl::StrAppend(&out, RenderTable(rows, "  "));
+  return out;
+}
+
+std::string FormatDiagnostic(const v1::Diagnostic& d, OutputFormat format) {
+  switch (format) {
+    case OutputFormat::kJson:
+      return ToJson(d);
+    case OutputFormat::kYaml:
+      return ToYaml(d);
+    case OutputFormat::kName:
+      return absl::StrCat("diagnostic/", d.id(), "\n");
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      break;
+  }
+  std::string out = absl::StrCat(Verdict(d), "\n");
+  if (!d.results().empty()) {
+    absl::StrAppend(&out, RenderTable(DeviceRows(d, format == OutputFormat::kWide)));
+  }
+  return out;
+}
+
+int DiagnosticExitCode(const v1::Diagnostic& d) {
+  switch (d.state()) {
+    case v1::DIAGNOSTIC_PASSED:
+      return kExitOk;
+    case v1::DIAGNOSTIC_FAILED:
+      return kExitDiagnosticFailed;
+    default:
+      return kExitDiagnosticNoVerdict;
+  }
+}
+
+// ---------------------------------------------------------------------------
 // JSON and YAML
 
 std::string ToJson(const google::protobuf::Message& message) {

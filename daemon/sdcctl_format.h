@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "admin.pb.h"
+#include "agent.pb.h"
 #include "common.pb.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/status.h"
@@ -27,6 +28,11 @@ inline constexpr int kExitNotFound = 3;      // NOT_FOUND.
 inline constexpr int kExitPrecondition = 4;  // FAILED_PRECONDITION (e.g. already decided).
 inline constexpr int kExitUnreachable = 5;   // UNAVAILABLE or DEADLINE_EXCEEDED.
 inline constexpr int kExitPermission = 6;    // UNAUTHENTICATED or PERMISSION_DENIED.
+// `diagnose`: the diagnostic ran and a device computed wrong values.
+inline constexpr int kExitDiagnosticFailed = 7;
+// `diagnose`: no verdict (the agent could not run it, its stream ended, or
+// it was still running at the deadline).
+inline constexpr int kExitDiagnosticNoVerdict = 8;
 
 // The exit code for an RPC that ended with `code` (kExitOk for OK).
 int ExitCodeFor(grpc::StatusCode code);
@@ -95,6 +101,32 @@ std::string DescribeRequest(const v1::ReplacementRequest& request, absl::Time no
 // approval will make the actuator do to the node, and what that costs on
 // SageMaker HyperPod. Ends with a newline.
 std::string ApprovalNotice(const v1::ReplacementRequest& request);
+
+// Node agents. `get nodes`: NAME, INSTANCE, GPUS (how many), STATUS (Ready,
+// Stale, Disconnected) and AGE, the time since the last heartbeat; wide adds
+// HOSTNAME, GPU-MODEL and AGENT (its version). Name: "node/NAME".
+std::string FormatNodes(const v1::ListNodesResponse& response, OutputFormat format,
+                        absl::Time now);
+
+// "Ready", "Stale", "Disconnected"; "Unknown" for anything else.
+std::string NodeStatusName(v1::NodeStatus status);
+
+// `describe node`: identity, GPUs and recent diagnostics, kubectl describe's
+// layout.
+std::string DescribeNode(const v1::Node& node, absl::Time now);
+
+// "Running", "Passed", "Failed", "Error"; "Unknown" for anything else.
+std::string DiagnosticStateName(v1::DiagnosticState state);
+
+// `diagnose node`: in table and wide formats the verdict line, then one row
+// per device (DEVICE, GPU, RESULT, MISMATCHES, MAX-ABS-ERROR, GFLOP/S,
+// SECONDS; wide adds DETAIL); "diagnostic/ID" for name; the message for json
+// and yaml. Ends with a newline.
+std::string FormatDiagnostic(const v1::Diagnostic& diagnostic, OutputFormat format);
+
+// kExitOk when every device passed, kExitDiagnosticFailed when one computed
+// wrong values, kExitDiagnosticNoVerdict otherwise.
+int DiagnosticExitCode(const v1::Diagnostic& diagnostic);
 
 // The result of approve/deny: "request N approved" (or "denied"), with
 // " (dry run: nothing changed)" when `dry_run`; "request/N" for name; the

@@ -916,5 +916,173 @@ TEST(FormatDecisionTest, EveryFormat) {
             ToJson(r));
 }
 
+// ---------------------------------------------------------------------------
+// Nodes and diagnostics
+
+v1::ListNodesResponse TwoNodes() {
+  v1::ListNodesResponse r;
+  v1::Node* a = r.add_nodes();
+  a->set_node_name("hyperpod-i-0123456789abcdef0");
+  a->set_hostname("ip-10-1-0-31");
+  a->set_instance_id("i-0123456789abcdef0");
+  for (uint32_t i = 0; i < 8; ++i) {
+    v1::GpuIdentity* g = a->add_gpus();
+    g->set_uuid(absl::StrCat("GPU-", i));
+    g->set_model("NVIDIA H100 80GB HBM3");
+    g->set_index(i);
+  }
+  a->set_agent_version("0.1.0");
+  a->set_status(v1::NODE_READY);
+  a->set_last_heartbeat_unix_ms(MillisAgo(absl::Seconds(12)));
+  v1::Node* b = r.add_nodes();
+  b->set_node_name("node-b");
+  b->set_hostname("node-b");
+  b->set_gpu_note("NVML: cannot load libnvidia-ml.so.1");
+  b->set_agent_version("0.1.0");
+  b->set_status(v1::NODE_DISCONNECTED);
+  b->set_last_heartbeat_unix_ms(MillisAgo(absl::Minutes(7)));
+  return r;
+}
+
+v1::DiagnosticResult DeviceResultFor(const std::string& gpu, const std::string& device,
+                                     uint64_t mismatches, const std::string& error = "") {
+  v1::DiagnosticResult r;
+  r.set_id(3);
+  r.set_gpu(gpu);
+  r.set_device(device);
+  r.set_pass(mismatches == 0 && error.empty());
+  r.set_mismatches(mismatches);
+  r.set_max_abs_error(mismatches == 0 ? 0 : 1);
+  r.set_gflops(error.empty() ? 41234.56 : 0);
+  r.set_seconds(error.empty() ? 0.0521 : 0);
+  r.set_size(1024);
+  r.set_repetitions(3);
+  r.set_device_count(2);
+  r.set_detail(error.empty() ? "ran" : "");
+  r.set_error(error);
+  return r;
+}
+
+v1::Diagnostic DiagnosticOf(v1::DiagnosticState state, std::vector<v1::DiagnosticResult> results,
+                            const std::string& error = "") {
+  v1::Diagnostic d;
+  d.set_id(3);
+  d.set_node_name("node-b");
+  d.set_size(1024);
+  d.set_repetitions(3);
+  d.set_state(state);
+  for (auto& r : results) *d.add_results() = r;
+  d.set_error(error);
+  d.set_requested_unix_ms(MillisAgo(absl::Minutes(2)));
+  return d;
+}
+
+TEST(FormatNodesTest, TableWideName) {
+  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kTable, kNow),
+            "NAME                           INSTANCE              GPUS   STATUS         AGE\n"
+            "hyperpod-i-0123456789abcdef0   i-0123456789abcdef0   8      Ready          12s\n"
+            "node-b                         <none>                0      Disconnected   7m\n");
+  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kWide, kNow),
+            "NAME                           HOSTNAME       INSTANCE              GPUS   "
+            "GPU-MODEL               STATUS         AGENT   AGE\n"
+            "hyperpod-i-0123456789abcdef0   ip-10-1-0-31   i-0123456789abcdef0   8      "
+            "NVIDIA H100 80GB HBM3   Ready          0.1.0   12s\n"
+            "node-b                         node-b         <none>                0      "
+            "<none>                  Disconnected   0.1.0   7m\n");
+  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kName, kNow),
+            "node/hyperpod-i-0123456789abcdef0\nnode/node-b\n");
+  EXPECT_EQ(FormatNodes({}, OutputFormat::kTable, kNow), "");
+  EXPECT_EQ(FormatNodes({}, OutputFormat::kYaml, kNow), "nodes: []\n");
+}
+
+TEST(DescribeNodeTest, IdentityGpusAndDiagnostics) {
+  v1::Node n = TwoNodes().nodes(0);
+  n.mutable_gpus()->DeleteSubrange(2, 6);
+  n.set_heartbeat_interval_ms(30'000);
+  n.set_registered_unix_ms(MillisAgo(absl::Hours(2)));
+  *n.add_diagnostics() =
+      DiagnosticOf(v1::DIAGNOSTIC_FAILED, {DeviceResultFor("GPU-0", "cuda:0", 0),
+                                           DeviceResultFor("GPU-1", "cuda:1", 4)});
+  EXPECT_EQ(DescribeNode(n, kNow),
+            "Node:            hyperpod-i-0123456789abcdef0\n"
+            "Hostname:        ip-10-1-0-31\n"
+            "Instance:        i-0123456789abcdef0\n"
+            "Status:          Ready\n"
+            "Agent:           0.1.0\n"
+            "Heartbeat:       every 30s\n"
+            "Last Heartbeat:  2027-01-15T07:59:48Z (12s ago)\n"
+            "Registered:      2027-01-15T06:00:00Z (2h ago)\n"
+            "GPUs:\n"
+            "  INDEX   UUID    MODEL\n"
+            "  0       GPU-0   NVIDIA H100 80GB HBM3\n"
+            "  1       GPU-1   NVIDIA H100 80GB HBM3\n"
+            "Diagnostics:\n"
+            "  NAME   STATE    GPU   SIZE   REPETITIONS   DEVICES   MISMATCHES   AGE\n"
+            "  3      Failed   all   1024   3             2         4            2m\n");
+  const v1::Node b = TwoNodes().nodes(1);
+  EXPECT_THAT(DescribeNode(b, kNow),
+              HasSubstr("GPUs:  <none> (NVML: cannot load libnvidia-ml.so.1)\n"
+                        "Diagnostics:  <none>\n"));
+}
+
+TEST(FormatDiagnosticTest, PassedFailedNoVerdictRunning) {
+  const v1::Diagnostic passed = DiagnosticOf(
+      v1::DIAGNOSTIC_PASSED,
+      {DeviceResultFor("GPU-0", "cuda:0", 0), DeviceResultFor("GPU-1", "cuda:1", 0)});
+  EXPECT_EQ(FormatDiagnostic(passed, OutputFormat::kTable),
+            "diagnostic 3 on node node-b: PASSED (1024x1024 fp32, 3 repetitions; every element "
+            "matched the reference bit for bit)\n"
+            "DEVICE   GPU     RESULT   MISMATCHES   MAX-ABS-ERROR   GFLOP/S   SECONDS\n"
+            "cuda:0   GPU-0   pass     0            0               41234.6   0.052\n"
+            "cuda:1   GPU-1   pass     0            0               41234.6   0.052\n");
+  EXPECT_EQ(DiagnosticExitCode(passed), 0);
+
+  const v1::Diagnostic failed = DiagnosticOf(
+      v1::DIAGNOSTIC_FAILED, {DeviceResultFor("GPU-0", "cuda:0", 0),
+                              DeviceResultFor("GPU-1", "cuda:1", 1)});
+  EXPECT_EQ(FormatDiagnostic(failed, OutputFormat::kWide),
+            "diagnostic 3 on node node-b: FAILED (1024x1024 fp32, 3 repetitions; 1 device "
+            "computed wrong values, 1 element differs)\n"
+            "DEVICE   GPU     RESULT   MISMATCHES   MAX-ABS-ERROR   GFLOP/S   SECONDS   DETAIL\n"
+            "cuda:0   GPU-0   pass     0            0               41234.6   0.052     ran\n"
+            "cuda:1   GPU-1   FAIL     1            1               41234.6   0.052     ran\n");
+  EXPECT_EQ(DiagnosticExitCode(failed), kExitDiagnosticFailed);
+  EXPECT_EQ(kExitDiagnosticFailed, 7);
+
+  const v1::Diagnostic no_cuda = DiagnosticOf(
+      v1::DIAGNOSTIC_ERROR, {DeviceResultFor("GPU-0", "cuda:0", 0, "CUDA is not usable")});
+  EXPECT_EQ(FormatDiagnostic(no_cuda, OutputFormat::kTable),
+            "diagnostic 3 on node node-b: NO VERDICT (cuda:0: CUDA is not usable)\n"
+            "DEVICE   GPU     RESULT   MISMATCHES   MAX-ABS-ERROR   GFLOP/S   SECONDS\n"
+            "cuda:0   GPU-0   error    0            0               0.0       0.000\n");
+  EXPECT_EQ(DiagnosticExitCode(no_cuda), kExitDiagnosticNoVerdict);
+  EXPECT_EQ(kExitDiagnosticNoVerdict, 8);
+
+  const v1::Diagnostic lost =
+      DiagnosticOf(v1::DIAGNOSTIC_ERROR, {}, "the agent's stream ended before it answered");
+  EXPECT_EQ(FormatDiagnostic(lost, OutputFormat::kTable),
+            "diagnostic 3 on node node-b: NO VERDICT (the agent's stream ended before it "
+            "answered)\n");
+  const v1::Diagnostic running = DiagnosticOf(v1::DIAGNOSTIC_RUNNING, {});
+  EXPECT_EQ(FormatDiagnostic(running, OutputFormat::kTable),
+            "diagnostic 3 on node node-b: still running (1024x1024 fp32, 3 repetitions); see "
+            "sdcctl describe node node-b\n");
+  EXPECT_EQ(DiagnosticExitCode(running), kExitDiagnosticNoVerdict);
+  EXPECT_EQ(FormatDiagnostic(running, OutputFormat::kName), "diagnostic/3\n");
+  EXPECT_EQ(FormatDiagnostic(running, OutputFormat::kJson), ToJson(running));
+}
+
+TEST(NamesTest, NodeStatusesAndDiagnosticStates) {
+  EXPECT_EQ(NodeStatusName(v1::NODE_READY), "Ready");
+  EXPECT_EQ(NodeStatusName(v1::NODE_STALE), "Stale");
+  EXPECT_EQ(NodeStatusName(v1::NODE_DISCONNECTED), "Disconnected");
+  EXPECT_EQ(NodeStatusName(v1::NODE_STATUS_UNSPECIFIED), "Unknown");
+  EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_RUNNING), "Running");
+  EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_PASSED), "Passed");
+  EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_FAILED), "Failed");
+  EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_ERROR), "Error");
+  EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_STATE_UNSPECIFIED), "Unknown");
+}
+
 }  // namespace
 }  // namespace sdc::sdcctl

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "admin.grpc.pb.h"
+#include "agent.pb.h"
 #include "daemon/sdcctl_format.h"
 #include "grpcpp/grpcpp.h"
 
@@ -46,6 +47,9 @@ ABSL_FLAG(std::string, job, "", "get incidents: only incidents of this job.");
 ABSL_FLAG(std::string, reason, "", "approve, deny: why (required).");
 ABSL_FLAG(bool, dry_run, false, "approve, deny: validate and report, change nothing.");
 ABSL_FLAG(bool, force, false, "approve, deny: decide even if already decided.");
+ABSL_FLAG(std::string, gpu, "", "diagnose: one GPU (UUID) or cpu; default: every GPU of the node.");
+ABSL_FLAG(int, size, 0, "diagnose: n of the n x n matrices (1..8192; default 1024).");
+ABSL_FLAG(int, repetitions, 0, "diagnose: products per device (1..1000; default 3).");
 
 namespace sdc::sdcctl {
 namespace {
@@ -61,7 +65,11 @@ Commands:
   get incidents [--job=ID]
   get suspects
   get jobs
+  get nodes               node agents: instance id, GPUs, status, time since heartbeat
   describe request ID     state, transitions, actuator and evidence of a request
+  describe node NAME      a node's agent, GPUs and recent diagnostics
+  diagnose node NAME [--gpu=UUID|cpu] [--size=N] [--repetitions=N]
+                          run the agent's confirmation diagnostic and wait for it
   approve ID --reason=TEXT [--dry-run] [--force]
   deny ID --reason=TEXT [--dry-run] [--force]
   history gpu UUID        every incident and request involving a GPU
@@ -86,11 +94,17 @@ Command flags:
   --dry-run             approve, deny: validate and report, change nothing
   --force               approve, deny: decide a request already decided (not one
                         executing or done), or approve past the blast-radius cap
+  --gpu=UUID            diagnose: one GPU, or cpu (default: every GPU of the node)
+  --size=N              diagnose: n x n fp32 matrices, 1..8192 (default 1024)
+  --repetitions=N       diagnose: products per device, 1..1000 (default 3)
+
+diagnose waits for the result; its deadline is --timeout when given, else 10m.
 
 Exit codes:
   0 success, 1 other error, 2 usage error, 3 not found, 4 already decided or
   other failed precondition, 5 sdcd unreachable, 6 permission denied or no
-  readable token.
+  readable token; diagnose: 0 passed, 7 a device computed wrong values,
+  8 no verdict (could not run, agent lost, or still running at the deadline).
 )";
 
 constexpr char kDefaultServer[] = "127.0.0.1:7401";
@@ -117,7 +131,14 @@ enum class Verb {
   kDeny,
   kHistoryGpu,
   kHistoryNode,
+  kGetNodes,
+  kDescribeNode,
+  kDiagnoseNode,
 };
+
+// diagnose's deadline when --timeout is not given: a large diagnostic on the
+// CPU takes minutes.
+constexpr absl::Duration kDiagnoseTimeout = absl::Minutes(10);
 
 std::set<std::string> CommandFlags(Verb verb) {
   switch (verb) {
@@ -128,6 +149,8 @@ std::set<std::string> CommandFlags(Verb verb) {
     case Verb::kApprove:
     case Verb::kDeny:
       return {"reason", "dry_run", "force"};
+    case Verb::kDiagnoseNode:
+      return {"gpu", "size", "repetitions"};
     default:
       return {};
   }
@@ -135,7 +158,7 @@ std::set<std::string> CommandFlags(Verb verb) {
 
 bool IsCommandFlag(const std::string& name) {
   return name == "state" || name == "job" || name == "reason" || name == "dry_run" ||
-         name == "force";
+         name == "force" || name == "gpu" || name == "size" || name == "repetitions";
 }
 
 // What sdcctl reads from its environment, read in exactly one place.
@@ -249,7 +272,16 @@ struct Config {
   std::string operator_name;                               // approve, deny: --as, else $USER.
   bool dry_run = false;
   bool force = false;
+  std::string node;             // describe node, diagnose node.
+  std::string gpu;              // diagnose --gpu.
+  uint32_t size = 0;            // diagnose --size (0: sdcd's default).
+  uint32_t repetitions = 0;     // diagnose --repetitions.
 };
+
+// "node-b" or "node/node-b" (what -o name prints).
+std::string NodeName(absl::string_view word) {
+  return std::string(absl::StripPrefix(word, "node/"));
+}
 
 // "7" or "request/7" (what -o name prints); a positive integer.
 absl::StatusOr<uint64_t> ParseRequestId(absl::string_view text) {
@@ -278,7 +310,8 @@ absl::Status ParseCommand(const std::vector<std::string>& w, Config* c) {
   const std::string& command = w[0];
   if (command == "get") {
     if (w.size() < 2) {
-      return absl::InvalidArgumentError("get what? (requests, incidents, suspects or jobs)");
+      return absl::InvalidArgumentError(
+          "get what? (requests, incidents, suspects, jobs or nodes)");
     }
     const std::string& what = w[1];
     if (what == "requests" || what == "request") {
@@ -289,11 +322,38 @@ absl::Status ParseCommand(const std::vector<std::string>& w, Config* c) {
       c->verb = Verb::kGetSuspects;
     } else if (what == "jobs" || what == "job") {
       c->verb = Verb::kGetJobs;
+    } else if (what == "nodes" || what == "node") {
+      c->verb = Verb::kGetNodes;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown resource \"", what, "\" (want requests, incidents, suspects or jobs)"));
+          "unknown resource \"", what, "\" (want requests, incidents, suspects, jobs or nodes)"));
     }
     return want(2, absl::StrCat("get ", what));
+  }
+  if (command == "describe" && w.size() >= 2 &&
+      (w[1] == "node" || w[1] == "nodes" || absl::StartsWith(w[1], "node/"))) {
+    c->verb = Verb::kDescribeNode;
+    if (absl::StartsWith(w[1], "node/")) {
+      if (absl::Status s = want(2, "describe node NAME"); !s.ok()) return s;
+      c->node = NodeName(w[1]);
+    } else {
+      if (absl::Status s = want(3, "describe node NAME"); !s.ok()) return s;
+      c->node = NodeName(w[2]);
+    }
+    return absl::OkStatus();
+  }
+  if (command == "diagnose") {
+    c->verb = Verb::kDiagnoseNode;
+    constexpr char kForm[] = "diagnose node NAME [--gpu=UUID] [--size=N] [--repetitions=N]";
+    if (w.size() == 2 && absl::StartsWith(w[1], "node/")) {
+      c->node = NodeName(w[1]);
+    } else if (w.size() >= 2 && (w[1] == "node" || w[1] == "nodes")) {
+      if (absl::Status s = want(3, kForm); !s.ok()) return s;
+      c->node = NodeName(w[2]);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("usage: sdcctl ", kForm));
+    }
+    return absl::OkStatus();
   }
   if (command == "describe") {
     c->verb = Verb::kDescribeRequest;
@@ -305,8 +365,9 @@ absl::Status ParseCommand(const std::vector<std::string>& w, Config* c) {
       return absl::OkStatus();
     }
     if (w.size() >= 2 && w[1] != "request" && w[1] != "requests") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot describe \"", w[1], "\" (usage: sdcctl describe request ID)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot describe \"", w[1],
+          "\" (usage: sdcctl describe request ID | describe node NAME)"));
     }
     if (absl::Status s = want(3, "describe request ID"); !s.ok()) return s;
     absl::StatusOr<uint64_t> id = ParseRequestId(w[2]);
@@ -348,8 +409,8 @@ absl::StatusOr<Config> ConfigFromFlags(const CommandLine& line, const Environmen
   for (const std::string& name : line.flags_named) {
     if (IsCommandFlag(name) && allowed.count(name) == 0) {
       // "get jobs", "approve": the words that name the command.
-      const bool two_words =
-          line.words[0] == "get" || line.words[0] == "describe" || line.words[0] == "history";
+      const bool two_words = line.words[0] == "get" || line.words[0] == "describe" ||
+                             line.words[0] == "history" || line.words[0] == "diagnose";
       const std::string command =
           two_words ? absl::StrCat(line.words[0], " ", line.words[1]) : line.words[0];
       return absl::InvalidArgumentError(
@@ -366,6 +427,9 @@ absl::StatusOr<Config> ConfigFromFlags(const CommandLine& line, const Environmen
   c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   c.tls_key = absl::GetFlag(FLAGS_tls_key);
   c.timeout = absl::GetFlag(FLAGS_timeout);
+  if (c.verb == Verb::kDiagnoseNode && line.flags_named.count("timeout") == 0) {
+    c.timeout = kDiagnoseTimeout;
+  }
   absl::StatusOr<OutputFormat> output = ParseOutputFormat(absl::GetFlag(FLAGS_output));
   if (!output.ok()) return output.status();
   c.output = *output;
@@ -379,6 +443,15 @@ absl::StatusOr<Config> ConfigFromFlags(const CommandLine& line, const Environmen
   c.operator_name = first(absl::GetFlag(FLAGS_as), env.user, "");
   c.dry_run = absl::GetFlag(FLAGS_dry_run);
   c.force = absl::GetFlag(FLAGS_force);
+  c.gpu = absl::GetFlag(FLAGS_gpu);
+  const int size = absl::GetFlag(FLAGS_size);
+  const int repetitions = absl::GetFlag(FLAGS_repetitions);
+  // sdcd checks the upper bounds (the agent's limits); a negative number is
+  // a usage error here.
+  if (size < 0) return absl::InvalidArgumentError("--size must not be negative");
+  if (repetitions < 0) return absl::InvalidArgumentError("--repetitions must not be negative");
+  c.size = static_cast<uint32_t>(size);
+  c.repetitions = static_cast<uint32_t>(repetitions);
   return c;
 }
 
@@ -403,6 +476,9 @@ absl::Status Validate(const Config& c) {
   }
   if ((c.verb == Verb::kHistoryGpu || c.verb == Verb::kHistoryNode) && c.subject.empty()) {
     return absl::InvalidArgumentError("history needs a GPU UUID or a node name");
+  }
+  if ((c.verb == Verb::kDescribeNode || c.verb == Verb::kDiagnoseNode) && c.node.empty()) {
+    return absl::InvalidArgumentError("name a node");
   }
   return absl::OkStatus();
 }
@@ -479,25 +555,40 @@ class AdminClient {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
     args.SetUserAgentPrefix("sdcctl");
-    stub_ =
-        v1::AdminService::NewStub(grpc::CreateCustomChannel(config.server, creds.channel, args));
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(config.server, creds.channel, args);
+    stub_ = v1::AdminService::NewStub(channel);
+    node_stub_ = v1::NodeAdminService::NewStub(channel);
   }
 
   // Runs `call(stub, context)` under the deadline. Returns its status.
   template <typename Call>
   grpc::Status Run(Call call) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-    if (!bearer_token_.empty()) {
-      context.AddMetadata("authorization", absl::StrCat("Bearer ", bearer_token_));
-    }
+    Prepare(&context);
     return call(*stub_, &context);
   }
 
+  // The same for the node agents' service.
+  template <typename Call>
+  grpc::Status RunNodes(Call call) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    return call(*node_stub_, &context);
+  }
+
  private:
+  void Prepare(grpc::ClientContext* context) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    if (!bearer_token_.empty()) {
+      context->AddMetadata("authorization", absl::StrCat("Bearer ", bearer_token_));
+    }
+  }
+
   const absl::Duration timeout_;
   const std::string bearer_token_;
   std::unique_ptr<v1::AdminService::Stub> stub_;
+  std::unique_ptr<v1::NodeAdminService::Stub> node_stub_;
 };
 
 int Fail(int exit_code, absl::string_view message) {
@@ -613,6 +704,49 @@ int Execute(const Config& c, AdminClient& admin) {
       if (!status.ok()) return failed();
       PrintList(FormatHistory(r, c.output, absl::Now()), IsEmpty(r));
       return kExitOk;
+    }
+    case Verb::kGetNodes: {
+      v1::ListNodesResponse r;
+      status = admin.RunNodes([&](auto& s, auto* ctx) { return s.ListNodes(ctx, {}, &r); });
+      if (!status.ok()) return failed();
+      PrintList(FormatNodes(r, c.output, absl::Now()), r.nodes().empty());
+      return kExitOk;
+    }
+    case Verb::kDescribeNode: {
+      v1::GetNodeRequest q;
+      q.set_node_name(c.node);
+      v1::Node r;
+      status = admin.RunNodes([&](auto& s, auto* ctx) { return s.GetNode(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      switch (c.output) {
+        case OutputFormat::kJson:
+          Print(ToJson(r));
+          break;
+        case OutputFormat::kYaml:
+          Print(ToYaml(r));
+          break;
+        case OutputFormat::kName:
+          Print(absl::StrCat("node/", r.node_name(), "\n"));
+          break;
+        case OutputFormat::kTable:
+        case OutputFormat::kWide:
+          Print(DescribeNode(r, absl::Now()));
+          break;
+      }
+      return kExitOk;
+    }
+    case Verb::kDiagnoseNode: {
+      v1::DiagnoseRequest q;
+      q.set_node_name(c.node);
+      q.set_gpu_uuid(c.gpu);
+      q.set_size(c.size);
+      q.set_repetitions(c.repetitions);
+      q.set_wait(true);
+      v1::Diagnostic r;
+      status = admin.RunNodes([&](auto& s, auto* ctx) { return s.Diagnose(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      Print(FormatDiagnostic(r, c.output));
+      return DiagnosticExitCode(r);
     }
   }
   return Fail(kExitError, "internal: unhandled command");

@@ -25,6 +25,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/actuator.h"
+#include "daemon/agent_service.h"
+#include "daemon/agents.h"
+#include "daemon/agents_actuator.h"
 #include "daemon/config.h"
 #include "daemon/core/coordinator.h"
 #include "daemon/metrics/exposer.h"
@@ -56,7 +59,8 @@ ABSL_FLAG(bool, admin_tls, false, "Serve the admin service over TLS with --tls_c
 ABSL_FLAG(std::string, admin_client_ca, "",
           "If set, admin clients may authenticate with a certificate from this CA.");
 ABSL_FLAG(std::string, actuator, "dry-run",
-          "What approval does: dry-run, eks, slurm, hyperpod or command.");
+          "What approval does: dry-run, eks, slurm, hyperpod, command or agent (the node's "
+          "sdc-agent runs its --action_command).");
 ABSL_FLAG(std::string, actuator_command, "",
           "For --actuator=command: program and arguments; {node}, {action}, {request} "
           "are substituted.");
@@ -64,7 +68,8 @@ ABSL_FLAG(absl::Duration, actuator_timeout, absl::Seconds(60),
           "Deadline for each program an actuator runs.");
 ABSL_FLAG(std::string, hyperpod_cluster, "", "For --actuator=hyperpod: the cluster name.");
 ABSL_FLAG(std::string, hyperpod_node_ids_file, "",
-          "For --actuator=hyperpod: lines of 'node-name instance-id'.");
+          "For --actuator=hyperpod: lines of 'node-name instance-id' (in addition to the ids "
+          "node agents register; the file wins).");
 ABSL_FLAG(std::string, action, kDefaults.action, "What a request asks for: replace or reboot.");
 ABSL_FLAG(std::string, approval, kDefaults.approval,
           "require: a human approves every request; auto: approve at once.");
@@ -201,7 +206,12 @@ int Main(int argc, char** argv) {
   // every lock. Production code does not pay for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   Config config = ConfigFromFlags();
-  if (absl::Status s = Validate(config); !s.ok()) Die(std::string(s.message()));
+  {
+    // Validate knows the built-in actuators; the agent one is made below.
+    Config checked = config;
+    checked.actuator = ForValidation(config.actuator);
+    if (absl::Status s = Validate(checked); !s.ok()) Die(std::string(s.message()));
+  }
   if (!config.hyperpod_node_ids_file.empty()) {
     std::istringstream lines(ReadFile(config.hyperpod_node_ids_file));
     std::string line;
@@ -228,7 +238,11 @@ int Main(int argc, char** argv) {
   if (absl::Status s = coordinator.Restore(); !s.ok()) {
     Die(absl::StrCat("--db: cannot restore from ", config.db, ": ", s.message()));
   }
-  std::unique_ptr<Actuator> actuator = *MakeActuator(config.actuator);
+  // Node agents: in memory, rebuilt as agents (re)register.
+  AgentRegistry agents(AgentRegistryOptions{}, &clock);
+  AgentHub agent_hub(&agents, &clock);
+  std::unique_ptr<Actuator> actuator = *MakeActuatorWithAgents(
+      config.actuator, &agent_hub, [&agents] { return agents.InstanceIds(); });
 
   metrics::Registry registry;
   ServiceMetrics service_metrics(registry);
@@ -267,8 +281,15 @@ int Main(int argc, char** argv) {
                       .Help("Commits since start (each holds many changes).")
                       .Register(registry)
                       .Add({});
+  auto& agent_nodes = metrics::BuildGauge()
+                          .Name("sdc_agent_nodes")
+                          .Help("Nodes whose sdc-agent registered, by status.")
+                          .Register(registry);
   SqliteStore* db = store->get();
   registry.AddCollectHook([&] {
+    std::map<std::string, int> by_status = {{"Ready", 0}, {"Stale", 0}, {"Disconnected", 0}};
+    for (const NodeView& n : agents.ListNodes()) ++by_status[NodeStatusName(n.status)];
+    for (const auto& [status, n] : by_status) agent_nodes.Add({{"status", status}}).Set(n);
     attached.Set(coordinator.AttachedRanks());
     suspects.Set(static_cast<double>(coordinator.ListSuspects().size()));
     std::map<std::string, int> by_state;
@@ -298,6 +319,9 @@ int Main(int argc, char** argv) {
     absl::MutexLock lock(&wake_mu);
     wake = true;
   });
+  // Agents dial the trainer listener; operators reach them on the admin one.
+  AgentService agent_service(&agent_hub, &service_metrics);
+  NodeAdminService node_admin(&agent_hub, &clock, &service_metrics, auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -308,6 +332,7 @@ int Main(int argc, char** argv) {
       config.listen, Credentials(config, !config.tls_cert.empty(), config.tls_client_ca, true),
       &trainer_port);
   trainer_builder.RegisterService(&trainer);
+  trainer_builder.RegisterService(&agent_service);
   ConfigureKeepalive(trainer_builder);
   std::unique_ptr<grpc::Server> trainer_server = trainer_builder.BuildAndStart();
   if (trainer_server == nullptr) Die(absl::StrCat("--listen: cannot listen on ", config.listen));
@@ -316,6 +341,7 @@ int Main(int argc, char** argv) {
       config.admin_listen,
       Credentials(config, config.admin_tls, config.admin_client_ca, false), &admin_port);
   admin_builder.RegisterService(&admin);
+  admin_builder.RegisterService(&node_admin);
   ConfigureKeepalive(admin_builder);
   std::unique_ptr<grpc::Server> admin_server = admin_builder.BuildAndStart();
   if (admin_server == nullptr) {
@@ -352,6 +378,7 @@ int Main(int argc, char** argv) {
       core::Effects e = coordinator.Tick();
       log_effects(e);
       delivery.Deliver(std::move(e));
+      agent_hub.Tick();
       const bool healthy = db->health().ok();
       trainer_server->GetHealthCheckService()->SetServingStatus(healthy);
       admin_server->GetHealthCheckService()->SetServingStatus(healthy);
@@ -382,6 +409,10 @@ int Main(int argc, char** argv) {
 
   while (!g_stop) absl::SleepFor(absl::Milliseconds(200));
   Log("shutting down");
+  agent_hub.Shutdown();  // An actuator waiting for an agent stops waiting.
+  // Trainers reconnect (to this sdcd restarted, or another) and resend what
+  // was not acknowledged; their open streams would hold the shutdown.
+  streams.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   trainer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   ticker.join();

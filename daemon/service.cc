@@ -1,10 +1,11 @@
 #include "daemon/service.h"
 
-#include <deque>
+#include <algorithm>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/convert.h"
+#include "daemon/stream.h"
 
 namespace sdc::daemon {
 
@@ -121,52 +122,20 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
 
 class AttachReactor;
 
-// A stream's outgoing side, shared with durability callbacks that may run
-// after the stream ended (they then drop their message). gRPC may run a
-// reaction inline inside StartWrite or Finish, even OnDone, so no lock is
-// held across those calls, and a reactor whose OnDone runs while a Push is
-// in progress is deleted by that Push when it returns.
-class Outbox {
+// A trainer stream's outgoing side, shared with durability callbacks that may
+// run after the stream ended (they then drop their message).
+class Outbox : public StreamHandle<AttachReactor> {
  public:
-  explicit Outbox(AttachReactor* reactor) : reactor_(reactor) {}
+  using StreamHandle::StreamHandle;
   void Push(v1::CoordinatorMessage message);
-  // From OnDone: true if the reactor may be deleted now.
-  bool Close() {
-    absl::MutexLock lock(&mu_);
-    done_ = true;
-    if (pushing_ > 0) return false;
-    reactor_ = nullptr;
-    return true;
-  }
-
- private:
-  absl::Mutex mu_;
-  AttachReactor* reactor_ ABSL_GUARDED_BY(mu_);
-  int pushing_ ABSL_GUARDED_BY(mu_) = 0;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  void End(grpc::Status status);
 };
 
-class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage> {
+class AttachReactor : public QueuedStream<v1::TrainerMessage, v1::CoordinatorMessage> {
  public:
   explicit AttachReactor(TrainerService* service)
       : service_(service), outbox_(std::make_shared<Outbox>(this)) {
     StartRead(&in_);
-  }
-
-  void Enqueue(v1::CoordinatorMessage m) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      // Acknowledgements are watermarks: one waiting in the queue absorbs
-      // the next, so a backlog costs one write, not one per report.
-      if (m.has_ack() && !queue_.empty() && queue_.back().has_ack()) {
-        auto* waiting = queue_.back().mutable_ack();
-        waiting->set_acked_sequence(std::max(waiting->acked_sequence(), m.ack().acked_sequence()));
-        return;
-      }
-      queue_.push_back(std::move(m));
-    }
-    Pump();
   }
 
   void OnReadDone(bool ok) override {
@@ -184,18 +153,6 @@ class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::Coo
     StartRead(&in_);
   }
 
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) {
-        queue_.clear();
-        finish_requested_ = true;
-      }
-    }
-    Pump();
-  }
-
   void OnDone() override {
     if (attached_) {
       service_->streams_->Unregister(job_, rank_, outbox_.get());
@@ -205,41 +162,13 @@ class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::Coo
   }
 
  private:
-  // Starts the next write, or the finish once nothing is left to write.
-  // Called without mu_ held.
-  void Pump() {
-    bool write = false;
-    grpc::Status finish;
-    {
-      absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
-      if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        write = true;
-      } else if (finish_requested_) {
-        finished_ = true;
-        finish = finish_status_;
-      } else {
-        return;
-      }
-    }
-    if (write) {
-      StartWrite(&current_);
-    } else {
-      Finish(finish);
-    }
-  }
-
-  void RequestFinish(grpc::Status status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      finish_requested_ = true;
-      finish_status_ = std::move(status);
-    }
-    Pump();
+  // Acknowledgements are watermarks: one waiting in the queue absorbs the
+  // next, so a backlog costs one write, not one per report.
+  bool Absorb(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) override {
+    if (!last.has_ack() || !next.has_ack()) return false;
+    auto* waiting = last.mutable_ack();
+    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
+    return true;
   }
 
   grpc::Status Handle() {
@@ -304,31 +233,14 @@ class AttachReactor : public grpc::ServerBidiReactor<v1::TrainerMessage, v1::Coo
   core::Rank rank_ = 0;
   uint64_t incarnation_ = 0;
 
-  absl::Mutex mu_;
-  std::deque<v1::CoordinatorMessage> queue_ ABSL_GUARDED_BY(mu_);
-  v1::CoordinatorMessage current_;  // The write in flight; owned while writing_.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
 void Outbox::Push(v1::CoordinatorMessage message) {
-  AttachReactor* reactor;
-  {
-    absl::MutexLock lock(&mu_);
-    if (reactor_ == nullptr || done_) return;
-    reactor = reactor_;
-    ++pushing_;
-  }
-  reactor->Enqueue(std::move(message));
-  bool last = false;
-  {
-    absl::MutexLock lock(&mu_);
-    last = --pushing_ == 0 && done_ && reactor_ != nullptr;
-    if (last) reactor_ = nullptr;
-  }
-  if (last) delete reactor;
+  WithReactor([&](AttachReactor* r) { r->Enqueue(std::move(message)); });
+}
+
+void Outbox::End(grpc::Status status) {
+  WithReactor([&](AttachReactor* r) { r->RequestFinish(std::move(status)); });
 }
 
 void StreamRegistry::Register(const std::string& job, core::Rank rank,
@@ -354,6 +266,15 @@ void StreamRegistry::Send(const std::string& job, const std::vector<core::Rank>&
     }
   }
   for (auto& t : targets) t->Push(message);
+}
+
+void StreamRegistry::EndAll(const grpc::Status& status) {
+  std::vector<std::shared_ptr<Outbox>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, outbox] : streams_) all.push_back(outbox);
+  }
+  for (auto& o : all) o->End(status);
 }
 
 size_t StreamRegistry::size() const {
@@ -412,31 +333,36 @@ grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerCont
 // ---------------------------------------------------------------------------
 // Admin
 
-grpc::Status AdminService::Authorize(grpc::CallbackServerContext* c) {
-  if (auth_.accept_client_certs && c->auth_context() != nullptr &&
+grpc::Status AuthorizeAdmin(const AdminAuth& auth, ServiceMetrics* metrics,
+                            grpc::CallbackServerContext* c) {
+  if (auth.accept_client_certs && c->auth_context() != nullptr &&
       c->auth_context()->IsPeerAuthenticated()) {
     return grpc::Status::OK;
   }
   const auto& md = c->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
-    metrics_->Rejected("unauthenticated");
+    metrics->Rejected("unauthenticated");
     return {grpc::StatusCode::UNAUTHENTICATED,
             "admin calls need 'authorization: Bearer <token>' (sdcctl --token_file) or a "
             "TLS client certificate"};
   }
   const std::string presented(it->second.data(), it->second.size());
-  const std::string expected = absl::StrCat("Bearer ", auth_.token);
+  const std::string expected = absl::StrCat("Bearer ", auth.token);
   // Constant-time comparison: no early exit on the first differing byte.
   unsigned char diff = presented.size() != expected.size() ? 1 : 0;
   for (size_t i = 0; i < presented.size() && i < expected.size(); ++i) {
     diff |= static_cast<unsigned char>(presented[i] ^ expected[i]);
   }
-  if (auth_.token.empty() || diff != 0) {
-    metrics_->Rejected("permission_denied");
+  if (auth.token.empty() || diff != 0) {
+    metrics->Rejected("permission_denied");
     return {grpc::StatusCode::PERMISSION_DENIED, "the admin token is not valid"};
   }
   return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Authorize(grpc::CallbackServerContext* c) {
+  return AuthorizeAdmin(auth_, metrics_, c);
 }
 
 #define SDC_AUTHORIZE(context, reactor)                 \

@@ -67,6 +67,9 @@ class StreamRegistry {
   void Unregister(const std::string& job, core::Rank rank, const Outbox* outbox);
   void Send(const std::string& job, const std::vector<core::Rank>& ranks,
             const v1::CoordinatorMessage& message);
+  // Ends every stream with `status` once its queued messages are written
+  // (at shutdown: trainers reconnect instead of holding the server open).
+  void EndAll(const grpc::Status& status);
   size_t size() const;
 
  private:
@@ -114,6 +117,12 @@ struct AdminAuth {
   std::string token;            // Bearer token; empty: tokens not accepted.
   bool accept_client_certs = false;  // A verified TLS client certificate suffices.
 };
+
+// The rule of every admin-side service: a verified TLS client certificate
+// when accepted, else the bearer token (compared in constant time). OK, or
+// UNAUTHENTICATED / PERMISSION_DENIED with a reason, counted in `metrics`.
+grpc::Status AuthorizeAdmin(const AdminAuth& auth, ServiceMetrics* metrics,
+                            grpc::CallbackServerContext* c);
 
 class AdminService final : public v1::AdminService::CallbackService {
  public:

@@ -94,7 +94,10 @@ NS = "sdc-system"
 SDCD_IMAGE = "sdc-guard/sdcd"
 AGENT_IMAGE = "sdc-guard/sdc-agent"
 DEFAULT_TAG = "0.1.0"
-AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key"}
+# sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
+# (tests only) is deliberately absent, so a manifest carrying it is rejected.
+AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
+               "action_command", "action_timeout", "nvml_library"}
 RBAC_VERBS = {"get", "list", "watch", "patch"}
 HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
 HEALTH_TAINTS = [

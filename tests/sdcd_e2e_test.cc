@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/core/replay_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
@@ -43,31 +42,10 @@ class SdcdEndToEndTest : public ::testing::Test {
     }
   }
 
-  // The scheduled audit of `step` as the ranks compute it; `faulty` gets
-  // its own batch and its replays wrong.
-  void RunAudit(core::Step step, core::Rank faulty) {
-    std::vector<core::PlanMember> members;
-    for (core::Rank r = 0; r < 6; ++r) members.push_back({r, ranks_[r]->hello().placement.node});
-    const core::ReplayPlan plan = core::PlanFullAudit(core::Topology(members), step / 10);
-    auto value = [](core::Rank subject) { return 0x3ff0000000000000ull + subject; };
-    std::vector<uint64_t> last(6);
-    for (core::Rank r = 0; r < 6; ++r) {
-      core::AuditResult a;
-      a.role = core::AuditRole::kOriginal;
-      a.subject = r;
-      a.loss_bits = value(r) + (r == faulty ? 1 : 0);
-      a.gradient_digest = a.loss_bits;
-      last[r] = ranks_[r]->Send(step, a);
-    }
-    for (const core::Assignment& x : plan.assignments) {
-      core::AuditResult a;
-      a.role = core::AuditRole::kReplay;
-      a.subject = x.subject;
-      a.loss_bits = value(x.subject) + (x.replayer == faulty ? 2 : 0);
-      a.gradient_digest = a.loss_bits;
-      last[x.replayer] = ranks_[x.replayer]->Send(step, a);
-    }
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(ranks_[r]->WaitAcked(last[r]).ok());
+  // The scheduled audit of `step`; `faulty` gets its own batch and its
+  // replays wrong.
+  void RunAudit(core::Step step, std::optional<core::Rank> faulty) {
+    ASSERT_TRUE(SendScheduledAudit(ranks_, step, faulty).ok());
   }
 
   std::string dir_, bin_;
@@ -151,7 +129,7 @@ TEST_F(SdcdEndToEndTest, CheckpointGateOverTheWire) {
     w.digest = 99;
     last[r] = ranks_[r]->Send(10, w);
   }
-  RunAudit(10, /*faulty=*/UINT32_MAX);
+  RunAudit(10, /*faulty=*/std::nullopt);
   for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(ranks_[r]->WaitAcked(last[r]).ok());
   auto stub = v1::TrainerService::NewStub(Channel(sdcd_->trainer_address()));
   v1::CheckpointRequest q;
@@ -168,6 +146,22 @@ TEST_F(SdcdEndToEndTest, CheckpointGateOverTheWire) {
   EXPECT_FALSE(d.allowed());
   EXPECT_TRUE(d.retryable());
   EXPECT_THAT(d.reason(), HasSubstr("checks of step 11 not yet reported by ranks 0, 1, 2, 3, 4, 5"));
+  // Checkpoint 10 is provisional: nothing is confirmed, nothing revoked.
+  q.set_status_only(true);
+  grpc::ClientContext c3;
+  ASSERT_TRUE(stub->MayCheckpoint(&c3, q, &d).ok());
+  EXPECT_FALSE(d.allowed());
+  EXPECT_EQ(d.confirmed_through_step(), 0u);
+  EXPECT_EQ(d.revoked_steps_size(), 0);
+}
+
+TEST_F(SdcdEndToEndTest, ShutdownEndsTrainerStreamsSoTheyReconnect) {
+  EXPECT_EQ(sdcd_->process().Stop(absl::Seconds(30)), 0) << "a clean exit on SIGTERM";
+  for (core::Rank r = 0; r < 6; ++r) {
+    const grpc::Status s = ranks_[r]->WaitFinished();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << r;
+    EXPECT_EQ(s.error_message(), "sdcd is shutting down") << r;
+  }
 }
 
 }  // namespace

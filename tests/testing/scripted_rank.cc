@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/convert.h"
+#include "daemon/core/replay_plan.h"
 
 namespace sdc::testing {
 
@@ -154,6 +155,38 @@ uint64_t ScriptedRank::acked() const {
 std::vector<v1::CoordinatorMessage> ScriptedRank::Messages() const {
   absl::MutexLock lock(&mu_);
   return messages_;
+}
+
+absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>& ranks,
+                                core::Step step, std::optional<core::Rank> faulty) {
+  const core::Rank world = static_cast<core::Rank>(ranks.size());
+  std::vector<core::PlanMember> members;
+  for (core::Rank r = 0; r < world; ++r) members.push_back({r, ranks[r]->hello().placement.node});
+  const core::ReplayPlan plan = core::PlanFullAudit(core::Topology(members), step / 10);
+  auto value = [](core::Rank subject) { return 0x3ff0000000000000ull + subject; };
+  std::vector<uint64_t> last(world);
+  for (core::Rank r = 0; r < world; ++r) {
+    core::AuditResult a;
+    a.role = core::AuditRole::kOriginal;
+    a.subject = r;
+    a.loss_bits = value(r) + (r == faulty ? 1 : 0);
+    a.gradient_digest = a.loss_bits;
+    last[r] = ranks[r]->Send(step, a);
+  }
+  for (const core::Assignment& x : plan.assignments) {
+    core::AuditResult a;
+    a.role = core::AuditRole::kReplay;
+    a.subject = x.subject;
+    a.loss_bits = value(x.subject) + (x.replayer == faulty ? 2 : 0);
+    a.gradient_digest = a.loss_bits;
+    last[x.replayer] = ranks[x.replayer]->Send(step, a);
+  }
+  for (core::Rank r = 0; r < world; ++r) {
+    if (absl::Status s = ranks[r]->WaitAcked(last[r]); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sdc::testing

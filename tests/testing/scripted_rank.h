@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +78,13 @@ class ScriptedRank {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
+
+// Every rank's part of the scheduled (full) audit of `step` with PlanFullAudit
+// (plan seed step / 10, as for TestHello's audit_every of 10), as the ranks
+// compute it; `faulty` (if any) gets its own batch and its replays wrong.
+// Waits until every report is acknowledged.
+absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>& ranks,
+                                core::Step step, std::optional<core::Rank> faulty);
 
 }  // namespace sdc::testing
 

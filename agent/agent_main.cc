@@ -1,0 +1,258 @@
+// sdc-agent: the sdc-guard node agent, one per node. Registers the node's
+// identity (name, host, HyperPod instance id, GPUs from NVML) with sdcd,
+// heartbeats, runs confirmation diagnostics sdcd asks for, and carries out
+// approved actions for its node when sdcd runs --actuator=agent. Flags are
+// parsed here, and only here, into a validated Config; everything else is
+// wiring. See docs/operations.md.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "agent.pb.h"
+#include "agent/config.h"
+#include "agent/core/action_command.h"
+#include "agent/core/diagnostic_plan.h"
+#include "agent/core/identity.h"
+#include "agent/core/link_machine.h"
+#include "agent/diagnostic.h"
+#include "agent/gpus.h"
+#include "agent/link.h"
+#include "agent/log.h"
+#include "agent/node_action.h"
+#include "agent/worker.h"
+
+namespace {
+const sdc::agent::Config kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, coordinator, "",
+          "sdcd's address, HOST:PORT (its --listen, the port trainers use). Required.");
+ABSL_FLAG(std::string, node_name, "",
+          "This node's name as trainers report it and actuators address it. "
+          "Default: $NODE_NAME, else the host name.");
+ABSL_FLAG(absl::Duration, heartbeat, kDefaults.heartbeat,
+          "Heartbeat period (1s..10m); sdcd calls the node stale after three missed.");
+ABSL_FLAG(std::string, instance_id, "",
+          "HyperPod instance id (i-...). Default: taken from a node name hyperpod-i-..., "
+          "else none.");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA of sdcd's certificate: connect with TLS.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for sdcd --tls_client_ca (needs --tls_ca).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, action_command, "",
+          "Node-local program an approved action runs (sdcd --actuator=agent), split on "
+          "spaces, no shell; {action}, {request} and {node} are substituted. Default: none "
+          "(the agent reports that no node-local action is configured).");
+ABSL_FLAG(absl::Duration, action_timeout, kDefaults.action_timeout,
+          "Deadline of --action_command; keep it below sdcd's --actuator_timeout.");
+ABSL_FLAG(std::string, nvml_library, kDefaults.nvml_library,
+          "NVML library to load for the GPU inventory.");
+ABSL_FLAG(std::string, inject_diagnostic_fault, "",
+          "TESTS ONLY: =yes-i-am-testing corrupts one element of every diagnostic so tests "
+          "can prove the comparison catches it.");
+
+namespace sdc::agent {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+// What the agent reads from its environment, read in exactly one place.
+struct Environment {
+  std::string node_name;  // $NODE_NAME
+  std::string hostname;   // gethostname()
+};
+
+Environment ReadEnvironment() {
+  Environment env;
+  const char* node = std::getenv("NODE_NAME");
+  env.node_name = node == nullptr ? "" : node;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) env.hostname = host;
+  return env;
+}
+
+Config ConfigFromFlags(const Environment& env) {
+  Config c;
+  c.coordinator = absl::GetFlag(FLAGS_coordinator);
+  c.hostname = env.hostname;
+  c.node_name = absl::GetFlag(FLAGS_node_name);
+  if (c.node_name.empty()) c.node_name = !env.node_name.empty() ? env.node_name : env.hostname;
+  c.instance_id = absl::GetFlag(FLAGS_instance_id);
+  if (c.instance_id.empty()) c.instance_id = core::InstanceIdFromNodeName(c.node_name);
+  c.heartbeat = absl::GetFlag(FLAGS_heartbeat);
+  c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  c.tls_key = absl::GetFlag(FLAGS_tls_key);
+  c.action_command = absl::GetFlag(FLAGS_action_command);
+  c.action_timeout = absl::GetFlag(FLAGS_action_timeout);
+  c.nvml_library = absl::GetFlag(FLAGS_nvml_library);
+  c.inject_diagnostic_fault = absl::GetFlag(FLAGS_inject_diagnostic_fault);
+  return c;
+}
+
+v1::DiagnosticResult ToProto(uint64_t id, uint32_t device_count, const DeviceOutcome& o) {
+  v1::DiagnosticResult r;
+  r.set_id(id);
+  r.set_gpu(o.gpu);
+  r.set_pass(o.pass);
+  r.set_mismatches(o.mismatches);
+  r.set_max_abs_error(o.max_abs_error);
+  r.set_gflops(o.gflops);
+  r.set_seconds(o.seconds);
+  r.set_detail(o.detail);
+  r.set_device_count(device_count);
+  r.set_error(o.error);
+  r.set_size(o.size);
+  r.set_repetitions(o.repetitions);
+  r.set_device(o.device);
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the sdc-guard node agent.\n  sdc-agent --coordinator=HOST:PORT [--node_name=NAME] "
+      "[--heartbeat=30s] [--action_command='PROG {action} {request}'] ...");
+  absl::ParseCommandLine(argc, argv);
+  const Config config = ConfigFromFlags(ReadEnvironment());
+  if (absl::Status s = Validate(config); !s.ok()) {
+    std::fprintf(stderr, "sdc-agent: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const std::vector<std::string> action_words = *core::ParseActionTemplate(config.action_command);
+  // Signals go to sigwait below, not to whichever thread runs.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  // CUDA's default device order is "fastest first"; NVML's is the PCI bus.
+  // The diagnostic addresses GPU i (NVML) as CUDA device i.
+  setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", /*overwrite=*/1);
+
+  v1::NodeIdentity identity;
+  identity.set_node_name(config.node_name);
+  identity.set_hostname(config.hostname);
+  identity.set_instance_id(config.instance_id);
+  identity.set_agent_version(kVersion);
+  identity.set_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(config.heartbeat)));
+  std::vector<core::GpuRef> gpu_refs;
+  absl::StatusOr<std::vector<Gpu>> gpus = ListGpus(config.nvml_library);
+  if (gpus.ok()) {
+    for (const Gpu& g : *gpus) {
+      v1::GpuIdentity* p = identity.add_gpus();
+      p->set_uuid(g.uuid);
+      p->set_model(g.model);
+      p->set_index(g.index);
+      gpu_refs.push_back({g.uuid, g.index});
+      Log(absl::StrCat("GPU ", g.index, ": ", g.uuid, " ", g.model));
+    }
+  } else {
+    identity.set_gpu_note(std::string(gpus.status().message()));
+    Log(absl::StrCat("no GPUs: ", gpus.status().message(),
+                     "; diagnostics run on the CPU"));
+  }
+  if (config.inject_fault()) {
+    Log("--inject_diagnostic_fault: every diagnostic will report one wrong element (TESTS ONLY)");
+  }
+
+  std::atomic<uint32_t> diagnostics_queued{0};
+  std::atomic<uint32_t> actions_running{0};
+  SerialWorker diagnostics;
+  SerialWorker actions;
+  AgentLink* link = nullptr;  // Set below; the handlers run only after Start().
+  AgentLink::DiagnosticHandler on_diagnostic = [&](uint64_t session,
+                                                   const v1::DiagnosticRequest& request) {
+    ++diagnostics_queued;
+    diagnostics.Post([&, session, request] {
+      auto send = [&](const v1::DiagnosticResult& r) {
+        v1::AgentMessage m;
+        *m.mutable_diagnostic_result() = r;
+        link->Send(session, std::move(m));
+      };
+      absl::StatusOr<core::Shape> shape = core::ResolveShape(request.size(), request.repetitions());
+      absl::StatusOr<std::vector<core::PlannedDevice>> devices =
+          shape.ok() ? core::PlanDevices(request.gpu_uuid(), gpu_refs)
+                     : absl::StatusOr<std::vector<core::PlannedDevice>>(shape.status());
+      if (!devices.ok()) {
+        DeviceOutcome refused;
+        refused.gpu = request.gpu_uuid().empty() ? core::kCpuDevice : request.gpu_uuid();
+        refused.error = std::string(devices.status().message());
+        refused.detail = absl::StrCat("refused: ", refused.error);
+        Log(absl::StrCat("diagnostic ", request.id(), " ", refused.detail));
+        send(ToProto(request.id(), 1, refused));
+      } else {
+        ConfirmationDiagnostic diagnostic(*shape);
+        for (const core::PlannedDevice& device : *devices) {
+          const DeviceOutcome out = diagnostic.Run(device, {config.inject_fault()});
+          Log(absl::StrCat("diagnostic ", request.id(), " on ", device.label, ": ",
+                           out.error.empty() ? (out.pass ? "pass" : "FAIL") : "error", ": ",
+                           out.detail));
+          send(ToProto(request.id(), static_cast<uint32_t>(devices->size()), out));
+        }
+      }
+      --diagnostics_queued;
+    });
+  };
+  AgentLink::ActionHandler on_action = [&](uint64_t session, const v1::NodeAction& action) {
+    ++actions_running;
+    Log(absl::StrCat("request ", action.request_id(), ": sdcd asks to ", action.action(),
+                     " this node"));
+    actions.Post([&, session, action] {
+      const ActionOutcome out =
+          RunNodeAction(action_words, action.action(), action.request_id(),
+                        action.command_hint(), config.node_name, config.action_timeout);
+      Log(absl::StrCat("request ", action.request_id(), ": ", out.ok ? "ok: " : "failed: ",
+                       out.detail));
+      v1::AgentMessage m;
+      m.mutable_action_result()->set_request_id(action.request_id());
+      m.mutable_action_result()->set_ok(out.ok);
+      m.mutable_action_result()->set_detail(out.detail);
+      link->Send(session, std::move(m));
+      --actions_running;
+    });
+  };
+  LinkOptions options;
+  options.coordinator = config.coordinator;
+  options.tls_ca = config.tls_ca;
+  options.tls_cert = config.tls_cert;
+  options.tls_key = config.tls_key;
+  options.timing.heartbeat = config.heartbeat;
+  AgentLink agent_link(options, identity, on_diagnostic, on_action, [&](v1::Heartbeat* h) {
+    h->set_diagnostics_queued(diagnostics_queued);
+    h->set_actions_running(actions_running);
+  });
+  link = &agent_link;
+  Log(absl::StrCat("sdc-agent ", kVersion, " on node ", config.node_name, " (host ",
+                   config.hostname, ", instance ",
+                   config.instance_id.empty() ? "unknown" : config.instance_id,
+                   "), coordinator ", config.coordinator, ", heartbeat ",
+                   absl::FormatDuration(config.heartbeat), ", action command ",
+                   config.action_command.empty() ? "none" : config.action_command));
+  agent_link.Start();
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  Log(absl::StrCat("signal ", signal_number, ": shutting down"));
+  agent_link.Stop();
+  // A diagnostic may be in the middle of a matmul that cannot be
+  // interrupted; nothing is persisted, so leave without waiting for it.
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+}  // namespace
+}  // namespace sdc::agent
+
+int main(int argc, char** argv) { return sdc::agent::Main(argc, argv); }

@@ -1,0 +1,74 @@
+#include "agent/config.h"
+
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "agent/core/action_command.h"
+#include "agent/core/identity.h"
+#include "daemon/actuator.h"
+
+namespace sdc::agent {
+namespace {
+
+absl::Status Bad(const std::string& flag, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+}
+
+absl::Status Readable(const std::string& flag, const std::string& path) {
+  if (access(path.c_str(), R_OK) != 0) return Bad(flag, absl::StrCat("cannot read ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Validate(const Config& c) {
+  if (c.coordinator.empty()) return Bad("coordinator", "required (sdcd's address, HOST:PORT)");
+  const size_t colon = c.coordinator.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(c.coordinator.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return Bad("coordinator", absl::StrCat("expected HOST:PORT, got '", c.coordinator, "'"));
+  }
+  // The rule sdcd and its actuators apply to node names.
+  if (!daemon::IsSafeNodeName(c.node_name)) {
+    return Bad("node_name", absl::StrCat("'", c.node_name,
+                                         "' is not a node name ([A-Za-z0-9._-], 1 to 253 "
+                                         "characters, not starting with '-'); set --node_name "
+                                         "or $NODE_NAME"));
+  }
+  if (!c.instance_id.empty() && !core::IsInstanceId(c.instance_id)) {
+    return Bad("instance_id", absl::StrCat("expected i- and 8 to 17 hex digits, got '",
+                                           c.instance_id, "'"));
+  }
+  if (c.heartbeat < absl::Seconds(1) || c.heartbeat > absl::Minutes(10)) {
+    return Bad("heartbeat", absl::StrCat("must be between 1s and 10m, got ",
+                                         absl::FormatDuration(c.heartbeat)));
+  }
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return Bad(c.tls_cert.empty() ? "tls_cert" : "tls_key", "--tls_cert and --tls_key go together");
+  }
+  if (!c.tls_cert.empty() && c.tls_ca.empty()) {
+    return Bad("tls_cert", "a client certificate needs --tls_ca (TLS to sdcd)");
+  }
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"tls_ca", c.tls_ca},
+                                   {"tls_cert", c.tls_cert},
+                                   {"tls_key", c.tls_key}}) {
+    if (!path.empty()) {
+      if (absl::Status s = Readable(flag, path); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = core::ParseActionTemplate(c.action_command).status(); !s.ok()) {
+    return Bad("action_command", std::string(s.message()));
+  }
+  if (c.action_timeout <= absl::ZeroDuration()) return Bad("action_timeout", "must be positive");
+  if (c.nvml_library.empty()) return Bad("nvml_library", "empty");
+  if (!c.inject_diagnostic_fault.empty() && !c.inject_fault()) {
+    return Bad("inject_diagnostic_fault",
+               absl::StrCat("corrupts diagnostic results for tests; the only accepted value is ",
+                            kInjectFaultConfirmation));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sdc::agent

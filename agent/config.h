@@ -1,0 +1,46 @@
+#ifndef SDC_AGENT_CONFIG_H_
+#define SDC_AGENT_CONFIG_H_
+
+// sdc-agent's configuration: filled from flags (and $NODE_NAME, the host
+// name) in agent_main.cc only, validated once. Each field's default is the
+// flag's default.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "agent/gpus.h"
+
+namespace sdc::agent {
+
+// The only value --inject_diagnostic_fault accepts.
+inline constexpr char kInjectFaultConfirmation[] = "yes-i-am-testing";
+
+struct Config {
+  std::string coordinator;  // sdcd's agent (= trainer) address, HOST:PORT. Required.
+  std::string node_name;    // Default: $NODE_NAME, else the host name.
+  std::string hostname;     // gethostname(); not a flag.
+  std::string instance_id;  // Default: from a node name "hyperpod-i-...", else "".
+  absl::Duration heartbeat = absl::Seconds(30);
+  std::string tls_ca;    // PEM CA of sdcd's certificate: connect with TLS.
+  std::string tls_cert;  // PEM client certificate (sdcd --tls_client_ca).
+  std::string tls_key;   // Its private key.
+  // Template of the node-local command an approved action runs ({action},
+  // {request}, {node}); empty: none, the agent answers that it has none.
+  std::string action_command;
+  // Deadline of that command; keep it below sdcd's --actuator_timeout.
+  absl::Duration action_timeout = absl::Seconds(45);
+  std::string nvml_library = kNvmlLibrary;
+  // "" or kInjectFaultConfirmation (tests only).
+  std::string inject_diagnostic_fault;
+
+  bool inject_fault() const { return inject_diagnostic_fault == kInjectFaultConfirmation; }
+};
+
+// OK, or InvalidArgument whose message starts with the offending flag, e.g.
+// "--heartbeat: must be between 1s and 10m, got 0".
+absl::Status Validate(const Config& config);
+
+}  // namespace sdc::agent
+
+#endif  // SDC_AGENT_CONFIG_H_
