@@ -23,7 +23,7 @@ namespace sdc {
 namespace {
 
 // What the coordinator said about the job's checkpoints.
-void Learn(client::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
+void Learn(core::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
   ledger.Learn(d.confirmed_through_step(),
                absl::MakeConstSpan(d.revoked_steps().data(), d.revoked_steps().size()));
 }
@@ -177,8 +177,8 @@ class Guard::Impl {
   absl::StatusOr<StepDecision> AllReduceAndCheck();
   void AfterOptimizerStep(bool checkpoint);
   absl::StatusOr<bool> MayCheckpoint();
-  absl::StatusOr<client::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
-  const client::CheckpointLedger& checkpoints() const { return checkpoints_; }
+  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  const core::CheckpointLedger& checkpoints() const { return checkpoints_; }
   torch::Tensor FaultPoint(const torch::Tensor& x);
   GuardSummary Summary() const;
   absl::StatusOr<StepDecision> TrainStep(uint64_t step,
@@ -261,7 +261,7 @@ class Guard::Impl {
   uint64_t repaired_step_ = 0;
 
   GuardSummary summary_;
-  client::CheckpointLedger checkpoints_;
+  core::CheckpointLedger checkpoints_;
 };
 
 absl::Status Guard::Impl::Init() {
@@ -903,7 +903,7 @@ absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
   return all_allowed;
 }
 
-absl::StatusOr<client::CheckpointLedger> Guard::Impl::RefreshCheckpoints(absl::Duration timeout) {
+absl::StatusOr<core::CheckpointLedger> Guard::Impl::RefreshCheckpoints(absl::Duration timeout) {
   if (link_ == nullptr) return absl::FailedPreconditionError("no coordinator configured");
   absl::StatusOr<v1::CheckpointDecision> d = link_->CheckpointStatus(timeout);
   if (!d.ok()) return d.status();
@@ -980,8 +980,8 @@ void Guard::AfterMicroBatchBackward(size_t index, const torch::Tensor& loss) {
 absl::StatusOr<StepDecision> Guard::AllReduceAndCheck() { return impl_->AllReduceAndCheck(); }
 void Guard::AfterOptimizerStep(bool checkpoint) { impl_->AfterOptimizerStep(checkpoint); }
 absl::StatusOr<bool> Guard::MayCheckpoint() { return impl_->MayCheckpoint(); }
-const client::CheckpointLedger& Guard::Checkpoints() const { return impl_->checkpoints(); }
-absl::StatusOr<client::CheckpointLedger> Guard::RefreshCheckpoints(absl::Duration timeout) {
+const core::CheckpointLedger& Guard::Checkpoints() const { return impl_->checkpoints(); }
+absl::StatusOr<core::CheckpointLedger> Guard::RefreshCheckpoints(absl::Duration timeout) {
   return impl_->RefreshCheckpoints(timeout);
 }
 torch::Tensor Guard::FaultPoint(const torch::Tensor& x) { return impl_->FaultPoint(x); }

@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/options.h"
-#include "client/step_core.h"
+#include "daemon/core/checkpoint_ledger.h"
 #include "torch/torch.h"
 
 namespace c10d {
@@ -125,12 +125,12 @@ class Guard {
   // one is allowed, and revoked when a GPU of the job is attributed faulty
   // first: keep provisional checkpoints apart from final ones, promote them
   // when confirmed, delete them when revoked, and resume from a final one.
-  const client::CheckpointLedger& Checkpoints() const;
+  const core::CheckpointLedger& Checkpoints() const;
   // Asks the coordinator where the checkpoints stand (not a collective; e.g.
   // at the end of training, to learn of a revocation after the last
   // checkpoint). Unavailable when it cannot be reached within `timeout`;
   // FailedPrecondition without a coordinator.
-  absl::StatusOr<client::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
 
   // The whole step with `loss_fn`: BeginStep, forward/backward of each
   // micro-batch (loss averaged over micro-batches), AllReduceAndCheck,

@@ -1,7 +1,5 @@
 #include "client/step_core.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -106,33 +104,6 @@ core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topol
   in.compare_gradients = deterministic;
   in.salt = step;  // The coordinator salts its tie-breaker choice with the step too.
   return core::Attribute(in);
-}
-
-void CheckpointLedger::Learn(uint64_t confirmed_through, absl::Span<const uint64_t> revoked) {
-  for (uint64_t step : revoked) {
-    if (IsRevoked(step)) continue;
-    revoked_.insert(std::upper_bound(revoked_.begin(), revoked_.end(), step), step);
-    if (provisional_ == step) provisional_.reset();
-  }
-  confirmed_through_ = std::max(confirmed_through_, confirmed_through);
-}
-
-void CheckpointLedger::Allowed(uint64_t step) {
-  if (provisional_.has_value() && *provisional_ < step) {
-    // The same rule as the coordinator's, so that checkpoints allowed by the
-    // in-band vote while it is unreachable are confirmed too.
-    confirmed_through_ = std::max(confirmed_through_, *provisional_);
-  }
-  if (!IsRevoked(step)) provisional_ = step;
-}
-
-CheckpointLedger::Standing CheckpointLedger::Of(uint64_t step) const {
-  if (IsRevoked(step)) return Standing::kRevoked;
-  return step <= confirmed_through_ ? Standing::kFinal : Standing::kProvisional;
-}
-
-bool CheckpointLedger::IsRevoked(uint64_t step) const {
-  return std::binary_search(revoked_.begin(), revoked_.end(), step);
 }
 
 }  // namespace sdc::client

@@ -87,34 +87,6 @@ core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topol
                                  const std::vector<AuditExchange>& audits, bool deterministic,
                                  uint64_t step);
 
-// Where the job's checkpoints stand, as the trainer knows it. An allowed
-// checkpoint is provisional: a fault on a step no audit saw may be in it.
-// The next allowed checkpoint confirms it (the job passed one more interval
-// of checks); a GPU of the job attributed faulty first revokes it.
-class CheckpointLedger {
- public:
-  enum class Standing { kFinal, kProvisional, kRevoked };
-
-  // What the coordinator said (confirmed_through_step, revoked_steps).
-  void Learn(uint64_t confirmed_through, absl::Span<const uint64_t> revoked);
-  // Every rank agreed to checkpoint `step` (the coordinator, or the in-band
-  // vote when it is unreachable, allowed it).
-  void Allowed(uint64_t step);
-
-  // What a checkpoint of `step`, allowed earlier, is now.
-  Standing Of(uint64_t step) const;
-  uint64_t confirmed_through() const { return confirmed_through_; }  // 0: none.
-  std::optional<uint64_t> provisional() const { return provisional_; }
-  const std::vector<uint64_t>& revoked() const { return revoked_; }  // Ascending.
-
- private:
-  bool IsRevoked(uint64_t step) const;
-
-  uint64_t confirmed_through_ = 0;
-  std::optional<uint64_t> provisional_;
-  std::vector<uint64_t> revoked_;
-};
-
 }  // namespace sdc::client
 
 #endif  // SDC_CLIENT_STEP_CORE_H_

@@ -1030,12 +1030,10 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
   // some hardware produced wrong values, maybe silently on unaudited steps
   // before the provisional checkpoint too: it is not trusted any more.
   const bool software = outcome == "systemic" || outcome == "all_ranks" || outcome == "reproduced";
-  if (!software && job.provisional_checkpoint.has_value()) {
-    const Step revoked = *job.provisional_checkpoint;
-    job.provisional_checkpoint.reset();
-    job.revoked_checkpoints.push_back(revoked);
+  if (const std::optional<Step> revoked =
+          software ? std::nullopt : job.checkpoints.RevokeProvisional()) {
     txn.mutation.checkpoint_decisions.push_back(
-        {job.record.job_id, revoked, false,
+        {job.record.job_id, *revoked, false,
          absl::StrCat("revoked by incident ", inc.id, " (", CheckKindName(check), " check, step ",
                       step, ", ", outcome, ") before a later checkpoint confirmed it"),
          now, /*revocation=*/true});
@@ -1212,8 +1210,7 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
         " or deny its replacement request to clear it"));
   }
   // 6. A checkpoint of this step was revoked: asking again changes nothing.
-  if (std::find(job.revoked_checkpoints.begin(), job.revoked_checkpoints.end(), step) !=
-      job.revoked_checkpoints.end()) {
+  if (job.checkpoints.Of(step) == CheckpointLedger::Standing::kRevoked) {
     vetoes.push_back(absl::StrCat("the checkpoint of step ", step, " was revoked"));
   }
   *retryable = vetoes.empty() && !waits.empty();
@@ -1240,22 +1237,15 @@ absl::StatusOr<CheckpointResult> Coordinator::MayCheckpoint(const std::string& j
   Txn txn;
   if (!result.retryable) {
     // A repeated question about the same step changes nothing.
-    const bool repeat = result.allowed && job.provisional_checkpoint == step;
+    const bool repeat = result.allowed && job.checkpoints.provisional() == step;
     if (!repeat) {
       txn.mutation.checkpoint_decisions.push_back(
           {job_id, step, result.allowed, result.reason, clock_->Now()});
     }
-    if (result.allowed && !repeat) {
-      // A later checkpoint allowed: the job survived one more interval of
-      // checks since the provisional one, which becomes final.
-      if (job.provisional_checkpoint.has_value() && *job.provisional_checkpoint < step) {
-        job.confirmed_checkpoint = *job.provisional_checkpoint;
-      }
-      job.provisional_checkpoint = step;
-    }
+    if (result.allowed) job.checkpoints.Allowed(step);
   }
-  result.confirmed_through = job.confirmed_checkpoint;
-  result.revoked = job.revoked_checkpoints;
+  result.confirmed_through = job.checkpoints.confirmed_through();
+  result.revoked = job.checkpoints.revoked();
   absl::StatusOr<Effects> effects = Commit(txn);
   if (!effects.ok()) return effects.status();
   result.effects = *std::move(effects);
@@ -1268,8 +1258,8 @@ absl::StatusOr<CheckpointResult> Coordinator::CheckpointStatus(const std::string
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
   CheckpointResult result;
   result.reason = "status only: nothing decided";
-  result.confirmed_through = it->second.confirmed_checkpoint;
-  result.revoked = it->second.revoked_checkpoints;
+  result.confirmed_through = it->second.checkpoints.confirmed_through();
+  result.revoked = it->second.checkpoints.revoked();
   return result;
 }
 
@@ -1557,15 +1547,11 @@ absl::Status Coordinator::Restore() {
   for (const CheckpointDecision& d : snap->checkpoint_decisions) {
     auto it = jobs_.find(d.job_id);
     if (it == jobs_.end()) continue;
-    JobState& job = it->second;
+    CheckpointLedger& ledger = it->second.checkpoints;
     if (d.revocation) {
-      job.revoked_checkpoints.push_back(d.step);
-      if (job.provisional_checkpoint == d.step) job.provisional_checkpoint.reset();
-    } else if (d.allowed && job.provisional_checkpoint != d.step) {
-      if (job.provisional_checkpoint.has_value() && *job.provisional_checkpoint < d.step) {
-        job.confirmed_checkpoint = *job.provisional_checkpoint;
-      }
-      job.provisional_checkpoint = d.step;
+      ledger.Learn(0, {d.step});
+    } else if (d.allowed) {
+      ledger.Allowed(d.step);
     }
   }
 

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/core/checkpoint_ledger.h"
 #include "daemon/core/attribution.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/escalation.h"
@@ -272,11 +273,7 @@ class Coordinator {
     std::map<uint64_t, PlanRecord> plans;
     std::map<Step, LedgerEntry> ledger;
     uint32_t said_hello = 0;  // Ranks with a slot; all of them: groups are complete.
-    // Checkpoints: the allowed one not yet confirmed by a later one, the
-    // newest final one, and the revoked ones.
-    std::optional<Step> provisional_checkpoint;
-    Step confirmed_checkpoint = 0;
-    std::vector<Step> revoked_checkpoints;
+    CheckpointLedger checkpoints;
   };
   // A GPU attributed faulty that still blocks checkpoints of its job.
   struct FaultyGpu {
