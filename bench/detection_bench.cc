@@ -46,13 +46,13 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/report.h"
@@ -104,27 +104,8 @@ struct Flags {
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   bool runs_set = false, soak_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    auto take = [&]() -> std::string {
-      if (eq != std::string::npos) return value;
-      if (i + 1 >= argc) Usage(absl::StrCat(arg, " needs a value"));
-      return argv[++i];
-    };
-    auto number = [&](int min) {
-      const std::string v = take();
-      int n = 0;
-      if (!absl::SimpleAtoi(v, &n) || n < min) {
-        Usage(absl::StrCat(arg, " must be an integer >= ", min, ", got '", v, "'"));
-      }
-      return n;
-    };
+  for (demo::FlagReader flag(argc, argv, Usage); flag.Next();) {
+    const std::string& arg = flag.name();
     if (arg == "--help" || arg == "-h") {
       std::printf(
           "detection_bench: the detection matrix of sdc-guard on a local cluster.\n"
@@ -137,17 +118,17 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (arg == "--quick") {
       f.quick = true;
     } else if (arg == "--runs") {
-      f.runs = number(1);
+      f.runs = flag.Number(1);
       runs_set = true;
     } else if (arg == "--soak_steps") {
-      f.soak_steps = number(1);
+      f.soak_steps = flag.Number(1);
       soak_set = true;
     } else if (arg == "--out_dir") {
-      f.out_dir = take();
+      f.out_dir = flag.Value();
     } else if (arg == "--keep") {
       f.keep = true;
     } else {
-      Usage(absl::StrCat("unknown flag '", argv[i], "'"));
+      flag.Unknown();
     }
   }
   if (f.quick) {

@@ -8,14 +8,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unistd.h>
 #include <numeric>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 
@@ -42,23 +43,27 @@ double Mean(const std::vector<double>& v) {
 
 int Main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto num = [&](const char* name, int* out) {
-      const std::string prefix = absl::StrCat("--", name, "=");
-      return arg.rfind(prefix, 0) == 0 && absl::SimpleAtoi(arg.substr(prefix.size()), out);
-    };
-    if (num("steps", &a.steps) || num("rounds", &a.rounds) || num("warmup", &a.warmup) ||
-        num("audit_every", &a.audit_every) || num("weight_check_every", &a.weight_every)) {
-      continue;
+  auto usage = [](const std::string& error) {
+    std::fprintf(stderr, "overhead_bench: %s\n", error.c_str());
+    std::exit(2);
+  };
+  for (demo::FlagReader flag(argc, argv, usage); flag.Next();) {
+    const std::string& arg = flag.name();
+    if (arg == "--steps") {
+      a.steps = flag.Number(1);
+    } else if (arg == "--rounds") {
+      a.rounds = flag.Number(1);
+    } else if (arg == "--warmup") {
+      a.warmup = flag.Number(0);
+    } else if (arg == "--audit_every") {
+      a.audit_every = flag.Number(1);
+    } else if (arg == "--weight_check_every") {
+      a.weight_every = flag.Number(1);
+    } else if (arg == "--out_dir") {
+      a.out_dir = flag.Value();
+    } else {
+      flag.Unknown("known: --steps --rounds --warmup --audit_every --weight_check_every --out_dir");
     }
-    if (arg.rfind("--out_dir=", 0) == 0) {
-      a.out_dir = arg.substr(10);
-      continue;
-    }
-    return Fail(absl::StrCat("unknown flag '", arg,
-                             "' (known: --steps --rounds --warmup --audit_every "
-                             "--weight_check_every --out_dir)"));
   }
   if (a.steps <= a.warmup || a.rounds < 1) return Fail("need --steps > --warmup and --rounds >= 1");
   if (a.out_dir.empty()) {

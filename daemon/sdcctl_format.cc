@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -446,8 +447,14 @@ std::string FormatAgeSince(int64_t unix_ms, absl::Time now) {
 // ---------------------------------------------------------------------------
 // Lists
 
-std::string FormatRequests(const v1::ListRequestsResponse& response, OutputFormat format,
-                           absl::Time now) {
+namespace {
+
+// What every list prints the same way: JSON, YAML, or kind/name lines; an
+// empty list prints nothing. nullopt: print the table (or wide table).
+template <typename Response, typename Items, typename NameOf>
+std::optional<std::string> Serialized(const Response& response, OutputFormat format,
+                                      absl::string_view kind, const Items& items,
+                                      NameOf name_of) {
   switch (format) {
     case OutputFormat::kJson:
       return ToJson(response);
@@ -455,56 +462,45 @@ std::string FormatRequests(const v1::ListRequestsResponse& response, OutputForma
       return ToYaml(response);
     case OutputFormat::kName: {
       std::vector<std::string> names;
-      for (const auto& r : response.requests()) names.push_back(absl::StrCat(r.id()));
-      return NameLines("request", names);
+      for (const auto& item : items) names.push_back(name_of(item));
+      return NameLines(kind, names);
     }
     case OutputFormat::kTable:
     case OutputFormat::kWide:
       break;
   }
-  if (response.requests().empty()) return "";
+  if (items.empty()) return std::string();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string FormatRequests(const v1::ListRequestsResponse& response, OutputFormat format,
+                           absl::Time now) {
+  if (auto text = Serialized(response, format, "request", response.requests(),
+                              [](const auto& r) { return absl::StrCat(r.id()); })) {
+    return *text;
+  }
   return RenderTable(
       RequestRows(response.requests(), format == OutputFormat::kWide, /*prefix=*/"", now));
 }
 
 std::string FormatIncidents(const v1::ListIncidentsResponse& response, OutputFormat format,
                             absl::Time now) {
-  switch (format) {
-    case OutputFormat::kJson:
-      return ToJson(response);
-    case OutputFormat::kYaml:
-      return ToYaml(response);
-    case OutputFormat::kName: {
-      std::vector<std::string> names;
-      for (const auto& i : response.incidents()) names.push_back(absl::StrCat(i.id()));
-      return NameLines("incident", names);
-    }
-    case OutputFormat::kTable:
-    case OutputFormat::kWide:
-      break;
+  if (auto text = Serialized(response, format, "incident", response.incidents(),
+                              [](const auto& i) { return absl::StrCat(i.id()); })) {
+    return *text;
   }
-  if (response.incidents().empty()) return "";
   return RenderTable(
       IncidentRows(response.incidents(), format == OutputFormat::kWide, /*prefix=*/"", now));
 }
 
 std::string FormatSuspects(const v1::ListSuspectsResponse& response, OutputFormat format,
                            absl::Time now) {
-  switch (format) {
-    case OutputFormat::kJson:
-      return ToJson(response);
-    case OutputFormat::kYaml:
-      return ToYaml(response);
-    case OutputFormat::kName: {
-      std::vector<std::string> names;
-      for (const auto& s : response.suspects()) names.push_back(Cell(s.gpu_uuid()));
-      return NameLines("suspect", names);
-    }
-    case OutputFormat::kTable:
-    case OutputFormat::kWide:
-      break;
+  if (auto text = Serialized(response, format, "suspect", response.suspects(),
+                              [](const auto& s) { return Cell(s.gpu_uuid()); })) {
+    return *text;
   }
-  if (response.suspects().empty()) return "";
   const bool wide = format == OutputFormat::kWide;
   std::vector<Row> rows;
   Row header = {"NAME", "NODE", "JOB", "RANK", "INCIDENTS", "TARGETED-LEFT"};
@@ -526,21 +522,10 @@ std::string FormatSuspects(const v1::ListSuspectsResponse& response, OutputForma
 }
 
 std::string FormatJobs(const v1::ListJobsResponse& response, OutputFormat format, absl::Time now) {
-  switch (format) {
-    case OutputFormat::kJson:
-      return ToJson(response);
-    case OutputFormat::kYaml:
-      return ToYaml(response);
-    case OutputFormat::kName: {
-      std::vector<std::string> names;
-      for (const auto& j : response.jobs()) names.push_back(Cell(j.job_id()));
-      return NameLines("job", names);
-    }
-    case OutputFormat::kTable:
-    case OutputFormat::kWide:
-      break;
+  if (auto text = Serialized(response, format, "job", response.jobs(),
+                              [](const auto& j) { return Cell(j.job_id()); })) {
+    return *text;
   }
-  if (response.jobs().empty()) return "";
   // Wide has nothing to add: a job has no free-text fields.
   std::vector<Row> rows = {{"NAME", "WORLD", "NODES", "ATTACHED", "LAST-STEP", "INCIDENTS", "AGE"}};
   for (const v1::Job& j : response.jobs()) {
@@ -769,21 +754,10 @@ std::vector<Row> DeviceRows(const v1::Diagnostic& d, bool wide) {
 
 std::string FormatNodes(const v1::ListNodesResponse& response, OutputFormat format,
                         absl::Time now) {
-  switch (format) {
-    case OutputFormat::kJson:
-      return ToJson(response);
-    case OutputFormat::kYaml:
-      return ToYaml(response);
-    case OutputFormat::kName: {
-      std::vector<std::string> names;
-      for (const auto& n : response.nodes()) names.push_back(Cell(n.node_name()));
-      return NameLines("node", names);
-    }
-    case OutputFormat::kTable:
-    case OutputFormat::kWide:
-      break;
+  if (auto text = Serialized(response, format, "node", response.nodes(),
+                              [](const auto& n) { return Cell(n.node_name()); })) {
+    return *text;
   }
-  if (response.nodes().empty()) return "";
   const bool wide = format == OutputFormat::kWide;
   std::vector<Row> rows;
   Row header = {"NAME"};

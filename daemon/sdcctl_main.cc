@@ -605,6 +605,27 @@ void PrintList(const std::string& text, bool empty) {
   Print(text);
 }
 
+// describe: the message as JSON or YAML, its kind/name line, or `describe()`.
+template <typename Message, typename Describe>
+void PrintDescribed(const Message& m, OutputFormat format, const std::string& name,
+                    Describe describe) {
+  switch (format) {
+    case OutputFormat::kJson:
+      Print(ToJson(m));
+      break;
+    case OutputFormat::kYaml:
+      Print(ToYaml(m));
+      break;
+    case OutputFormat::kName:
+      Print(name + "\n");
+      break;
+    case OutputFormat::kTable:
+    case OutputFormat::kWide:
+      Print(describe());
+      break;
+  }
+}
+
 int Execute(const Config& c, AdminClient& admin) {
   grpc::Status status;
   auto failed = [&] {
@@ -649,21 +670,8 @@ int Execute(const Config& c, AdminClient& admin) {
       v1::ReplacementRequest r;
       status = admin.Run([&](auto& s, auto* ctx) { return s.GetRequest(ctx, q, &r); });
       if (!status.ok()) return failed();
-      switch (c.output) {
-        case OutputFormat::kJson:
-          Print(ToJson(r));
-          break;
-        case OutputFormat::kYaml:
-          Print(ToYaml(r));
-          break;
-        case OutputFormat::kName:
-          Print(absl::StrCat("request/", r.id(), "\n"));
-          break;
-        case OutputFormat::kTable:
-        case OutputFormat::kWide:
-          Print(DescribeRequest(r, absl::Now()));
-          break;
-      }
+      PrintDescribed(r, c.output, absl::StrCat("request/", r.id()),
+                     [&] { return DescribeRequest(r, absl::Now()); });
       return kExitOk;
     }
     case Verb::kApprove:
@@ -718,21 +726,8 @@ int Execute(const Config& c, AdminClient& admin) {
       v1::Node r;
       status = admin.RunNodes([&](auto& s, auto* ctx) { return s.GetNode(ctx, q, &r); });
       if (!status.ok()) return failed();
-      switch (c.output) {
-        case OutputFormat::kJson:
-          Print(ToJson(r));
-          break;
-        case OutputFormat::kYaml:
-          Print(ToYaml(r));
-          break;
-        case OutputFormat::kName:
-          Print(absl::StrCat("node/", r.node_name(), "\n"));
-          break;
-        case OutputFormat::kTable:
-        case OutputFormat::kWide:
-          Print(DescribeNode(r, absl::Now()));
-          break;
-      }
+      PrintDescribed(r, c.output, absl::StrCat("node/", r.node_name()),
+                     [&] { return DescribeNode(r, absl::Now()); });
       return kExitOk;
     }
     case Verb::kDiagnoseNode: {

@@ -12,11 +12,11 @@
 #include <cstdio>
 #include <fstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/report.h"
 #include "demo/scenarios.h"
@@ -60,62 +60,43 @@ void PrintUsage() {
 
 Flags Parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    auto take = [&]() -> std::string {
-      if (eq != std::string::npos) return value;
-      if (i + 1 >= argc) Usage(absl::StrCat(arg, " needs a value"));
-      return argv[++i];
-    };
-    auto number = [&](int min) {
-      const std::string v = take();
-      int n = 0;
-      if (!absl::SimpleAtoi(v, &n) || n < min) {
-        Usage(absl::StrCat(arg, " must be an integer >= ", min, ", got '", v, "'"));
-      }
-      return n;
-    };
+  for (FlagReader flag(argc, argv, Usage); flag.Next();) {
+    const std::string& arg = flag.name();
     if (arg == "--help" || arg == "-h") {
       PrintUsage();
       std::exit(0);
     } else if (arg == "--scenario") {
-      f.scenario = take();
+      f.scenario = flag.Value();
     } else if (arg == "--steps") {
-      f.steps = number(1);
+      f.steps = flag.Number(1);
     } else if (arg == "--nodes") {
-      f.nodes = number(1);
+      f.nodes = flag.Number(1);
     } else if (arg == "--gpus-per-node") {
-      f.gpus_per_node = number(1);
+      f.gpus_per_node = flag.Number(1);
     } else if (arg == "--audit-every") {
-      f.audit_every = number(0);
+      f.audit_every = flag.Number(0);
     } else if (arg == "--weight-check-every") {
-      f.weight_check_every = number(0);
+      f.weight_check_every = flag.Number(0);
     } else if (arg == "--checkpoint-every") {
-      f.checkpoint_every = number(0);
+      f.checkpoint_every = flag.Number(0);
     } else if (arg == "--fault-rank") {
-      f.fault_rank = number(0);
+      f.fault_rank = flag.Number(0);
     } else if (arg == "--fault-step") {
-      f.fault_step = number(1);
+      f.fault_step = flag.Number(1);
     } else if (arg == "--restart-at") {
-      f.restart_at = number(1);
+      f.restart_at = flag.Number(1);
     } else if (arg == "--run-dir") {
-      f.run_dir = take();
+      f.run_dir = flag.Value();
     } else if (arg == "--sdcctl") {
-      f.sdcctl = take();
+      f.sdcctl = flag.Value();
     } else if (arg == "--model") {
-      f.model = take();
+      f.model = flag.Value();
     } else if (arg == "--quiet") {
       f.quiet = true;
     } else if (arg == "--no-keep-coordinator") {
       f.keep_coordinator = false;
     } else {
-      Usage(absl::StrCat("unknown flag '", argv[i], "' (see ./sdc demo --help)"));
+      flag.Unknown("see ./sdc demo --help");
     }
   }
   return f;

@@ -15,6 +15,7 @@
 #include "demo/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fast_cluster.h"
 
 namespace sdc::demo {
 namespace {
@@ -22,18 +23,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ClusterConfig Fast(const std::string& name, const std::string& fault) {
-  ClusterConfig c;
-  c.run_dir = TestDir(name);
-  c.steps = 24;
-  c.audit_every = 5;
-  c.weight_check_every = 5;
-  c.checkpoint_every = 10;
-  c.fault = fault;
-  c.job_id = name;
-  c.timeout = absl::Minutes(8);
-  return c;
-}
+using ::sdc::testing::FastCluster;
 
 // Every rank took the same decision at every step; returns rank 0's records.
 std::map<int, StepRecord> SameDecisions(const ClusterResult& r) {
@@ -69,7 +59,7 @@ const v1::Incident* Blames(const ClusterResult& r, uint32_t rank) {
 }
 
 TEST(ClusterTest, CleanRunRaisesNoAlarm) {
-  ClusterConfig c = Fast("clean", "");
+  ClusterConfig c = FastCluster("clean", "");
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
@@ -89,7 +79,7 @@ TEST(ClusterTest, CleanRunRaisesNoAlarm) {
 }
 
 TEST(ClusterTest, ActivationTimesTenThousandIsAttributedAndSkipped) {
-  absl::StatusOr<ClusterResult> r = RunCluster(Fast("activation", "activation-scale:3:step=15:10000"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("activation", "activation-scale:3:step=15:10000"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   const v1::Incident* i = Blames(*r, 3);
@@ -110,7 +100,7 @@ TEST(ClusterTest, ActivationTimesTenThousandIsAttributedAndSkipped) {
 }
 
 TEST(ClusterTest, NanGradientIsConfirmedByAReplay) {
-  absl::StatusOr<ClusterResult> r = RunCluster(Fast("nan", "nan-gradient:1:step=12"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("nan", "nan-gradient:1:step=12"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   const v1::Incident* i = Blames(*r, 1);
@@ -126,7 +116,7 @@ TEST(ClusterTest, NanGradientIsConfirmedByAReplay) {
 }
 
 TEST(ClusterTest, WeightCorruptionIsVotedOutAndRepaired) {
-  absl::StatusOr<ClusterResult> r = RunCluster(Fast("weight", "weight:4:step=12"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("weight", "weight:4:step=12"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   const v1::Incident* i = Blames(*r, 4);
@@ -144,7 +134,7 @@ TEST(ClusterTest, WeightCorruptionIsVotedOutAndRepaired) {
 }
 
 TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
-  absl::StatusOr<ClusterResult> r = RunCluster(Fast("reduced", "reduced-gradient:2:step=13"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("reduced", "reduced-gradient:2:step=13"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   const v1::Incident* i = Blames(*r, 2);
@@ -157,7 +147,7 @@ TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
 }
 
 TEST(ClusterTest, FaultyReplayerIsSettledByATieBreak) {
-  absl::StatusOr<ClusterResult> r = RunCluster(Fast("replayer", "replay:5:from=10"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("replayer", "replay:5:from=10"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   const v1::Incident* i = Blames(*r, 5);

@@ -14,6 +14,7 @@
 #include "demo/scenarios.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fast_cluster.h"
 
 namespace sdc::demo {
 namespace {
@@ -21,18 +22,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ClusterConfig Fast(const std::string& name, const std::string& fault) {
-  ClusterConfig c;
-  c.run_dir = TestDir(name);
-  c.steps = 24;
-  c.audit_every = 5;
-  c.weight_check_every = 5;
-  c.checkpoint_every = 10;
-  c.fault = fault;
-  c.job_id = name;
-  c.timeout = absl::Minutes(8);
-  return c;
-}
+using ::sdc::testing::FastCluster;
 
 int64_t SqlCount(const std::string& db, const std::string& sql) {
   sqlite3* h = nullptr;
@@ -48,7 +38,7 @@ int64_t SqlCount(const std::string& db, const std::string& sql) {
 }
 
 TEST(ClusterScenarioTest, TwoNodesDetectButCannotAttribute) {
-  ClusterConfig c = Fast("two-node", "activation-scale:3:step=15:10000");
+  ClusterConfig c = FastCluster("two-node", "activation-scale:3:step=15:10000");
   c.nodes = 2;
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -65,7 +55,7 @@ TEST(ClusterScenarioTest, TwoNodesDetectButCannotAttribute) {
 }
 
 TEST(ClusterScenarioTest, CoordinatorKilledMidRunLosesNoReport) {
-  ClusterConfig c = Fast("restart", "activation-scale:3:step=20:10000");
+  ClusterConfig c = FastCluster("restart", "activation-scale:3:step=20:10000");
   c.restart_coordinator_at = 8;
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -88,7 +78,7 @@ TEST(ClusterScenarioTest, CoordinatorKilledMidRunLosesNoReport) {
 }
 
 TEST(ClusterScenarioTest, DropoutAndBatchNormReplayBitExactlyForHundredsOfSteps) {
-  ClusterConfig c = Fast("bn-soak", "");
+  ClusterConfig c = FastCluster("bn-soak", "");
   c.model = "bn-mlp";
   c.steps = 300;
   c.audit_every = 1;
@@ -110,7 +100,7 @@ TEST(ClusterScenarioTest, DropoutAndBatchNormReplayBitExactlyForHundredsOfSteps)
 }
 
 TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
-  ClusterConfig c = Fast("accumulation", "mantissa-bitflip:3:step=15");
+  ClusterConfig c = FastCluster("accumulation", "mantissa-bitflip:3:step=15");
   c.micro_batches = 2;
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -126,7 +116,7 @@ TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
 }
 
 TEST(ClusterScenarioTest, UnreachableCoordinatorNeverStallsTraining) {
-  ClusterConfig c = Fast("unreachable", "activation-scale:3:step=15:10000");
+  ClusterConfig c = FastCluster("unreachable", "activation-scale:3:step=15:10000");
   c.coordinator_unreachable = true;
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
