@@ -112,12 +112,15 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
   return absl::OkStatus();
 }
 
-void Coordinator::RebuildTopology(GroupState& group, const JobState& job) {
-  std::vector<PlanMember> members;
-  for (Rank r : group.members) {
-    members.push_back({r, job.ranks[r]->record.placement.node});
+const Topology& Coordinator::TopologyOf(const JobState& job, const GroupState& group) const {
+  if (group.topology == nullptr) {
+    std::vector<PlanMember> members;
+    for (Rank r : group.members) {
+      members.push_back({r, job.ranks[r]->record.placement.node});
+    }
+    group.topology = std::make_unique<Topology>(std::move(members));
   }
-  group.topology = std::make_unique<Topology>(std::move(members));
+  return *group.topology;
 }
 
 absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
@@ -153,9 +156,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
     if (old.replica_group != group_id) {
       auto& m = job.groups[old.replica_group].members;
       m.erase(std::remove(m.begin(), m.end(), rank), m.end());
-      if (job.groups[old.replica_group].topology != nullptr) {
-        RebuildTopology(job.groups[old.replica_group], job);
-      }
+      job.groups[old.replica_group].topology.reset();
     }
   }
   RankRecord& rec = slot->record;
@@ -177,7 +178,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
                          rank);
     placement_changed = true;
   }
-  if (placement_changed || group.topology == nullptr) RebuildTopology(group, job);
+  if (placement_changed) group.topology.reset();
   txn.mutation.ranks.push_back(rec);
 
   AttachResult result;
@@ -422,8 +423,8 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   // A lone rank's local NaN/Inf waits for the in-band confirmation replay of
   // the highest such rank (the one every rank agreed on).
   const bool subset = !local.empty() && local.size() < group.members.size();
-  if (subset && !deadline && group.topology != nullptr &&
-      ChooseConfirmer(*group.topology, local.back(), step).has_value() &&
+  if (subset && !deadline &&
+      ChooseConfirmer(TopologyOf(job, group), local.back(), step).has_value() &&
       ps.confirms.count(local.back()) == 0) {
     return;
   }
@@ -662,7 +663,7 @@ absl::StatusOr<ReplayPlan> Coordinator::PlanFor(const JobState& job, const Group
           absl::StrCat("step ", step, " is not a scheduled audit step (audits every ",
                        job.record.audit_every, " steps)"));
     }
-    return PlanFullAudit(*group.topology, step / job.record.audit_every);
+    return PlanFullAudit(TopologyOf(job, group), step / job.record.audit_every);
   }
   auto it = job.plans.find(plan_id);
   if (it == job.plans.end() || it->second.group != group.record.group) {
@@ -671,7 +672,7 @@ absl::StatusOr<ReplayPlan> Coordinator::PlanFor(const JobState& job, const Group
   }
   ReplayPlan plan;
   plan.assignments = it->second.assignments;
-  plan.capability = group.topology->capability();
+  plan.capability = TopologyOf(job, group).capability();
   plan.cross_domain = true;
   return plan;
 }
@@ -821,7 +822,7 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   if (!pa.verdict.has_value()) {
     AuditInput input;
     input.plan = &pa.plan;
-    input.topology = group.topology.get();
+    input.topology = &TopologyOf(job, group);
     input.originals = &pa.originals;
     input.replays = &pa.replays;
     input.compare_gradients = deterministic;
@@ -1072,8 +1073,8 @@ void Coordinator::AddSuspect(JobState& job, GroupState& group, Rank rank,
   }
   txn.mutation.suspects.push_back(s);
   if (!outstanding && (!had_chances || fresh) &&
-      group.topology->capability() != AttributionCapability::kDetectOnly &&
-      group.topology->capability() != AttributionCapability::kNone) {
+      TopologyOf(job, group).capability() != AttributionCapability::kDetectOnly &&
+      TopologyOf(job, group).capability() != AttributionCapability::kNone) {
     ScheduleTargetedAudit(job, group, rank, reason, txn);
   }
 }
@@ -1089,7 +1090,7 @@ void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank s
   plan.job_id = job.record.job_id;
   plan.group = group.record.group;
   plan.plan_id = job.record.next_plan_id++;
-  plan.assignments = PlanTargetedAudit(*group.topology, suspect, plan.plan_id).assignments;
+  plan.assignments = PlanTargetedAudit(TopologyOf(job, group), suspect, plan.plan_id).assignments;
   plan.reason = absl::StrCat("targeted audit of suspect ", Describe(job, suspect), ": ", reason);
   plan.suspect = suspect;
   job.plans[plan.plan_id] = plan;
@@ -1517,7 +1518,7 @@ absl::Status Coordinator::Restore() {
   for (auto& [id, job] : jobs_) {
     for (auto& [gid, group] : job.groups) {
       std::sort(group.members.begin(), group.members.end());
-      RebuildTopology(group, job);
+      group.topology.reset();
     }
   }
   for (const PlanRecord& p : snap->plans) {

@@ -215,7 +215,10 @@ class Coordinator {
   struct GroupState {
     GroupRecord record;
     std::vector<Rank> members;  // Ascending.
-    std::unique_ptr<Topology> topology;
+    // The members' failure domains, built on first use after the membership
+    // or a placement changed (not on every Hello: 16,384 Hellos would
+    // rebuild it 16,384 times). See TopologyOf.
+    mutable std::unique_ptr<Topology> topology;
   };
   // One distinct digest of a vote, with one copy of its tensors.
   struct Ballot {
@@ -313,7 +316,7 @@ class Coordinator {
   // The plan of an audit result; InvalidArgument when none applies.
   absl::StatusOr<ReplayPlan> PlanFor(const JobState& job, const GroupState& group,
                                      Step step, uint64_t plan_id) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Records an incident; confirmed ones open (or join) a request and block
   // checkpoints while the GPU stays; unconfirmed ones make suspects.
@@ -333,7 +336,8 @@ class Coordinator {
   // Forgets what a rank's previous incarnation contributed to open checks.
   void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RebuildTopology(GroupState& group, const JobState& job)
+  // Exclusive: it may fill the group's cached topology.
+  const Topology& TopologyOf(const JobState& job, const GroupState& group) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Empty when allowed; else the reasons, and whether they are all waits.
