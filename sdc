@@ -93,13 +93,17 @@ cmd_fuzz() {
     -labsl_malloc_internal -labsl_time -labsl_civil_time -labsl_time_zone -labsl_hash
     -labsl_city -labsl_low_level_hash -labsl_raw_hash_set -labsl_int128 -labsl_throw_delegate
     -labsl_spinlock_wait -labsl_raw_logging_internal -labsl_log_severity -labsl_base -lpthread)
+  # The sources come from Bazel's own graph so that this list cannot fall
+  # behind the BUILD files.
+  local sources
+  mapfile -t sources < <(bazel query --noshow_progress \
+      'kind("source file", deps(//daemon/core:coordinator_fuzz))' 2>/dev/null |
+    sed -n 's|^//\([^:@]*\):\(.*\.cc\)$|\1/\2|p')
+  ((${#sources[@]})) || die "bazel query found no sources for the fuzz target"
   log "building the coordinator fuzz target with clang (libFuzzer, ASan, UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -DSDC_LIBFUZZER -I"$ROOT" \
-    daemon/core/types.cc daemon/core/replay_plan.cc daemon/core/attribution.cc \
-    daemon/core/weight_vote.cc daemon/core/store.cc daemon/core/escalation.cc \
-    daemon/core/coordinator.cc daemon/core/coordinator_fuzz.cc kernels/model_digest.cc \
-    "${absl_libs[@]}" -o "$dir/coordinator_fuzz" || die "the fuzz target did not build"
+    "${sources[@]}" "${absl_libs[@]}" -o "$dir/coordinator_fuzz" || die "the fuzz target did not build"
   log "fuzzing the coordinator for ${seconds}s (corpus: $dir/corpus)"
   "$dir/coordinator_fuzz" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
     "$dir/corpus" 2>"$dir/last.log" || { tail -40 "$dir/last.log" >&2; die "the fuzzer found a failure (log: $dir/last.log)"; }

@@ -279,6 +279,17 @@ absl::Status Guard::Impl::Init() {
   for (const torch::Tensor& p : params_) {
     if (absl::StatusOr<kernels::DType> d = DTypeOf(p); !d.ok()) return d.status();
   }
+  // The guard reads tensors through host pointers; a CUDA tensor's pointer
+  // is device memory. Refuse instead of reading it (see ARCHITECTURE.md,
+  // "The trainer client", CUDA).
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const torch::Tensor& t = i < parameter_count_ ? params_[i] : buffers_[i - parameter_count_];
+    if (!t.device().is_cpu()) {
+      return absl::UnimplementedError(absl::StrCat(
+          names_[i], " is on ", t.device().str(),
+          ": this build of sdc::Guard checks CPU tensors only (the CUDA path is not built)"));
+    }
+  }
   // Every rank's node name and replica group, for the replay plans.
   constexpr int64_t kNameBytes = 128;
   torch::Tensor mine = torch::zeros({kNameBytes + 1}, torch::kUInt8);

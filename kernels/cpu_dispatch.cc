@@ -2,10 +2,23 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "kernels/thread_pool.h"
 
 namespace sdc::kernels {
 namespace {
+
+#if defined(__x86_64__)
+// F16C by CPUID rather than __builtin_cpu_supports: clang before 16 does not
+// know the "f16c" feature name, and the fuzz build uses clang.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
 
 // Below this much work, waking the pool costs more than it saves.
 constexpr uint64_t kParallelMinBytes = 2ull << 20;
@@ -21,7 +34,7 @@ std::vector<CpuPath> SupportedCpuPaths() {
   std::vector<CpuPath> paths = {CpuPath::kPortable};
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && HasF16c()) {
     paths.push_back(CpuPath::kAvx2);
     if (__builtin_cpu_supports("avx512f")) paths.push_back(CpuPath::kAvx512);
   }

@@ -68,8 +68,12 @@ TEST(ClusterTest, CleanRunRaisesNoAlarm) {
   EXPECT_TRUE(r->suspects.empty());
   for (const auto& [step, s] : steps) {
     EXPECT_TRUE(s.apply) << step;
-    if (s.audited) EXPECT_EQ(s.outcome, "pass") << step;
-    if (step % 10 == 0) EXPECT_EQ(s.checkpoint, "allowed") << step;
+    if (s.audited) {
+      EXPECT_EQ(s.outcome, "pass") << step;
+    }
+    if (step % 10 == 0) {
+      EXPECT_EQ(s.checkpoint, "allowed") << step;
+    }
   }
   EXPECT_LT(steps.rbegin()->second.loss, steps.begin()->second.loss) << "the loss falls";
   ExpectIdenticalReplicas(*r);

@@ -1,0 +1,102 @@
+// sdc::Guard on a one-rank Gloo group (the multi-rank behaviour is tested
+// with real processes in tests/cluster_*_test.cc): what Create refuses, and
+// the checkpoint ledger driven by the in-band vote when no coordinator is
+// configured.
+
+#include "client/guard.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace sdc {
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> OneRankGroup(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(path, 1);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+}
+
+client::GuardOptions InBandOptions() {
+  client::GuardOptions o;
+  o.job_id = "unit";
+  o.node_name = "node-a";
+  o.audit_every = 0;  // One rank has nobody to replay it.
+  o.weight_check_every = 0;
+  o.checkpoint_fallback = client::CheckpointFallback::kInBand;
+  return o;
+}
+
+LossFn MseOf(torch::nn::Linear& model) {
+  return [&model](const std::vector<torch::Tensor>& b) {
+    return torch::mse_loss(model->forward(b[0]), b[1]);
+  };
+}
+
+TEST(GuardTest, CreateRefusesWhatItCannotCheck) {
+  auto pg = OneRankGroup("refuses");
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions no_job = InBandOptions();
+  no_job.job_id.clear();
+  EXPECT_EQ(Guard::Create(no_job, pg, *model, sgd, MseOf(model)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Guard::Create(InBandOptions(), pg, *model, sgd, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A tensor whose memory the host cannot read (here the meta device; on a
+  // GPU cluster, CUDA) is refused with its name, never read.
+  torch::nn::Module elsewhere;
+  elsewhere.register_parameter("weight", torch::empty({2, 4}, torch::device(torch::kMeta)));
+  torch::optim::SGD sgd2(elsewhere.parameters(), 0.1);
+  LossFn unused = [](const std::vector<torch::Tensor>&) { return torch::zeros({}); };
+  absl::StatusOr<std::unique_ptr<Guard>> g =
+      Guard::Create(InBandOptions(), pg, elsewhere, sgd2, unused);
+  ASSERT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(g.status().message().find("weight is on meta"), std::string::npos)
+      << g.status().message();
+}
+
+TEST(GuardTest, InBandCheckpointsAreProvisionalUntilTheNext) {
+  auto pg = OneRankGroup("ledger");
+  torch::manual_seed(7);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  absl::StatusOr<std::unique_ptr<Guard>> g =
+      Guard::Create(InBandOptions(), pg, *model, sgd, MseOf(model));
+  ASSERT_TRUE(g.ok()) << g.status();
+  Guard& guard = **g;
+  for (uint64_t step = 1; step <= 20; ++step) {
+    const bool checkpoint = step % 10 == 0;
+    double loss = 0;
+    absl::StatusOr<StepDecision> d = guard.TrainStep(
+        step, {{torch::randn({8, 4}), torch::randn({8, 2})}}, checkpoint, &loss);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->apply) << step << ": " << d->reason;
+    if (!checkpoint) continue;
+    absl::StatusOr<bool> may = guard.MayCheckpoint();
+    ASSERT_TRUE(may.ok()) << may.status();
+    EXPECT_TRUE(*may) << "the in-band vote allows it";
+  }
+  const core::CheckpointLedger& ledger = guard.Checkpoints();
+  EXPECT_EQ(ledger.Of(10), core::CheckpointLedger::Standing::kFinal);
+  EXPECT_EQ(ledger.Of(20), core::CheckpointLedger::Standing::kProvisional);
+  EXPECT_EQ(guard.RefreshCheckpoints(absl::Seconds(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "no coordinator to ask";
+  EXPECT_EQ(guard.Summary().checkpoints_allowed, 2u);
+  guard.Shutdown(absl::ZeroDuration());
+}
+
+}  // namespace
+}  // namespace sdc
