@@ -1,8 +1,10 @@
 // ./sdc bench overhead: what sdc-guard costs a training step. Six CPU
-// processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer twice per
-// round, alternating: unguarded (a plain flat all-reduce and norm clipping,
-// as a DDP loop without sdc-guard) and guarded (weight check every 10 steps,
-// audit every 100, sdcd attached). Step time is the slowest rank's, after a
+// processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer three times
+// per round, alternating: unguarded (a plain flat all-reduce and norm
+// clipping, as a DDP loop without sdc-guard), unguarded plus one all-reduce
+// the size of the guard's agreement (what one more collective per step costs
+// on this machine, whoever adds it), and guarded (weight check every 10
+// steps, audit every 100, sdcd attached). Step time is the slowest rank's, after a
 // warm-up. The guard's own parts come from its per-step timings. Last line:
 // JSON.
 
@@ -71,20 +73,23 @@ int Main(int argc, char** argv) {
     a.out_dir = absl::StrCat(tmp ? tmp : "/tmp", "/sdc-overhead-", getpid());
   }
   demo::Run({"mkdir", "-p", a.out_dir});
-  std::vector<double> unguarded, guarded, audit_steps, plain_steps, weight_ms, check1_ms, audit_ms,
+  std::vector<double> unguarded, collective, guarded, audit_steps, plain_steps, weight_ms, check1_ms, audit_ms,
       agreement_ms;
   for (int round = 0; round < a.rounds; ++round) {
-    for (bool guard : {false, true}) {
+    for (const char* variant : {"unguarded", "extra-collective", "guarded"}) {
+      const bool guard = std::strcmp(variant, "guarded") == 0;
+      const bool extra = std::strcmp(variant, "extra-collective") == 0;
       demo::ClusterConfig c;
-      c.run_dir = absl::StrCat(a.out_dir, "/", guard ? "guarded" : "unguarded", "-", round);
+      c.run_dir = absl::StrCat(a.out_dir, "/", variant, "-", round);
       c.steps = a.steps;
       c.audit_every = a.audit_every;
       c.weight_check_every = a.weight_every;
       c.checkpoint_every = 0;
       c.unguarded = !guard;
+      c.extra_collective = extra;
       c.job_id = absl::StrCat("overhead-", round);
       std::fprintf(stderr, "round %d/%d: %s, %d steps...\n", round + 1, a.rounds,
-                   guard ? "guarded" : "unguarded", a.steps);
+                   variant, a.steps);
       absl::StatusOr<demo::ClusterResult> r = demo::RunCluster(c);
       if (!r.ok()) return Fail(std::string(r.status().message()));
       if (guard && !r->incidents.empty()) return Fail("the guarded clean run raised an incident");
@@ -96,7 +101,7 @@ int Main(int argc, char** argv) {
       for (const demo::StepRecord& s : r->ranks[0]) {
         if (s.step <= a.warmup) continue;
         const double ms = slowest[s.step];
-        (guard ? guarded : unguarded).push_back(ms);
+        (guard ? guarded : extra ? collective : unguarded).push_back(ms);
         if (!guard) continue;
         const bool weight = a.weight_every > 0 && s.step % a.weight_every == 0;
         if (s.audited) {
@@ -111,7 +116,7 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  const double u = Mean(unguarded), g = Mean(guarded);
+  const double u = Mean(unguarded), g = Mean(guarded), x = Mean(collective);
   const double overhead = (g - u) / u * 100;
   const double audit_ratio = audit_steps.empty() ? -1 : Mean(audit_steps) / Mean(plain_steps);
   // Amortized at the cadence: one weight check every `weight_every` steps.
@@ -120,6 +125,8 @@ int Main(int argc, char** argv) {
   std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %d steps x %d rounds per variant\n", a.steps,
               a.rounds);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
+  std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
+              "step, unguarded + 96-byte all-reduce", x, x - u);
   std::printf("%-40s %10.2f ms  (%+.2f%%)\n", "step, guarded (end to end)", g, overhead);
   std::printf("%-40s %10.2f ms  (%.2fx a plain guarded step, %zu samples)\n", "audit step",
               Mean(audit_steps), audit_ratio, audit_steps.size());
@@ -134,9 +141,10 @@ int Main(int argc, char** argv) {
       "\"overhead_pct\":%.3f,\"audit_step_ratio\":%.3f,\"audit_step_ms\":%.3f,"
       "\"weight_check_ms\":%.3f,\"weight_check_pct_of_step\":%.4f,"
       "\"nonfinite_check_ms\":%.3f,\"nonfinite_check_pct_of_step\":%.4f,"
-      "\"agreement_ms\":%.3f}\n",
+      "\"agreement_ms\":%.3f,\"step_ms_unguarded_extra_collective\":%.3f,"
+      "\"extra_collective_ms\":%.3f}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
-      weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms));
+      weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms), x, x - u);
   demo::Run({"rm", "-rf", a.out_dir});
   return 0;
 }

@@ -225,6 +225,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
                                      "--checkpoint_dir=" + c.run_dir,
                                      "--progress=" + progress};
     if (c.unguarded) argv.push_back("--unguarded");
+    if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
     absl::StatusOr<Process> p =
         Process::Start(argv, absl::StrCat(c.run_dir, "/trainer-", r, ".log"), env);
     if (!p.ok()) return p.status();

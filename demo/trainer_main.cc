@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text 
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
 ABSL_FLAG(int, seed, 1234, "Model initialization seed (the same on every rank).");
 ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
+ABSL_FLAG(bool, extra_collective, false,
+          "With --unguarded: one more all-reduce (MAX of 12 int64) per step, the size of "
+          "the guard's agreement, to measure what any extra collective costs here.");
 
 namespace sdc::demo {
 namespace {
@@ -236,6 +239,12 @@ int Main(int argc, char** argv) {
         loss += l.item<double>();
       }
       d.grad_norm = PlainAllReduce(*pg, params, 1.0);
+      if (absl::GetFlag(FLAGS_extra_collective)) {
+        std::vector<torch::Tensor> words = {torch::zeros({12}, torch::kInt64)};
+        c10d::AllreduceOptions max;
+        max.reduceOp = c10d::ReduceOp::MAX;
+        pg->allreduce(words, max)->wait();
+      }
       optimizer.step();
     }
     std::string checkpoint_result = "none";
