@@ -334,8 +334,13 @@ int Main(int argc, char** argv) {
   trainer_builder.RegisterService(&trainer);
   trainer_builder.RegisterService(&agent_service);
   ConfigureKeepalive(trainer_builder);
+  // Trainer streams spread over this many completion queues, one thread
+  // each (see daemon/service.h): 1,024 streams per queue at 16,384 ranks.
+  constexpr int kAttachQueues = 16;
+  trainer.AddQueues(trainer_builder, kAttachQueues);
   std::unique_ptr<grpc::Server> trainer_server = trainer_builder.BuildAndStart();
   if (trainer_server == nullptr) Die(absl::StrCat("--listen: cannot listen on ", config.listen));
+  trainer.Start();
   grpc::ServerBuilder admin_builder;
   admin_builder.AddListeningPort(
       config.admin_listen,
@@ -414,6 +419,7 @@ int Main(int argc, char** argv) {
   // was not acknowledged; their open streams would hold the shutdown.
   streams.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   trainer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  trainer.Stop();
   admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   ticker.join();
   actuator_loop.join();

@@ -1,6 +1,7 @@
 #include "daemon/service.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -120,25 +121,134 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
 // ---------------------------------------------------------------------------
 // Streams
 
-class AttachReactor;
-
 // A trainer stream's outgoing side, shared with durability callbacks that may
 // run after the stream ended (they then drop their message).
-class Outbox : public StreamHandle<AttachReactor> {
+class Outbox {
  public:
-  using StreamHandle::StreamHandle;
+  explicit Outbox(std::weak_ptr<AttachCall> call) : call_(std::move(call)) {}
   void Push(v1::CoordinatorMessage message);
   void End(grpc::Status status);
+
+ private:
+  std::weak_ptr<AttachCall> call_;
 };
 
-class AttachReactor : public QueuedStream<v1::TrainerMessage, v1::CoordinatorMessage> {
+// One trainer's Attach stream on one completion queue. Every operation
+// started holds a reference (self_) until its completion returns from the
+// queue; outboxes hold weak ones. Reads run on the queue's thread, one at a
+// time; writes start from any thread, one in flight, queued behind it; the
+// finish waits for the queue of writes to empty.
+class AttachCall : public std::enable_shared_from_this<AttachCall> {
  public:
-  explicit AttachReactor(TrainerService* service)
-      : service_(service), outbox_(std::make_shared<Outbox>(this)) {
-    StartRead(&in_);
+  enum class Op { kRequest, kRead, kWrite, kFinish, kDone };
+  struct Tag {
+    AttachCall* call;
+    Op op;
+  };
+
+  AttachCall(TrainerService* service, grpc::ServerCompletionQueue* queue)
+      : service_(service), queue_(queue), stream_(&context_) {}
+
+  // Waits for the next Attach on this queue.
+  static void Arm(TrainerService* service, grpc::ServerCompletionQueue* queue) {
+    auto call = std::make_shared<AttachCall>(service, queue);
+    call->outbox_ = std::make_shared<Outbox>(call);
+    call->context_.AsyncNotifyWhenDone(&call->done_tag_);
+    {
+      absl::MutexLock lock(&call->mu_);
+      call->self_ = call;
+      call->pending_ = 1;
+    }
+    if (!service->Post([&] {
+          service->RequestAttach(&call->context_, &call->stream_, queue, queue,
+                                 &call->request_tag_);
+        })) {
+      call->Completed();
+    }
   }
 
-  void OnReadDone(bool ok) override {
+  // On the queue's thread.
+  void OnEvent(Op op, bool ok) {
+    switch (op) {
+      case Op::kRequest:
+        if (ok) {
+          Arm(service_, queue_);  // The next caller.
+          {
+            absl::MutexLock lock(&mu_);
+            ++pending_;  // The done tag is live once the call matched.
+          }
+          StartRead();
+        }
+        break;
+      case Op::kRead:
+        OnReadDone(ok);
+        break;
+      case Op::kWrite: {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+        if (!ok) {  // The call broke: nothing more can be written.
+          out_.clear();
+          finish_requested_ = true;
+        }
+        break;
+      }
+      case Op::kFinish:
+        break;
+      case Op::kDone:
+        OnDone();
+        break;
+    }
+    Pump();
+    Completed();
+  }
+
+  void Enqueue(v1::CoordinatorMessage m) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      // Acknowledgements are watermarks: one waiting in the queue absorbs the
+      // next, so a backlog costs one write, not one per report.
+      if (!out_.empty() && out_.back().has_ack() && m.has_ack()) {
+        auto* waiting = out_.back().mutable_ack();
+        waiting->set_acked_sequence(std::max(waiting->acked_sequence(), m.ack().acked_sequence()));
+        return;
+      }
+      out_.push_back(std::move(m));
+    }
+    Pump();
+  }
+
+  // Finishes with `status` once every queued message is written. The first
+  // request wins.
+  void RequestFinish(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      finish_requested_ = true;
+      finish_status_ = std::move(status);
+    }
+    Pump();
+  }
+
+ private:
+  // An operation returned (or never started): the last one lets go.
+  void Completed() {
+    std::shared_ptr<AttachCall> last;
+    {
+      absl::MutexLock lock(&mu_);
+      if (--pending_ == 0) last = std::move(self_);
+    }
+  }
+
+  void StartRead() {
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+    }
+    if (!service_->Post([&] { stream_.Read(&in_, &read_tag_); })) Completed();
+  }
+
+  void OnReadDone(bool ok) {
     if (!ok) {
       // The client closed its side or the call broke: flush and finish.
       RequestFinish(grpc::Status::OK);
@@ -150,25 +260,43 @@ class AttachReactor : public QueuedStream<v1::TrainerMessage, v1::CoordinatorMes
       RequestFinish(refused);
       return;
     }
-    StartRead(&in_);
+    StartRead();
   }
 
-  void OnDone() override {
+  void OnDone() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      out_.clear();
+      finish_requested_ = true;
+    }
     if (attached_) {
       service_->streams_->Unregister(job_, rank_, outbox_.get());
       service_->coordinator_->Detach(job_, rank_, incarnation_);
     }
-    if (outbox_->Close()) delete this;
   }
 
- private:
-  // Acknowledgements are watermarks: one waiting in the queue absorbs the
-  // next, so a backlog costs one write, not one per report.
-  bool Absorb(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) override {
-    if (!last.has_ack() || !next.has_ack()) return false;
-    auto* waiting = last.mutable_ack();
-    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
-    return true;
+  // Starts the next write, or the finish once nothing is left to write.
+  // Both start under mu_, so they start one at a time and in order.
+  void Pump() {
+    std::shared_ptr<AttachCall> last;
+    absl::MutexLock lock(&mu_);
+    if (writing_ || finished_ || done_) return;
+    bool posted = true;
+    if (!out_.empty()) {
+      current_ = std::move(out_.front());
+      out_.pop_front();
+      writing_ = true;
+      ++pending_;
+      posted = service_->Post([&] { stream_.Write(current_, &write_tag_); });
+      if (!posted) writing_ = false;
+    } else if (finish_requested_) {
+      finished_ = true;
+      ++pending_;
+      posted = service_->Post([&] { stream_.Finish(finish_status_, &finish_tag_); });
+    }
+    // Stopping: the operation never started; maybe it was the last reference.
+    if (!posted && --pending_ == 0) last = std::move(self_);
   }
 
   grpc::Status Handle() {
@@ -226,21 +354,75 @@ class AttachReactor : public QueuedStream<v1::TrainerMessage, v1::CoordinatorMes
   }
 
   TrainerService* const service_;
-  const std::shared_ptr<Outbox> outbox_;
-  v1::TrainerMessage in_;  // Touched only by the read path, one read at a time.
+  grpc::ServerCompletionQueue* const queue_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<v1::CoordinatorMessage, v1::TrainerMessage> stream_;
+  Tag request_tag_{this, Op::kRequest};
+  Tag read_tag_{this, Op::kRead};
+  Tag write_tag_{this, Op::kWrite};
+  Tag finish_tag_{this, Op::kFinish};
+  Tag done_tag_{this, Op::kDone};
+  std::shared_ptr<Outbox> outbox_;
+
+  // The read path: the queue's thread, one read at a time.
+  v1::TrainerMessage in_;
   bool attached_ = false;
   std::string job_;
   core::Rank rank_ = 0;
   uint64_t incarnation_ = 0;
 
+  absl::Mutex mu_;
+  std::shared_ptr<AttachCall> self_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<v1::CoordinatorMessage> out_ ABSL_GUARDED_BY(mu_);
+  v1::CoordinatorMessage current_;  // The write in flight.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
 void Outbox::Push(v1::CoordinatorMessage message) {
-  WithReactor([&](AttachReactor* r) { r->Enqueue(std::move(message)); });
+  if (std::shared_ptr<AttachCall> call = call_.lock()) call->Enqueue(std::move(message));
 }
 
 void Outbox::End(grpc::Status status) {
-  WithReactor([&](AttachReactor* r) { r->RequestFinish(std::move(status)); });
+  if (std::shared_ptr<AttachCall> call = call_.lock()) call->RequestFinish(std::move(status));
+}
+
+TrainerService::~TrainerService() { Stop(); }
+
+void TrainerService::AddQueues(grpc::ServerBuilder& builder, int queues) {
+  for (int i = 0; i < queues; ++i) queues_.push_back(builder.AddCompletionQueue());
+}
+
+void TrainerService::Start() {
+  for (auto& q : queues_) {
+    grpc::ServerCompletionQueue* queue = q.get();
+    AttachCall::Arm(this, queue);
+    threads_.emplace_back([this, queue] { Serve(queue); });
+  }
+}
+
+void TrainerService::Serve(grpc::ServerCompletionQueue* queue) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue->Next(&tag, &ok)) {
+    auto* t = static_cast<AttachCall::Tag*>(tag);
+    t->call->OnEvent(t->op, ok);
+  }
+}
+
+void TrainerService::Stop() {
+  {
+    absl::WriterMutexLock lock(&post_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  for (auto& q : queues_) q->Shutdown();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 void StreamRegistry::Register(const std::string& job, core::Rank rank,
@@ -298,11 +480,6 @@ void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> 
   } else {
     store_->NotifyDurable(ticket, std::move(send));
   }
-}
-
-grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* TrainerService::Attach(
-    grpc::CallbackServerContext* context) {
-  return new AttachReactor(this);
 }
 
 grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerContext* context,

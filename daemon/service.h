@@ -3,12 +3,20 @@
 
 // sdcd's gRPC services: thin adapters that translate messages, hand them to
 // the coordinator core, and send the core's answers once the store says they
-// are durable. Callback API; no reaction blocks (the core's calls are short
-// and durability is awaited with NotifyDurable).
+// are durable. No handler blocks (the core's calls are short and durability
+// is awaited with NotifyDurable).
+//
+// Trainers' Attach streams use the asynchronous API over several completion
+// queues, everything else the callback API. The reason is scale: Debian's
+// libgrpc is built without NDEBUG, and then every completion scans its
+// queue's list of outstanding operations; the callback API keeps all of a
+// process's operations on one queue, so with 16,384 streams each read or
+// write paid a scan of 16,384+ entries. Each of our queues scans its share.
 
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,7 +66,7 @@ class ServiceMetrics {
 };
 
 class Outbox;
-class AttachReactor;
+class AttachCall;
 
 // Live trainer streams by (job, rank). Thread-safe.
 class StreamRegistry {
@@ -93,24 +101,48 @@ class Delivery {
   ServiceMetrics* metrics_;
 };
 
-class TrainerService final : public v1::TrainerService::CallbackService {
+using TrainerServiceBase = v1::TrainerService::WithAsyncMethod_Attach<
+    v1::TrainerService::WithCallbackMethod_MayCheckpoint<v1::TrainerService::Service>>;
+
+// Attach (asynchronous, see the top of this file) and MayCheckpoint
+// (callback). Lifecycle: AddQueues before the server is built, Start after,
+// Stop after the server's Shutdown returned.
+class TrainerService final : public TrainerServiceBase {
  public:
   TrainerService(core::Coordinator* coordinator, Delivery* delivery, StreamRegistry* streams,
                  ServiceMetrics* metrics)
       : coordinator_(coordinator), delivery_(delivery), streams_(streams), metrics_(metrics) {}
+  ~TrainerService() override;
 
-  grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Attach(
-      grpc::CallbackServerContext* context) override;
+  void AddQueues(grpc::ServerBuilder& builder, int queues);
+  void Start();
+  void Stop();
+
   grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
                                           const v1::CheckpointRequest* request,
                                           v1::CheckpointDecision* response) override;
 
  private:
-  friend class AttachReactor;
+  friend class AttachCall;
+  // Runs `post` (which starts one operation on a queue) unless Stop began;
+  // false if it did not run. Queues refuse operations once shut down.
+  template <typename Fn>
+  bool Post(Fn post) {
+    absl::ReaderMutexLock lock(&post_mu_);
+    if (stopping_) return false;
+    post();
+    return true;
+  }
+  void Serve(grpc::ServerCompletionQueue* queue);
+
   core::Coordinator* coordinator_;
   Delivery* delivery_;
   StreamRegistry* streams_;
   ServiceMetrics* metrics_;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
+  absl::Mutex post_mu_;
+  bool stopping_ ABSL_GUARDED_BY(post_mu_) = false;
 };
 
 struct AdminAuth {

@@ -279,6 +279,7 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
 
 SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {
   writer_ = std::thread([this] { WriterMain(); });
+  notifier_ = std::thread([this] { NotifierMain(); });
 }
 
 SqliteStore::~SqliteStore() {
@@ -287,6 +288,7 @@ SqliteStore::~SqliteStore() {
     stop_ = true;
   }
   writer_.join();
+  notifier_.join();
   sqlite3_close(db_);
 }
 
@@ -312,10 +314,15 @@ void SqliteStore::NotifyDurable(uint64_t ticket, std::function<void(absl::Status
   {
     absl::MutexLock lock(&mu_);
     if (durable_ < ticket && failed_.ok()) {
-      callbacks_.emplace_back(ticket, std::move(done));
+      callbacks_.emplace(ticket, std::move(done));
       return;
     }
     status = durable_ >= ticket ? absl::OkStatus() : failed_;
+    // Behind callbacks already due, so that messages keep commit order.
+    if (!due_.empty() || notifying_) {
+      due_.emplace_back(status, std::move(done));
+      return;
+    }
   }
   done(status);
 }
@@ -353,7 +360,10 @@ void SqliteStore::WriterMain() {
         return stop_ || !queue_.empty();
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty() && stop_) return;
+      if (queue_.empty() && stop_) {
+        writer_done_ = true;
+        return;
+      }
       batch.swap(queue_);
     }
     absl::Status status;
@@ -364,28 +374,38 @@ void SqliteStore::WriterMain() {
       status = status.ok() ? Exec(db_, "COMMIT;") : status;
       if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
     }
-    std::vector<std::function<void(absl::Status)>> ready;
-    std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> waiting;
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      durable_ = batch.back().first;
+      ++commits_;
+    } else {
+      failed_ = absl::UnavailableError(
+          absl::StrCat("the database stopped accepting writes: ", status.message()));
+    }
+    // After a failure every waiter is due, with the failure.
+    const auto end = failed_.ok() ? callbacks_.upper_bound(durable_) : callbacks_.end();
+    for (auto it = callbacks_.begin(); it != end; ++it) {
+      due_.emplace_back(failed_, std::move(it->second));
+    }
+    callbacks_.erase(callbacks_.begin(), end);
+  }
+}
+
+void SqliteStore::NotifierMain() {
+  while (true) {
+    std::deque<std::pair<absl::Status, std::function<void(absl::Status)>>> due;
     {
       absl::MutexLock lock(&mu_);
-      if (status.ok()) {
-        durable_ = batch.back().first;
-        ++commits_;
-      } else {
-        failed_ = absl::UnavailableError(absl::StrCat(
-            "the database stopped accepting writes: ", status.message()));
-      }
-      for (auto& [ticket, cb] : callbacks_) {
-        if (ticket <= durable_ || !failed_.ok()) {
-          ready.push_back(std::move(cb));
-        } else {
-          waiting.emplace_back(ticket, std::move(cb));
-        }
-      }
-      callbacks_.swap(waiting);
-      status = failed_;
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return writer_done_ || !due_.empty();
+      };
+      notifying_ = false;
+      mu_.Await(absl::Condition(&ready));
+      if (due_.empty()) return;  // The writer is done and nothing is left.
+      due.swap(due_);
+      notifying_ = true;
     }
-    for (auto& cb : ready) cb(status);
+    for (auto& [status, cb] : due) cb(status);
   }
 }
 

@@ -5,7 +5,8 @@
 // synchronous=FULL, written by one thread that commits every queued mutation
 // in one transaction (group commit), so thousands of reports per second cost
 // a handful of fsyncs. A report is acknowledged only after the commit that
-// holds it (NotifyDurable).
+// holds it (NotifyDurable). Durability callbacks run on a notifier thread,
+// in commit order, while the writer goes on with the next commit.
 //
 // Schema: see kMigrations in sqlite_store.cc; `schema_version` holds the
 // version, and Open() applies newer migrations in order. A database written
@@ -62,6 +63,7 @@ class SqliteStore : public core::Store {
  private:
   SqliteStore(sqlite3* db, std::string path);
   void WriterMain();
+  void NotifierMain();
   absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   static core::Mutation Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch);
   // A cached prepared statement for a literal `sql`.
@@ -75,14 +77,21 @@ class SqliteStore : public core::Store {
 
   mutable absl::Mutex mu_;
   std::deque<std::pair<uint64_t, core::Mutation>> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> callbacks_
+  // Waiting for their ticket to be durable, by ticket.
+  std::multimap<uint64_t, std::function<void(absl::Status)>> callbacks_ ABSL_GUARDED_BY(mu_);
+  // Due, in commit order, for the notifier thread: callbacks send gRPC
+  // messages, and running them on the writer would hold up the next commit.
+  std::deque<std::pair<absl::Status, std::function<void(absl::Status)>>> due_
       ABSL_GUARDED_BY(mu_);
+  bool notifying_ ABSL_GUARDED_BY(mu_) = false;  // Running a batch taken from due_.
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+  std::thread notifier_;
 };
 
 }  // namespace sdc::daemon

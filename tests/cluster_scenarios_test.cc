@@ -111,7 +111,9 @@ TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
   EXPECT_THAT(r->incidents[0].ranks(), ElementsAre(3));
   EXPECT_EQ(r->incidents[0].step(), 15u);
   for (const StepRecord& s : r->ranks[0]) {
-    if (s.audited && s.step != 15) EXPECT_EQ(s.outcome, "pass") << "step " << s.step;
+    if (s.audited && s.step != 15) {
+      EXPECT_EQ(s.outcome, "pass") << "step " << s.step;
+    }
   }
 }
 
@@ -122,8 +124,12 @@ TEST(ClusterScenarioTest, UnreachableCoordinatorNeverStallsTraining) {
   ASSERT_TRUE(r.ok()) << r.status();
   for (const auto& rank : r->ranks) ASSERT_EQ(rank.size(), 24u) << "every step ran";
   for (const StepRecord& s : r->ranks[0]) {
-    if (s.audited) EXPECT_TRUE(s.unverified) << "step " << s.step << ": no verdict to wait for";
-    if (s.step % 10 == 0) EXPECT_EQ(s.checkpoint, "vetoed") << "vetoed by default policy";
+    if (s.audited) {
+      EXPECT_TRUE(s.unverified) << "step " << s.step << ": no verdict to wait for";
+    }
+    if (s.step % 10 == 0) {
+      EXPECT_EQ(s.checkpoint, "vetoed") << "vetoed by default policy";
+    }
   }
   // Detection in-band still works: the faulty step is skipped on every rank.
   const RunFacts f = Analyze(*r, *FindScenario("activation-x10000"), c, 3);
