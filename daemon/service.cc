@@ -1,7 +1,6 @@
 #include "daemon/service.h"
 
 #include <algorithm>
-#include <deque>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -185,11 +184,7 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
         break;
       case Op::kWrite: {
         absl::MutexLock lock(&mu_);
-        writing_ = false;
-        if (!ok) {  // The call broke: nothing more can be written.
-          out_.clear();
-          finish_requested_ = true;
-        }
+        out_.WriteDone(ok);
         break;
       }
       case Op::kFinish:
@@ -205,15 +200,7 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
   void Enqueue(v1::CoordinatorMessage m) {
     {
       absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      // Acknowledgements are watermarks: one waiting in the queue absorbs the
-      // next, so a backlog costs one write, not one per report.
-      if (!out_.empty() && out_.back().has_ack() && m.has_ack()) {
-        auto* waiting = out_.back().mutable_ack();
-        waiting->set_acked_sequence(std::max(waiting->acked_sequence(), m.ack().acked_sequence()));
-        return;
-      }
-      out_.push_back(std::move(m));
+      out_.Enqueue(std::move(m), AbsorbAck);
     }
     Pump();
   }
@@ -223,9 +210,7 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
   void RequestFinish(grpc::Status status) {
     {
       absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      finish_requested_ = true;
-      finish_status_ = std::move(status);
+      out_.RequestFinish(std::move(status));
     }
     Pump();
   }
@@ -266,9 +251,7 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
   void OnDone() {
     {
       absl::MutexLock lock(&mu_);
-      done_ = true;
-      out_.clear();
-      finish_requested_ = true;
+      out_.Closed();
     }
     if (attached_) {
       service_->streams_->Unregister(job_, rank_, outbox_.get());
@@ -276,24 +259,36 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
     }
   }
 
+  // Acknowledgements are watermarks: one waiting in the queue absorbs the
+  // next, so a backlog costs one write, not one per report.
+  static bool AbsorbAck(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) {
+    if (!last.has_ack() || !next.has_ack()) return false;
+    auto* waiting = last.mutable_ack();
+    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
+    return true;
+  }
+
   // Starts the next write, or the finish once nothing is left to write.
-  // Both start under mu_, so they start one at a time and in order.
+  // Both start under mu_ (the asynchronous API never completes inline), so
+  // they start one at a time and in order.
   void Pump() {
     std::shared_ptr<AttachCall> last;
     absl::MutexLock lock(&mu_);
-    if (writing_ || finished_ || done_) return;
+    const v1::CoordinatorMessage* write = nullptr;
+    grpc::Status status;
     bool posted = true;
-    if (!out_.empty()) {
-      current_ = std::move(out_.front());
-      out_.pop_front();
-      writing_ = true;
-      ++pending_;
-      posted = service_->Post([&] { stream_.Write(current_, &write_tag_); });
-      if (!posted) writing_ = false;
-    } else if (finish_requested_) {
-      finished_ = true;
-      ++pending_;
-      posted = service_->Post([&] { stream_.Finish(finish_status_, &finish_tag_); });
+    switch (out_.Next(&write, &status)) {
+      case Outgoing<v1::CoordinatorMessage>::Start::kNothing:
+        return;
+      case Outgoing<v1::CoordinatorMessage>::Start::kWrite:
+        ++pending_;
+        posted = service_->Post([&] { stream_.Write(*write, &write_tag_); });
+        if (!posted) out_.WriteNotStarted();
+        break;
+      case Outgoing<v1::CoordinatorMessage>::Start::kFinish:
+        ++pending_;
+        posted = service_->Post([&] { stream_.Finish(status, &finish_tag_); });
+        break;
     }
     // Stopping: the operation never started; maybe it was the last reference.
     if (!posted && --pending_ == 0) last = std::move(self_);
@@ -374,13 +369,7 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
   absl::Mutex mu_;
   std::shared_ptr<AttachCall> self_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<v1::CoordinatorMessage> out_ ABSL_GUARDED_BY(mu_);
-  v1::CoordinatorMessage current_;  // The write in flight.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  Outgoing<v1::CoordinatorMessage> out_ ABSL_GUARDED_BY(mu_);
 };
 
 void Outbox::Push(v1::CoordinatorMessage message) {

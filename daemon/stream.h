@@ -1,13 +1,15 @@
 #ifndef SDC_DAEMON_STREAM_H_
 #define SDC_DAEMON_STREAM_H_
 
-// The outgoing side of sdcd's long-lived server streams (trainers' Attach,
-// agents' Connect), which any thread may write to.
+// The outgoing side of sdcd's long-lived server streams (trainers' Attach on
+// the asynchronous API, agents' Connect on the callback API), which any
+// thread may write to.
 //
-// gRPC allows one write in flight per stream and may run a reaction inline
-// inside StartWrite or Finish, even OnDone. So QueuedStream queues messages
-// and starts the next write from OnWriteDone, holds no lock across those
-// calls, and finishes only once the queue is empty. StreamHandle is what
+// gRPC allows one write in flight per stream. Outgoing keeps the queue and
+// decides what starts next for both APIs. The callback API may run a
+// reaction inline inside StartWrite or Finish, even OnDone, so QueuedStream
+// starts the next write from OnWriteDone, holds no lock across those calls,
+// and finishes only once the queue is empty. StreamHandle is what
 // other threads keep: messages pushed after the stream ended are dropped,
 // and a reactor whose OnDone runs while a push is in progress is deleted by
 // that push when it returns.
@@ -21,6 +23,73 @@
 
 namespace sdc::daemon {
 
+// The outgoing side's state, for any stream API: messages waiting, at most
+// one write in flight, a finish once the queue is empty. Not thread-safe:
+// its owner locks around every call.
+template <typename Out>
+class Outgoing {
+ public:
+  // Queues `m`, or folds it into the newest queued message when `absorb`
+  // does. Dropped once finishing.
+  template <typename Absorb>
+  void Enqueue(Out m, Absorb absorb) {
+    if (finish_requested_) return;
+    if (!queue_.empty() && absorb(queue_.back(), m)) return;
+    queue_.push_back(std::move(m));
+  }
+
+  // The first request wins.
+  void RequestFinish(grpc::Status status) {
+    if (finish_requested_) return;
+    finish_requested_ = true;
+    finish_status_ = std::move(status);
+  }
+
+  void WriteDone(bool ok) {
+    writing_ = false;
+    if (!ok) {  // The call broke: nothing more can be written.
+      queue_.clear();
+      finish_requested_ = true;
+    }
+  }
+
+  // The call is over: nothing more starts.
+  void Closed() {
+    queue_.clear();
+    finish_requested_ = true;
+    finished_ = true;
+  }
+
+  // What to start now: a write of *write (the message stays valid until
+  // WriteDone), the finish with *status, or nothing.
+  enum class Start { kNothing, kWrite, kFinish };
+  Start Next(const Out** write, grpc::Status* status) {
+    if (writing_ || finished_) return Start::kNothing;
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      *write = &current_;
+      return Start::kWrite;
+    }
+    if (!finish_requested_) return Start::kNothing;
+    finished_ = true;
+    *status = finish_status_;
+    return Start::kFinish;
+  }
+
+  // A write that could not start after all (the owner is stopping).
+  void WriteNotStarted() { writing_ = false; }
+
+ private:
+  std::deque<Out> queue_;
+  Out current_;  // The write in flight.
+  bool writing_ = false;
+  bool finish_requested_ = false;
+  bool finished_ = false;
+  grpc::Status finish_status_;
+};
+
 template <typename In, typename Out>
 class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
  public:
@@ -29,9 +98,7 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
   void Enqueue(Out m) {
     {
       absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      if (!queue_.empty() && Absorb(queue_.back(), m)) return;
-      queue_.push_back(std::move(m));
+      out_.Enqueue(std::move(m), [this](Out& last, const Out& next) { return Absorb(last, next); });
     }
     Pump();
   }
@@ -41,9 +108,7 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
   void RequestFinish(grpc::Status status) {
     {
       absl::MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      finish_requested_ = true;
-      finish_status_ = std::move(status);
+      out_.RequestFinish(std::move(status));
     }
     Pump();
   }
@@ -51,11 +116,7 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
   void OnWriteDone(bool ok) override {
     {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) {  // The call broke: nothing more can be written.
-        queue_.clear();
-        finish_requested_ = true;
-      }
+      out_.WriteDone(ok);
     }
     Pump();
   }
@@ -67,38 +128,24 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
 
  private:
   // Starts the next write, or the finish once nothing is left to write.
+  // No lock is held across StartWrite or Finish: gRPC may react inline.
   void Pump() {
-    bool write = false;
+    const Out* write = nullptr;
     grpc::Status finish;
+    typename Outgoing<Out>::Start start;
     {
       absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
-      if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        write = true;
-      } else if (finish_requested_) {
-        finished_ = true;
-        finish = finish_status_;
-      } else {
-        return;
-      }
+      start = out_.Next(&write, &finish);
     }
-    if (write) {
-      this->StartWrite(&current_);
-    } else {
+    if (start == Outgoing<Out>::Start::kWrite) {
+      this->StartWrite(write);
+    } else if (start == Outgoing<Out>::Start::kFinish) {
       this->Finish(finish);
     }
   }
 
   absl::Mutex mu_;
-  std::deque<Out> queue_ ABSL_GUARDED_BY(mu_);
-  Out current_;  // The write in flight; owned by gRPC while writing_.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  Outgoing<Out> out_ ABSL_GUARDED_BY(mu_);
 };
 
 // Shared (by shared_ptr) between a reactor and whoever writes to it later.
