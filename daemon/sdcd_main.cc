@@ -423,6 +423,9 @@ int Main(int argc, char** argv) {
   admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   ticker.join();
   actuator_loop.join();
+  // Callbacks still due reach the streams and metrics, which are destroyed
+  // before the store.
+  db->Drain();
   return 0;
 }
 

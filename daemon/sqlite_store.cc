@@ -309,6 +309,15 @@ absl::Status SqliteStore::WaitDurable(uint64_t ticket) {
   return durable_ >= ticket ? absl::OkStatus() : failed_;
 }
 
+void SqliteStore::Drain() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return (durable_ == next_ticket_ || !failed_.ok()) && callbacks_.empty() && due_.empty() &&
+           !notifying_;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
 void SqliteStore::NotifyDurable(uint64_t ticket, std::function<void(absl::Status)> done) {
   absl::Status status;
   {

@@ -47,6 +47,10 @@ class SqliteStore : public core::Store {
   absl::StatusOr<core::Snapshot> Load() override;
   absl::StatusOr<uint64_t> Apply(core::Mutation m) override;
   absl::Status WaitDurable(uint64_t ticket) override;
+  // Waits until everything applied so far is committed (or the store
+  // failed) and every durability callback has run. For shutdown: after it,
+  // with nothing applying, no callback can run on what its owner destroys.
+  void Drain();
   void NotifyDurable(uint64_t ticket, std::function<void(absl::Status)> done) override;
 
   // OK until a commit fails.
