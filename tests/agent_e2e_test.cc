@@ -75,11 +75,10 @@ class AgentEndToEndTest : public ::testing::Test {
   }
 
   void ConnectRanks() {
-    for (core::Rank r = 0; r < 6; ++r) {
-      ranks_.push_back(std::make_unique<ScriptedRank>(
-          Channel(sdcd_->trainer_address()), TestHello("job-agents", r, 6, 2, kTensors)));
-      ASSERT_TRUE(ranks_.back()->Connect().ok()) << r;
-    }
+    absl::StatusOr<testing::Ranks> ranks =
+        testing::ConnectRanks(sdcd_->trainer_address(), "job-agents", 6, 2, kTensors);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    ranks_ = *std::move(ranks);
   }
 
   // The scheduled audit of `step`; `faulty` gets its own batch and its

@@ -157,16 +157,16 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   EXPECT_THAT(cli.output, HasSubstr("sdcctl: error:"));
 
   // A real request, denied, then approved without --force.
-  std::vector<std::unique_ptr<ScriptedRank>> ranks;
+  absl::StatusOr<testing::Ranks> connected =
+      testing::ConnectRanks(sdcd_->trainer_address(), "job-z", 6, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::vector<std::unique_ptr<ScriptedRank>> ranks = *std::move(connected);
   std::vector<uint64_t> last(6);
   for (core::Rank r = 0; r < 6; ++r) {
-    ranks.push_back(std::make_unique<ScriptedRank>(
-        Channel(sdcd_->trainer_address()), TestHello("job-z", r, 6, 2, kTensors)));
-    ASSERT_TRUE(ranks.back()->Connect().ok());
     core::WeightReport wr;
     wr.tensors = {{8, 1, 1}, {8, 2, r == 1 ? 9u : 2u}};
     wr.digest = r == 1 ? 2 : 1;
-    last[r] = ranks.back()->Send(10, wr);
+    last[r] = ranks[r]->Send(10, wr);
   }
   for (core::Rank r = 0; r < 6; ++r) {
     const absl::Status acked = ranks[r]->WaitAcked(last[r]);

@@ -42,12 +42,10 @@ TEST(SdcdDurabilityTest, KillNineLosesNothingAcknowledgedAndAppliesNothingTwice)
   absl::StatusOr<std::unique_ptr<Sdcd>> first = Sdcd::Start(dir);
   ASSERT_TRUE(first.ok()) << first.status();
   const int port = (*first)->trainer_port();
-  std::vector<std::unique_ptr<ScriptedRank>> ranks;
-  for (core::Rank r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<ScriptedRank>(
-        Channel((*first)->trainer_address()), TestHello("job-d", r, kWorld, 2, kTensors)));
-    ASSERT_TRUE(ranks.back()->Connect().ok());
-  }
+  absl::StatusOr<testing::Ranks> connected =
+      testing::ConnectRanks((*first)->trainer_address(), "job-d", kWorld, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::vector<std::unique_ptr<ScriptedRank>> ranks = *std::move(connected);
   // Stream the first 150 sequences of every rank without waiting, then
   // wait for the weight vote's request, then crash the daemon mid-stream.
   auto send = [&](core::Rank r, uint64_t seq) {

@@ -35,11 +35,10 @@ class SdcdEndToEndTest : public ::testing::Test {
                     {{"PATH", bin_ + ":" + std::string(getenv("PATH"))}});
     ASSERT_TRUE(d.ok()) << d.status();
     sdcd_ = *std::move(d);
-    for (core::Rank r = 0; r < 6; ++r) {
-      ranks_.push_back(std::make_unique<ScriptedRank>(
-          Channel(sdcd_->trainer_address()), TestHello("job-e2e", r, 6, 2, kTensors)));
-      ASSERT_TRUE(ranks_.back()->Connect().ok()) << r;
-    }
+    absl::StatusOr<testing::Ranks> ranks =
+        testing::ConnectRanks(sdcd_->trainer_address(), "job-e2e", 6, 2, kTensors);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    ranks_ = *std::move(ranks);
   }
 
   // The scheduled audit of `step`; `faulty` gets its own batch and its

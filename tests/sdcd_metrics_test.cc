@@ -39,12 +39,11 @@ int FreePort() {
 // 10 where rank 4 differs.
 // The ranks stay connected while the caller holds them.
 std::vector<std::unique_ptr<ScriptedRank>> Workload(Sdcd& sdcd) {
-  std::vector<std::unique_ptr<ScriptedRank>> ranks;
-  for (core::Rank r = 0; r < 6; ++r) {
-    ranks.push_back(std::make_unique<ScriptedRank>(
-        Channel(sdcd.trainer_address()), TestHello("job-m", r, 6, 2, {"a", "b"})));
-    EXPECT_TRUE(ranks.back()->Connect().ok());
-  }
+  absl::StatusOr<testing::Ranks> connected =
+      testing::ConnectRanks(sdcd.trainer_address(), "job-m", 6, 2, {"a", "b"});
+  EXPECT_TRUE(connected.ok()) << connected.status();
+  if (!connected.ok()) return {};
+  std::vector<std::unique_ptr<ScriptedRank>> ranks = *std::move(connected);
   std::vector<uint64_t> last(6);
   for (core::Step s = 1; s <= 20; ++s) {
     for (core::Rank r = 0; r < 6; ++r) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/core/replay_plan.h"
+#include "daemon/core/testing_topology.h"
 #include "daemon/core/types.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -43,18 +44,7 @@ uint64_t DigestOf(const std::vector<Fingerprint>& grads) {
   return h;
 }
 
-// Ranks 0.. laid out node after node; sizes {2, 2} is "n0" = {0, 1},
-// "n1" = {2, 3}.
-Topology Contiguous(const std::vector<int>& sizes) {
-  std::vector<PlanMember> members;
-  Rank next = 0;
-  for (size_t node = 0; node < sizes.size(); ++node) {
-    for (int gpu = 0; gpu < sizes[node]; ++gpu) {
-      members.push_back({next++, absl::StrCat("n", node)});
-    }
-  }
-  return Topology(std::move(members));
-}
+using testing::Contiguous;
 
 ReplayPlan HandPlan(const Pairs& replayer_subject, AttributionCapability capability,
                     std::string note = "") {

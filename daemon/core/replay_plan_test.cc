@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/core/testing_topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -31,18 +32,7 @@ Pairs AsPairs(const ReplayPlan& plan) {
   return out;
 }
 
-// Ranks 0.. laid out node after node: sizes {2, 1} is node "n0" = {0, 1},
-// node "n1" = {2}. Node names sort in creation order (fewer than 10 nodes).
-Topology Contiguous(const std::vector<int>& sizes) {
-  std::vector<PlanMember> members;
-  Rank next = 0;
-  for (size_t node = 0; node < sizes.size(); ++node) {
-    for (int gpu = 0; gpu < sizes[node]; ++gpu) {
-      members.push_back({next++, absl::StrCat("n", node)});
-    }
-  }
-  return Topology(std::move(members));
-}
+using testing::Contiguous;
 
 // ---------------------------------------------------------------------------
 // Topology

@@ -157,6 +157,22 @@ std::vector<v1::CoordinatorMessage> ScriptedRank::Messages() const {
   return messages_;
 }
 
+absl::StatusOr<Ranks> ConnectRanks(const std::string& address, const std::string& job,
+                                   uint32_t world, uint32_t gpus_per_node,
+                                   const std::vector<std::string>& tensors) {
+  Ranks ranks;
+  for (core::Rank r = 0; r < world; ++r) {
+    ranks.push_back(std::make_unique<ScriptedRank>(
+        Channel(address), TestHello(job, r, world, gpus_per_node, tensors)));
+    const absl::Status connected = ranks.back()->Connect();
+    if (!connected.ok()) {
+      return absl::Status(connected.code(),
+                          absl::StrCat("rank ", r, " did not connect: ", connected.message()));
+    }
+  }
+  return ranks;
+}
+
 absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>& ranks,
                                 core::Step step, std::optional<core::Rank> faulty) {
   const core::Rank world = static_cast<core::Rank>(ranks.size());

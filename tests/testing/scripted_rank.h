@@ -79,6 +79,14 @@ class ScriptedRank {
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+using Ranks = std::vector<std::unique_ptr<ScriptedRank>>;
+
+// Ranks 0 .. world-1 of `job` (laid out as TestHello does), each connected to
+// the sdcd at `address` and welcomed, in rank order.
+absl::StatusOr<Ranks> ConnectRanks(const std::string& address, const std::string& job,
+                                   uint32_t world, uint32_t gpus_per_node,
+                                   const std::vector<std::string>& tensors);
+
 // Every rank's part of the scheduled (full) audit of `step` with PlanFullAudit
 // (plan seed step / 10, as for TestHello's audit_every of 10), as the ranks
 // compute it; `faulty` (if any) gets its own batch and its replays wrong.
