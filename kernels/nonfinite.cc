@@ -143,33 +143,66 @@ SDC_AVX2 inline __m256 Load8Half(const unsigned char* p) {
   }
 }
 
-// fp32, fp16 and bf16: widen exactly to fp32, then square into the
-// canonical lanes.
+// Sixteen canonical lanes in four registers.
+struct Avx2Lanes {
+  __m256d a0, a1, a2, a3;
+};
+
+// fp32, fp16 and bf16: one round of sixteen values at q, widened exactly to
+// fp32, squared into the canonical lanes.
+template <DType D>
+SDC_AVX2 inline void Avx2Round(const unsigned char* q, Avx2Lanes& acc) {
+  __m256 x0, x1;
+  if constexpr (D == DType::kFloat32) {
+    x0 = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
+    x1 = _mm256_loadu_ps(reinterpret_cast<const float*>(q + 32));
+  } else {
+    x0 = Load8Half<D>(q);
+    x1 = Load8Half<D>(q + 16);
+  }
+  Accumulate8(x0, acc.a0, acc.a1);
+  Accumulate8(x1, acc.a2, acc.a3);
+}
+
+// The rounds done in `acc`, the tail from element `from` on, then the fold.
+template <DType D>
+SDC_AVX2 double Avx2Finish(const unsigned char* p, uint64_t from, uint64_t n,
+                           const Avx2Lanes& acc) {
+  alignas(32) double lanes[kAccumulators];
+  _mm256_store_pd(lanes + 0, acc.a0);
+  _mm256_store_pd(lanes + 4, acc.a1);
+  _mm256_store_pd(lanes + 8, acc.a2);
+  _mm256_store_pd(lanes + 12, acc.a3);
+  AccumulateScalar<D>(p, from, n, lanes);
+  return FoldAccumulators(lanes);
+}
+
 template <DType D>
 SDC_AVX2 double SumChunkAvx2Narrow(const unsigned char* p, uint64_t n) {
-  constexpr int kSize = D == DType::kFloat32 ? 4 : 2;
-  __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  constexpr int kStride = (D == DType::kFloat32 ? 4 : 2) * kAccumulators;
+  const __m256d zero = _mm256_setzero_pd();
+  Avx2Lanes acc{zero, zero, zero, zero};
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) Avx2Round<D>(p + kStride * m, acc);
+  return Avx2Finish<D>(p, rounds * kAccumulators, n, acc);
+}
+
+// Two chunks of n elements in lockstep: each keeps its own lanes and order,
+// and their independent chains of adds overlap, where one chunk alone waits
+// on the latency of its adds.
+template <DType D>
+SDC_AVX2 void SumChunkPairAvx2Narrow(const unsigned char* const* p, uint64_t n,
+                                     double* sums) {
+  constexpr int kStride = (D == DType::kFloat32 ? 4 : 2) * kAccumulators;
+  const __m256d zero = _mm256_setzero_pd();
+  Avx2Lanes acc0{zero, zero, zero, zero}, acc1 = acc0;
   const uint64_t rounds = n / kAccumulators;
   for (uint64_t m = 0; m < rounds; ++m) {
-    const unsigned char* q = p + kSize * kAccumulators * m;
-    __m256 x0, x1;
-    if constexpr (D == DType::kFloat32) {
-      x0 = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
-      x1 = _mm256_loadu_ps(reinterpret_cast<const float*>(q + 32));
-    } else {
-      x0 = Load8Half<D>(q);
-      x1 = Load8Half<D>(q + 16);
-    }
-    Accumulate8(x0, acc0, acc1);
-    Accumulate8(x1, acc2, acc3);
+    Avx2Round<D>(p[0] + kStride * m, acc0);
+    Avx2Round<D>(p[1] + kStride * m, acc1);
   }
-  alignas(32) double acc[kAccumulators];
-  _mm256_store_pd(acc + 0, acc0);
-  _mm256_store_pd(acc + 4, acc1);
-  _mm256_store_pd(acc + 8, acc2);
-  _mm256_store_pd(acc + 12, acc3);
-  AccumulateScalar<D>(p, rounds * kAccumulators, n, acc);
-  return FoldAccumulators(acc);
+  sums[0] = Avx2Finish<D>(p[0], rounds * kAccumulators, n, acc0);
+  sums[1] = Avx2Finish<D>(p[1], rounds * kAccumulators, n, acc1);
 }
 
 SDC_AVX2 double SumChunkAvx2Float64(const unsigned char* p, uint64_t n) {
@@ -203,31 +236,55 @@ SDC_AVX512 inline void Accumulate16(__m512 x, __m512d& lo, __m512d& hi) {
   hi = _mm512_add_pd(hi, _mm512_mul_pd(x_hi, x_hi));
 }
 
+// Sixteen fp32, fp16 or bf16 values at q, widened exactly to fp32.
 template <DType D>
-SDC_AVX512 double SumChunkAvx512Narrow(const unsigned char* p, uint64_t n) {
-  constexpr int kSize = D == DType::kFloat32 ? 4 : 2;
-  __m512d lo = _mm512_setzero_pd(), hi = lo;
-  const uint64_t rounds = n / kAccumulators;
-  for (uint64_t m = 0; m < rounds; ++m) {
-    const unsigned char* q = p + kSize * kAccumulators * m;
-    __m512 x;
-    if constexpr (D == DType::kFloat32) {
-      x = _mm512_loadu_ps(q);
+SDC_AVX512 inline __m512 Load16(const unsigned char* q) {
+  if constexpr (D == DType::kFloat32) {
+    return _mm512_loadu_ps(q);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    if constexpr (D == DType::kFloat16) {
+      return _mm512_cvtph_ps(h);
     } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      if constexpr (D == DType::kFloat16) {
-        x = _mm512_cvtph_ps(h);
-      } else {
-        x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      }
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    Accumulate16(x, lo, hi);
   }
+}
+
+template <DType D>
+SDC_AVX512 double Avx512Finish(const unsigned char* p, uint64_t from, uint64_t n,
+                               __m512d lo, __m512d hi) {
   alignas(64) double acc[kAccumulators];
   _mm512_store_pd(acc + 0, lo);
   _mm512_store_pd(acc + 8, hi);
-  AccumulateScalar<D>(p, rounds * kAccumulators, n, acc);
+  AccumulateScalar<D>(p, from, n, acc);
   return FoldAccumulators(acc);
+}
+
+template <DType D>
+SDC_AVX512 double SumChunkAvx512Narrow(const unsigned char* p, uint64_t n) {
+  constexpr int kStride = (D == DType::kFloat32 ? 4 : 2) * kAccumulators;
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    Accumulate16(Load16<D>(p + kStride * m), lo, hi);
+  }
+  return Avx512Finish<D>(p, rounds * kAccumulators, n, lo, hi);
+}
+
+// As SumChunkPairAvx2Narrow.
+template <DType D>
+SDC_AVX512 void SumChunkPairAvx512Narrow(const unsigned char* const* p,
+                                         uint64_t n, double* sums) {
+  constexpr int kStride = (D == DType::kFloat32 ? 4 : 2) * kAccumulators;
+  __m512d lo0 = _mm512_setzero_pd(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+  const uint64_t rounds = n / kAccumulators;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    Accumulate16(Load16<D>(p[0] + kStride * m), lo0, hi0);
+    Accumulate16(Load16<D>(p[1] + kStride * m), lo1, hi1);
+  }
+  sums[0] = Avx512Finish<D>(p[0], rounds * kAccumulators, n, lo0, hi0);
+  sums[1] = Avx512Finish<D>(p[1], rounds * kAccumulators, n, lo1, hi1);
 }
 
 SDC_AVX512 double SumChunkAvx512Float64(const unsigned char* p, uint64_t n) {
@@ -267,30 +324,73 @@ double SumChunk(const unsigned char* p, uint64_t n, CpuPath path) {
   return SumChunkPortable<D>(p, n);
 }
 
+// Two chunks of n elements each, in lockstep on the vector paths. Within a
+// chunk every add waits for the one before it in its lane (the sum order),
+// so one chunk alone is bound by the latency of its adds, not by memory
+// (for a 16-bit type, 32 bytes per add latency); two chains overlap.
+template <DType D>
+void SumChunkPair(const unsigned char* const* p, uint64_t n, CpuPath path,
+                  double* sums) {
+#if defined(__x86_64__)
+  if constexpr (D != DType::kFloat64) {
+    if (path == CpuPath::kAvx512) return SumChunkPairAvx512Narrow<D>(p, n, sums);
+    if (path == CpuPath::kAvx2) return SumChunkPairAvx2Narrow<D>(p, n, sums);
+  }
+#endif
+  for (int k = 0; k < 2; ++k) sums[k] = SumChunk<D>(p[k], n, path);
+}
+
 // The hot loops only sum. Any NaN or Inf element makes the chunk's sum NaN or
 // Inf (squares are >= 0, so no Inf - Inf can cancel), so a finite sum proves
 // the chunk clean; only a non-finite sum pays for an exact count.
+// `count` (1 or 2) chunks of n elements each start at p[0..count).
 template <DType D>
-Partial ScanChunkOf(const unsigned char* p, uint64_t n, CpuPath path) {
-  Partial out;
-  out.sum_squares = SumChunk<D>(p, n, path);
-  if (!std::isfinite(out.sum_squares)) out.nonfinite = CountNonFinite<D>(p, n);
-  return out;
+void ScanChunksOf(const unsigned char* const* p, int count, uint64_t n,
+                  CpuPath path, Partial* out) {
+  double sums[2];
+  if (count == 2) {
+    SumChunkPair<D>(p, n, path, sums);
+  } else {
+    sums[0] = SumChunk<D>(p[0], n, path);
+  }
+  for (int k = 0; k < count; ++k) {
+    out[k].sum_squares = sums[k];
+    if (!std::isfinite(sums[k])) out[k].nonfinite = CountNonFinite<D>(p[k], n);
+  }
 }
 
-Partial ScanChunk(DType dtype, const unsigned char* p, uint64_t n,
-                  CpuPath path) {
+void ScanChunks(DType dtype, const unsigned char* const* p, int count,
+                uint64_t n, CpuPath path, Partial* out) {
   switch (dtype) {
     case DType::kFloat32:
-      return ScanChunkOf<DType::kFloat32>(p, n, path);
+      return ScanChunksOf<DType::kFloat32>(p, count, n, path, out);
     case DType::kFloat16:
-      return ScanChunkOf<DType::kFloat16>(p, n, path);
+      return ScanChunksOf<DType::kFloat16>(p, count, n, path, out);
     case DType::kBFloat16:
-      return ScanChunkOf<DType::kBFloat16>(p, n, path);
+      return ScanChunksOf<DType::kBFloat16>(p, count, n, path, out);
     case DType::kFloat64:
-      return ScanChunkOf<DType::kFloat64>(p, n, path);
+      return ScanChunksOf<DType::kFloat64>(p, count, n, path, out);
   }
-  return {};  // Unreachable: dtypes are validated first.
+  // Unreachable: dtypes are validated first.
+}
+
+// A unit of parallel work: one chunk, or two neighbours of one tensor with
+// the same length, which SumChunkPair sums in lockstep.
+struct WorkItem {
+  size_t first_chunk;
+  int count;
+};
+
+std::vector<WorkItem> PairChunks(absl::Span<const Chunk> chunks) {
+  std::vector<WorkItem> items;
+  for (size_t i = 0; i < chunks.size();) {
+    const bool pair = i + 1 < chunks.size() &&
+                      chunks[i + 1].tensor == chunks[i].tensor &&
+                      chunks[i + 1].length == chunks[i].length;
+    items.push_back({i, pair ? 2 : 1});
+    i += pair ? 2 : 1;
+  }
+  return items;
 }
 
 }  // namespace
@@ -358,14 +458,20 @@ absl::Status ScanNonFiniteOnPath(absl::Span<const TensorRef> tensors,
     total_bytes += sizes[t] * DTypeSize(tensors[t].dtype);
   }
   const std::vector<Chunk> chunks = SplitIntoChunks(sizes, kScanChunkElements);
+  const std::vector<WorkItem> items = PairChunks(chunks);
   std::vector<Partial> partial(chunks.size());
-  RunChunks(pool, static_cast<int64_t>(chunks.size()), total_bytes,
+  RunChunks(pool, static_cast<int64_t>(items.size()), total_bytes,
             [&](int64_t i) {
-              const Chunk& c = chunks[i];
-              const TensorRef& t = tensors[c.tensor];
+              const WorkItem& item = items[i];
+              const TensorRef& t = tensors[chunks[item.first_chunk].tensor];
               const auto* base = static_cast<const unsigned char*>(t.data);
-              partial[i] = ScanChunk(t.dtype, base + c.begin * DTypeSize(t.dtype),
-                                     c.length, path);
+              const unsigned char* starts[2];
+              for (int k = 0; k < item.count; ++k) {
+                starts[k] = base + chunks[item.first_chunk + k].begin * DTypeSize(t.dtype);
+              }
+              ScanChunks(t.dtype, starts, item.count,
+                         chunks[item.first_chunk].length, path,
+                         &partial[item.first_chunk]);
             });
   for (ScanResult& r : out) r = ScanResult{};
   // Step 4 of the sum order: chunks of a tensor left to right.

@@ -114,10 +114,13 @@ TEST(NonFiniteTest, HandWorkedValues) {
 }
 
 TEST(NonFiniteTest, SpecialValuesAtFirstMiddleAndLastPositions) {
-  // Lengths cover a pure tail (5), vector rounds plus a tail (1000) and more
-  // than one chunk (kScanChunkElements + 3).
+  // Lengths cover a pure tail (5), vector rounds plus a tail (1000), more
+  // than one chunk (kScanChunkElements + 3) and a pair of full chunks summed
+  // in lockstep plus a short one (2 * kScanChunkElements + 3, whose middle
+  // lies in the pair's second chunk).
   for (const DTypeCase& c : DTypeCases()) {
-    for (uint64_t n : {uint64_t{5}, uint64_t{1000}, kScanChunkElements + 3}) {
+    for (uint64_t n : {uint64_t{5}, uint64_t{1000}, kScanChunkElements + 3,
+                       2 * kScanChunkElements + 3}) {
       for (uint64_t pos : {uint64_t{0}, n / 2, n - 1}) {
         for (uint64_t special : {c.nan, c.pos_inf, c.neg_inf, c.neg_zero, c.denormal}) {
           std::vector<unsigned char> buf = Filled(c.dtype, n, c.one);
