@@ -107,10 +107,27 @@ bool AgentLink::WaitConnected(absl::Time deadline) {
   }
 }
 
+std::string AgentLink::ConnectFailure() {
+  // A stream without wait-for-ready fails at once on a channel in transient
+  // failure, and its status carries the transport's last error (refused
+  // connection, TLS handshake, certificate), which the channel's state alone
+  // does not. Nothing is written: a stream that does reach sdcd ends as one
+  // that never said who it is.
+  grpc::ClientContext probe;
+  probe.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorToAgent>> stream =
+      stub_->Connect(&probe);
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                      ": ", status.error_message());
+}
+
 std::string AgentLink::Session(uint64_t session) {
   if (!WaitConnected(absl::Now() + options_.timing.welcome_timeout)) {
     return absl::StrCat("cannot connect within ",
-                        absl::FormatDuration(options_.timing.welcome_timeout));
+                        absl::FormatDuration(options_.timing.welcome_timeout), ": ",
+                        ConnectFailure());
   }
   grpc::ClientContext context;
   {

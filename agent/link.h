@@ -66,6 +66,8 @@ class AgentLink {
   // Waits until the channel is connected, the attempt's welcome deadline, or
   // Stop(); true when connected.
   bool WaitConnected(absl::Time deadline);
+  // Why the channel cannot connect, in gRPC's words (a short probe).
+  std::string ConnectFailure();
 
   const LinkOptions options_;
   const v1::NodeIdentity identity_;

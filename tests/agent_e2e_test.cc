@@ -5,7 +5,8 @@
 // get nodes, diagnose node, get requests, approve; the EKS actuator runs a
 // recording stand-in for kubectl first on PATH. Then the agent actuator (the
 // node's agent runs its --action_command), an injected diagnostic fault,
-// and a GPU inventory read through a stand-in NVML library.
+// a GPU inventory read through a stand-in NVML library, and agents over TLS
+// with and without client certificates.
 
 #include <cstdlib>
 #include <memory>
@@ -58,19 +59,25 @@ class AgentEndToEndTest : public ::testing::Test {
     sdcd_ = *std::move(d);
   }
 
-  // A real sdc-agent for `node`, heartbeating every second; returns once it
-  // logged its registration.
-  void StartAgent(const std::string& node, const std::vector<std::string>& flags = {}) {
+  // A real sdc-agent for `node`, heartbeating every second, connecting to
+  // `coordinator_` (sdcd's trainer address unless a test sets it).
+  Process& LaunchAgent(const std::string& node, const std::vector<std::string>& flags = {}) {
+    if (coordinator_.empty()) coordinator_ = sdcd_->trainer_address();
     std::vector<std::string> argv = {BinaryPath("agent/sdc-agent"),
-                                     absl::StrCat("--coordinator=", sdcd_->trainer_address()),
+                                     absl::StrCat("--coordinator=", coordinator_),
                                      absl::StrCat("--node_name=", node), "--heartbeat=1s"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     absl::StatusOr<Process> p =
         Process::Start(argv, absl::StrCat(dir_, "/agent-", node, ".log"), {{"PATH", path_}});
-    ASSERT_TRUE(p.ok()) << p.status();
-    agents_.push_back(std::make_unique<Process>(*std::move(p)));
+    EXPECT_TRUE(p.ok()) << p.status();
+    agents_.push_back(std::make_unique<Process>(p.ok() ? *std::move(p) : Process()));
+    return *agents_.back();
+  }
+
+  // LaunchAgent, returning once the agent logged its registration.
+  void StartAgent(const std::string& node, const std::vector<std::string>& flags = {}) {
     absl::StatusOr<std::string> line =
-        agents_.back()->WaitForLog("registered with sdcd .* as node " + node + " .*");
+        LaunchAgent(node, flags).WaitForLog("registered with sdcd .* as node " + node + " .*");
     ASSERT_TRUE(line.ok()) << line.status();
   }
 
@@ -115,7 +122,7 @@ class AgentEndToEndTest : public ::testing::Test {
     return r;
   }
 
-  std::string dir_, bin_, path_;
+  std::string dir_, bin_, path_, coordinator_;
   std::unique_ptr<Sdcd> sdcd_;
   std::vector<std::unique_ptr<Process>> agents_;
   std::vector<std::unique_ptr<ScriptedRank>> ranks_;
@@ -297,6 +304,41 @@ TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
   RunResult cpu = sdcd_->Sdcctl(
       {"diagnose", "node", "hyperpod-i-0123456789abcdef0", "--gpu=cpu", "--size=32"});
   EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+}
+
+// Agents over TLS, when sdcd requires client certificates: an agent with
+// one registers and runs a diagnostic over the same stream; one without a
+// certificate, and one speaking plaintext, are refused, log gRPC's reason,
+// and never become nodes.
+TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
+  ASSERT_TRUE(WriteTestCertificates(dir_).ok());
+  StartSdcd({absl::StrCat("--tls_cert=", dir_, "/server.pem"),
+             absl::StrCat("--tls_key=", dir_, "/server.key"),
+             absl::StrCat("--tls_client_ca=", dir_, "/ca.pem")});
+  coordinator_ = absl::StrCat("localhost:", sdcd_->trainer_port());
+  const std::string ca = absl::StrCat("--tls_ca=", dir_, "/ca.pem");
+  StartAgent("node-tls", {ca, absl::StrCat("--tls_cert=", dir_, "/client.pem"),
+                          absl::StrCat("--tls_key=", dir_, "/client.key")});
+  Process& no_cert = LaunchAgent("node-no-cert", {ca});
+  Process& plaintext = LaunchAgent("node-plaintext");
+  for (Process* refused : {&no_cert, &plaintext}) {
+    absl::StatusOr<std::string> ended =
+        refused->WaitForLog("stream to sdcd at " + coordinator_ +
+                            " ended: cannot connect within 10s: UNAVAILABLE: .*");
+    ASSERT_TRUE(ended.ok()) << ended.status();
+  }
+
+  RunResult nodes = sdcd_->Sdcctl({"get", "nodes", "-o", "name"});
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.output;
+  EXPECT_THAT(nodes.output, HasSubstr("node-tls"));
+  EXPECT_THAT(nodes.output, Not(HasSubstr("node-no-cert")));
+  EXPECT_THAT(nodes.output, Not(HasSubstr("node-plaintext")));
+  for (Process* refused : {&no_cert, &plaintext}) {
+    EXPECT_THAT(ReadFile(refused->log_path()), Not(HasSubstr("registered with sdcd")));
+  }
+  RunResult diagnose =
+      sdcd_->Sdcctl({"diagnose", "node", "node-tls", "--gpu=cpu", "--size=32"});
+  EXPECT_EQ(diagnose.exit_code, 0) << diagnose.output;
 }
 
 }  // namespace

@@ -189,22 +189,7 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
 // TLS with client certificates: a trainer without one is refused.
 TEST(SdcdTlsTest, TrainerWithoutClientCertificateIsRefused) {
   const std::string dir = TestDir("tls");
-  RunResult certs = testing::Run(
-      {"sh", "-c",
-       absl::StrCat(
-           "cd ", dir, " && ",
-           "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
-           "-subj /CN=sdc-test-ca && ",
-           "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-           "-subj /CN=localhost && ",
-           "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.ext && ",
-           "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-           "-out server.pem -days 2 -extfile san.ext && ",
-           "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
-           "-subj /CN=trainer && ",
-           "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-           "-out client.pem -days 2")});
-  ASSERT_EQ(certs.exit_code, 0) << certs.output;
+  ASSERT_TRUE(WriteTestCertificates(dir).ok());
   absl::StatusOr<std::unique_ptr<Sdcd>> sdcd =
       Sdcd::Start(dir, {absl::StrCat("--tls_cert=", dir, "/server.pem"),
                         absl::StrCat("--tls_key=", dir, "/server.key"),

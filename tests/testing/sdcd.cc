@@ -74,4 +74,26 @@ RunResult Sdcd::Sdcctl(const std::vector<std::string>& args) const {
   return Run(argv, {{"USER", "test-operator"}});
 }
 
+absl::Status WriteTestCertificates(const std::string& dir) {
+  RunResult r = Run(
+      {"sh", "-c",
+       absl::StrCat(
+           "cd ", dir, " && ",
+           "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+           "-subj /CN=sdc-test-ca && ",
+           "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+           "-subj /CN=localhost && ",
+           "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.ext && ",
+           "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+           "-out server.pem -days 2 -extfile san.ext && ",
+           "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+           "-subj /CN=sdc-client && ",
+           "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+           "-out client.pem -days 2")});
+  if (r.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("openssl failed (exit ", r.exit_code, "): ", r.output));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sdc::testing

@@ -49,6 +49,11 @@ class Sdcd {
   int metrics_port_ = 0;
 };
 
+// Writes a throwaway PKI into `dir` with the openssl CLI: ca.pem (and
+// ca.key), server.pem/server.key for localhost and 127.0.0.1, and
+// client.pem/client.key signed by the same CA (sdcd --tls_client_ca=ca.pem).
+absl::Status WriteTestCertificates(const std::string& dir);
+
 }  // namespace sdc::testing
 
 #endif  // SDC_TESTS_TESTING_SDCD_H_
