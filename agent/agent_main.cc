@@ -25,6 +25,7 @@
 #include "agent/core/identity.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
+#include "agent/diagnostic_process.h"
 #include "agent/gpus.h"
 #include "agent/link.h"
 #include "agent/log.h"
@@ -55,6 +56,9 @@ ABSL_FLAG(std::string, action_command, "",
           "(the agent reports that no node-local action is configured).");
 ABSL_FLAG(absl::Duration, action_timeout, kDefaults.action_timeout,
           "Deadline of --action_command; keep it below sdcd's --actuator_timeout.");
+ABSL_FLAG(absl::Duration, diagnostic_timeout, kDefaults.diagnostic_timeout,
+          "Kill a device's diagnostic process still running after this long (the device "
+          "then gets no verdict, saying why).");
 ABSL_FLAG(std::string, nvml_library, kDefaults.nvml_library,
           "NVML library to load for the GPU inventory.");
 ABSL_FLAG(std::string, inject_diagnostic_fault, "",
@@ -95,30 +99,23 @@ Config ConfigFromFlags(const Environment& env) {
   c.tls_key = absl::GetFlag(FLAGS_tls_key);
   c.action_command = absl::GetFlag(FLAGS_action_command);
   c.action_timeout = absl::GetFlag(FLAGS_action_timeout);
+  c.diagnostic_timeout = absl::GetFlag(FLAGS_diagnostic_timeout);
   c.nvml_library = absl::GetFlag(FLAGS_nvml_library);
   c.inject_diagnostic_fault = absl::GetFlag(FLAGS_inject_diagnostic_fault);
   return c;
 }
 
-v1::DiagnosticResult ToProto(uint64_t id, uint32_t device_count, const DeviceOutcome& o) {
-  v1::DiagnosticResult r;
-  r.set_id(id);
-  r.set_gpu(o.gpu);
-  r.set_pass(o.pass);
-  r.set_mismatches(o.mismatches);
-  r.set_max_abs_error(o.max_abs_error);
-  r.set_gflops(o.gflops);
-  r.set_seconds(o.seconds);
-  r.set_detail(o.detail);
-  r.set_device_count(device_count);
-  r.set_error(o.error);
-  r.set_size(o.size);
-  r.set_repetitions(o.repetitions);
-  r.set_device(o.device);
-  return r;
+// This binary's path, for the diagnostic processes it starts.
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "/proc/self/exe";
 }
 
 int Main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == kDiagnosticChildCommand) {
+    return DiagnosticChildMain(std::vector<std::string>(argv + 2, argv + argc));
+  }
   absl::SetProgramUsageMessage(
       "the sdc-guard node agent.\n  sdc-agent --coordinator=HOST:PORT [--node_name=NAME] "
       "[--heartbeat=30s] [--action_command='PROG {action} {request}'] ...");
@@ -167,6 +164,10 @@ int Main(int argc, char** argv) {
     Log("--inject_diagnostic_fault: every diagnostic will report one wrong element (TESTS ONLY)");
   }
 
+  DiagnosticProcessOptions process_options;
+  process_options.agent_binary = SelfPath();
+  process_options.timeout = config.diagnostic_timeout;
+  process_options.inject_fault = config.inject_fault();
   std::atomic<uint32_t> diagnostics_queued{0};
   std::atomic<uint32_t> actions_running{0};
   SerialWorker diagnostics;
@@ -191,16 +192,19 @@ int Main(int argc, char** argv) {
         refused.error = std::string(devices.status().message());
         refused.detail = absl::StrCat("refused: ", refused.error);
         Log(absl::StrCat("diagnostic ", request.id(), " ", refused.detail));
-        send(ToProto(request.id(), 1, refused));
+        v1::DiagnosticResult r = ToProto(refused);
+        r.set_id(request.id());
+        r.set_device_count(1);
+        send(r);
       } else {
-        ConfirmationDiagnostic diagnostic(*shape);
-        for (const core::PlannedDevice& device : *devices) {
-          const DeviceOutcome out = diagnostic.Run(device, {config.inject_fault()});
-          Log(absl::StrCat("diagnostic ", request.id(), " on ", device.label, ": ",
-                           out.error.empty() ? (out.pass ? "pass" : "FAIL") : "error", ": ",
-                           out.detail));
-          send(ToProto(request.id(), static_cast<uint32_t>(devices->size()), out));
-        }
+        RunDiagnosticProcesses(*shape, *devices, process_options, [&](v1::DiagnosticResult r) {
+          Log(absl::StrCat("diagnostic ", request.id(), " on ", r.gpu(), ": ",
+                           r.error().empty() ? (r.pass() ? "pass" : "FAIL") : "error", ": ",
+                           r.detail()));
+          r.set_id(request.id());
+          r.set_device_count(static_cast<uint32_t>(devices->size()));
+          send(r);
+        });
       }
       --diagnostics_queued;
     });

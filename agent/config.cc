@@ -62,6 +62,9 @@ absl::Status Validate(const Config& c) {
     return Bad("action_command", std::string(s.message()));
   }
   if (c.action_timeout <= absl::ZeroDuration()) return Bad("action_timeout", "must be positive");
+  if (c.diagnostic_timeout <= absl::ZeroDuration()) {
+    return Bad("diagnostic_timeout", "must be positive");
+  }
   if (c.nvml_library.empty()) return Bad("nvml_library", "empty");
   if (!c.inject_diagnostic_fault.empty() && !c.inject_fault()) {
     return Bad("inject_diagnostic_fault",

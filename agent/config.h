@@ -30,6 +30,9 @@ struct Config {
   std::string action_command;
   // Deadline of that command; keep it below sdcd's --actuator_timeout.
   absl::Duration action_timeout = absl::Seconds(45);
+  // A diagnostic process (one per device) still running after this long is
+  // killed and its device reported without a verdict.
+  absl::Duration diagnostic_timeout = absl::Minutes(30);
   std::string nvml_library = kNvmlLibrary;
   // "" or kInjectFaultConfirmation (tests only).
   std::string inject_diagnostic_fault;

@@ -65,6 +65,8 @@ TEST(ConfigTest, EachBadValueNamesItsFlag) {
        "--action_command: unknown placeholder \"{nod}\" (known: {action}, {request}, {node})"},
       {[](Config& c) { c.action_timeout = absl::ZeroDuration(); },
        "--action_timeout: must be positive"},
+      {[](Config& c) { c.diagnostic_timeout = -absl::Seconds(1); },
+       "--diagnostic_timeout: must be positive"},
       {[](Config& c) { c.inject_diagnostic_fault = "yes"; },
        "--inject_diagnostic_fault: corrupts diagnostic results for tests; the only accepted "
        "value is yes-i-am-testing"},

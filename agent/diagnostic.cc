@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <new>
 
 #include <torch/cuda.h>
@@ -194,6 +195,53 @@ absl::Status ConfirmationDiagnostic::Prepare() {
         absl::StrCat("out of host memory for ", shape_.size, "x", shape_.size, " matrices"));
   }
   return prepare_status_;
+}
+
+absl::StatusOr<const Matrix*> ConfirmationDiagnostic::Reference() {
+  if (absl::Status s = Prepare(); !s.ok()) return s;
+  return &reference_;
+}
+
+absl::Status ConfirmationDiagnostic::UseReference(Matrix reference) {
+  if (reference.n != shape_.size ||
+      reference.values.size() != static_cast<size_t>(reference.n) * reference.n) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", reference.n, "x", reference.n,
+                                                   " reference for a ", shape_.size, "x",
+                                                   shape_.size, " diagnostic"));
+  }
+  a_ = FillMatrix(shape_.size, kSeedA);
+  b_ = FillMatrix(shape_.size, kSeedB);
+  reference_ = std::move(reference);
+  prepared_ = true;
+  prepare_status_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status WriteMatrix(const Matrix& m, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(m.values.data()),
+            static_cast<std::streamsize>(m.values.size() * sizeof(float)));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Matrix> ReadMatrix(const std::string& path, uint32_t n) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const size_t want = static_cast<size_t>(n) * n * sizeof(float);
+  if (static_cast<size_t>(in.tellg()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " holds ", static_cast<size_t>(in.tellg()),
+                                                   " bytes, not the ", want, " of ", n, "x", n,
+                                                   " fp32"));
+  }
+  Matrix m;
+  m.n = n;
+  m.values.resize(static_cast<size_t>(n) * n);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(m.values.data()), static_cast<std::streamsize>(want));
+  if (!in) return absl::InternalError(absl::StrCat("cannot read ", path));
+  return m;
 }
 
 DeviceOutcome ConfirmationDiagnostic::Run(const core::PlannedDevice& device,

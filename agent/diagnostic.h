@@ -75,6 +75,13 @@ absl::Status DeviceProducts(const Matrix& a, const Matrix& b, int cuda_index,
                             uint32_t repetitions,
                             absl::FunctionRef<void(uint32_t, Matrix&)> each, double* seconds);
 
+// A matrix as raw native-endian fp32 in a file (n * n * 4 bytes), for the
+// agent to hand a request's reference to its diagnostic processes.
+absl::Status WriteMatrix(const Matrix& m, const std::string& path);
+// NotFound/Internal when the file cannot be read; InvalidArgument when it
+// does not hold exactly n * n values.
+absl::StatusOr<Matrix> ReadMatrix(const std::string& path, uint32_t n);
+
 struct DiagnosticOptions {
   // Tests only (sdc-agent --inject_diagnostic_fault=yes-i-am-testing): adds
   // 1 to one element of the first repetition's product, after the device
@@ -106,6 +113,13 @@ class ConfirmationDiagnostic {
   // Runs the diagnostic on `device`. Never fails: a problem is the
   // outcome's `error`.
   DeviceOutcome Run(const core::PlannedDevice& device, const DiagnosticOptions& options);
+
+  // The reference product, computed on first use (host CPU, integers only).
+  absl::StatusOr<const Matrix*> Reference();
+  // Takes `reference` (Reference() of the same shape, perhaps computed by
+  // another process) instead of computing it. InvalidArgument when its size
+  // is not the shape's.
+  absl::Status UseReference(Matrix reference);
 
  private:
   absl::Status Prepare();

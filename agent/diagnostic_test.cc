@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -142,6 +145,30 @@ TEST(ConfirmationDiagnosticTest, CudaDeviceRunsOrSaysWhyNot) {
   }
   EXPECT_TRUE(out.pass) << out.detail << out.error;
   EXPECT_TRUE(d.Run({"GPU-test", 0}, {true}).mismatches == 1);
+}
+
+// A reference handed over in a file (as the agent does to its diagnostic
+// processes) gives the same verdicts as one computed in place.
+TEST(ConfirmationDiagnosticTest, ReferenceFromAFileGivesTheSameVerdicts) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/reference.f32";
+  ConfirmationDiagnostic computed({/*size=*/48, /*repetitions=*/2});
+  absl::StatusOr<const Matrix*> reference = computed.Reference();
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE(WriteMatrix(**reference, path).ok());
+
+  absl::StatusOr<Matrix> read = ReadMatrix(path, 48);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->values, (*reference)->values);
+  EXPECT_EQ(ReadMatrix(path, 47).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadMatrix(path + ".missing", 48).status().code(), absl::StatusCode::kNotFound);
+
+  ConfirmationDiagnostic handed({48, 2});
+  EXPECT_EQ(handed.UseReference(Matrix{47, std::vector<float>(47 * 47)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(handed.UseReference(*std::move(read)).ok());
+  EXPECT_TRUE(handed.Run(kCpu, {}).pass);
+  EXPECT_EQ(handed.Run(kCpu, {/*inject_fault=*/true}).mismatches, 1u);
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
   int status = 0;
   waitpid(pid, &status, 0);
   if (!result.timed_out && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (!result.timed_out && WIFSIGNALED(status)) result.signal = WTERMSIG(status);
   return result;
 }
 

@@ -12,6 +12,7 @@ struct CommandResult {
   bool started = false;    // False: the program could not be run (see output).
   bool timed_out = false;  // Killed at the deadline.
   int exit_code = -1;      // When it exited normally.
+  int signal = 0;          // The signal that ended it, when one did (not at a timeout).
   std::string output;      // stdout and stderr, interleaved, at most 64 KiB.
   bool ok() const { return started && !timed_out && exit_code == 0; }
 };

@@ -278,6 +278,24 @@ TEST_F(AgentEndToEndTest, DiagnoseAnswersBeforeTheCallersDeadline) {
       << describe.output;
 }
 
+// Each device's diagnostic runs in a child process: one still running at
+// --diagnostic_timeout is killed, its device reported without a verdict,
+// and the agent serves the next request.
+TEST_F(AgentEndToEndTest, DiagnosticProcessPastItsTimeoutIsKilledAndTheAgentServesOn) {
+  StartSdcd({});
+  StartAgent("node-b", {"--diagnostic_timeout=2s"});
+  // About 350 s of CPU matrix products.
+  RunResult hung = sdcd_->Sdcctl({"diagnose", "node", "node-b", "--gpu=cpu", "--size=2048",
+                                  "--repetitions=1000", "--timeout=30s"});
+  EXPECT_EQ(hung.exit_code, 8) << hung.output;
+  EXPECT_THAT(hung.output, HasSubstr("NO VERDICT (cpu: diagnostic process still running after "
+                                     "2s, killed (a hung device?))"));
+  RunResult next = sdcd_->Sdcctl({"diagnose", "node", "node-b", "--gpu=cpu", "--size=32"});
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_THAT(ReadFile(agents_.back()->log_path()),
+              HasSubstr("diagnostic 2 on cpu: pass: cpu: 3 products of 32x32 fp32 matched"));
+}
+
 TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
   StartSdcd({});
   StartAgent("hyperpod-i-0123456789abcdef0",
