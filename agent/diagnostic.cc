@@ -46,11 +46,11 @@ absl::StatusOr<std::vector<int8_t>> Integers(const Matrix& m, const char* name) 
   return out;
 }
 
+}  // namespace
+
 std::string DeviceName(int cuda_index) {
   return cuda_index < 0 ? std::string("cpu") : absl::StrCat("cuda:", cuda_index);
 }
-
-}  // namespace
 
 Matrix FillMatrix(uint32_t n, uint64_t seed) {
   Matrix m;

@@ -75,6 +75,9 @@ absl::Status DeviceProducts(const Matrix& a, const Matrix& b, int cuda_index,
                             uint32_t repetitions,
                             absl::FunctionRef<void(uint32_t, Matrix&)> each, double* seconds);
 
+// "cpu" for a CUDA ordinal below 0, else "cuda:N".
+std::string DeviceName(int cuda_index);
+
 // A matrix as raw native-endian fp32 in a file (n * n * 4 bytes), for the
 // agent to hand a request's reference to its diagnostic processes.
 absl::Status WriteMatrix(const Matrix& m, const std::string& path);

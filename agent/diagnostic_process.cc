@@ -42,7 +42,7 @@ DeviceOutcome Failed(const core::Shape& shape, const core::PlannedDevice& device
                      const std::string& error) {
   DeviceOutcome out;
   out.gpu = device.label;
-  out.device = device.cuda_index < 0 ? "cpu" : absl::StrCat("cuda:", device.cuda_index);
+  out.device = DeviceName(device.cuda_index);
   out.size = shape.size;
   out.repetitions = shape.repetitions;
   out.error = error;
