@@ -97,7 +97,7 @@ DEFAULT_TAG = "0.1.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
-               "action_command", "action_timeout", "nvml_library"}
+               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library"}
 RBAC_VERBS = {"get", "list", "watch", "patch"}
 HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
 HEALTH_TAINTS = [
@@ -461,6 +461,13 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(all(k in (ares.get("limits") or {}) for k in ("cpu", "memory")), "agent cpu/memory limits", str(ares))
     r.expect(not any("gpu" in k for s in ("requests", "limits") for k in (ares.get(s) or {})), "agent requests no GPU")
     r.expect(not a.get("ports"), "agent exposes no ports")
+    # Diagnostics write the reference product under $TMPDIR for their child
+    # process: with a read-only root, /tmp must be a volume.
+    avols = {v["name"]: v for v in apod.get("volumes") or []}
+    atmp = next((m for m in a.get("volumeMounts") or [] if m.get("mountPath") == "/tmp"), None)
+    r.expect(not asc.get("readOnlyRootFilesystem") or
+             (atmp is not None and not atmp.get("readOnly") and "emptyDir" in avols.get(atmp["name"], {})),
+             "agent /tmp is a writable emptyDir (diagnostics need it)", str(atmp))
     aparsed = check_flag_list(r, "agent args", a.get("args") or [], AGENT_FLAGS)
     coord = flag_values(aparsed, "coordinator")
     svc_hosts = {f"sdcd.{svc['metadata']['namespace']}.svc", f"sdcd.{svc['metadata']['namespace']}.svc.cluster.local",
@@ -663,6 +670,7 @@ def mutations():
             {"key": "nvidia.com/gpu", "operator": "Exists"}])),
         "agent privileged": m(lambda d: agent_pod(d)["containers"][0]["securityContext"].update(privileged=True)),
         "agent hostPID": m(lambda d: agent_pod(d).update(hostPID=True)),
+        "agent /tmp on the read-only root": m(lambda d: agent_pod(d)["containers"][0].pop("volumeMounts")),
         "agent NODE_NAME literal": m(lambda d: agent_pod(d)["containers"][0]["env"][0].update(value="x", valueFrom=None)),
         "agent coordinator elsewhere": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(0, "--coordinator=sdcd:7400")),
         "PrometheusRule drifted": m(lambda d: find(d, "PrometheusRule", "sdc-guard")["spec"]["groups"][0]["rules"][0].update(
