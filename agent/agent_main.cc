@@ -105,13 +105,6 @@ Config ConfigFromFlags(const Environment& env) {
   return c;
 }
 
-// This binary's path, for the diagnostic processes it starts.
-std::string SelfPath() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "/proc/self/exe";
-}
-
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == kDiagnosticChildCommand) {
     return DiagnosticChildMain(std::vector<std::string>(argv + 2, argv + argc));
@@ -165,7 +158,9 @@ int Main(int argc, char** argv) {
   }
 
   DiagnosticProcessOptions process_options;
-  process_options.agent_binary = SelfPath();
+  // Exec'd in the forked child, /proc/self/exe is the running agent's own
+  // file, even after an upgrade replaced or removed it on disk.
+  process_options.agent_binary = "/proc/self/exe";
   process_options.timeout = config.diagnostic_timeout;
   process_options.inject_fault = config.inject_fault();
   std::atomic<uint32_t> diagnostics_queued{0};

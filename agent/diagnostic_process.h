@@ -29,7 +29,7 @@ namespace sdc::agent {
 inline constexpr char kDiagnosticChildCommand[] = "__diagnostic";
 
 struct DiagnosticProcessOptions {
-  std::string agent_binary;  // This binary's path (readlink /proc/self/exe).
+  std::string agent_binary = "/proc/self/exe";  // This binary.
   absl::Duration timeout = absl::Minutes(30);  // Per device.
   bool inject_fault = false;                   // DiagnosticOptions::inject_fault.
 };
