@@ -149,16 +149,12 @@ int DiagnosticChildMain(const std::vector<std::string>& args) {
     return fail(std::string(s.message()));
   }
   const DeviceOutcome out = diagnostic.Run(device, {args[4] == "inject"});
-  // Written whole, then renamed: the agent never reads half a result.
-  const std::string partial = args[6] + ".partial";
-  {
-    std::ofstream file(partial, std::ios::binary | std::ios::trunc);
-    if (!ToProto(out).SerializeToOstream(&file)) return fail("cannot write " + partial);
-  }
-  if (rename(partial.c_str(), args[6].c_str()) != 0) {
-    return fail(absl::StrCat("cannot rename ", partial, ": ", strerror(errno)));
-  }
-  return 0;
+  // The agent reads the result only after a clean exit, so a child that dies
+  // mid-write leaves nothing half-read.
+  std::ofstream file(args[6], std::ios::binary | std::ios::trunc);
+  if (!ToProto(out).SerializeToOstream(&file)) return fail("cannot write " + args[6]);
+  file.close();
+  return file ? 0 : fail("cannot write " + args[6]);
 }
 
 }  // namespace sdc::agent
