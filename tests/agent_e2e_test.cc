@@ -4,9 +4,10 @@
 // trainer API with one faulty rank on node-b, and the real sdcctl:
 // get nodes, diagnose node, get requests, approve; the EKS actuator runs a
 // recording stand-in for kubectl first on PATH. Then the agent actuator (the
-// node's agent runs its --action_command), an injected diagnostic fault,
-// a GPU inventory read through a stand-in NVML library, and agents over TLS
-// with and without client certificates.
+// node's agent runs its --action_command), an injected diagnostic fault, a
+// diagnostic process killed at its timeout, a GPU inventory read through a
+// stand-in NVML library, and agents over TLS with and without client
+// certificates.
 
 #include <cstdlib>
 #include <memory>
