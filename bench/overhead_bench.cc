@@ -1,9 +1,9 @@
 // ./sdc bench overhead: what sdc-guard costs a training step. Six CPU
 // processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer three times
 // per round, alternating: unguarded (a plain flat all-reduce and norm
-// clipping, as a DDP loop without sdc-guard), unguarded plus one all-reduce
-// the size of the guard's agreement (what one more collective per step costs
-// on this machine, whoever adds it), and guarded (weight check every 10
+// clipping, as a DDP loop without sdc-guard), unguarded plus the guard's
+// agreement exchange alone (12 int64, MAX, run the guard's way: what that
+// one collective per step costs on this machine), and guarded (weight check every 10
 // steps, audit every 100, sdcd attached). Step time is the slowest rank's, after a
 // warm-up. The guard's own parts come from its per-step timings, and its
 // plain steps (no audit, no weight check) are set against the loop with one
@@ -127,7 +127,7 @@ int Main(int argc, char** argv) {
               a.rounds);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
   std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
-              "step, unguarded + 96-byte all-reduce", x, x - u);
+              "step, unguarded + agreement exchange", x, x - u);
   std::printf("%-40s %10.2f ms  (%+.2f%%)\n", "step, guarded (end to end)", g, overhead);
   std::printf("%-40s %10.2f ms  (%+.2f ms over the loop with one more collective)\n",
               "step, guarded, no audit or weight check", Mean(plain_steps),
@@ -139,7 +139,7 @@ int Main(int argc, char** argv) {
   std::printf("%-40s %10.3f ms  (%.3f%% of a step)\n", "check 1 (scans and digest)",
               Mean(check1_ms), check1_pct);
   std::printf("%-40s %10.3f ms  (waiting for the slowest rank included)\n",
-              "agreement all-reduce", Mean(agreement_ms));
+              "agreement exchange", Mean(agreement_ms));
   std::printf(
       "{\"ranks\":6,\"steps\":%d,\"rounds\":%d,\"step_ms_unguarded\":%.3f,\"step_ms_guarded\":%.3f,"
       "\"overhead_pct\":%.3f,\"audit_step_ratio\":%.3f,\"audit_step_ms\":%.3f,"

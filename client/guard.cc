@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_link.h"
+#include "client/small_collectives.h"
 #include "client/step_core.h"
 #include "daemon/core/replay_plan.h"
 #include "kernels/fingerprint.h"
@@ -169,7 +170,8 @@ class Guard::Impl {
         optimizer_(optimizer),
         loss_fn_(std::move(loss_fn)),
         rank_(static_cast<uint32_t>(pg_->getRank())),
-        world_(static_cast<uint32_t>(pg_->getSize())) {}
+        world_(static_cast<uint32_t>(pg_->getSize())),
+        small_collectives_(client::Resolve(options_.small_collectives, *pg_)) {}
 
   absl::Status Init();
   absl::Status BeginStep(uint64_t step, std::vector<std::vector<torch::Tensor>> batches);
@@ -228,6 +230,7 @@ class Guard::Impl {
   const LossFn loss_fn_;
   const uint32_t rank_;
   const uint32_t world_;
+  const client::SmallCollectives small_collectives_;  // Resolved: never kAuto.
 
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;  // Parameters, then buffers.
@@ -684,16 +687,8 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
       if (options_.parameter_fingerprints) a.gradients = r.gradients;
       Send(std::move(a));
     }
-    std::vector<int64_t> enc = client::EncodeAudit(mine);
-    torch::Tensor in = torch::from_blob(enc.data(), {static_cast<int64_t>(enc.size())}, torch::kInt64).clone();
-    std::vector<std::vector<torch::Tensor>> out(1);
-    for (uint32_t r = 0; r < world_; ++r) out[0].push_back(torch::zeros_like(in));
-    std::vector<torch::Tensor> inputs = {in};
-    SDC_TORCH_TRY(pg_->allgather(out, inputs)->wait());
     std::vector<int64_t> all;
-    for (const torch::Tensor& t : out[0]) {
-      all.insert(all.end(), t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-    }
+    SDC_TORCH_TRY(all = client::AllGather(*pg_, small_collectives_, client::EncodeAudit(mine)));
     const std::vector<client::AuditExchange> audits = client::DecodeAudits(all, world_);
     const core::AuditVerdict inband =
         client::InBandVerdict(plan_, *topology_, audits, /*deterministic=*/true, step_);
@@ -744,15 +739,9 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
   DrainMessages();
   view.plans_held = plans_held_;
   view.repair_step = repair_step_;
-  std::vector<int64_t> enc = client::EncodeAgreement(view, rank_);
-  torch::Tensor agree =
-      torch::from_blob(enc.data(), {static_cast<int64_t>(enc.size())}, torch::kInt64).clone();
-  std::vector<torch::Tensor> agree_v = {agree};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  SDC_TORCH_TRY(pg_->allreduce(agree_v, max)->wait());
-  const client::Agreement a =
-      client::DecodeAgreement(absl::MakeConstSpan(agree.data_ptr<int64_t>(), agree.numel()));
+  std::vector<int64_t> agree = client::EncodeAgreement(view, rank_);
+  SDC_TORCH_TRY(client::AllReduceMax(*pg_, small_collectives_, agree));
+  const client::Agreement a = client::DecodeAgreement(agree);
   plans_held_by_all_ = a.plans_held_by_all;
   decision.agreement_ms = MsSince(agreement_start);
   const client::Decision d = client::Decide(a);
@@ -893,13 +882,8 @@ absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
     digest_hi = static_cast<int64_t>(d >> 32);
     digest_lo = static_cast<int64_t>(d & 0xffffffffu);
   }
-  std::vector<int64_t> enc = {allowed ? 0 : 1, digest_hi, -digest_hi, digest_lo, -digest_lo};
-  torch::Tensor t = torch::from_blob(enc.data(), {5}, torch::kInt64).clone();
-  std::vector<torch::Tensor> v = {t};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  SDC_TORCH_TRY(pg_->allreduce(v, max)->wait());
-  const int64_t* m = t.data_ptr<int64_t>();
+  std::vector<int64_t> m = {allowed ? 0 : 1, digest_hi, -digest_hi, digest_lo, -digest_lo};
+  SDC_TORCH_TRY(client::AllReduceMax(*pg_, small_collectives_, m));
   const bool same_weights = m[1] == -m[2] && m[3] == -m[4];
   const bool all_allowed = m[0] == 0 && same_weights;
   if (!all_allowed) {

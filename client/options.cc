@@ -86,6 +86,19 @@ absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
   if (o.bucket_bytes < 4096) {
     return absl::InvalidArgumentError("SDC_BUCKET_BYTES: must be at least 4096");
   }
+  if (const char* v = Env("SDC_SMALL_COLLECTIVES")) {
+    const std::string f = v;
+    if (f == "auto") {
+      o.small_collectives = SmallCollectives::kAuto;
+    } else if (f == "backend") {
+      o.small_collectives = SmallCollectives::kBackend;
+    } else if (f == "rooted") {
+      o.small_collectives = SmallCollectives::kRooted;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SDC_SMALL_COLLECTIVES: expected auto, backend or rooted, got '", f, "'"));
+    }
+  }
   if (const char* v = Env("SDC_MAX_GRAD_NORM")) {
     if (!absl::SimpleAtod(v, &o.max_grad_norm) || o.max_grad_norm < 0) {
       return absl::InvalidArgumentError(

@@ -19,6 +19,14 @@ enum class CheckpointFallback {
   kInBand,  // Coordinator unreachable: vote on weight digests over the process group.
 };
 
+// How the guard runs its few-word collectives (the step's agreement, the
+// audit exchange, the in-band checkpoint vote); see small_collectives.h.
+enum class SmallCollectives {
+  kAuto,     // kRooted on Gloo, kBackend on any other backend (default).
+  kBackend,  // The process group's own all-reduce and all-gather.
+  kRooted,   // Gather to rank 0, combine there, broadcast back.
+};
+
 struct GuardOptions {
   // The coordinator's trainer address, HOST:PORT. Empty: run without one
   // (checks 1-3 in-band only; audits unverified). Env: SDC_COORDINATOR.
@@ -45,6 +53,8 @@ struct GuardOptions {
   absl::Duration reconnect_max = absl::Seconds(10);
   // Gradient all-reduce bucket size in bytes. Env: SDC_BUCKET_BYTES.
   size_t bucket_bytes = 25u << 20;
+  // Env: SDC_SMALL_COLLECTIVES=auto|backend|rooted.
+  SmallCollectives small_collectives = SmallCollectives::kAuto;
   // Clip the gradient norm to this; 0 = no clipping. Env: SDC_MAX_GRAD_NORM.
   double max_grad_norm = 1.0;
   // Per-parameter gradient fingerprints in audit reports (names the first

@@ -17,7 +17,8 @@ class OptionsTest : public ::testing::Test {
                           "LOCAL_RANK", "SDC_AUDIT_EVERY", "SDC_WEIGHT_CHECK_EVERY",
                           "SDC_INJECT_FAULT", "SDC_ALLOW_FAULT_INJECTION",
                           "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
-                          "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS"}) {
+                          "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS",
+                          "SDC_SMALL_COLLECTIVES"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
@@ -43,7 +44,12 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(o->verdict_wait, absl::Milliseconds(250));
   EXPECT_EQ(o->incarnation, 7u);
   EXPECT_EQ(o->checkpoint_fallback, CheckpointFallback::kVeto);
+  EXPECT_EQ(o->small_collectives, SmallCollectives::kAuto);
   EXPECT_FALSE(o->fault.enabled());
+  setenv("SDC_SMALL_COLLECTIVES", "backend", 1);
+  EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kBackend);
+  setenv("SDC_SMALL_COLLECTIVES", "rooted", 1);
+  EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kRooted);
 }
 
 TEST_F(OptionsTest, BadValuesNameTheVariable) {
@@ -55,6 +61,7 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   for (const Case& c : std::vector<Case>{
            {"SDC_AUDIT_EVERY", "often", "SDC_AUDIT_EVERY: expected a non-negative integer, got 'often'"},
            {"SDC_CHECKPOINT_FALLBACK", "maybe", "SDC_CHECKPOINT_FALLBACK: expected veto or in-band"},
+           {"SDC_SMALL_COLLECTIVES", "ring", "SDC_SMALL_COLLECTIVES: expected auto, backend or rooted, got 'ring'"},
            {"SDC_MAX_GRAD_NORM", "-1", "SDC_MAX_GRAD_NORM: expected a non-negative number"},
            {"SDC_TLS_CERT", "/c.pem", "SDC_TLS_CERT and SDC_TLS_KEY go together"},
        }) {

@@ -74,7 +74,7 @@ struct ClusterConfig {
   int restart_coordinator_at = -1;    // kill -9 sdcd once every rank passed this step.
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
-  bool extra_collective = false;      // Unguarded plus one agreement-sized all-reduce.
+  bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.
   // Guarded, but the coordinator address leads nowhere (sdcd unreachable).
   bool coordinator_unreachable = false;
   bool keep_coordinator = false;      // Leave sdcd running after the run, detached.

@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "client/guard.h"
 #include "client/options.h"
+#include "client/small_collectives.h"
 #include "demo/model.h"
 #include "kernels/fingerprint.h"
 #include "kernels/model_digest.h"
@@ -46,8 +47,9 @@ ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
 ABSL_FLAG(int, seed, 1234, "Model initialization seed (the same on every rank).");
 ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
 ABSL_FLAG(bool, extra_collective, false,
-          "With --unguarded: one more all-reduce (MAX of 12 int64) per step, the size of "
-          "the guard's agreement, to measure what any extra collective costs here.");
+          "With --unguarded: one more all-reduce (MAX of 12 int64) per step, the guard's "
+          "agreement run the guard's way (SDC_SMALL_COLLECTIVES), to measure what that one "
+          "collective costs here.");
 
 namespace sdc::demo {
 namespace {
@@ -156,10 +158,12 @@ int Main(int argc, char** argv) {
     corpus = *std::move(c);
   }
   std::unique_ptr<client::GuardOptions> options;
-  if (!absl::GetFlag(FLAGS_unguarded)) {
+  client::SmallCollectives small_collectives = client::SmallCollectives::kAuto;
+  if (!absl::GetFlag(FLAGS_unguarded) || absl::GetFlag(FLAGS_extra_collective)) {
     absl::StatusOr<client::GuardOptions> o = client::OptionsFromEnvironment();
     if (!o.ok()) Die(std::string(o.status().message()));
-    options = std::make_unique<client::GuardOptions>(*std::move(o));
+    small_collectives = o->small_collectives;  // The extra collective runs as the guard's would.
+    if (!absl::GetFlag(FLAGS_unguarded)) options = std::make_unique<client::GuardOptions>(*std::move(o));
   }
 
   auto store = c10::make_intrusive<c10d::FileStore>(absl::GetFlag(FLAGS_rendezvous), world);
@@ -240,10 +244,8 @@ int Main(int argc, char** argv) {
       }
       d.grad_norm = PlainAllReduce(*pg, params, 1.0);
       if (absl::GetFlag(FLAGS_extra_collective)) {
-        std::vector<torch::Tensor> words = {torch::zeros({12}, torch::kInt64)};
-        c10d::AllreduceOptions max;
-        max.reduceOp = c10d::ReduceOp::MAX;
-        pg->allreduce(words, max)->wait();
+        std::vector<int64_t> words(12, rank);
+        client::AllReduceMax(*pg, small_collectives, words);
       }
       optimizer.step();
     }
