@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_link.h"
+#include "client/device.h"
 #include "client/small_collectives.h"
 #include "client/step_core.h"
 #include "daemon/core/replay_plan.h"
@@ -31,8 +32,11 @@ void Learn(core::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
 
 using client::FaultKind;
 
+// A micro-batch's header: 3 words, then per tensor its dtype, device, number
+// of dimensions and up to kMaxDims sizes (so at most 6 tensors).
 constexpr size_t kHeaderSlots = 64;
 constexpr int64_t kMaxDims = 6;
+constexpr int64_t kSlotsPerTensor = 3 + kMaxDims;
 
 // Every library error inside a step becomes a Status at this boundary.
 #define SDC_TORCH_TRY(expr)                                                   \
@@ -51,39 +55,25 @@ uint64_t LossBits(const torch::Tensor& loss) {
   return bits;
 }
 
-absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat:
-      return kernels::DType::kFloat32;
-    case torch::kDouble:
-      return kernels::DType::kFloat64;
-    case torch::kHalf:
-      return kernels::DType::kFloat16;
-    case torch::kBFloat16:
-      return kernels::DType::kBFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unsupported gradient dtype ", c10::toString(t.scalar_type())));
-  }
-}
+using client::DTypeOf;
 
-kernels::ByteSpan SpanOf(const torch::Tensor& t) {
-  return {t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
+// A kernel failure inside a step (a CUDA error, say) ends the step as a
+// libtorch failure would, through SDC_TORCH_TRY.
+void ThrowIfFailed(const absl::Status& s) {
+  if (!s.ok()) TORCH_CHECK(false, "sdc-guard kernels: ", std::string(s.message()));
 }
 
 // Fingerprints of tensors (undefined ones are absent: {0, 0, 0}).
 std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> dense;
-  std::vector<kernels::ByteSpan> spans;
   std::vector<size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined()) continue;
     dense.push_back(tensors[i].detach().contiguous());
-    spans.push_back(SpanOf(dense.back()));
     index.push_back(i);
   }
-  std::vector<kernels::Fingerprint> packed(spans.size());
-  (void)kernels::FingerprintTensors(spans, absl::MakeSpan(packed));
+  std::vector<kernels::Fingerprint> packed;
+  ThrowIfFailed(client::FingerprintOnDevice(dense, &packed));
   std::vector<kernels::Fingerprint> out(tensors.size());
   for (size_t k = 0; k < index.size(); ++k) out[index[k]] = packed[k];
   return out;
@@ -99,16 +89,11 @@ uint64_t Digest(const std::vector<std::string>& names,
 // NaN/Inf elements over defined tensors.
 uint64_t NonFinite(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> dense;
-  std::vector<kernels::TensorRef> refs;
   for (const torch::Tensor& t : tensors) {
-    if (!t.defined()) continue;
-    absl::StatusOr<kernels::DType> dtype = DTypeOf(t);
-    if (!dtype.ok()) continue;
-    dense.push_back(t.detach().contiguous());
-    refs.push_back({dense.back().data_ptr(), static_cast<uint64_t>(dense.back().numel()), *dtype});
+    if (t.defined() && DTypeOf(t).ok()) dense.push_back(t.detach().contiguous());
   }
-  std::vector<kernels::ScanResult> out(refs.size());
-  (void)kernels::ScanNonFinite(refs, absl::MakeSpan(out));
+  std::vector<kernels::ScanResult> out;
+  ThrowIfFailed(client::ScanOnDevice(dense, &out));
   uint64_t n = 0;
   for (const auto& r : out) n += r.nonfinite;
   return n;
@@ -171,7 +156,8 @@ class Guard::Impl {
         loss_fn_(std::move(loss_fn)),
         rank_(static_cast<uint32_t>(pg_->getRank())),
         world_(static_cast<uint32_t>(pg_->getSize())),
-        small_collectives_(client::Resolve(options_.small_collectives, *pg_)) {}
+        small_collectives_(client::Resolve(options_.small_collectives, *pg_)),
+        collective_device_(client::CollectiveDevice(*pg_)) {}
 
   absl::Status Init();
   absl::Status BeginStep(uint64_t step, std::vector<std::vector<torch::Tensor>> batches);
@@ -231,6 +217,8 @@ class Guard::Impl {
   const uint32_t rank_;
   const uint32_t world_;
   const client::SmallCollectives small_collectives_;  // Resolved: never kAuto.
+  const torch::Device collective_device_;  // Where pg_ sends from.
+  torch::Device device_ = torch::kCPU;     // The model's (Init).
 
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;  // Parameters, then buffers.
@@ -282,16 +270,21 @@ absl::Status Guard::Impl::Init() {
   for (const torch::Tensor& p : params_) {
     if (absl::StatusOr<kernels::DType> d = DTypeOf(p); !d.ok()) return d.status();
   }
-  // The guard reads tensors through host pointers; a CUDA tensor's pointer
-  // is device memory. Refuse instead of reading it (see ARCHITECTURE.md,
-  // "The trainer client", CUDA).
+  // One device for the whole model, one the kernels can read (a CUDA
+  // tensor's pointer is device memory: without the CUDA path it is refused,
+  // never read; see ARCHITECTURE.md, "The CUDA path").
+  device_ = params_.front().device();
   for (size_t i = 0; i < names_.size(); ++i) {
     const torch::Tensor& t = i < parameter_count_ ? params_[i] : buffers_[i - parameter_count_];
-    if (!t.device().is_cpu()) {
-      return absl::UnimplementedError(absl::StrCat(
-          names_[i], " is on ", t.device().str(),
-          ": this build of sdc::Guard checks CPU tensors only (the CUDA path is not built)"));
+    if (t.device() != device_) {
+      return absl::InvalidArgumentError(absl::StrCat(names_[i], " is on ", t.device().str(), ", ",
+                                                     names_.front(), " on ", device_.str(),
+                                                     ": the guard needs the model on one device"));
     }
+  }
+  if (absl::Status s = client::CheckDevice(device_); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(names_.front(), " is on ", device_.str(), ": ", s.message()));
   }
   // Every rank's node name and replica group, for the replay plans.
   constexpr int64_t kNameBytes = 128;
@@ -300,9 +293,13 @@ absl::Status Guard::Impl::Init() {
   std::memcpy(mine.data_ptr(), node.data(), node.size());
   mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
   std::vector<std::vector<torch::Tensor>> gathered(1);
-  for (uint32_t r = 0; r < world_; ++r) gathered[0].push_back(torch::zeros_like(mine));
-  std::vector<torch::Tensor> input = {mine};
-  SDC_TORCH_TRY(pg_->allgather(gathered, input)->wait());
+  std::vector<torch::Tensor> input;
+  SDC_TORCH_TRY({
+    input.push_back(mine.to(collective_device_));
+    for (uint32_t r = 0; r < world_; ++r) gathered[0].push_back(torch::zeros_like(input[0]));
+    pg_->allgather(gathered, input)->wait();
+    for (torch::Tensor& t : gathered[0]) t = t.cpu();
+  });
   std::vector<core::PlanMember> members;
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
@@ -383,9 +380,7 @@ absl::Status Guard::Impl::BeginStep(uint64_t step,
     // Undefined gradients: the first backward writes them exactly, so the
     // audited fingerprints equal a replay's torch::autograd::grad bits.
     for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng_state_ = gen.get_state();
+    rng_state_ = client::CaptureRng(device_);
   });
   deterministic_before_ = at::globalContext().deterministicAlgorithms();
   if (audit_) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
@@ -436,15 +431,17 @@ void Guard::Impl::SendBatch(uint32_t dst, int tag,
   h[0] = static_cast<int64_t>(batch.size());
   h[1] = static_cast<int64_t>(batches_.size());
   h[2] = rng_state_.numel();
-  for (size_t i = 0; i < batch.size() && 3 + (i + 1) * (2 + kMaxDims) <= kHeaderSlots; ++i) {
-    const size_t at = 3 + i * (2 + kMaxDims);
+  for (size_t i = 0; i < batch.size() && 3 + (i + 1) * kSlotsPerTensor <= kHeaderSlots; ++i) {
+    const size_t at = 3 + i * kSlotsPerTensor;
     h[at] = static_cast<int64_t>(batch[i].scalar_type());
-    h[at + 1] = batch[i].dim();
-    for (int64_t d = 0; d < batch[i].dim() && d < kMaxDims; ++d) h[at + 2 + d] = batch[i].size(d);
+    h[at + 1] = batch[i].device().is_cpu() ? 0 : 1;  // 1: on the model's device.
+    h[at + 2] = batch[i].dim();
+    for (int64_t d = 0; d < batch[i].dim() && d < kMaxDims; ++d) h[at + 3 + d] = batch[i].size(d);
   }
-  std::vector<torch::Tensor> messages = {header};
-  for (const torch::Tensor& t : batch) messages.push_back(t.contiguous());
-  messages.push_back(rng_state_);
+  // Everything travels from where the process group sends (the GPU on NCCL).
+  std::vector<torch::Tensor> messages = {header.to(collective_device_)};
+  for (const torch::Tensor& t : batch) messages.push_back(t.contiguous().to(collective_device_));
+  messages.push_back(rng_state_.to(collective_device_));
   for (size_t i = 0; i < messages.size(); ++i) {
     std::vector<torch::Tensor> one = {messages[i]};
     pending.push_back(pg_->send(one, static_cast<int>(dst), tag + static_cast<int>(i)));
@@ -453,25 +450,37 @@ void Guard::Impl::SendBatch(uint32_t dst, int tag,
 
 absl::StatusOr<std::pair<std::vector<torch::Tensor>, std::pair<int64_t, torch::Tensor>>>
 Guard::Impl::RecvBatch(uint32_t src, int tag) {
-  std::vector<torch::Tensor> header = {torch::zeros({static_cast<int64_t>(kHeaderSlots)}, torch::kInt64)};
-  SDC_TORCH_TRY(pg_->recv(header, static_cast<int>(src), tag)->wait());
+  const torch::TensorOptions there = torch::TensorOptions().device(collective_device_);
+  std::vector<torch::Tensor> header = {
+      torch::zeros({static_cast<int64_t>(kHeaderSlots)}, there.dtype(torch::kInt64))};
+  SDC_TORCH_TRY({
+    pg_->recv(header, static_cast<int>(src), tag)->wait();
+    header[0] = header[0].cpu();
+  });
   auto h = header[0].accessor<int64_t, 1>();
   const int64_t n = h[0];
-  if (n < 0 || 3 + n * (2 + kMaxDims) > static_cast<int64_t>(kHeaderSlots)) {
+  if (n < 0 || 3 + n * kSlotsPerTensor > static_cast<int64_t>(kHeaderSlots)) {
     return absl::InternalError(absl::StrCat("micro-batch from rank ", src, " has ", n, " tensors"));
   }
   std::vector<torch::Tensor> batch;
   for (int64_t i = 0; i < n; ++i) {
-    const size_t at = 3 + i * (2 + kMaxDims);
+    const size_t at = 3 + i * kSlotsPerTensor;
     std::vector<int64_t> shape;
-    for (int64_t d = 0; d < h[at + 1]; ++d) shape.push_back(h[at + 2 + d]);
-    std::vector<torch::Tensor> one = {
-        torch::empty(shape, torch::TensorOptions().dtype(static_cast<torch::ScalarType>(h[at])))};
-    SDC_TORCH_TRY(pg_->recv(one, static_cast<int>(src), tag + 1 + static_cast<int>(i))->wait());
-    batch.push_back(one[0]);
+    for (int64_t d = 0; d < h[at + 2]; ++d) shape.push_back(h[at + 3 + d]);
+    std::vector<torch::Tensor> one;
+    SDC_TORCH_TRY({
+      one.push_back(torch::empty(shape, there.dtype(static_cast<torch::ScalarType>(h[at]))));
+      pg_->recv(one, static_cast<int>(src), tag + 1 + static_cast<int>(i))->wait();
+      // Where the subject had it: the host, or the model's device.
+      batch.push_back(one[0].to(h[at + 1] == 0 ? torch::Device(torch::kCPU) : device_));
+    });
   }
-  std::vector<torch::Tensor> rng = {torch::empty({h[2]}, torch::kUInt8)};
-  SDC_TORCH_TRY(pg_->recv(rng, static_cast<int>(src), tag + 1 + static_cast<int>(n))->wait());
+  std::vector<torch::Tensor> rng;
+  SDC_TORCH_TRY({
+    rng.push_back(torch::empty({h[2]}, there.dtype(torch::kUInt8)));
+    pg_->recv(rng, static_cast<int>(src), tag + 1 + static_cast<int>(n))->wait();
+    rng[0] = rng[0].cpu();
+  });
   return std::make_pair(std::move(batch), std::make_pair(h[1], rng[0]));
 }
 
@@ -481,28 +490,20 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
   // the replay must leave no trace on this rank's own training.
   std::vector<torch::Tensor> saved_buffers;
   for (const torch::Tensor& b : buffers_) saved_buffers.push_back(b.detach().clone());
-  auto gen = at::detail::getDefaultCPUGenerator();
-  torch::Tensor own_rng;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    own_rng = gen.get_state();
-    gen.set_state(rng_state);
-  }
+  torch::Tensor own_rng = client::SwapRng(device_, rng_state);
   // Whatever happens in the replay (a libtorch error propagates to the
   // caller), the rank leaves it with its own RNG, buffers and mode.
   struct Restore {
     Impl* self;
-    at::Generator gen;
     torch::Tensor rng;
     std::vector<torch::Tensor>& saved;
     ~Restore() {
       self->replaying_ = false;
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < self->buffers_.size(); ++i) self->buffers_[i].copy_(saved[i]);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(rng);
+      client::SwapRng(self->device_, rng);
     }
-  } restore{this, gen, own_rng, saved_buffers};
+  } restore{this, own_rng, saved_buffers};
   replaying_ = true;
   Replayed out;
   torch::Tensor loss = loss_fn_(batch) / static_cast<double>(micro_batches);
@@ -600,13 +601,12 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
       }
     }
     close();
+    std::vector<torch::Tensor> flats;
     auto scan = [&](double* squares) {
-      std::vector<kernels::TensorRef> refs;
-      for (const Bucket& b : buckets) {
-        refs.push_back({b.flat.data_ptr(), static_cast<uint64_t>(b.flat.numel()), *DTypeOf(b.flat)});
-      }
-      std::vector<kernels::ScanResult> results(refs.size());
-      (void)kernels::ScanNonFinite(refs, absl::MakeSpan(results));
+      flats.clear();
+      for (const Bucket& b : buckets) flats.push_back(b.flat);
+      std::vector<kernels::ScanResult> results;
+      ThrowIfFailed(client::ScanOnDevice(flats, &results));
       uint64_t n = 0;
       double s = 0;
       for (const auto& r : results) {
@@ -632,10 +632,8 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
       Log(absl::StrCat("INJECTED a bit flip into the reduced gradients at step ", step_));
     }
     reduced_nonfinite = scan(&sum_squares);  // Check 1, after.
-    std::vector<kernels::ByteSpan> spans;
-    for (const Bucket& b : buckets) spans.push_back(SpanOf(b.flat));
-    std::vector<kernels::Fingerprint> fps(spans.size());
-    (void)kernels::FingerprintTensors(spans, absl::MakeSpan(fps));
+    std::vector<kernels::Fingerprint> fps;
+    ThrowIfFailed(client::FingerprintOnDevice(flats, &fps));
     kernels::ModelDigestBuilder reduced;
     for (size_t i = 0; i < fps.size(); ++i) reduced.Add(absl::StrCat("bucket.", i), fps[i]);
     view.reduced_digest = reduced.Finish();
@@ -878,7 +876,8 @@ absl::StatusOr<bool> Guard::Impl::MayCheckpoint() {
   {
     std::vector<torch::Tensor> all = params_;
     all.insert(all.end(), buffers_.begin(), buffers_.end());
-    const uint64_t d = Digest(names_, Fingerprints(all));
+    uint64_t d = 0;
+    SDC_TORCH_TRY(d = Digest(names_, Fingerprints(all)));
     digest_hi = static_cast<int64_t>(d >> 32);
     digest_lo = static_cast<int64_t>(d & 0xffffffffu);
   }
@@ -926,13 +925,13 @@ absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
   }
   absl::StatusOr<StepDecision> d = AllReduceAndCheck();
   if (!d.ok()) return d;
+  last_weight_ms_ = 0;
   try {
     if (d->apply) optimizer_.step();
+    AfterOptimizerStep(checkpoint);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
   }
-  last_weight_ms_ = 0;
-  AfterOptimizerStep(checkpoint);
   d->weight_ms = last_weight_ms_;
   if (loss_out != nullptr) *loss_out = total;
   return d;

@@ -1,0 +1,205 @@
+#include "client/device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda.h"
+
+#ifdef SDC_TORCH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace sdc::client {
+namespace {
+
+kernels::ByteSpan SpanOf(const torch::Tensor& t) {
+  return {t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
+}
+
+// Positions of `dense` by device, so each device's tensors go to its kernels
+// in one call.
+std::vector<std::pair<torch::Device, std::vector<size_t>>> ByDevice(
+    const std::vector<torch::Tensor>& dense) {
+  std::vector<std::pair<torch::Device, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == dense[i].device(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), {dense[i].device(), {}});
+    it->second.push_back(i);
+  }
+  return groups;
+}
+
+// CheckDevice's refusal of `device`, naming it, for a kernel asked to read there.
+absl::Status Unreadable(const torch::Device& device) {
+  absl::Status s = CheckDevice(device);
+  if (s.ok()) s = absl::InternalError("no kernels for this device");
+  return absl::Status(s.code(), absl::StrCat("tensors on ", device.str(), ": ", s.message()));
+}
+
+#ifdef SDC_TORCH_CUDA
+kernels::CudaStream StreamOf(const torch::Device& device) {
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+at::Generator CudaGenerator(const torch::Device& device) {
+  return at::cuda::detail::getDefaultCUDAGenerator(device.index());
+}
+#endif
+
+torch::Tensor GetState(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void SetState(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+bool TorchCudaBuilt() {
+#ifdef SDC_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::Status CheckDevice(const torch::Device& device) {
+  if (device.is_cpu()) return absl::OkStatus();
+  if (!device.is_cuda()) return absl::UnimplementedError("sdc-guard checks CPU and CUDA tensors only");
+#ifdef SDC_TORCH_CUDA
+  if (absl::Status s = kernels::CudaAvailable(); !s.ok()) return s;
+  // Deterministic algorithms (on for every audited micro-batch) make cuBLAS
+  // raise without a fixed workspace configuration.
+  const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  const std::string w = workspace != nullptr ? workspace : "";
+  if (w != ":4096:8" && w != ":16:8") {
+    return absl::FailedPreconditionError(
+        "CUBLAS_WORKSPACE_CONFIG must be :4096:8 (or :16:8) before CUDA starts: replay audits "
+        "run with deterministic algorithms, which cuBLAS refuses otherwise");
+  }
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError(
+      "this build of sdc-guard checks CPU tensors only; the CUDA path builds against a "
+      "CUDA-enabled libtorch with --define=sdc_torch_cuda=1 (docs/ARCHITECTURE.md)");
+#endif
+}
+
+absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat:
+      return kernels::DType::kFloat32;
+    case torch::kDouble:
+      return kernels::DType::kFloat64;
+    case torch::kHalf:
+      return kernels::DType::kFloat16;
+    case torch::kBFloat16:
+      return kernels::DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unsupported gradient dtype ", c10::toString(t.scalar_type())));
+  }
+}
+
+absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
+                                 std::vector<kernels::Fingerprint>* out) {
+  out->assign(dense.size(), kernels::Fingerprint{});
+  for (const auto& [device, positions] : ByDevice(dense)) {
+    std::vector<kernels::ByteSpan> spans;
+    for (size_t i : positions) spans.push_back(SpanOf(dense[i]));
+    std::vector<kernels::Fingerprint> fps(spans.size());
+    absl::Status s;
+    if (device.is_cpu()) {
+      s = kernels::FingerprintTensors(spans, absl::MakeSpan(fps));
+    } else {
+#ifdef SDC_TORCH_CUDA
+      s = device.is_cuda() ? kernels::FingerprintTensorsCuda(spans, absl::MakeSpan(fps), StreamOf(device))
+                           : Unreadable(device);
+#else
+      s = Unreadable(device);
+#endif
+    }
+    if (!s.ok()) return s;
+    for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = fps[k];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
+                          std::vector<kernels::ScanResult>* out) {
+  out->assign(dense.size(), kernels::ScanResult{});
+  for (const auto& [device, positions] : ByDevice(dense)) {
+    std::vector<kernels::TensorRef> refs;
+    for (size_t i : positions) {
+      absl::StatusOr<kernels::DType> dtype = DTypeOf(dense[i]);
+      if (!dtype.ok()) return dtype.status();
+      refs.push_back({dense[i].data_ptr(), static_cast<uint64_t>(dense[i].numel()), *dtype});
+    }
+    std::vector<kernels::ScanResult> results(refs.size());
+    absl::Status s;
+    if (device.is_cpu()) {
+      s = kernels::ScanNonFinite(refs, absl::MakeSpan(results));
+    } else {
+#ifdef SDC_TORCH_CUDA
+      s = device.is_cuda() ? kernels::ScanNonFiniteCuda(refs, absl::MakeSpan(results), StreamOf(device))
+                           : Unreadable(device);
+#else
+      s = Unreadable(device);
+#endif
+    }
+    if (!s.ok()) return s;
+    for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = results[k];
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor CaptureRng(const torch::Device& device) {
+  torch::Tensor cpu = GetState(at::detail::getDefaultCPUGenerator());
+#ifdef SDC_TORCH_CUDA
+  if (device.is_cuda()) return torch::cat({cpu, GetState(CudaGenerator(device))});
+#endif
+  return cpu;
+}
+
+torch::Tensor SwapRng(const torch::Device& device, const torch::Tensor& state) {
+  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor before = CaptureRng(device);
+#ifdef SDC_TORCH_CUDA
+  if (device.is_cuda()) {
+    // Both ranks run the same libtorch: the CPU part has the same length.
+    const int64_t cpu_bytes = GetState(cpu_gen).numel();
+    SetState(cpu_gen, state.narrow(0, 0, cpu_bytes).clone());
+    SetState(CudaGenerator(device), state.narrow(0, cpu_bytes, state.numel() - cpu_bytes).clone());
+    return before;
+  }
+#endif
+  SetState(cpu_gen, state);
+  return before;
+}
+
+std::string BackendName(c10d::ProcessGroup& pg) {
+  try {
+    return pg.getBackendName();
+  } catch (const c10::Error&) {
+    return "";  // The base class asserts: this group does not say.
+  }
+}
+
+torch::Device CollectiveDevice(c10d::ProcessGroup& pg) {
+#ifdef SDC_TORCH_CUDA
+  if (BackendName(pg) == "nccl") return torch::Device(torch::kCUDA, c10::cuda::current_device());
+#endif
+  return torch::Device(torch::kCPU);
+}
+
+}  // namespace sdc::client

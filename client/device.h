@@ -1,0 +1,65 @@
+#ifndef SDC_CLIENT_DEVICE_H_
+#define SDC_CLIENT_DEVICE_H_
+
+// What depends on where a trainer's tensors live: which kernels scan and
+// fingerprint them, which random generators a replay captures and restores,
+// and where the process group wants its messages.
+//
+// CPU tensors use the CPU kernels. CUDA tensors need the CUDA path, built
+// only against a CUDA-enabled libtorch with --define=sdc_torch_cuda=1 (see
+// docs/ARCHITECTURE.md, "The CUDA path"): there the CUDA kernels run on the
+// device's current stream, after whatever the trainer queued on it, and the
+// device's CUDA generator travels with an audited micro-batch. Without that
+// build, CheckDevice refuses CUDA tensors and says how to get the path.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/fingerprint.h"
+#include "kernels/nonfinite.h"
+
+namespace sdc::client {
+
+// True in a build with the CUDA path.
+bool TorchCudaBuilt();
+
+// OK when the guard can check tensors on `device`; otherwise Unimplemented
+// or FailedPrecondition saying why. For CUDA this includes cuBLAS being
+// deterministic (CUBLAS_WORKSPACE_CONFIG), which audits need.
+absl::Status CheckDevice(const torch::Device& device);
+
+// The kernels' element type for a floating-point tensor; InvalidArgument
+// for any other.
+absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t);
+
+// Fingerprints of contiguous tensors, each on the CPU or a CUDA device.
+absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
+                                 std::vector<kernels::Fingerprint>* out);
+
+// Non-finite scans of contiguous floating-point tensors, as above.
+absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
+                          std::vector<kernels::ScanResult>* out);
+
+// Every random generator a forward pass on `device` draws from (the CPU's,
+// and for a CUDA device its CUDA generator), as one uint8 CPU tensor.
+torch::Tensor CaptureRng(const torch::Device& device);
+
+// Sets those generators to `state` (CaptureRng's, from a rank whose model
+// is on the same kind of device) and returns what they held before.
+torch::Tensor SwapRng(const torch::Device& device, const torch::Tensor& state);
+
+// The backend's name ("gloo", "nccl"); empty for a group that has none.
+std::string BackendName(c10d::ProcessGroup& pg);
+
+// Where `pg` wants the tensors it sends: the CPU for Gloo, the current CUDA
+// device for NCCL.
+torch::Device CollectiveDevice(c10d::ProcessGroup& pg);
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_DEVICE_H_
