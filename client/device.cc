@@ -43,15 +43,46 @@ absl::Status Unreadable(const torch::Device& device) {
   return absl::Status(s.code(), absl::StrCat("tensors on ", device.str(), ": ", s.message()));
 }
 
-#ifdef SDC_TORCH_CUDA
+// The device's current stream: where the trainer's own next kernel would go.
 kernels::CudaStream StreamOf(const torch::Device& device) {
+#ifdef SDC_TORCH_CUDA
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  return nullptr;  // Never asked: no device passes CheckDevice.
+#endif
 }
 
+#ifdef SDC_TORCH_CUDA
 at::Generator CudaGenerator(const torch::Device& device) {
   return at::cuda::detail::getDefaultCUDAGenerator(device.index());
 }
 #endif
+
+// Runs a kernel over `dense`, one call per device: `arg` makes each tensor's
+// kernel argument, `cpu(args, results)` and `cuda(args, results, stream)`
+// are the kernel's two entry points.
+template <typename Arg, typename Result, typename MakeArg, typename Cpu, typename Cuda>
+absl::Status PerDevice(const std::vector<torch::Tensor>& dense, std::vector<Result>* out,
+                       MakeArg arg, Cpu cpu, Cuda cuda) {
+  out->assign(dense.size(), Result{});
+  for (const auto& [device, positions] : ByDevice(dense)) {
+    std::vector<Arg> args;
+    for (size_t i : positions) {
+      absl::StatusOr<Arg> a = arg(dense[i]);
+      if (!a.ok()) return a.status();
+      args.push_back(*a);
+    }
+    std::vector<Result> results(args.size());
+    const absl::Status s =
+        device.is_cpu()                        ? cpu(absl::MakeConstSpan(args), absl::MakeSpan(results))
+        : device.is_cuda() && TorchCudaBuilt() ? cuda(absl::MakeConstSpan(args), absl::MakeSpan(results),
+                                                      StreamOf(device))
+                                               : Unreadable(device);
+    if (!s.ok()) return s;
+    for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = results[k];
+  }
+  return absl::OkStatus();
+}
 
 torch::Tensor GetState(at::Generator gen) {
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -113,54 +144,28 @@ absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t) {
 
 absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
                                  std::vector<kernels::Fingerprint>* out) {
-  out->assign(dense.size(), kernels::Fingerprint{});
-  for (const auto& [device, positions] : ByDevice(dense)) {
-    std::vector<kernels::ByteSpan> spans;
-    for (size_t i : positions) spans.push_back(SpanOf(dense[i]));
-    std::vector<kernels::Fingerprint> fps(spans.size());
-    absl::Status s;
-    if (device.is_cpu()) {
-      s = kernels::FingerprintTensors(spans, absl::MakeSpan(fps));
-    } else {
-#ifdef SDC_TORCH_CUDA
-      s = device.is_cuda() ? kernels::FingerprintTensorsCuda(spans, absl::MakeSpan(fps), StreamOf(device))
-                           : Unreadable(device);
-#else
-      s = Unreadable(device);
-#endif
-    }
-    if (!s.ok()) return s;
-    for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = fps[k];
-  }
-  return absl::OkStatus();
+  return PerDevice<kernels::ByteSpan>(
+      dense, out,
+      [](const torch::Tensor& t) -> absl::StatusOr<kernels::ByteSpan> { return SpanOf(t); },
+      [](auto in, auto results) { return kernels::FingerprintTensors(in, results); },
+      [](auto in, auto results, kernels::CudaStream stream) {
+        return kernels::FingerprintTensorsCuda(in, results, stream);
+      });
 }
 
 absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
                           std::vector<kernels::ScanResult>* out) {
-  out->assign(dense.size(), kernels::ScanResult{});
-  for (const auto& [device, positions] : ByDevice(dense)) {
-    std::vector<kernels::TensorRef> refs;
-    for (size_t i : positions) {
-      absl::StatusOr<kernels::DType> dtype = DTypeOf(dense[i]);
-      if (!dtype.ok()) return dtype.status();
-      refs.push_back({dense[i].data_ptr(), static_cast<uint64_t>(dense[i].numel()), *dtype});
-    }
-    std::vector<kernels::ScanResult> results(refs.size());
-    absl::Status s;
-    if (device.is_cpu()) {
-      s = kernels::ScanNonFinite(refs, absl::MakeSpan(results));
-    } else {
-#ifdef SDC_TORCH_CUDA
-      s = device.is_cuda() ? kernels::ScanNonFiniteCuda(refs, absl::MakeSpan(results), StreamOf(device))
-                           : Unreadable(device);
-#else
-      s = Unreadable(device);
-#endif
-    }
-    if (!s.ok()) return s;
-    for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = results[k];
-  }
-  return absl::OkStatus();
+  return PerDevice<kernels::TensorRef>(
+      dense, out,
+      [](const torch::Tensor& t) -> absl::StatusOr<kernels::TensorRef> {
+        absl::StatusOr<kernels::DType> dtype = DTypeOf(t);
+        if (!dtype.ok()) return dtype.status();
+        return kernels::TensorRef{t.data_ptr(), static_cast<uint64_t>(t.numel()), *dtype};
+      },
+      [](auto in, auto results) { return kernels::ScanNonFinite(in, results); },
+      [](auto in, auto results, kernels::CudaStream stream) {
+        return kernels::ScanNonFiniteCuda(in, results, stream);
+      });
 }
 
 torch::Tensor CaptureRng(const torch::Device& device) {

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -522,23 +523,39 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
 
 absl::StatusOr<std::optional<std::pair<uint32_t, Guard::Impl::Replayed>>>
 Guard::Impl::ExchangeAndReplay(const std::vector<core::Assignment>& pairs, int tag_base) {
-  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  std::vector<std::pair<uint32_t, int>> sends;  // (replayer of mine, tag)
   std::optional<uint32_t> subject;
   int tag_of_mine = 0;
   for (size_t i = 0; i < pairs.size(); ++i) {
     const int tag = tag_base + static_cast<int>(i) * 64;
-    if (pairs[i].subject == rank_ && pairs[i].replayer != rank_) {
-      SDC_TORCH_TRY(SendBatch(pairs[i].replayer, tag, pending));
-    }
+    if (pairs[i].subject == rank_ && pairs[i].replayer != rank_) sends.push_back({pairs[i].replayer, tag});
     if (pairs[i].replayer == rank_) {
       subject = pairs[i].subject;
       tag_of_mine = tag;
     }
   }
+  // Two ranks that replay each other (two nodes, say) must not both send
+  // first: NCCL queues a pair's sends and receives in order on one stream,
+  // and each send waits for the other side's receive. The higher rank of
+  // such a pair receives first. (Gloo does not care.)
+  const bool receive_first =
+      subject.has_value() && *subject < rank_ &&
+      std::any_of(sends.begin(), sends.end(), [&](const auto& s) { return s.first == *subject; });
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  auto send_all = [&]() -> absl::Status {
+    for (const auto& [dst, tag] : sends) SDC_TORCH_TRY(SendBatch(dst, tag, pending));
+    return absl::OkStatus();
+  };
   std::optional<std::pair<uint32_t, Replayed>> result;
+  if (!receive_first) {
+    if (absl::Status s = send_all(); !s.ok()) return s;
+  }
   if (subject.has_value()) {
     auto received = RecvBatch(*subject, tag_of_mine);
     if (!received.ok()) return received.status();
+    if (receive_first) {
+      if (absl::Status s = send_all(); !s.ok()) return s;
+    }
     Replayed r;
     SDC_TORCH_TRY(r = Replay(received->first, received->second.first, received->second.second));
     result = std::make_pair(*subject, std::move(r));
