@@ -12,6 +12,7 @@
 #ifdef SDC_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -43,12 +44,15 @@ absl::Status Unreadable(const torch::Device& device) {
   return absl::Status(s.code(), absl::StrCat("tensors on ", device.str(), ": ", s.message()));
 }
 
-// The device's current stream: where the trainer's own next kernel would go.
-kernels::CudaStream StreamOf(const torch::Device& device) {
+// Runs `kernel(stream)` with `device` current and its current stream: where
+// the trainer's own next kernel on it would go.
+template <typename Kernel>
+absl::Status OnCudaDevice(const torch::Device& device, Kernel kernel) {
 #ifdef SDC_TORCH_CUDA
-  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const c10::cuda::CUDAGuard current(device.index());  // The kernels allocate on the current device.
+  return kernel(c10::cuda::getCurrentCUDAStream(device.index()).stream());
 #else
-  return nullptr;  // Never asked: no device passes CheckDevice.
+  return Unreadable(device);
 #endif
 }
 
@@ -73,11 +77,16 @@ absl::Status PerDevice(const std::vector<torch::Tensor>& dense, std::vector<Resu
       args.push_back(*a);
     }
     std::vector<Result> results(args.size());
-    const absl::Status s =
-        device.is_cpu()                        ? cpu(absl::MakeConstSpan(args), absl::MakeSpan(results))
-        : device.is_cuda() && TorchCudaBuilt() ? cuda(absl::MakeConstSpan(args), absl::MakeSpan(results),
-                                                      StreamOf(device))
-                                               : Unreadable(device);
+    absl::Status s;
+    if (device.is_cpu()) {
+      s = cpu(absl::MakeConstSpan(args), absl::MakeSpan(results));
+    } else if (device.is_cuda()) {
+      s = OnCudaDevice(device, [&](kernels::CudaStream stream) {
+        return cuda(absl::MakeConstSpan(args), absl::MakeSpan(results), stream);
+      });
+    } else {
+      s = Unreadable(device);
+    }
     if (!s.ok()) return s;
     for (size_t k = 0; k < positions.size(); ++k) (*out)[positions[k]] = results[k];
   }
@@ -176,20 +185,26 @@ torch::Tensor CaptureRng(const torch::Device& device) {
   return cpu;
 }
 
-torch::Tensor SwapRng(const torch::Device& device, const torch::Tensor& state) {
+absl::Status RestoreRng(const torch::Device& device, const torch::Tensor& state) {
   at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-  torch::Tensor before = CaptureRng(device);
+  const int64_t cpu_bytes = GetState(cpu_gen).numel();
+  int64_t total = cpu_bytes;
 #ifdef SDC_TORCH_CUDA
-  if (device.is_cuda()) {
-    // Both ranks run the same libtorch: the CPU part has the same length.
-    const int64_t cpu_bytes = GetState(cpu_gen).numel();
-    SetState(cpu_gen, state.narrow(0, 0, cpu_bytes).clone());
-    SetState(CudaGenerator(device), state.narrow(0, cpu_bytes, state.numel() - cpu_bytes).clone());
-    return before;
-  }
+  if (device.is_cuda()) total += GetState(CudaGenerator(device)).numel();
 #endif
-  SetState(cpu_gen, state);
-  return before;
+  if (state.scalar_type() != torch::kUInt8 || state.dim() != 1 || state.numel() != total ||
+      !state.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RNG state of ", state.numel(), " elements (", c10::toString(state.scalar_type()), " on ",
+        state.device().str(), "); this rank's generators for ", device.str(), " take ", total,
+        " bytes on the CPU: do the ranks run the same libtorch, with the model on the same kind "
+        "of device?"));
+  }
+  SetState(cpu_gen, state.narrow(0, 0, cpu_bytes).clone());
+#ifdef SDC_TORCH_CUDA
+  if (device.is_cuda()) SetState(CudaGenerator(device), state.narrow(0, cpu_bytes, total - cpu_bytes).clone());
+#endif
+  return absl::OkStatus();
 }
 
 std::string BackendName(c10d::ProcessGroup& pg) {

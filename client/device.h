@@ -50,8 +50,9 @@ absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
 torch::Tensor CaptureRng(const torch::Device& device);
 
 // Sets those generators to `state` (CaptureRng's, from a rank whose model
-// is on the same kind of device) and returns what they held before.
-torch::Tensor SwapRng(const torch::Device& device, const torch::Tensor& state);
+// is on the same kind of device). InvalidArgument, with nothing set, when
+// `state` is not the size CaptureRng(device) gives here.
+absl::Status RestoreRng(const torch::Device& device, const torch::Tensor& state);
 
 // The backend's name ("gloo", "nccl"); empty for a group that has none.
 std::string BackendName(c10d::ProcessGroup& pg);

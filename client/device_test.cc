@@ -42,15 +42,26 @@ TEST(DeviceTest, CpuTensorsGetTheCpuKernelsResults) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(DeviceTest, SwappedRngReplaysTheDraws) {
+TEST(DeviceTest, RestoredRngReplaysTheDraws) {
   const torch::Device cpu(torch::kCPU);
   torch::manual_seed(11);
-  const torch::Tensor state = CaptureRng(cpu);
+  const torch::Tensor before = CaptureRng(cpu);
   const torch::Tensor first = torch::rand({8});  // What the original pass drew.
-  const torch::Tensor own = SwapRng(cpu, state);
-  EXPECT_TRUE(torch::equal(torch::rand({8}), first)) << "the replay draws what the original drew";
-  SwapRng(cpu, own);
-  EXPECT_FALSE(torch::equal(torch::rand({8}), first)) << "and the rank's own stream goes on";
+  const torch::Tensor own = CaptureRng(cpu);
+  const torch::Tensor second = torch::rand({8});  // What this rank draws next.
+  ASSERT_FALSE(torch::equal(first, second));
+  ASSERT_TRUE(RestoreRng(cpu, before).ok());
+  EXPECT_TRUE(torch::equal(torch::rand({8}), first)) << "a replay draws what the original drew";
+  ASSERT_TRUE(RestoreRng(cpu, own).ok());
+  EXPECT_TRUE(torch::equal(torch::rand({8}), second)) << "and the rank's own stream goes on";
+  // A state of the wrong size changes nothing.
+  const torch::Tensor now = CaptureRng(cpu);
+  const torch::Tensor expected = torch::rand({8});
+  ASSERT_TRUE(RestoreRng(cpu, now).ok());
+  const absl::Status bad = RestoreRng(cpu, before.narrow(0, 0, 16).clone());
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message()).find("same libtorch"), std::string::npos) << bad.message();
+  EXPECT_TRUE(torch::equal(torch::rand({8}), expected));
 }
 
 TEST(DeviceTest, RefusesWhatItCannotRead) {

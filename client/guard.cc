@@ -359,6 +359,20 @@ void Guard::Impl::DrainMessages() {
 absl::Status Guard::Impl::BeginStep(uint64_t step,
                                     std::vector<std::vector<torch::Tensor>> batches) {
   if (batches.empty()) return absl::InvalidArgumentError("a step needs at least one micro-batch");
+  // What a replay peer can be sent (SendBatch's header), checked at every
+  // step on every rank: refused at an audit, the job would wait on this rank.
+  if (3 + batches.front().size() * kSlotsPerTensor > kHeaderSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a micro-batch of ", batches.front().size(), " tensors: replay audits send at most ",
+        (kHeaderSlots - 3) / kSlotsPerTensor));
+  }
+  for (const torch::Tensor& t : batches.front()) {
+    if (t.dim() > kMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat("a micro-batch tensor of ", t.dim(),
+                                                     " dimensions: replay audits send at most ",
+                                                     kMaxDims));
+    }
+  }
   DrainMessages();
   step_ = step;
   batches_ = std::move(batches);
@@ -467,7 +481,7 @@ Guard::Impl::RecvBatch(uint32_t src, int tag) {
   for (int64_t i = 0; i < n; ++i) {
     const size_t at = 3 + i * kSlotsPerTensor;
     std::vector<int64_t> shape;
-    for (int64_t d = 0; d < h[at + 2]; ++d) shape.push_back(h[at + 3 + d]);
+    for (int64_t d = 0; d < std::min(h[at + 2], kMaxDims); ++d) shape.push_back(h[at + 3 + d]);
     std::vector<torch::Tensor> one;
     SDC_TORCH_TRY({
       one.push_back(torch::empty(shape, there.dtype(static_cast<torch::ScalarType>(h[at]))));
@@ -491,7 +505,8 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
   // the replay must leave no trace on this rank's own training.
   std::vector<torch::Tensor> saved_buffers;
   for (const torch::Tensor& b : buffers_) saved_buffers.push_back(b.detach().clone());
-  torch::Tensor own_rng = client::SwapRng(device_, rng_state);
+  const torch::Tensor own_rng = client::CaptureRng(device_);
+  ThrowIfFailed(client::RestoreRng(device_, rng_state));  // Checked before anything is set.
   // Whatever happens in the replay (a libtorch error propagates to the
   // caller), the rank leaves it with its own RNG, buffers and mode.
   struct Restore {
@@ -500,9 +515,14 @@ Guard::Impl::Replayed Guard::Impl::Replay(const std::vector<torch::Tensor>& batc
     std::vector<torch::Tensor>& saved;
     ~Restore() {
       self->replaying_ = false;
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < self->buffers_.size(); ++i) self->buffers_[i].copy_(saved[i]);
-      client::SwapRng(self->device_, rng);
+      try {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < self->buffers_.size(); ++i) self->buffers_[i].copy_(saved[i]);
+        (void)client::RestoreRng(self->device_, rng);  // Its own state: the size fits.
+      } catch (const c10::Error& e) {
+        self->Log(absl::StrCat("could not restore buffers or RNG after a replay: ",
+                               e.what_without_backtrace()));
+      }
     }
   } restore{this, own_rng, saved_buffers};
   replaying_ = true;
@@ -534,13 +554,13 @@ Guard::Impl::ExchangeAndReplay(const std::vector<core::Assignment>& pairs, int t
       tag_of_mine = tag;
     }
   }
-  // Two ranks that replay each other (two nodes, say) must not both send
-  // first: NCCL queues a pair's sends and receives in order on one stream,
-  // and each send waits for the other side's receive. The higher rank of
-  // such a pair receives first. (Gloo does not care.)
-  const bool receive_first =
-      subject.has_value() && *subject < rank_ &&
-      std::any_of(sends.begin(), sends.end(), [&](const auto& s) { return s.first == *subject; });
+  // On NCCL a send waits for its peer's receive (and a pair's first message
+  // for both sides to set up the pair's communicator), so a cycle of ranks
+  // that all send first deadlocks: two ranks replaying each other, or any
+  // longer cycle of a plan. A rank whose subject is lower receives first:
+  // going backwards round a cycle the ranks cannot all increase, so every
+  // cycle has a rank that receives first. (Gloo does not care.)
+  const bool receive_first = subject.has_value() && *subject < rank_;
   std::vector<c10::intrusive_ptr<c10d::Work>> pending;
   auto send_all = [&]() -> absl::Status {
     for (const auto& [dst, tag] : sends) SDC_TORCH_TRY(SendBatch(dst, tag, pending));

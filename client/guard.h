@@ -95,11 +95,14 @@ class Guard {
   // Starts step `step` with its micro-batches (the first is the one audited).
   // Clears gradients (to undefined, so the first backward writes them
   // exactly); on audit steps captures the RNG state and turns deterministic
-  // algorithms on for the first micro-batch.
+  // algorithms on for the first micro-batch. InvalidArgument when the first
+  // micro-batch cannot be sent to a replay peer (more than 6 tensors, or one
+  // of more than 6 dimensions), at every step, so it never surprises an audit.
   absl::Status BeginStep(uint64_t step, std::vector<std::vector<torch::Tensor>> micro_batches);
 
   // After micro-batch `index`'s backward. On audit steps, index 0
   // fingerprints the local gradients before the next micro-batch adds to them.
+  // Throws c10::Error, as libtorch calls do, when a kernel fails (CUDA).
   void AfterMicroBatchBackward(size_t index, const torch::Tensor& loss);
 
   // Checks 1 and 2 around the bucketed gradient all-reduce, then the one
@@ -112,6 +115,7 @@ class Guard {
   // parameters and buffers on weight-check steps and always when
   // `checkpoint` (then optimizer state too), and sends them. Training does
   // not wait for the verdict. Fault injection of weights happens here.
+  // Throws c10::Error, as libtorch calls do, when a kernel fails (CUDA).
   void AfterOptimizerStep(bool checkpoint = false);
 
   // True when sdcd allows a checkpoint of the current step (every rank gets

@@ -67,6 +67,25 @@ TEST(GuardTest, CreateRefusesWhatItCannotCheck) {
       << g.status().message();
 }
 
+TEST(GuardTest, BeginStepRefusesMicroBatchesAnAuditCannotSend) {
+  auto pg = OneRankGroup("limits");
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  absl::StatusOr<std::unique_ptr<Guard>> g =
+      Guard::Create(InBandOptions(), pg, *model, sgd, MseOf(model));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<torch::Tensor> fits = {torch::zeros({2, 4}), torch::zeros({2, 2})};
+  EXPECT_TRUE((*g)->BeginStep(1, {fits}).ok());
+  const std::vector<torch::Tensor> seven(7, torch::zeros({2}));
+  absl::Status s = (*g)->BeginStep(2, {seven});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("at most 6"), std::string::npos) << s.message();
+  const std::vector<torch::Tensor> deep = {torch::zeros({1, 1, 1, 1, 1, 1, 2})};
+  s = (*g)->BeginStep(3, {deep});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("7 dimensions"), std::string::npos) << s.message();
+}
+
 TEST(GuardTest, InBandCheckpointsAreProvisionalUntilTheNext) {
   auto pg = OneRankGroup("ledger");
   torch::manual_seed(7);
