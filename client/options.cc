@@ -3,6 +3,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +41,25 @@ absl::Status ReadMillis(const char* name, absl::Duration* out) {
   return absl::OkStatus();
 }
 
+// One of a few named values: "NAME: expected a, b or c, got 'x'" otherwise.
+template <typename T>
+absl::Status ReadChoice(const char* name, std::initializer_list<std::pair<const char*, T>> choices,
+                        T* out) {
+  const char* v = Env(name);
+  if (v == nullptr) return absl::OkStatus();
+  std::string expected;
+  size_t i = 0;
+  for (const auto& [text, value] : choices) {
+    if (std::strcmp(text, v) == 0) {
+      *out = value;
+      return absl::OkStatus();
+    }
+    absl::StrAppend(&expected, i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ", text);
+    ++i;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", expected, ", got '", v, "'"));
+}
+
 }  // namespace
 
 absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
@@ -69,16 +92,12 @@ absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
   }
   if (absl::Status s = ReadMillis("SDC_VERDICT_WAIT_MS", &o.verdict_wait); !s.ok()) return s;
   if (absl::Status s = ReadMillis("SDC_CHECKPOINT_WAIT_MS", &o.checkpoint_wait); !s.ok()) return s;
-  if (const char* v = Env("SDC_CHECKPOINT_FALLBACK")) {
-    const std::string f = v;
-    if (f == "veto") {
-      o.checkpoint_fallback = CheckpointFallback::kVeto;
-    } else if (f == "in-band") {
-      o.checkpoint_fallback = CheckpointFallback::kInBand;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SDC_CHECKPOINT_FALLBACK: expected veto or in-band, got '", f, "'"));
-    }
+  if (absl::Status s = ReadChoice("SDC_CHECKPOINT_FALLBACK",
+                                  {{"veto", CheckpointFallback::kVeto},
+                                   {"in-band", CheckpointFallback::kInBand}},
+                                  &o.checkpoint_fallback);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = ReadInt("SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
   if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
@@ -86,18 +105,13 @@ absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
   if (o.bucket_bytes < 4096) {
     return absl::InvalidArgumentError("SDC_BUCKET_BYTES: must be at least 4096");
   }
-  if (const char* v = Env("SDC_SMALL_COLLECTIVES")) {
-    const std::string f = v;
-    if (f == "auto") {
-      o.small_collectives = SmallCollectives::kAuto;
-    } else if (f == "backend") {
-      o.small_collectives = SmallCollectives::kBackend;
-    } else if (f == "rooted") {
-      o.small_collectives = SmallCollectives::kRooted;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SDC_SMALL_COLLECTIVES: expected auto, backend or rooted, got '", f, "'"));
-    }
+  if (absl::Status s = ReadChoice("SDC_SMALL_COLLECTIVES",
+                                  {{"auto", SmallCollectives::kAuto},
+                                   {"backend", SmallCollectives::kBackend},
+                                   {"rooted", SmallCollectives::kRooted}},
+                                  &o.small_collectives);
+      !s.ok()) {
+    return s;
   }
   if (const char* v = Env("SDC_MAX_GRAD_NORM")) {
     if (!absl::SimpleAtod(v, &o.max_grad_norm) || o.max_grad_norm < 0) {
