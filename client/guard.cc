@@ -194,7 +194,6 @@ class Guard::Impl {
   void Log(const std::string& line) const {
     std::fprintf(stderr, "sdc-guard rank %u: %s\n", rank_, line.c_str());
   }
-  void Collective(c10::intrusive_ptr<c10d::Work> work) { work->wait(); }
   void DrainMessages();
   void SendBatch(uint32_t dst, int tag, std::vector<c10::intrusive_ptr<c10d::Work>>& pending);
   absl::StatusOr<std::pair<std::vector<torch::Tensor>, std::pair<int64_t, torch::Tensor>>>
