@@ -7,18 +7,25 @@
 // steps, audit every 100, sdcd attached). Step time is the slowest rank's, after a
 // warm-up. The guard's own parts come from its per-step timings, and its
 // plain steps (no audit, no weight check) are set against the loop with one
-// more collective. Last line: JSON.
+// more collective. --variants=...,guarded-no-sdcd adds the guard with no
+// coordinator configured, which splits the guard's cost between its own work
+// and the share of the CPUs that sdcd and the report streams take. Last
+// line: JSON.
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
@@ -33,11 +40,26 @@ struct Args {
   int audit_every = 100;
   int weight_every = 10;
   std::string out_dir;
+  // Which loops run, in this order each round. The JSON's contract needs the
+  // first three; guarded-no-sdcd (the guard with no coordinator configured:
+  // in-band checks only, no report streams, no sdcd) splits the guard's cost
+  // between its own work and the coordinator's share of the CPUs.
+  std::vector<std::string> variants = {"unguarded", "extra-collective", "guarded"};
 };
+
+constexpr const char* kVariants[] = {"unguarded", "extra-collective", "guarded", "guarded-no-sdcd"};
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "overhead_bench: %s\n", what.c_str());
   return 1;
+}
+
+// User + system CPU time of this process's children that have ended.
+double ChildrenCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_CHILDREN, &u);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
 double Mean(const std::vector<double>& v) {
@@ -64,47 +86,84 @@ int Main(int argc, char** argv) {
       a.weight_every = flag.Number(1);
     } else if (arg == "--out_dir") {
       a.out_dir = flag.Value();
+    } else if (arg == "--variants") {
+      a.variants = absl::StrSplit(flag.Value(), ',', absl::SkipEmpty());
+      for (const std::string& v : a.variants) {
+        if (std::find(std::begin(kVariants), std::end(kVariants), v) == std::end(kVariants)) {
+          usage(absl::StrCat("--variants: unknown loop '", v,
+                             "' (known: ", absl::StrJoin(kVariants, ","), ")"));
+        }
+      }
     } else {
-      flag.Unknown("known: --steps --rounds --warmup --audit_every --weight_check_every --out_dir");
+      flag.Unknown(
+          "known: --steps --rounds --warmup --audit_every --weight_check_every --variants --out_dir");
     }
   }
   if (a.steps <= a.warmup || a.rounds < 1) return Fail("need --steps > --warmup and --rounds >= 1");
+  const auto runs = [&](const char* v) {
+    return std::find(a.variants.begin(), a.variants.end(), v) != a.variants.end();
+  };
+  if (!runs("unguarded") || !runs("guarded")) {
+    return Fail("--variants must include unguarded and guarded (the overhead is between them)");
+  }
   if (a.out_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     a.out_dir = absl::StrCat(tmp ? tmp : "/tmp", "/sdc-overhead-", getpid());
   }
   demo::Run({"mkdir", "-p", a.out_dir});
   std::vector<double> unguarded, collective, guarded, audit_steps, plain_steps, weight_ms, check1_ms, audit_ms,
-      agreement_ms;
+      agreement_ms, alone, alone_plain;
+  // CPU seconds of every process a loop ran (trainers and sdcd, start-up
+  // included), per step: robust where wall time is not, on a shared machine.
+  std::map<std::string, std::vector<double>> cpu_ms;
   for (int round = 0; round < a.rounds; ++round) {
-    for (const char* variant : {"unguarded", "extra-collective", "guarded"}) {
-      const bool guard = std::strcmp(variant, "guarded") == 0;
-      const bool extra = std::strcmp(variant, "extra-collective") == 0;
+    // Each round starts one loop later, so every loop takes every place in
+    // the order (the machine drifts, and a fixed order turns drift into bias).
+    for (size_t i = 0; i < a.variants.size(); ++i) {
+      const std::string& name = a.variants[(i + round) % a.variants.size()];
+      const char* variant = name.c_str();
+      const bool guard = name == "guarded";
+      const bool extra = name == "extra-collective";
+      const bool no_sdcd = name == "guarded-no-sdcd";
       demo::ClusterConfig c;
       c.run_dir = absl::StrCat(a.out_dir, "/", variant, "-", round);
       c.steps = a.steps;
       c.audit_every = a.audit_every;
       c.weight_check_every = a.weight_every;
       c.checkpoint_every = 0;
-      c.unguarded = !guard;
+      c.unguarded = !guard && !no_sdcd;
       c.extra_collective = extra;
+      c.no_coordinator = no_sdcd;
       c.job_id = absl::StrCat("overhead-", round);
       std::fprintf(stderr, "round %d/%d: %s, %d steps...\n", round + 1, a.rounds,
                    variant, a.steps);
+      const double cpu_before = ChildrenCpuSeconds();
       absl::StatusOr<demo::ClusterResult> r = demo::RunCluster(c);
       if (!r.ok()) return Fail(std::string(r.status().message()));
+      cpu_ms[name].push_back((ChildrenCpuSeconds() - cpu_before) * 1000 / a.steps);
       if (guard && !r->incidents.empty()) return Fail("the guarded clean run raised an incident");
       // Slowest rank per step, and rank 0's record of what ran.
       std::map<int, double> slowest;
       for (const auto& rank : r->ranks) {
         for (const demo::StepRecord& s : rank) slowest[s.step] = std::max(slowest[s.step], s.ms);
       }
+      std::vector<double> this_run;
+      for (const auto& [step, ms] : slowest) {
+        if (step > a.warmup) this_run.push_back(ms);
+      }
+      std::fprintf(stderr, "  %s: %.2f ms a step, %.1f CPU ms a step (all processes)\n", variant,
+                   Mean(this_run), cpu_ms[name].back());
       for (const demo::StepRecord& s : r->ranks[0]) {
         if (s.step <= a.warmup) continue;
         const double ms = slowest[s.step];
+        const bool weight = a.weight_every > 0 && s.step % a.weight_every == 0;
+        if (no_sdcd) {
+          alone.push_back(ms);
+          if (!s.audited && !weight) alone_plain.push_back(ms);
+          continue;
+        }
         (guard ? guarded : extra ? collective : unguarded).push_back(ms);
         if (!guard) continue;
-        const bool weight = a.weight_every > 0 && s.step % a.weight_every == 0;
         if (s.audited) {
           audit_steps.push_back(ms);
           audit_ms.push_back(s.audit_ms);
@@ -126,12 +185,29 @@ int Main(int argc, char** argv) {
   std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %d steps x %d rounds per variant\n", a.steps,
               a.rounds);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
-  std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
-              "step, unguarded + agreement exchange", x, x - u);
+  if (!collective.empty()) {
+    std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
+                "step, unguarded + agreement exchange", x, x - u);
+  }
   std::printf("%-40s %10.2f ms  (%+.2f%%)\n", "step, guarded (end to end)", g, overhead);
-  std::printf("%-40s %10.2f ms  (%+.2f ms over the loop with one more collective)\n",
-              "step, guarded, no audit or weight check", Mean(plain_steps),
-              Mean(plain_steps) - x);
+  if (!collective.empty()) {
+    std::printf("%-40s %10.2f ms  (%+.2f ms over the loop with one more collective)\n",
+                "step, guarded, no audit or weight check", Mean(plain_steps),
+                Mean(plain_steps) - x);
+  }
+  if (!alone.empty()) {
+    std::printf("%-40s %10.2f ms  (%+.2f%%; plain steps %.2f ms, %+.2f ms against sdcd attached)\n",
+                "step, guarded, no coordinator", Mean(alone), (Mean(alone) - u) / u * 100,
+                Mean(alone_plain), Mean(plain_steps) - Mean(alone_plain));
+  }
+  const double cpu_u = Mean(cpu_ms["unguarded"]), cpu_g = Mean(cpu_ms["guarded"]);
+  const double cpu_overhead = (cpu_g - cpu_u) / cpu_u * 100;
+  std::printf("%-40s %10.1f ms  unguarded, %.1f ms guarded (%+.2f%%)\n",
+              "CPU a step, all processes", cpu_u, cpu_g, cpu_overhead);
+  if (!alone.empty()) {
+    std::printf("%-40s %10.1f ms  (the guard without sdcd and report streams)\n",
+                "CPU a step, guarded, no coordinator", Mean(cpu_ms["guarded-no-sdcd"]));
+  }
   std::printf("%-40s %10.2f ms  (%.2fx a plain guarded step, %zu samples)\n", "audit step",
               Mean(audit_steps), audit_ratio, audit_steps.size());
   std::printf("%-40s %10.3f ms  (%.3f%% of a step, amortized over %d steps)\n",
@@ -140,15 +216,24 @@ int Main(int argc, char** argv) {
               Mean(check1_ms), check1_pct);
   std::printf("%-40s %10.3f ms  (waiting for the slowest rank included)\n",
               "agreement exchange", Mean(agreement_ms));
+  // Figures of loops that did not run are null, never zero.
+  auto number = [](bool ran, double v) { return ran ? absl::StrFormat("%.3f", v) : std::string("null"); };
   std::printf(
       "{\"ranks\":6,\"steps\":%d,\"rounds\":%d,\"step_ms_unguarded\":%.3f,\"step_ms_guarded\":%.3f,"
       "\"overhead_pct\":%.3f,\"audit_step_ratio\":%.3f,\"audit_step_ms\":%.3f,"
       "\"weight_check_ms\":%.3f,\"weight_check_pct_of_step\":%.4f,"
       "\"nonfinite_check_ms\":%.3f,\"nonfinite_check_pct_of_step\":%.4f,"
-      "\"agreement_ms\":%.3f,\"step_ms_unguarded_extra_collective\":%.3f,"
-      "\"extra_collective_ms\":%.3f,\"step_ms_guarded_plain\":%.3f}\n",
+      "\"agreement_ms\":%.3f,\"step_ms_unguarded_extra_collective\":%s,"
+      "\"extra_collective_ms\":%s,\"step_ms_guarded_plain\":%.3f,"
+      "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
+      "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
+      "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
-      weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms), x, x - u, Mean(plain_steps));
+      weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),
+      number(!collective.empty(), x).c_str(), number(!collective.empty(), x - u).c_str(),
+      Mean(plain_steps), number(!alone.empty(), Mean(alone)).c_str(),
+      number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
+      number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str());
   demo::Run({"rm", "-rf", a.out_dir});
   return 0;
 }

@@ -182,7 +182,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     metrics_port = PortAfter(*line, "metrics on port ");
     return absl::OkStatus();
   };
-  const bool with_sdcd = !c.unguarded && !c.coordinator_unreachable;
+  const bool with_sdcd = !c.unguarded && !c.coordinator_unreachable && !c.no_coordinator;
   if (with_sdcd) {
     if (absl::Status s = start_sdcd(); !s.ok()) return s;
     result.admin_address = absl::StrCat("127.0.0.1:", admin_port);

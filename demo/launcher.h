@@ -77,6 +77,9 @@ struct ClusterConfig {
   bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.
   // Guarded, but the coordinator address leads nowhere (sdcd unreachable).
   bool coordinator_unreachable = false;
+  // Guarded, no coordinator configured at all: in-band checks only, no
+  // report streams, no sdcd process (what the guard costs without them).
+  bool no_coordinator = false;
   bool keep_coordinator = false;      // Leave sdcd running after the run, detached.
   std::string actuator = "dry-run";
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
