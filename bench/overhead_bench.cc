@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -40,10 +39,11 @@ struct Args {
   int audit_every = 100;
   int weight_every = 10;
   std::string out_dir;
-  // Which loops run, in this order each round. The JSON's contract needs the
-  // first three; guarded-no-sdcd (the guard with no coordinator configured:
-  // in-band checks only, no report streams, no sdcd) splits the guard's cost
-  // between its own work and the coordinator's share of the CPUs.
+  // Which loops run, in this order in the first round (each later round
+  // starts one loop further on). The JSON's contract needs the first three;
+  // guarded-no-sdcd (the guard with no coordinator configured: in-band
+  // checks only, no report streams, no sdcd) splits the guard's cost between
+  // its own work and the coordinator's share of the CPUs.
   std::vector<std::string> variants = {"unguarded", "extra-collective", "guarded"};
 };
 
