@@ -150,7 +150,7 @@ int Main(int argc, char** argv) {
   // each step; how often depended on every other allocation in the process,
   // the guard's included (a profile of the guarded loop showed 70% more page
   // faults than the unguarded one, and the guard's measured overhead fell
-  // from 11 - 13% to about 2% with this). CPU trainers in production use
+  // from 11 - 13% to 1.9 - 5.3% with this). CPU trainers in production use
   // jemalloc or tcmalloc for the same reason; GPU memory is cached by the
   // CUDA allocator. Both loops of the overhead benchmark run with it.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
