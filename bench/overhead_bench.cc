@@ -1,24 +1,28 @@
 // ./sdc bench overhead: what sdc-guard costs a training step. Six CPU
-// processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer three times
-// per round, alternating: unguarded (a plain flat all-reduce and norm
-// clipping, as a DDP loop without sdc-guard), unguarded plus the guard's
-// agreement exchange alone (12 int64, MAX, run the guard's way: what that
-// one collective per step costs on this machine), and guarded (weight check every 10
-// steps, audit every 100, sdcd attached). Step time is the slowest rank's, after a
-// warm-up. The guard's own parts come from its per-step timings, and its
-// plain steps (no audit, no weight check) are set against the loop with one
-// more collective. --variants=...,guarded-no-sdcd adds the guard with no
-// coordinator configured, which splits the guard's cost between its own work
-// and the share of the CPUs that sdcd and the report streams take. Last
-// line: JSON.
+// processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer in three
+// loops per round: unguarded (a plain flat all-reduce and norm clipping, as a
+// DDP loop without sdc-guard), unguarded plus the guard's agreement exchange
+// alone (12 int64, MAX, run the guard's way: what that one collective per
+// step costs on this machine), and guarded (weight check every 10 steps,
+// audit every 100, sdcd attached). The loops run at the same time, each in
+// its own processes, and take turns of --turn_steps steps on the machine (a
+// turn starts and ends with a barrier, outside the timed steps). Step time
+// is the slowest rank's, after a warm-up. The guard's own parts come from
+// its per-step timings, and its plain steps (no audit, no weight check) are
+// set against the loop with one more collective.
+// --variants=...,guarded-no-sdcd adds the guard with no coordinator
+// configured, which splits the guard's cost between its own work and the
+// share of the CPUs that sdcd and the report streams take. Last line: JSON.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
-#include <sys/resource.h>
-#include <unistd.h>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,12 +39,13 @@ namespace {
 struct Args {
   int steps = 300;
   int rounds = 2;
-  int warmup = 5;
+  int warmup = 20;  // Two turns: the other loops start up during the first.
+  int turn_steps = 10;
   int audit_every = 100;
   int weight_every = 10;
   std::string out_dir;
-  // Which loops run, in this order in the first round (each later round
-  // starts one loop further on). The JSON's contract needs the first three;
+  // Which loops run, taking turns in this order in the first round (each
+  // later round starts one loop further on). The JSON's contract needs the first three;
   // guarded-no-sdcd (the guard with no coordinator configured: in-band
   // checks only, no report streams, no sdcd) splits the guard's cost between
   // its own work and the coordinator's share of the CPUs.
@@ -54,12 +59,15 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// User + system CPU time of this process's children that have ended.
-double ChildrenCpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_CHILDREN, &u);
-  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
+// Hands the turn to `name` (rename: readers never see a partial file).
+bool WriteTurn(const std::string& path, const std::string& name) {
+  const std::string tmp = path + ".bench";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 double Mean(const std::vector<double>& v) {
@@ -84,6 +92,8 @@ int Main(int argc, char** argv) {
       a.audit_every = flag.Number(1);
     } else if (arg == "--weight_check_every") {
       a.weight_every = flag.Number(1);
+    } else if (arg == "--turn_steps") {
+      a.turn_steps = flag.Number(1);
     } else if (arg == "--out_dir") {
       a.out_dir = flag.Value();
     } else if (arg == "--variants") {
@@ -96,7 +106,8 @@ int Main(int argc, char** argv) {
       }
     } else {
       flag.Unknown(
-          "known: --steps --rounds --warmup --audit_every --weight_check_every --variants --out_dir");
+          "known: --steps --rounds --warmup --turn_steps --audit_every --weight_check_every --variants "
+          "--out_dir");
     }
   }
   if (a.steps <= a.warmup || a.rounds < 1) return Fail("need --steps > --warmup and --rounds >= 1");
@@ -114,33 +125,58 @@ int Main(int argc, char** argv) {
   std::vector<double> unguarded, collective, guarded, audit_steps, plain_steps, weight_ms, check1_ms, audit_ms,
       agreement_ms, alone, alone_plain;
   // CPU seconds of every process a loop ran (trainers and sdcd, start-up
-  // included), per step: robust where wall time is not, on a shared machine.
+  // included), per step: a second view, less sensitive to waiting.
   std::map<std::string, std::vector<double>> cpu_ms;
+  std::vector<double> sdcd_cpu_ms;  // sdcd's share of the guarded loop's.
   for (int round = 0; round < a.rounds; ++round) {
-    // Each round starts one loop later, so every loop takes every place in
-    // the order (the machine drifts, and a fixed order turns drift into bias).
+    // The loops run at the same time and take turns of --turn_steps steps,
+    // so the machine's drift over minutes (other tenants) falls on all of
+    // them alike; run one after another, loops of identical code differed
+    // by up to 20% here. Each round, a different loop goes first.
+    std::vector<std::string> order;
     for (size_t i = 0; i < a.variants.size(); ++i) {
-      const std::string& name = a.variants[(i + round) % a.variants.size()];
-      const char* variant = name.c_str();
-      const bool guard = name == "guarded";
-      const bool extra = name == "extra-collective";
-      const bool no_sdcd = name == "guarded-no-sdcd";
+      order.push_back(a.variants[(i + round) % a.variants.size()]);
+    }
+    const std::string turn_file = absl::StrCat(a.out_dir, "/turn-", round);
+    if (!WriteTurn(turn_file, order.front())) return Fail("cannot write " + turn_file);
+    std::fprintf(stderr, "round %d/%d: %s, %d steps each, taking turns of %d steps...\n", round + 1,
+                 a.rounds, absl::StrJoin(order, ", ").c_str(), a.steps, a.turn_steps);
+    std::map<std::string, absl::StatusOr<demo::ClusterResult>> results;
+    for (const std::string& name : order) results.emplace(name, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& name = order[i];
       demo::ClusterConfig c;
-      c.run_dir = absl::StrCat(a.out_dir, "/", variant, "-", round);
+      c.run_dir = absl::StrCat(a.out_dir, "/", name, "-", round);
       c.steps = a.steps;
       c.audit_every = a.audit_every;
       c.weight_check_every = a.weight_every;
       c.checkpoint_every = 0;
-      c.unguarded = !guard && !no_sdcd;
-      c.extra_collective = extra;
-      c.no_coordinator = no_sdcd;
+      c.unguarded = name == "unguarded" || name == "extra-collective";
+      c.extra_collective = name == "extra-collective";
+      c.no_coordinator = name == "guarded-no-sdcd";
       c.job_id = absl::StrCat("overhead-", round);
-      std::fprintf(stderr, "round %d/%d: %s, %d steps...\n", round + 1, a.rounds,
-                   variant, a.steps);
-      const double cpu_before = ChildrenCpuSeconds();
-      absl::StatusOr<demo::ClusterResult> r = demo::RunCluster(c);
-      if (!r.ok()) return Fail(std::string(r.status().message()));
-      cpu_ms[name].push_back((ChildrenCpuSeconds() - cpu_before) * 1000 / a.steps);
+      c.turn_file = turn_file;
+      c.turn_name = name;
+      c.turn_next = order[(i + 1) % order.size()];
+      c.turn_steps = a.turn_steps;
+      c.timeout = absl::Minutes(90);
+      threads.emplace_back([c, name, &results, &turn_file] {
+        absl::StatusOr<demo::ClusterResult> r = demo::RunCluster(c);
+        // A loop that failed holds no turn: the others run freely to the end.
+        if (!r.ok()) WriteTurn(turn_file, "*");
+        results.at(name) = std::move(r);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::string& name : order) {
+      const absl::StatusOr<demo::ClusterResult>& r = results.at(name);
+      if (!r.ok()) return Fail(absl::StrCat(name, ": ", r.status().message()));
+      const bool guard = name == "guarded";
+      const bool extra = name == "extra-collective";
+      const bool no_sdcd = name == "guarded-no-sdcd";
+      cpu_ms[name].push_back(r->cpu_seconds * 1000 / a.steps);
+      if (guard) sdcd_cpu_ms.push_back(r->sdcd_cpu_seconds * 1000 / a.steps);
       if (guard && !r->incidents.empty()) return Fail("the guarded clean run raised an incident");
       // Slowest rank per step, and rank 0's record of what ran.
       std::map<int, double> slowest;
@@ -151,8 +187,8 @@ int Main(int argc, char** argv) {
       for (const auto& [step, ms] : slowest) {
         if (step > a.warmup) this_run.push_back(ms);
       }
-      std::fprintf(stderr, "  %s: %.2f ms a step, %.1f CPU ms a step (all processes)\n", variant,
-                   Mean(this_run), cpu_ms[name].back());
+      std::fprintf(stderr, "  %s: %.2f ms a step, %.1f CPU ms a step (all processes)\n",
+                   name.c_str(), Mean(this_run), cpu_ms[name].back());
       for (const demo::StepRecord& s : r->ranks[0]) {
         if (s.step <= a.warmup) continue;
         const double ms = slowest[s.step];
@@ -182,8 +218,8 @@ int Main(int argc, char** argv) {
   // Amortized at the cadence: one weight check every `weight_every` steps.
   const double weight_pct = Mean(weight_ms) / std::max(1, a.weight_every) / g * 100;
   const double check1_pct = Mean(check1_ms) / g * 100;
-  std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %d steps x %d rounds per variant\n", a.steps,
-              a.rounds);
+  std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %d steps x %d rounds per variant, "
+              "in turns of %d steps\n", a.steps, a.rounds, a.turn_steps);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
   if (!collective.empty()) {
     std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
@@ -204,6 +240,8 @@ int Main(int argc, char** argv) {
   const double cpu_overhead = (cpu_g - cpu_u) / cpu_u * 100;
   std::printf("%-40s %10.1f ms  unguarded, %.1f ms guarded (%+.2f%%)\n",
               "CPU a step, all processes", cpu_u, cpu_g, cpu_overhead);
+  std::printf("%-40s %10.1f ms  (%.2f%% of the guarded loop's)\n", "CPU a step, sdcd alone",
+              Mean(sdcd_cpu_ms), Mean(sdcd_cpu_ms) / cpu_g * 100);
   if (!alone.empty()) {
     std::printf("%-40s %10.1f ms  (the guard without sdcd and report streams)\n",
                 "CPU a step, guarded, no coordinator", Mean(cpu_ms["guarded-no-sdcd"]));
@@ -227,13 +265,15 @@ int Main(int argc, char** argv) {
       "\"extra_collective_ms\":%s,\"step_ms_guarded_plain\":%.3f,"
       "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
       "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
-      "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s}\n",
+      "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s,\"cpu_ms_per_step_sdcd\":%.2f,"
+      "\"turn_steps\":%d}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
       weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),
       number(!collective.empty(), x).c_str(), number(!collective.empty(), x - u).c_str(),
       Mean(plain_steps), number(!alone.empty(), Mean(alone)).c_str(),
       number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
-      number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str());
+      number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str(), Mean(sdcd_cpu_ms),
+      a.turn_steps);
   demo::Run({"rm", "-rf", a.out_dir});
   return 0;
 }

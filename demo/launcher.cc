@@ -226,6 +226,12 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
                                      "--progress=" + progress};
     if (c.unguarded) argv.push_back("--unguarded");
     if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
+    if (!c.turn_file.empty()) {
+      argv.push_back("--turn_file=" + c.turn_file);
+      argv.push_back("--turn_name=" + c.turn_name);
+      argv.push_back("--turn_next=" + c.turn_next);
+      argv.push_back(absl::StrCat("--turn_steps=", c.turn_steps));
+    }
     absl::StatusOr<Process> p =
         Process::Start(argv, absl::StrCat(c.run_dir, "/trainer-", r, ".log"), env);
     if (!p.ok()) return p.status();
@@ -294,6 +300,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     // The coordinator-restart scenario: a crash, then the same database.
     if (c.restart_coordinator_at >= 0 && !restarted && done_step >= c.restart_coordinator_at) {
       sdcd.Kill();
+      result.sdcd_cpu_seconds += sdcd.cpu_seconds();
       live.coordinator_up = false;
       live.last_event = absl::StrCat("sdcd killed (kill -9) after step ", done_step);
       if (c.on_tick) c.on_tick(live);
@@ -332,7 +339,10 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     }
     absl::SleepFor(absl::Milliseconds(250));
   }
-  for (Process& t : trainers) t.Stop(absl::Seconds(30));
+  for (Process& t : trainers) {
+    t.Stop(absl::Seconds(30));
+    result.cpu_seconds += t.cpu_seconds();
+  }
   result.wall = absl::Now() - start;
   ListCheckpoints(c.run_dir, &result);
   for (const auto& [step, ms] : slowest) result.step_ms.push_back(ms);
@@ -374,8 +384,10 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       sdcd.Release();
     } else {
       sdcd.Stop();
+      result.sdcd_cpu_seconds += sdcd.cpu_seconds();
     }
   }
+  result.cpu_seconds += result.sdcd_cpu_seconds;
   return result;
 }
 

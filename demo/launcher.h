@@ -81,6 +81,14 @@ struct ClusterConfig {
   // report streams, no sdcd process (what the guard costs without them).
   bool no_coordinator = false;
   bool keep_coordinator = false;      // Leave sdcd running after the run, detached.
+  // Turn-taking with other clusters on this machine (the overhead
+  // benchmark): when turn_file is set, the ranks run turn_steps steps at a
+  // time, each turn starting once the file names turn_name (or says "*"),
+  // and hand over by writing turn_next into it.
+  std::string turn_file;
+  std::string turn_name;
+  std::string turn_next;
+  int turn_steps = 10;
   std::string actuator = "dry-run";
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
   std::string trainer_binary;         // Default: BinaryPath("demo/sdc-trainer").
@@ -101,6 +109,8 @@ struct ClusterResult {
   int sdcd_pid = 0;          // When kept running.
   int coordinator_restarts = 0;
   absl::Duration wall;
+  double cpu_seconds = 0;       // Trainers and sdcd, user + system, whole life.
+  double sdcd_cpu_seconds = 0;  // sdcd's share of it.
   std::vector<double> step_ms;  // Per step, the slowest rank's time.
   // Checkpoint files in the run folder at the end, by step: final ones
   // (step-N.pt) and those still provisional (step-N.pt.provisional).

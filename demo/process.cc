@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -125,6 +126,7 @@ Process& Process::operator=(Process&& other) noexcept {
     log_path_ = std::move(other.log_path_);
     log_offset_ = other.log_offset_;
     exit_status_ = other.exit_status_;
+    cpu_seconds_ = other.cpu_seconds_;
     other.pid_ = -1;
   }
   return *this;
@@ -134,16 +136,20 @@ Process::~Process() {
   if (pid_ > 0) Kill();
 }
 
+bool Process::Reap(int options) {
+  int status = 0;
+  rusage usage{};
+  if (wait4(pid_, &status, options, &usage) != pid_) return false;
+  exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  cpu_seconds_ = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6 + usage.ru_stime.tv_sec +
+                 usage.ru_stime.tv_usec * 1e-6;
+  pid_ = -1;
+  return true;
+}
+
 bool Process::running() {
   if (pid_ <= 0) return false;
-  int status = 0;
-  const pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    pid_ = -1;
-    return false;
-  }
-  return true;
+  return !Reap(WNOHANG);
 }
 
 int Process::Stop(absl::Duration grace) {
@@ -162,10 +168,7 @@ void Process::Kill() {
   if (pid_ <= 0) return;
   kill(-pid_, SIGKILL);
   kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  pid_ = -1;
+  Reap(0);
 }
 
 std::string Process::Log() const {

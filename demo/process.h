@@ -55,12 +55,19 @@ class Process {
   // What the process wrote to its log (not what was there before it started).
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }
+  // User plus system CPU seconds the process used, once it has been reaped
+  // (after running() said false, Stop or Kill); 0 before.
+  double cpu_seconds() const { return cpu_seconds_; }
 
  private:
+  // wait4 with `options`; true once the process has been reaped.
+  bool Reap(int options);
+
   pid_t pid_ = -1;
   std::string log_path_;
   size_t log_offset_ = 0;
   int exit_status_ = 0;
+  double cpu_seconds_ = 0;
 };
 
 // Runs a command to completion; returns exit code and combined output.

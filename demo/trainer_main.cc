@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -51,6 +52,13 @@ ABSL_FLAG(bool, extra_collective, false,
           "With --unguarded: one more all-reduce (MAX of 12 int64) per step, the guard's "
           "agreement run the guard's way (SDC_SMALL_COLLECTIVES), to measure what that one "
           "collective costs here.");
+ABSL_FLAG(std::string, turn_file, "",
+          "Take turns with other clusters on this machine (the overhead benchmark): run "
+          "--turn_steps steps whenever this file names --turn_name (or says *), then write "
+          "--turn_next into it.");
+ABSL_FLAG(std::string, turn_name, "", "This cluster's name in --turn_file.");
+ABSL_FLAG(std::string, turn_next, "", "The cluster whose turn follows this one's.");
+ABSL_FLAG(int, turn_steps, 10, "Steps per turn.");
 
 namespace sdc::demo {
 namespace {
@@ -81,6 +89,56 @@ double PlainAllReduce(c10d::ProcessGroup& pg, std::vector<torch::Tensor>& params
   }
   return norm;
 }
+
+// Turn-taking between clusters sharing one machine, so that its drift (other
+// tenants, clocks) falls on each of them alike: the overhead benchmark runs
+// its loops this way. A turn starts once rank 0 reads its cluster's name in
+// the file and every rank has passed a barrier; it ends after a barrier,
+// with rank 0 naming the next cluster. Neither barrier is inside a timed
+// step.
+class Turns {
+ public:
+  Turns(c10d::ProcessGroup& pg, int rank, int first_step, int last_step)
+      : pg_(pg), rank_(rank), first_(first_step), last_(last_step),
+        file_(absl::GetFlag(FLAGS_turn_file)), name_(absl::GetFlag(FLAGS_turn_name)),
+        next_(absl::GetFlag(FLAGS_turn_next)), steps_(absl::GetFlag(FLAGS_turn_steps)) {}
+
+  // Before `step` is timed.
+  void Begin(int step) {
+    if (file_.empty() || (step - first_) % steps_ != 0) return;
+    if (rank_ == 0) {
+      while (true) {
+        std::ifstream in(file_);
+        std::string holder;
+        std::getline(in, holder);
+        if (holder == name_ || holder == "*") break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    pg_.barrier()->wait();
+  }
+
+  // After `step` is timed and recorded.
+  void End(int step) {
+    if (file_.empty() || ((step - first_ + 1) % steps_ != 0 && step != last_)) return;
+    pg_.barrier()->wait();
+    if (rank_ != 0) return;
+    const std::string tmp = file_ + "." + name_;
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << next_ << "\n";
+    }
+    if (std::rename(tmp.c_str(), file_.c_str()) != 0) {
+      Die(absl::StrCat("--turn_file: renaming ", tmp, ": ", std::strerror(errno)));
+    }
+  }
+
+ private:
+  c10d::ProcessGroup& pg_;
+  const int rank_, first_, last_;
+  const std::string file_, name_, next_;
+  const int steps_;
+};
 
 // Rank 0's checkpoint files: written provisional, renamed final when the
 // guard says they are confirmed, deleted when revoked.
@@ -159,6 +217,11 @@ int Main(int argc, char** argv) {
   if (rank < 0 || world < 1 || rank >= world) Die("--rank and --world_size: need 0 <= rank < world_size");
   if (absl::GetFlag(FLAGS_rendezvous).empty()) Die("--rendezvous: a FileStore path is required");
   if (absl::GetFlag(FLAGS_micro_batches) < 1) Die("--micro_batches: must be at least 1");
+  if (!absl::GetFlag(FLAGS_turn_file).empty() &&
+      (absl::GetFlag(FLAGS_turn_name).empty() || absl::GetFlag(FLAGS_turn_next).empty())) {
+    Die("--turn_file: needs --turn_name and --turn_next");
+  }
+  if (absl::GetFlag(FLAGS_turn_steps) < 1) Die("--turn_steps: must be at least 1");
   const std::string model_kind = absl::GetFlag(FLAGS_model);
   if (model_kind != "transformer" && model_kind != "bn-mlp") Die("--model: transformer or bn-mlp");
   torch::set_num_threads(1);  // Ranks share the CPUs; one thread keeps them deterministic.
@@ -229,7 +292,9 @@ int Main(int argc, char** argv) {
   if (rank == 0 && guard != nullptr && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     files = std::make_unique<CheckpointFiles>(absl::GetFlag(FLAGS_checkpoint_dir));
   }
+  Turns turns(*pg, rank, first, last);
   for (int step = first; step <= last; ++step) {
+    turns.Begin(step);
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<torch::Tensor>> batches;
     for (int m = 0; m < absl::GetFlag(FLAGS_micro_batches); ++m) {
@@ -284,6 +349,7 @@ int Main(int argc, char** argv) {
                       d.audit_ms, d.weight_ms)
                << std::endl;
     }
+    turns.End(step);
   }
   // Every replica must end with the same weights; the digest says so.
   const uint64_t digest = WeightsDigest(*model);
