@@ -43,7 +43,7 @@ struct Args {
   int turn_steps = 10;
   int audit_every = 100;
   int weight_every = 10;
-  std::string out_dir;
+  std::string out_dir;  // Given: kept afterwards (logs, progress). Default: a temporary one.
   // Which loops run, taking turns in this order in the first round (each
   // later round starts one loop further on). The JSON's contract needs the first three;
   // guarded-no-sdcd (the guard with no coordinator configured: in-band
@@ -117,6 +117,7 @@ int Main(int argc, char** argv) {
   if (!runs("unguarded") || !runs("guarded")) {
     return Fail("--variants must include unguarded and guarded (the overhead is between them)");
   }
+  const bool keep = !a.out_dir.empty();
   if (a.out_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     a.out_dir = absl::StrCat(tmp ? tmp : "/tmp", "/sdc-overhead-", getpid());
@@ -274,7 +275,11 @@ int Main(int argc, char** argv) {
       number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
       number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str(), Mean(sdcd_cpu_ms),
       a.turn_steps);
-  demo::Run({"rm", "-rf", a.out_dir});
+  if (keep) {
+    std::fprintf(stderr, "runs kept in %s\n", a.out_dir.c_str());
+  } else {
+    demo::Run({"rm", "-rf", a.out_dir});
+  }
   return 0;
 }
 
