@@ -62,6 +62,7 @@ StepRecord ToRecord(const std::map<std::string, std::string>& f) {
   r.agreement_ms = num("agreement_ms");
   r.audit_ms = num("audit_ms");
   r.weight_ms = num("weight_ms");
+  r.end_unix_ms = num("end_unix_ms");
   return r;
 }
 

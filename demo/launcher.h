@@ -37,6 +37,7 @@ struct StepRecord {
   double agreement_ms = 0;
   double audit_ms = 0;
   double weight_ms = 0;
+  double end_unix_ms = 0;  // When the step ended, milliseconds since the epoch.
 };
 
 // Live numbers for a progress display.

@@ -22,8 +22,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/guard.h"
 #include "client/options.h"
 #include "client/small_collectives.h"
@@ -341,12 +343,13 @@ int Main(int argc, char** argv) {
                       "{\"step\":%d,\"rank\":%d,\"loss\":%.6f,\"apply\":%s,\"reason\":\"%s\","
                       "\"audited\":%s,\"outcome\":\"%s\",\"unverified\":%s,\"norm\":%.6f,"
                       "\"repaired\":%s,\"checkpoint\":\"%s\",\"ms\":%.3f,\"check1_ms\":%.3f,\"agreement_ms\":%.3f,"
-                      "\"audit_ms\":%.3f,\"weight_ms\":%.3f}",
+                      "\"audit_ms\":%.3f,\"weight_ms\":%.3f,\"end_unix_ms\":%.3f}",
                       step, rank, loss, d.apply ? "true" : "false", d.reason,
                       d.audited ? "true" : "false", d.audit_outcome,
                       d.audit_unverified ? "true" : "false", d.grad_norm,
                       d.repaired ? "true" : "false", checkpoint_result, ms, d.check1_ms, d.agreement_ms,
-                      d.audit_ms, d.weight_ms)
+                      d.audit_ms, d.weight_ms,
+                      absl::ToDoubleMilliseconds(absl::Now() - absl::UnixEpoch()))
                << std::endl;
     }
     turns.End(step);

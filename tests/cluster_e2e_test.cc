@@ -6,8 +6,12 @@
 // vetoed, and a replacement request is opened. Facts come from sdcd's admin
 // API and the trainers' per-step records, never from prose.
 
+#include <algorithm>
+#include <fstream>
 #include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -164,6 +168,51 @@ TEST(ClusterTest, FaultyReplayerIsSettledByATieBreak) {
   ASSERT_GE(r->requests.size(), 1u);
   EXPECT_EQ(r->requests[0].node_name(), "node-c");
   ExpectIdenticalReplicas(*r);
+}
+
+// The overhead benchmark's turn-taking: two clusters on one machine run
+// their steps in alternating turns, never at the same time, and both finish.
+TEST(ClusterTest, ClustersTakeTurns) {
+  const std::string turn_file = TestDir("turns") + "/turn";
+  { std::ofstream(turn_file) << "plain\n"; }
+  auto config = [&](const std::string& name, const std::string& next) {
+    ClusterConfig c = FastCluster(name, "");
+    c.nodes = 2;
+    c.gpus_per_node = 1;
+    c.model = "bn-mlp";
+    c.steps = 8;
+    c.checkpoint_every = 0;
+    c.unguarded = name == "plain";
+    c.turn_file = turn_file;
+    c.turn_name = name;
+    c.turn_next = next;
+    c.turn_steps = 2;
+    return c;
+  };
+  absl::StatusOr<ClusterResult> plain = absl::UnknownError("not run");
+  absl::StatusOr<ClusterResult> guarded = absl::UnknownError("not run");
+  std::thread other([&] { guarded = RunCluster(config("guarded", "plain")); });
+  plain = RunCluster(config("plain", "guarded"));
+  other.join();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  // Every step of every rank, in the order the steps ended.
+  std::vector<std::tuple<double, std::string, int>> ended;
+  for (const auto& [name, r] : {std::pair{"plain", &*plain}, std::pair{"guarded", &*guarded}}) {
+    for (const auto& rank : r->ranks) {
+      ASSERT_EQ(rank.size(), 8u) << name;
+      for (const StepRecord& s : rank) ended.emplace_back(s.end_unix_ms, name, s.step);
+    }
+  }
+  std::sort(ended.begin(), ended.end());
+  // Two steps of one, two of the other: [1, 2] plain, [1, 2] guarded, [3, 4] plain, ...
+  std::vector<std::string> turns;
+  for (const auto& [when, name, step] : ended) {
+    const std::string turn = absl::StrCat(name, " ", (step - 1) / 2);
+    if (turns.empty() || turns.back() != turn) turns.push_back(turn);
+  }
+  EXPECT_THAT(turns, ElementsAre("plain 0", "guarded 0", "plain 1", "guarded 1", "plain 2",
+                                 "guarded 2", "plain 3", "guarded 3"));
 }
 
 }  // namespace
