@@ -7,7 +7,9 @@
 // handing out each step's reports (4).
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
-// and replay). Steps are paced at --rate.
+// and replay), in the client's order: audit results, then (after the verdict
+// or the client's 2 s verdict wait) the step report, then the weights.
+// Steps are paced at --rate.
 //
 // Measured: the step rate sustained (steps over the time from the first
 // report to the last acknowledgement); acknowledgement latency of every
@@ -62,6 +64,7 @@ struct Args {
   uint64_t first_step = 91;
   uint32_t steps = 30;
   double rate = 1.0;
+  absl::Duration verdict_wait = absl::Seconds(2);  // As GuardOptions::verdict_wait.
 };
 
 int Fail(const std::string& what) {
@@ -348,6 +351,7 @@ int LoadGen(const Args& a) {
   const absl::Time start = absl::Now();
   std::vector<absl::Time> audit_started;
   std::vector<double> burst_ms;  // How long the load generator took to send each step.
+  std::atomic<uint32_t> unverified{0};  // Ranks whose verdict wait ran out.
   for (uint32_t i = 0; i < a.steps; ++i) {
     if (i > 0) burst_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start) - (i - 1) * 1000 / a.rate);
     const core::Step step = a.first_step + i;
@@ -361,9 +365,41 @@ int LoadGen(const Args& a) {
       plan = core::PlanFullAudit(topology, step / 100);
     }
     // Ranks are independent: `senders` threads share them out, each keeping
-    // its ranks' messages in order (step report, weights, audit).
+    // its ranks' messages in the order the client sends them: on an audit
+    // step the audit results (original and replay), then, once the rank
+    // holds the verdict or its bounded wait ran out, the step report; every
+    // 10th step the weight report after the optimizer step.
     auto send_share = [&](uint32_t share) {
       auto mine = [&](core::Rank r) { return r % senders == share; };
+      if (audit) {
+        for (core::Rank r = share; r < a.ranks; r += senders) {
+          send(r, step, [&](v1::Report* rep) {
+            v1::AuditResult* x = rep->mutable_audit();
+            x->set_role(v1::ORIGINAL);
+            x->set_subject(r);
+            x->set_loss_bits(0x3ff0000000000000ull + r);
+            x->set_gradient_digest(r * 31 + 7);
+          }, now);
+        }
+        for (const core::Assignment& as : plan.assignments) {
+          if (!mine(as.replayer)) continue;
+          send(as.replayer, step, [&](v1::Report* rep) {
+            v1::AuditResult* x = rep->mutable_audit();
+            x->set_role(v1::REPLAY);
+            x->set_subject(as.subject);
+            x->set_loss_bits(0x3ff0000000000000ull + as.subject);
+            x->set_gradient_digest(as.subject * 31 + 7);
+          }, now);
+        }
+        // The client's verdict wait (GuardOptions::verdict_wait).
+        const absl::Time give_up = now + a.verdict_wait;
+        for (core::Rank r = share; r < a.ranks; r += senders) {
+          while (streams[r]->verdict().first <= now && absl::Now() < give_up) {
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+          if (streams[r]->verdict().first <= now) unverified.fetch_add(1);
+        }
+      }
       for (core::Rank r = share; r < a.ranks; r += senders) {
         send(r, step, [](v1::Report* rep) {
           v1::StepReport* s = rep->mutable_step_report();
@@ -377,26 +413,6 @@ int LoadGen(const Args& a) {
           send(r, step, [&](v1::Report* rep) { *rep->mutable_weights() = weights; }, now);
         }
       }
-      if (!audit) return;
-      for (core::Rank r = share; r < a.ranks; r += senders) {
-        send(r, step, [&](v1::Report* rep) {
-          v1::AuditResult* x = rep->mutable_audit();
-          x->set_role(v1::ORIGINAL);
-          x->set_subject(r);
-          x->set_loss_bits(0x3ff0000000000000ull + r);
-          x->set_gradient_digest(r * 31 + 7);
-        }, now);
-      }
-      for (const core::Assignment& as : plan.assignments) {
-        if (!mine(as.replayer)) continue;
-        send(as.replayer, step, [&](v1::Report* rep) {
-          v1::AuditResult* x = rep->mutable_audit();
-          x->set_role(v1::REPLAY);
-          x->set_subject(as.subject);
-          x->set_loss_bits(0x3ff0000000000000ull + as.subject);
-          x->set_gradient_digest(as.subject * 31 + 7);
-        }, now);
-      }
     };
     std::vector<std::thread> threads;
     for (uint32_t t = 0; t < senders; ++t) threads.emplace_back(send_share, t);
@@ -405,6 +421,10 @@ int LoadGen(const Args& a) {
   burst_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start) - (a.steps - 1) * 1000 / a.rate);
   std::fprintf(stderr, "loadgen: sending one step took p50 %.0f ms, max %.0f ms\n",
                Percentile(burst_ms, 0.5), Percentile(burst_ms, 1.0));
+  if (!audit_started.empty()) {
+    std::fprintf(stderr, "loadgen: %u of %u ranks went on without a verdict (the 2 s wait ran out)\n",
+                 unverified.load(), a.ranks * static_cast<uint32_t>(audit_started.size()));
+  }
   // Wait for every acknowledgement.
   const absl::Time drain_deadline = absl::Now() + absl::Minutes(5);
   for (core::Rank r = 0; r < a.ranks; ++r) {
@@ -442,12 +462,13 @@ int LoadGen(const Args& a) {
               "\"steps_per_s_sustained\":%.3f,\"report_p50_ms\":%.1f,\"report_p99_ms\":%.1f,"
               "\"step_report_p99_ms\":%.1f,\"weight_report_p99_ms\":%.1f,"
               "\"report_p99_from_step_start_ms\":%.1f,"
-              "\"audit_verdict_p99_ms\":%.1f,\"audit_verdicts\":%zu,\"audit_pass\":%d}\n",
+              "\"audit_verdict_p99_ms\":%.1f,\"audit_verdicts\":%zu,\"audit_pass\":%d,"
+              "\"audit_unverified_ranks\":%u}\n",
               a.ranks, connections, a.steps, reports, a.steps / seconds,
               Percentile(latencies, 0.5), Percentile(latencies, 0.99),
               Percentile(others, 0.99), Percentile(weight_acks, 0.99),
               Percentile(scheduled, 0.99),
-              Percentile(verdicts, 0.99), verdicts.size(), passed);
+              Percentile(verdicts, 0.99), verdicts.size(), passed, unverified.load());
   std::fflush(stdout);
   for (auto& s : streams) s->Close();
   absl::SleepFor(absl::Seconds(1));
