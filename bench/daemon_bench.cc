@@ -29,6 +29,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/convert.h"
@@ -352,6 +354,8 @@ int LoadGen(const Args& a) {
   std::vector<absl::Time> audit_started;
   std::vector<double> burst_ms;  // How long the load generator took to send each step.
   std::atomic<uint32_t> unverified{0};  // Ranks whose verdict wait ran out.
+  absl::Mutex audits_out_mu;
+  absl::Time audits_out;  // The last audit result of the audit step handed out.
   for (uint32_t i = 0; i < a.steps; ++i) {
     if (i > 0) burst_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start) - (i - 1) * 1000 / a.rate);
     const core::Step step = a.first_step + i;
@@ -391,6 +395,10 @@ int LoadGen(const Args& a) {
             x->set_gradient_digest(as.subject * 31 + 7);
           }, now);
         }
+        {
+          absl::MutexLock lock(&audits_out_mu);
+          audits_out = std::max(audits_out, absl::Now());
+        }
         // The client's verdict wait (GuardOptions::verdict_wait).
         const absl::Time give_up = now + a.verdict_wait;
         for (core::Rank r = share; r < a.ranks; r += senders) {
@@ -419,6 +427,11 @@ int LoadGen(const Args& a) {
     for (auto& t : threads) t.join();
   }
   burst_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start) - (a.steps - 1) * 1000 / a.rate);
+  {
+    std::string each;
+    for (double ms : burst_ms) absl::StrAppend(&each, " ", static_cast<int>(ms));
+    std::fprintf(stderr, "loadgen: each step's end after its scheduled start, ms:%s\n", each.c_str());
+  }
   std::fprintf(stderr, "loadgen: sending one step took p50 %.0f ms, max %.0f ms\n",
                Percentile(burst_ms, 0.5), Percentile(burst_ms, 1.0));
   if (!audit_started.empty()) {
@@ -456,6 +469,14 @@ int LoadGen(const Args& a) {
       passed += outcome == v1::PASS ? 1 : 0;
     }
   }
+  if (!verdicts.empty()) {
+    std::fprintf(stderr,
+                 "loadgen: audit step: audit results handed out by %.0f ms; verdicts from %.0f "
+                 "to %.0f ms (p99 %.0f ms)\n",
+                 absl::ToDoubleMilliseconds(audits_out - audit_started.back()),
+                 Percentile(verdicts, 0.0), Percentile(verdicts, 1.0),
+                 Percentile(verdicts, 0.99));
+  }
   const double seconds = absl::ToDoubleSeconds(last_ack - start);
   const size_t reports = latencies.size();
   std::printf("{\"ranks\":%u,\"connections\":%u,\"steps\":%u,\"reports\":%zu,"
@@ -482,6 +503,20 @@ double PeakRssMib(pid_t pid) {
     if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
   }
   return -1;
+}
+
+// User and system CPU seconds `pid` has used so far.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces): state is field 3,
+  // utime and stime are fields 14 and 15.
+  std::vector<std::string> f = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+  double ticks = 0;
+  if (f.size() < 13 || !absl::SimpleAtod(f[11], &ticks)) return -1;
+  double stime = 0;
+  if (!absl::SimpleAtod(f[12], &stime)) return -1;
+  return (ticks + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double FileMib(const std::string& path) {
@@ -514,6 +549,7 @@ int Bench(const Args& a, const char* self) {
                                    absl::StrCat("--rate=", a.rate)};
   testing::RunResult load = testing::Run(argv, {}, absl::Minutes(20));
   const double rss = PeakRssMib((*sdcd)->process().pid());
+  const double cpu = CpuSeconds((*sdcd)->process().pid());
   const double db = FileMib((*sdcd)->db());
   (*sdcd)->process().Stop();
   const size_t json_at = load.output.rfind("{\"ranks\"");
@@ -527,7 +563,8 @@ int Bench(const Args& a, const char* self) {
   std::fprintf(stderr, "%s", load.output.substr(0, json_at).c_str());
   std::printf("sdcd under %u ranks: see the JSON line below (sdcd peak RSS %.0f MiB, database %.1f MiB)\n",
               a.ranks, rss, db);
-  std::printf("%s,\"daemon_peak_rss_mib\":%.0f,\"db_mib\":%.1f}\n", json.c_str(), rss, db);
+  std::printf("%s,\"daemon_peak_rss_mib\":%.0f,\"db_mib\":%.1f,\"daemon_cpu_s\":%.1f}\n",
+              json.c_str(), rss, db, cpu);
   testing::Run({"rm", "-rf", dir});
   return 0;
 }
