@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -396,40 +397,27 @@ absl::StatusOr<v1::RequestState> ParseRequestState(absl::string_view text) {
                    "\" (want pending, approved, executing, done, failed, denied or expired)"));
 }
 
+namespace {
+
+// The word sdcctl shows for an enum value: its name in the .proto less
+// `prefix`, in lower case, capitalized when `capitalize`; "unknown" for the
+// UNSPECIFIED value and for a value newer than this sdcctl.
+std::string EnumWord(const std::string& proto_name, absl::string_view prefix, bool capitalize) {
+  std::string word = proto_name.empty() || absl::EndsWith(proto_name, "_UNSPECIFIED")
+                         ? "unknown"
+                         : absl::AsciiStrToLower(absl::StripPrefix(proto_name, prefix));
+  if (capitalize) word[0] = absl::ascii_toupper(word[0]);
+  return word;
+}
+
+}  // namespace
+
 std::string StateName(v1::RequestState state) {
-  switch (state) {
-    case v1::PENDING:
-      return "Pending";
-    case v1::APPROVED:
-      return "Approved";
-    case v1::EXECUTING:
-      return "Executing";
-    case v1::DONE:
-      return "Done";
-    case v1::FAILED:
-      return "Failed";
-    case v1::DENIED:
-      return "Denied";
-    case v1::EXPIRED:
-      return "Expired";
-    default:
-      return "Unknown";
-  }
+  return EnumWord(v1::RequestState_Name(state), "", /*capitalize=*/true);
 }
 
 std::string CheckName(v1::CheckKind check) {
-  switch (check) {
-    case v1::CHECK_NONFINITE:
-      return "nonfinite";
-    case v1::CHECK_REDUCED_GRADIENTS:
-      return "reduced_gradients";
-    case v1::CHECK_REPLAY:
-      return "replay";
-    case v1::CHECK_WEIGHTS:
-      return "weights";
-    default:
-      return "unknown";
-  }
+  return EnumWord(v1::CheckKind_Name(check), "CHECK_", /*capitalize=*/false);
 }
 
 std::string FormatAge(int64_t seconds) {
@@ -652,31 +640,11 @@ std::string FormatDecision(const v1::ReplacementRequest& r, bool approved, bool 
 // Nodes and diagnostics
 
 std::string NodeStatusName(v1::NodeStatus status) {
-  switch (status) {
-    case v1::NODE_READY:
-      return "Ready";
-    case v1::NODE_STALE:
-      return "Stale";
-    case v1::NODE_DISCONNECTED:
-      return "Disconnected";
-    default:
-      return "Unknown";
-  }
+  return EnumWord(v1::NodeStatus_Name(status), "NODE_", /*capitalize=*/true);
 }
 
 std::string DiagnosticStateName(v1::DiagnosticState state) {
-  switch (state) {
-    case v1::DIAGNOSTIC_RUNNING:
-      return "Running";
-    case v1::DIAGNOSTIC_PASSED:
-      return "Passed";
-    case v1::DIAGNOSTIC_FAILED:
-      return "Failed";
-    case v1::DIAGNOSTIC_ERROR:
-      return "Error";
-    default:
-      return "Unknown";
-  }
+  return EnumWord(v1::DiagnosticState_Name(state), "DIAGNOSTIC_", /*capitalize=*/true);
 }
 
 namespace {

@@ -1082,6 +1082,10 @@ TEST(NamesTest, NodeStatusesAndDiagnosticStates) {
   EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_FAILED), "Failed");
   EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_ERROR), "Error");
   EXPECT_EQ(DiagnosticStateName(v1::DIAGNOSTIC_STATE_UNSPECIFIED), "Unknown");
+  // A value from a newer sdcd.
+  EXPECT_EQ(DiagnosticStateName(static_cast<v1::DiagnosticState>(99)), "Unknown");
+  EXPECT_EQ(StateName(static_cast<v1::RequestState>(99)), "Unknown");
+  EXPECT_EQ(CheckName(static_cast<v1::CheckKind>(99)), "unknown");
 }
 
 }  // namespace
