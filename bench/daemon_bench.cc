@@ -435,8 +435,9 @@ int LoadGen(const Args& a) {
   std::fprintf(stderr, "loadgen: sending one step took p50 %.0f ms, max %.0f ms\n",
                Percentile(burst_ms, 0.5), Percentile(burst_ms, 1.0));
   if (!audit_started.empty()) {
-    std::fprintf(stderr, "loadgen: %u of %u ranks went on without a verdict (the 2 s wait ran out)\n",
-                 unverified.load(), a.ranks * static_cast<uint32_t>(audit_started.size()));
+    std::fprintf(stderr, "loadgen: %u of %u ranks went on without a verdict (the %s wait ran out)\n",
+                 unverified.load(), a.ranks * static_cast<uint32_t>(audit_started.size()),
+                 absl::FormatDuration(a.verdict_wait).c_str());
   }
   // Wait for every acknowledgement.
   const absl::Time drain_deadline = absl::Now() + absl::Minutes(5);
@@ -511,12 +512,14 @@ double CpuSeconds(pid_t pid) {
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // Fields after the command name (which may hold spaces): state is field 3,
   // utime and stime are fields 14 and 15.
-  std::vector<std::string> f = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
-  double ticks = 0;
-  if (f.size() < 13 || !absl::SimpleAtod(f[11], &ticks)) return -1;
-  double stime = 0;
-  if (!absl::SimpleAtod(f[12], &stime)) return -1;
-  return (ticks + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  const size_t name_end = stat.rfind(')');
+  if (name_end == std::string::npos) return -1;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(name_end + 2), ' ');
+  double utime = 0, stime = 0;  // In clock ticks.
+  if (f.size() < 13 || !absl::SimpleAtod(f[11], &utime) || !absl::SimpleAtod(f[12], &stime)) {
+    return -1;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double FileMib(const std::string& path) {
