@@ -129,6 +129,7 @@ int Main(int argc, char** argv) {
   // included), per step: a second view, less sensitive to waiting.
   std::map<std::string, std::vector<double>> cpu_ms;
   std::vector<double> sdcd_cpu_ms;  // sdcd's share of the guarded loop's.
+  std::vector<std::string> round_overheads;  // overhead_pct of each round alone.
   for (int round = 0; round < a.rounds; ++round) {
     // The loops run at the same time and take turns of --turn_steps steps,
     // so the machine's drift over minutes (other tenants) falls on all of
@@ -170,6 +171,7 @@ int Main(int argc, char** argv) {
       });
     }
     for (std::thread& t : threads) t.join();
+    const size_t unguarded_before = unguarded.size(), guarded_before = guarded.size();
     for (const std::string& name : order) {
       const absl::StatusOr<demo::ClusterResult>& r = results.at(name);
       if (!r.ok()) return Fail(absl::StrCat(name, ": ", r.status().message()));
@@ -212,8 +214,14 @@ int Main(int argc, char** argv) {
         agreement_ms.push_back(s.agreement_ms);
       }
     }
+    const std::vector<double> u_round(unguarded.begin() + unguarded_before, unguarded.end());
+    const std::vector<double> g_round(guarded.begin() + guarded_before, guarded.end());
+    const double round_pct = (Mean(g_round) - Mean(u_round)) / Mean(u_round) * 100;
+    round_overheads.push_back(absl::StrFormat("%.3f", round_pct));
+    std::fprintf(stderr, "  round %d: guarded %+.2f%% over unguarded\n", round + 1, round_pct);
   }
   const double u = Mean(unguarded), g = Mean(guarded), x = Mean(collective);
+  const std::string by_round = absl::StrJoin(round_overheads, ",");
   const double overhead = (g - u) / u * 100;
   const double audit_ratio = audit_steps.empty() ? -1 : Mean(audit_steps) / Mean(plain_steps);
   // Amortized at the cadence: one weight check every `weight_every` steps.
@@ -267,14 +275,14 @@ int Main(int argc, char** argv) {
       "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
       "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
       "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s,\"cpu_ms_per_step_sdcd\":%.2f,"
-      "\"turn_steps\":%d}\n",
+      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s]}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
       weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),
       number(!collective.empty(), x).c_str(), number(!collective.empty(), x - u).c_str(),
       Mean(plain_steps), number(!alone.empty(), Mean(alone)).c_str(),
       number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
       number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str(), Mean(sdcd_cpu_ms),
-      a.turn_steps);
+      a.turn_steps, by_round.c_str());
   if (keep) {
     std::fprintf(stderr, "runs kept in %s\n", a.out_dir.c_str());
   } else {
