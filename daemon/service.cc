@@ -245,6 +245,13 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
       RequestFinish(refused);
       return;
     }
+    // A parsed message keeps what it allocated for the next one, strings
+    // included: the Hello's tensor names (1,000 strings) would stay in every
+    // stream for good, and a weight report's 24 KB until the next. Let go of
+    // them; step reports reuse the small message.
+    if (in_.has_hello() || (in_.has_report() && in_.report().has_weights())) {
+      v1::TrainerMessage().Swap(&in_);
+    }
     StartRead();
   }
 
