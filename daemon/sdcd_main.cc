@@ -3,6 +3,7 @@
 // docs/ARCHITECTURE.md ("sdcd") and docs/operations.md.
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -379,6 +380,7 @@ int Main(int argc, char** argv) {
 
   // Deadlines and expiry, once a second; health follows the store.
   std::thread ticker([&] {
+    pthread_setname_np(pthread_self(), "sdc-ticker");
     while (!g_stop) {
       core::Effects e = coordinator.Tick();
       log_effects(e);
@@ -392,6 +394,7 @@ int Main(int argc, char** argv) {
   });
   // Approved requests run through the actuator, outside every lock.
   std::thread actuator_loop([&] {
+    pthread_setname_np(pthread_self(), "sdc-actuator");
     while (!g_stop) {
       {
         absl::MutexLock lock(&wake_mu);

@@ -1,5 +1,7 @@
 #include "daemon/service.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
@@ -397,7 +399,10 @@ void TrainerService::Start() {
   for (auto& q : queues_) {
     grpc::ServerCompletionQueue* queue = q.get();
     AttachCall::Arm(this, queue);
-    threads_.emplace_back([this, queue] { Serve(queue); });
+    threads_.emplace_back([this, queue] {
+      pthread_setname_np(pthread_self(), "sdc-streams");  // For top -H and perf.
+      Serve(queue);
+    });
   }
 }
 

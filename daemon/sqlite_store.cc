@@ -1,5 +1,6 @@
 #include "daemon/sqlite_store.h"
 
+#include <pthread.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -278,8 +279,15 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
 }
 
 SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {
-  writer_ = std::thread([this] { WriterMain(); });
-  notifier_ = std::thread([this] { NotifierMain(); });
+  // Named for top -H and perf.
+  writer_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sdc-store");
+    WriterMain();
+  });
+  notifier_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sdc-store-done");
+    NotifierMain();
+  });
 }
 
 SqliteStore::~SqliteStore() {
