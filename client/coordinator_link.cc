@@ -2,7 +2,9 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <random>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "client/channel.h"
@@ -17,6 +19,13 @@ bool Rejects(grpc::StatusCode code) {
          code == grpc::StatusCode::FAILED_PRECONDITION ||
          code == grpc::StatusCode::ALREADY_EXISTS || code == grpc::StatusCode::NOT_FOUND ||
          code == grpc::StatusCode::OUT_OF_RANGE;
+}
+
+// A report that may wait for company: a clean step's (see report_linger).
+bool CanWait(const decltype(core::Report::body)& body) {
+  const auto* s = std::get_if<core::StepReport>(&body);
+  return s != nullptr && s->applied && s->local_nonfinite == 0 && s->reduced_nonfinite == 0 &&
+         !s->audit_unverified;
 }
 
 }  // namespace
@@ -58,7 +67,8 @@ void CoordinatorLink::Stop(absl::Duration flush) {
 uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) body) {
   absl::MutexLock lock(&mu_);
   const uint64_t sequence = next_sequence_++;
-  buffer_.push_back({step, std::move(body), sequence});
+  const bool can_wait = CanWait(body);
+  buffer_.push_back({step, std::move(body), sequence, absl::Now(), can_wait});
   ++stats_.sent;
   while (buffer_.size() > options_.report_buffer) {
     // Never block training: the oldest unacknowledged report goes.
@@ -147,29 +157,18 @@ void CoordinatorLink::Session() {
     session_open_ = false;
     reader_done_ = true;
   });
-  // The writer: sends buffered reports in order as they come.
+  // The writer: sends buffered reports in order, those that came together
+  // in one write to the socket (every message but the last is buffered).
   while (ok) {
-    Pending next;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        if (stop_ || reader_done_) return true;
-        if (!session_open_) return false;
-        return !buffer_.empty() && buffer_.back().sequence >= next_to_write_;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stop_ || reader_done_) break;
-      if (!session_open_ || buffer_.empty() || buffer_.back().sequence < next_to_write_) continue;
-      // The buffer is ordered: find the next report to write.
-      auto it = std::lower_bound(
-          buffer_.begin(), buffer_.end(), next_to_write_,
-          [](const Pending& p, uint64_t s) { return p.sequence < s; });
-      next = *it;
-      next_to_write_ = next.sequence + 1;
+    const std::vector<Pending> due = NextWrites();
+    if (due.empty()) break;
+    for (size_t i = 0; i < due.size() && ok; ++i) {
+      v1::TrainerMessage m;
+      *m.mutable_report() = Build(due[i]);
+      grpc::WriteOptions options;
+      if (i + 1 < due.size()) options.set_buffer_hint();
+      ok = stream->Write(m, options);
     }
-    v1::TrainerMessage m;
-    *m.mutable_report() = Build(next);
-    ok = stream->Write(m);
   }
   context.TryCancel();
   reader.join();
@@ -195,6 +194,37 @@ void CoordinatorLink::Session() {
     for (Pending& p : buffer_) p.sequence = s++;
     next_sequence_ = s;
   }
+}
+
+std::vector<CoordinatorLink::Pending> CoordinatorLink::NextWrites() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_ && !reader_done_) {
+    const absl::Time now = absl::Now();
+    absl::Time wake = now + absl::Seconds(1);
+    // The buffer is ordered: the first report not yet written this session.
+    auto first = std::lower_bound(buffer_.begin(), buffer_.end(), next_to_write_,
+                                  [](const Pending& p, uint64_t s) { return p.sequence < s; });
+    if (session_open_ && first != buffer_.end()) {
+      const absl::Time due = first->queued + options_.report_linger;
+      if (flushing_ > 0 || now >= due ||
+          std::any_of(first, buffer_.end(), [](const Pending& p) { return !p.can_wait; })) {
+        std::vector<Pending> out(first, buffer_.end());
+        next_to_write_ = out.back().sequence + 1;
+        return out;
+      }
+      wake = std::min(wake, due);
+    }
+    // Until the deadline, or until something that may change the answer.
+    const bool open = session_open_;
+    const uint64_t queued = next_sequence_;
+    const int flushing = flushing_;
+    auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stop_ || reader_done_ || session_open_ != open || next_sequence_ != queued ||
+             flushing_ != flushing;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
+  }
+  return {};
 }
 
 std::vector<v1::CoordinatorMessage> CoordinatorLink::TakeMessages() {
@@ -262,8 +292,11 @@ absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::CheckpointStatus(absl::D
 
 bool CoordinatorLink::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  ++flushing_;  // Reports waiting for company go now.
   auto empty = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return buffer_.empty(); };
-  return mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
+  const bool flushed = mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
+  --flushing_;
+  return flushed;
 }
 
 CoordinatorLink::Stats CoordinatorLink::stats() const {

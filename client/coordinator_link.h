@@ -13,6 +13,13 @@
 // reports behind it are renumbered (none of them was accepted). When the
 // buffer overflows the oldest reports are dropped and counted.
 //
+// A clean step's report waits up to options.report_linger for company:
+// anything else (a NaN, a skipped step, audit results, weights), a Flush, or
+// the oldest waiting report's time running out sends every waiting report
+// at once, in order, in one write to the socket. sdcd then reads, commits
+// and acknowledges them together: with steps of a few hundred milliseconds,
+// a third of the wake-ups on both sides.
+//
 // Thread-safe.
 
 #include <deque>
@@ -80,11 +87,16 @@ class CoordinatorLink {
     core::Step step;
     decltype(core::Report::body) body;
     uint64_t sequence;
+    absl::Time queued;
+    bool can_wait;  // A clean step's report (see report_linger).
   };
 
   void Run();
   // One connection's life; returns when the stream ends.
   void Session();
+  // Blocks until reports are due (see the top of this file) and returns
+  // them; empty once the session ends or the link stops.
+  std::vector<Pending> NextWrites();
   v1::Report Build(const Pending& p) const;
 
   const GuardOptions options_;
@@ -100,6 +112,7 @@ class CoordinatorLink {
   bool session_open_ ABSL_GUARDED_BY(mu_) = false;  // Welcome received, stream alive.
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;   // The session's stream ended.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Callers in Flush(): nothing waits.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::AuditVerdict> verdicts_ ABSL_GUARDED_BY(mu_);

@@ -101,6 +101,11 @@ absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
   }
   if (absl::Status s = ReadInt("SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
   if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
+  if (absl::Status s = ReadMillis("SDC_REPORT_LINGER_MS", &o.report_linger); !s.ok()) return s;
+  if (o.report_linger > absl::Seconds(60)) {
+    // sdcd waits --report_deadline (default 120 s) for a step's reports.
+    return absl::InvalidArgumentError("SDC_REPORT_LINGER_MS: at most 60000");
+  }
   if (absl::Status s = ReadInt("SDC_BUCKET_BYTES", &o.bucket_bytes); !s.ok()) return s;
   if (o.bucket_bytes < 4096) {
     return absl::InvalidArgumentError("SDC_BUCKET_BYTES: must be at least 4096");

@@ -49,6 +49,12 @@ struct GuardOptions {
   // Unacknowledged reports kept for resending; the oldest are dropped
   // (and counted) beyond this. Env: SDC_REPORT_BUFFER.
   size_t report_buffer = 4096;
+  // A clean step's report (applied, no NaN/Inf, audit verified) may wait
+  // this long to travel with the next report, so a job with short steps
+  // sends sdcd one message per rank every so often, not one every step.
+  // Every other report goes at once and takes the waiting ones with it.
+  // 0: each report at once. Env: SDC_REPORT_LINGER_MS.
+  absl::Duration report_linger = absl::Seconds(1);
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(10);
   // Gradient all-reduce bucket size in bytes. Env: SDC_BUCKET_BYTES.

@@ -18,7 +18,7 @@ class OptionsTest : public ::testing::Test {
                           "SDC_INJECT_FAULT", "SDC_ALLOW_FAULT_INJECTION",
                           "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
                           "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS",
-                          "SDC_SMALL_COLLECTIVES"}) {
+                          "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
@@ -45,7 +45,10 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(o->incarnation, 7u);
   EXPECT_EQ(o->checkpoint_fallback, CheckpointFallback::kVeto);
   EXPECT_EQ(o->small_collectives, SmallCollectives::kAuto);
+  EXPECT_EQ(o->report_linger, absl::Seconds(1));
   EXPECT_FALSE(o->fault.enabled());
+  setenv("SDC_REPORT_LINGER_MS", "0", 1);
+  EXPECT_EQ(OptionsFromEnvironment()->report_linger, absl::ZeroDuration());
   setenv("SDC_SMALL_COLLECTIVES", "backend", 1);
   EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kBackend);
   setenv("SDC_SMALL_COLLECTIVES", "rooted", 1);
@@ -62,6 +65,8 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
            {"SDC_AUDIT_EVERY", "often", "SDC_AUDIT_EVERY: expected a non-negative integer, got 'often'"},
            {"SDC_CHECKPOINT_FALLBACK", "maybe", "SDC_CHECKPOINT_FALLBACK: expected veto or in-band"},
            {"SDC_SMALL_COLLECTIVES", "ring", "SDC_SMALL_COLLECTIVES: expected auto, backend or rooted, got 'ring'"},
+           {"SDC_REPORT_LINGER_MS", "-5", "SDC_REPORT_LINGER_MS: must not be negative"},
+           {"SDC_REPORT_LINGER_MS", "600000", "SDC_REPORT_LINGER_MS: at most 60000"},
            {"SDC_MAX_GRAD_NORM", "-1", "SDC_MAX_GRAD_NORM: expected a non-negative number"},
            {"SDC_TLS_CERT", "/c.pem", "SDC_TLS_CERT and SDC_TLS_KEY go together"},
        }) {
