@@ -7,7 +7,9 @@
 // Why not always the process group's own all-reduce: Gloo's is a ring, 2(n-1)
 // dependent hops even for 12 words, and on six ranks sharing two CPUs it took
 // 11.4 ms where gathering to rank 0 and broadcasting back took 1.2 ms
-// (docs/ARCHITECTURE.md, "The agreement"). NCCL picks a latency algorithm for
+// (docs/ARCHITECTURE.md, "The agreement"). The rooted exchange is point to
+// point from the calling thread (see small_collectives.cc for why not
+// Gloo's own gather and broadcast). NCCL picks a latency algorithm for
 // small messages itself, so on other backends the group's collective is used.
 //
 // Failures (a peer gone, the group's timeout) throw c10::Error, as the
