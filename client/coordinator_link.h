@@ -17,8 +17,8 @@
 // anything else (a NaN, a skipped step, audit results, weights), a Flush, or
 // the oldest waiting report's time running out sends every waiting report
 // at once, in order, in one write to the socket. sdcd then reads, commits
-// and acknowledges them together: with steps of a few hundred milliseconds,
-// a third of the wake-ups on both sides.
+// and acknowledges them together (in the overhead benchmark, with steps of
+// about 300 ms, its CPU a step fell from 5.6 - 7.1 ms to 3.4 - 3.8 ms).
 //
 // Thread-safe.
 
