@@ -24,7 +24,7 @@ enum class CheckpointFallback {
 enum class SmallCollectives {
   kAuto,     // kRooted on Gloo, kBackend on any other backend (default).
   kBackend,  // The process group's own all-reduce and all-gather.
-  kRooted,   // Gather to rank 0, combine there, broadcast back.
+  kRooted,   // Each rank to rank 0, combined there, the result sent to each.
 };
 
 struct GuardOptions {
