@@ -106,13 +106,13 @@ void AllReduceMax(c10d::ProcessGroup& pg, SmallCollectives how, std::vector<int6
 std::vector<int64_t> AllGather(c10d::ProcessGroup& pg, SmallCollectives how,
                                const std::vector<int64_t>& words) {
   const size_t world = static_cast<size_t>(pg.getSize());
-  std::vector<int64_t> all;
-  all.reserve(world * words.size());
   if (Resolve(how, pg) == SmallCollectives::kBackend) {
     std::vector<torch::Tensor> input = {TensorOf(pg, words)};
     std::vector<std::vector<torch::Tensor>> output(1);
     for (size_t r = 0; r < world; ++r) output[0].push_back(torch::empty_like(input[0]));
     pg.allgather(output, input)->wait();
+    std::vector<int64_t> all;
+    all.reserve(world * words.size());
     for (const torch::Tensor& t : output[0]) Append(t, all);
     return all;
   }
