@@ -58,6 +58,9 @@ struct Args {
   std::string target;
   uint32_t ranks = 16384;
   uint32_t per_connection = 128;
+  // Ranks per relay stream (a node agent relaying its node's ranks); 0: one
+  // Attach stream per rank.
+  uint32_t per_relay = 0;
   // Threads handing out each step's reports. One alone took up to 4 s to
   // hand out a weight step (16,384 x 24 KB), which held the step rate at
   // 0.92/s; four keep it at 0.99/s on two vCPUs.
@@ -88,82 +91,21 @@ double Percentile(std::vector<double>& v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
-// One rank's stream on one of the load generator's completion queues
-// (asynchronous API, for the reason given in daemon/service.h: the callback
-// API would put all 16,384 streams' operations on one queue, and Debian's
-// libgrpc scans that queue on every completion). One write in flight.
-class RankStream {
+// What the load generator knows of one rank: its reports in flight, the
+// acknowledgement latencies measured, its verdict. Thread-safe.
+class RankLedger {
  public:
-  enum class Op { kStart, kRead, kWrite, kFinish };
-  struct Tag {
-    RankStream* stream;
-    Op op;
-  };
-
-  RankStream(v1::TrainerService::Stub* stub, grpc::CompletionQueue* queue,
-             v1::TrainerMessage hello) {
-    queue_.push_back({std::move(hello), absl::Now(), 0});
-    call_ = stub->PrepareAsyncAttach(&context_, queue);
-    call_->StartCall(&start_tag_);
-  }
-
-  // On the queue's thread.
-  void OnEvent(Op op, bool ok) {
-    switch (op) {
-      case Op::kStart:
-        if (!ok) return Finish();
-        {
-          absl::MutexLock lock(&mu_);
-          started_ = true;
-        }
-        call_->Read(&in_, &read_tag_);
-        Pump();
-        return;
-      case Op::kRead:
-        if (!ok) return Finish();
-        OnRead();
-        call_->Read(&in_, &read_tag_);
-        return;
-      case Op::kWrite: {
-        {
-          absl::MutexLock lock(&mu_);
-          writing_ = false;
-          if (!ok) return;  // The read side finishes the call.
-        }
-        Pump();
-        return;
-      }
-      case Op::kFinish: {
-        absl::MutexLock lock(&mu_);
-        done_ = true;
-        if (!status_.ok()) {
-          failed_ = true;
-          error_ = status_.error_message();
-        }
-        return;
-      }
-    }
-  }
-
-  void Send(v1::TrainerMessage m, absl::Time intended, uint64_t sequence) {
-    const bool weights = m.report().has_weights();
-    {
-      absl::MutexLock lock(&mu_);
-      queue_.push_back({std::move(m), intended, sequence});
-      sent_at_[sequence] = {absl::Now(), intended, weights};
-    }
-    Pump();
-  }
-
- private:
-  void Finish() { call_->Finish(&status_, &finish_tag_); }
-
-  void OnRead() {
-    const absl::Time now = absl::Now();
+  void HandedOut(uint64_t sequence, absl::Time intended, bool weights) {
     absl::MutexLock lock(&mu_);
-    if (in_.has_welcome()) welcomed_ = true;
-    if (in_.has_ack()) {
-      const uint64_t acked = in_.ack().acked_sequence();
+    sent_at_[sequence] = {absl::Now(), intended, weights};
+  }
+
+  // A message for this rank arrived at `now`.
+  void Received(const v1::CoordinatorMessage& in, absl::Time now) {
+    absl::MutexLock lock(&mu_);
+    if (in.has_welcome()) welcomed_ = true;
+    if (in.has_ack()) {
+      const uint64_t acked = in.ack().acked_sequence();
       for (uint64_t s = acked_ + 1; s <= acked; ++s) {
         auto it = sent_at_.find(s);
         if (it != sent_at_.end()) {
@@ -176,13 +118,21 @@ class RankStream {
       acked_ = std::max(acked_, acked);
       last_ack_ = now;
     }
-    if (in_.has_audit_verdict() && in_.audit_verdict().outcome() != v1::TIEBREAK_PENDING) {
+    if (in.has_audit_verdict() && in.audit_verdict().outcome() != v1::TIEBREAK_PENDING) {
       verdict_at_ = now;
-      verdict_outcome_ = in_.audit_verdict().outcome();
+      verdict_outcome_ = in.audit_verdict().outcome();
     }
   }
 
- public:
+  // The rank's stream (or relay session) ended; OK when it ended cleanly.
+  void Ended(const std::string& error) {
+    absl::MutexLock lock(&mu_);
+    if (!error.empty() && !failed_) {
+      failed_ = true;
+      error_ = error;
+    }
+  }
+
   bool welcomed() const {
     absl::MutexLock lock(&mu_);
     return welcomed_;
@@ -214,35 +164,9 @@ class RankStream {
     absl::MutexLock lock(&mu_);
     return last_ack_;
   }
-  void Close() { context_.TryCancel(); }
 
  private:
-  struct Out {
-    v1::TrainerMessage message;
-    absl::Time intended;
-    uint64_t sequence;
-  };
-
-  void Pump() {
-    absl::MutexLock lock(&mu_);
-    if (writing_ || !started_ || queue_.empty() || failed_ || done_) return;
-    current_ = std::move(queue_.front().message);
-    queue_.pop_front();
-    writing_ = true;
-    call_->Write(current_, &write_tag_);  // Under mu_: one write at a time.
-  }
-
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::TrainerMessage, v1::CoordinatorMessage>> call_;
-  Tag start_tag_{this, Op::kStart};
-  Tag read_tag_{this, Op::kRead};
-  Tag write_tag_{this, Op::kWrite};
-  Tag finish_tag_{this, Op::kFinish};
-  grpc::Status status_;
-  v1::CoordinatorMessage in_;  // The read path only.
-  v1::TrainerMessage current_;
   mutable absl::Mutex mu_;
-  std::deque<Out> queue_ ABSL_GUARDED_BY(mu_);
   struct Sent {
     absl::Time sent;      // Handed to the stream (queued behind its write in flight).
     absl::Time intended;  // Its step's scheduled start.
@@ -252,16 +176,203 @@ class RankStream {
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> weight_latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> scheduled_latencies_ms_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::string error_ ABSL_GUARDED_BY(mu_);
   uint64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_ack_ ABSL_GUARDED_BY(mu_);
   absl::Time verdict_at_ ABSL_GUARDED_BY(mu_);
   int verdict_outcome_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A client stream on one of the load generator's completion queues
+// (asynchronous API, for the reason given in daemon/service.h: the callback
+// API would put all 16,384 streams' operations on one queue, and Debian's
+// libgrpc scans that queue on every completion). One write in flight; what
+// is sent meanwhile waits, and Batch() may fold it into fewer writes.
+// What the queue threads dispatch on.
+class QueuedStream {
+ public:
+  enum class Op { kStart, kRead, kWrite, kFinish };
+  struct Tag {
+    QueuedStream* stream;
+    Op op;
+  };
+  virtual ~QueuedStream() = default;
+  // On the queue's thread.
+  virtual void OnEvent(Op op, bool ok) = 0;
+};
+
+template <typename Out, typename In>
+class ClientStream : public QueuedStream {
+ public:
+  using Call = grpc::ClientAsyncReaderWriter<Out, In>;
+
+  void OnEvent(Op op, bool ok) override {
+    switch (op) {
+      case Op::kStart:
+        if (!ok) return Finish();
+        {
+          absl::MutexLock lock(&mu_);
+          started_ = true;
+        }
+        call_->Read(&in_, &read_tag_);
+        Pump();
+        return;
+      case Op::kRead:
+        if (!ok) return Finish();
+        OnRead(in_, absl::Now());
+        call_->Read(&in_, &read_tag_);
+        return;
+      case Op::kWrite: {
+        {
+          absl::MutexLock lock(&mu_);
+          writing_ = false;
+          if (!ok) return;  // The read side finishes the call.
+        }
+        Pump();
+        return;
+      }
+      case Op::kFinish:
+        {
+          absl::MutexLock lock(&mu_);
+          done_ = true;
+        }
+        OnFinished(status_.ok() ? "" : status_.error_message());
+        return;
+    }
+  }
+
+  void Close() { context_.TryCancel(); }
+
+ protected:
+  // Starts the call with `start`, which prepares it on `queue`.
+  template <typename Prepare>
+  void Start(Prepare prepare, grpc::CompletionQueue* queue) {
+    call_ = prepare(&context_, queue);
+    call_->StartCall(&start_tag_);
+  }
+
+  void Queue(Out m) {
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(m));
+    }
+    Pump();
+  }
+
+  // Folds waiting messages into `first`, the next to write; true if it took
+  // `next` (which then needs no write of its own).
+  virtual bool Batch(Out& first, Out& next) { return false; }
+  virtual void OnRead(const In& in, absl::Time now) = 0;
+  virtual void OnFinished(const std::string& error) = 0;
+
+ private:
+  void Finish() { call_->Finish(&status_, &finish_tag_); }
+
+  void Pump() {
+    absl::MutexLock lock(&mu_);
+    if (writing_ || !started_ || queue_.empty() || done_) return;
+    current_ = std::move(queue_.front());
+    queue_.pop_front();
+    while (!queue_.empty() && Batch(current_, queue_.front())) queue_.pop_front();
+    writing_ = true;
+    call_->Write(current_, &write_tag_);  // Under mu_: one write at a time.
+  }
+
+  grpc::ClientContext context_;
+  std::unique_ptr<Call> call_;
+  Tag start_tag_{this, Op::kStart};
+  Tag read_tag_{this, Op::kRead};
+  Tag write_tag_{this, Op::kWrite};
+  Tag finish_tag_{this, Op::kFinish};
+  grpc::Status status_;
+  In in_;  // The read path only.
+  Out current_;
+  absl::Mutex mu_;
+  std::deque<Out> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// How the load generator hands a rank's messages to sdcd: one Attach stream
+// per rank, or a relay carrying several ranks (a node agent's).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual void Send(core::Rank rank, v1::TrainerMessage m) = 0;
+  virtual void Close() = 0;
+};
+
+// One rank's Attach stream.
+class AttachStream final : public Transport,
+                           public ClientStream<v1::TrainerMessage, v1::CoordinatorMessage> {
+ public:
+  AttachStream(v1::TrainerService::Stub* stub, grpc::CompletionQueue* queue, RankLedger* ledger)
+      : ledger_(ledger) {
+    Start([stub](grpc::ClientContext* c, grpc::CompletionQueue* q) {
+      return stub->PrepareAsyncAttach(c, q);
+    }, queue);
+  }
+  void Send(core::Rank, v1::TrainerMessage m) override { Queue(std::move(m)); }
+  void Close() override { ClientStream::Close(); }
+
+ private:
+  void OnRead(const v1::CoordinatorMessage& in, absl::Time now) override {
+    ledger_->Received(in, now);
+  }
+  void OnFinished(const std::string& error) override {
+    ledger_->Ended(error.empty() ? "the stream ended" : error);
+  }
+  RankLedger* const ledger_;
+};
+
+// A relay's stream: the sessions of `first`..`first + count - 1`, session
+// id = rank. Messages waiting while a write is in flight go out as one.
+class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1::RelayDown> {
+ public:
+  RelayStream(v1::TrainerService::Stub* stub, grpc::CompletionQueue* queue, core::Rank first,
+              uint32_t count, RankLedger* ledgers)
+      : first_(first), count_(count), ledgers_(ledgers) {
+    Start([stub](grpc::ClientContext* c, grpc::CompletionQueue* q) {
+      return stub->PrepareAsyncRelay(c, q);
+    }, queue);
+  }
+  void Send(core::Rank rank, v1::TrainerMessage m) override {
+    v1::RelayUp up;
+    v1::RelayedMessage* relayed = up.add_messages();
+    relayed->set_session(rank);
+    *relayed->mutable_message() = std::move(m);
+    Queue(std::move(up));
+  }
+  void Close() override { ClientStream::Close(); }
+
+ private:
+  bool Batch(v1::RelayUp& first, v1::RelayUp& next) override {
+    if (first.messages_size() >= kMaxBatch) return false;
+    for (v1::RelayedMessage& m : *next.mutable_messages()) {
+      first.mutable_messages()->Add(std::move(m));
+    }
+    return true;
+  }
+  void OnRead(const v1::RelayDown& in, absl::Time now) override {
+    for (const v1::RelayedReply& r : in.replies()) {
+      RankLedger& ledger = ledgers_[r.session() - first_];
+      if (r.end()) {
+        ledger.Ended(absl::StrCat("sdcd ended the session: ", r.status_message()));
+      } else {
+        ledger.Received(r.message(), now);
+      }
+    }
+  }
+  void OnFinished(const std::string& error) override {
+    for (uint32_t i = 0; i < count_; ++i) ledgers_[i].Ended(error.empty() ? "the relay ended" : error);
+  }
+  static constexpr int kMaxBatch = 256;
+  const core::Rank first_;
+  const uint32_t count_;
+  RankLedger* const ledgers_;
 };
 
 int LoadGen(const Args& a) {
@@ -301,13 +412,15 @@ int LoadGen(const Args& a) {
       void* tag = nullptr;
       bool ok = false;
       while (queue->Next(&tag, &ok)) {
-        auto* t = static_cast<RankStream::Tag*>(tag);
+        auto* t = static_cast<QueuedStream::Tag*>(tag);
         t->stream->OnEvent(t->op, ok);
       }
     }).detach();
   }
   std::fprintf(stderr, "loadgen: %u ranks on %u connections, attaching...\n", a.ranks, connections);
-  std::vector<std::unique_ptr<RankStream>> streams;
+  std::vector<RankLedger> ledgers(a.ranks);
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<Transport*> transport_of(a.ranks);
   std::vector<core::PlanMember> members;
   for (core::Rank r = 0; r < a.ranks; ++r) {
     core::Hello h;
@@ -323,14 +436,22 @@ int LoadGen(const Args& a) {
     members.push_back({r, h.placement.node});
     v1::TrainerMessage hello;
     *hello.mutable_hello() = daemon::ToProto(h);
-    streams.push_back(std::make_unique<RankStream>(stubs[r / a.per_connection].get(),
-                                                   queues[r % kQueues], hello));
+    v1::TrainerService::Stub* stub = stubs[r / a.per_connection].get();
+    if (a.per_relay == 0) {
+      transports.push_back(std::make_unique<AttachStream>(stub, queues[r % kQueues], &ledgers[r]));
+    } else if (r % a.per_relay == 0) {
+      const uint32_t count = std::min(a.per_relay, a.ranks - r);
+      transports.push_back(std::make_unique<RelayStream>(
+          stub, queues[(r / a.per_relay) % kQueues], r, count, &ledgers[r]));
+    }
+    transport_of[r] = transports.back().get();
+    transport_of[r]->Send(r, std::move(hello));
   }
   const absl::Time attach_deadline = absl::Now() + absl::Minutes(5);
-  for (auto& s : streams) {
+  for (auto& s : ledgers) {
     std::string why;
-    while (!s->welcomed()) {
-      if (s->failed(&why)) Abandon(absl::StrCat("a stream failed while attaching: ", why));
+    while (!s.welcomed()) {
+      if (s.failed(&why)) Abandon(absl::StrCat("a stream failed while attaching: ", why));
       if (absl::Now() > attach_deadline) Abandon("attach timed out");
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -347,7 +468,8 @@ int LoadGen(const Args& a) {
     rep->set_sequence(++sequence[r]);
     rep->set_step(step);
     fill(rep);
-    streams[r]->Send(std::move(m), intended, sequence[r]);
+    ledgers[r].HandedOut(sequence[r], intended, rep->has_weights());
+    transport_of[r]->Send(r, std::move(m));
   };
   const uint32_t senders = a.senders;
   const absl::Time start = absl::Now();
@@ -402,10 +524,10 @@ int LoadGen(const Args& a) {
         // The client's verdict wait (GuardOptions::verdict_wait).
         const absl::Time give_up = now + a.verdict_wait;
         for (core::Rank r = share; r < a.ranks; r += senders) {
-          while (streams[r]->verdict().first <= now && absl::Now() < give_up) {
+          while (ledgers[r].verdict().first <= now && absl::Now() < give_up) {
             absl::SleepFor(absl::Milliseconds(1));
           }
-          if (streams[r]->verdict().first <= now) unverified.fetch_add(1);
+          if (ledgers[r].verdict().first <= now) unverified.fetch_add(1);
         }
       }
       for (core::Rank r = share; r < a.ranks; r += senders) {
@@ -443,8 +565,8 @@ int LoadGen(const Args& a) {
   const absl::Time drain_deadline = absl::Now() + absl::Minutes(5);
   for (core::Rank r = 0; r < a.ranks; ++r) {
     std::string why;
-    while (streams[r]->acked() < sequence[r]) {
-      if (streams[r]->failed(&why)) Abandon(absl::StrCat("rank ", r, " stream failed: ", why));
+    while (ledgers[r].acked() < sequence[r]) {
+      if (ledgers[r].failed(&why)) Abandon(absl::StrCat("rank ", r, " stream failed: ", why));
       if (absl::Now() > drain_deadline) Abandon("acknowledgements never completed");
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -452,9 +574,9 @@ int LoadGen(const Args& a) {
   absl::Time last_ack = start;
   std::vector<double> latencies, others, weight_acks, scheduled, verdicts;
   int passed = 0;
-  for (auto& s : streams) {
-    last_ack = std::max(last_ack, s->last_ack());
-    RankStream::Latencies l = s->TakeLatencies();
+  for (auto& s : ledgers) {
+    last_ack = std::max(last_ack, s.last_ack());
+    RankLedger::Latencies l = s.TakeLatencies();
     others.insert(others.end(), l.others.begin(), l.others.end());
     weight_acks.insert(weight_acks.end(), l.weights.begin(), l.weights.end());
     scheduled.insert(scheduled.end(), l.scheduled.begin(), l.scheduled.end());
@@ -463,8 +585,8 @@ int LoadGen(const Args& a) {
   latencies.insert(latencies.end(), weight_acks.begin(), weight_acks.end());
   // Verdicts arrive after the acks of the last audit result; wait briefly.
   absl::SleepFor(absl::Seconds(2));
-  for (auto& s : streams) {
-    auto [at, outcome] = s->verdict();
+  for (auto& s : ledgers) {
+    auto [at, outcome] = s.verdict();
     if (!audit_started.empty() && at > audit_started.back()) {
       verdicts.push_back(absl::ToDoubleMilliseconds(at - audit_started.back()));
       passed += outcome == v1::PASS ? 1 : 0;
@@ -480,19 +602,19 @@ int LoadGen(const Args& a) {
   }
   const double seconds = absl::ToDoubleSeconds(last_ack - start);
   const size_t reports = latencies.size();
-  std::printf("{\"ranks\":%u,\"connections\":%u,\"steps\":%u,\"reports\":%zu,"
+  std::printf("{\"ranks\":%u,\"connections\":%u,\"per_relay\":%u,\"steps\":%u,\"reports\":%zu,"
               "\"steps_per_s_sustained\":%.3f,\"report_p50_ms\":%.1f,\"report_p99_ms\":%.1f,"
               "\"step_report_p99_ms\":%.1f,\"weight_report_p99_ms\":%.1f,"
               "\"report_p99_from_step_start_ms\":%.1f,"
               "\"audit_verdict_p99_ms\":%.1f,\"audit_verdicts\":%zu,\"audit_pass\":%d,"
               "\"audit_unverified_ranks\":%u}\n",
-              a.ranks, connections, a.steps, reports, a.steps / seconds,
+              a.ranks, connections, a.per_relay, a.steps, reports, a.steps / seconds,
               Percentile(latencies, 0.5), Percentile(latencies, 0.99),
               Percentile(others, 0.99), Percentile(weight_acks, 0.99),
               Percentile(scheduled, 0.99),
               Percentile(verdicts, 0.99), verdicts.size(), passed, unverified.load());
   std::fflush(stdout);
-  for (auto& s : streams) s->Close();
+  for (auto& t : transports) t->Close();
   absl::SleepFor(absl::Seconds(1));
   std::_Exit(0);  // Skip tearing down 16,384 reactors one by one.
 }
@@ -545,6 +667,7 @@ int Bench(const Args& a, const char* self) {
                                    absl::StrCat("--target=", (*sdcd)->trainer_address()),
                                    absl::StrCat("--ranks=", a.ranks),
                                    absl::StrCat("--per_connection=", a.per_connection),
+                                   absl::StrCat("--per_relay=", a.per_relay),
                                    absl::StrCat("--senders=", a.senders),
                                    absl::StrCat("--tensors=", a.tensors),
                                    absl::StrCat("--steps=", a.steps),
@@ -588,16 +711,20 @@ int Main(int argc, char** argv) {
     else if (const char* v = value("target")) a.target = v;
     else if (const char* v = value("ranks")) ok = absl::SimpleAtoi(v, &a.ranks);
     else if (const char* v = value("per_connection")) ok = absl::SimpleAtoi(v, &a.per_connection);
+    else if (const char* v = value("per_relay")) ok = absl::SimpleAtoi(v, &a.per_relay);
     else if (const char* v = value("senders")) ok = absl::SimpleAtoi(v, &a.senders);
     else if (const char* v = value("tensors")) ok = absl::SimpleAtoi(v, &a.tensors);
     else if (const char* v = value("steps")) ok = absl::SimpleAtoi(v, &a.steps);
     else if (const char* v = value("first_step")) ok = absl::SimpleAtoi(v, &a.first_step);
     else if (const char* v = value("rate")) ok = absl::SimpleAtod(v, &a.rate) && a.rate > 0;
-    else return Fail(absl::StrCat("unknown flag '", arg, "' (known: --ranks --per_connection --senders --tensors --steps --first_step --rate)"));
+    else return Fail(absl::StrCat("unknown flag '", arg, "' (known: --ranks --per_connection --per_relay --senders --tensors --steps --first_step --rate)"));
     if (!ok) return Fail(absl::StrCat("bad value in '", arg, "'"));
   }
   if (a.ranks < 24 || a.per_connection == 0 || a.steps == 0 || a.senders == 0) {
     return Fail("need --ranks >= 24, --per_connection > 0, --senders > 0, --steps > 0");
+  }
+  if (a.per_relay > 0 && a.per_connection % a.per_relay != 0) {
+    return Fail("--per_relay must divide --per_connection (a relay uses one connection)");
   }
   return a.role == "loadgen" ? LoadGen(a) : Bench(a, argv[0]);
 }

@@ -122,58 +122,122 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
 // ---------------------------------------------------------------------------
 // Streams
 
-// A trainer stream's outgoing side, shared with durability callbacks that may
-// run after the stream ended (they then drop their message).
+// A rank's outgoing side (an Attach stream, or a session of a relay), shared
+// with durability callbacks that may run after the stream ended (they then
+// drop their message).
 class Outbox {
  public:
-  explicit Outbox(std::weak_ptr<AttachCall> call) : call_(std::move(call)) {}
-  void Push(v1::CoordinatorMessage message);
-  void End(grpc::Status status);
-
- private:
-  std::weak_ptr<AttachCall> call_;
+  virtual ~Outbox() = default;
+  virtual void Push(v1::CoordinatorMessage message) = 0;
+  // Ends the rank's stream with `status` once what is queued is written.
+  virtual void End(grpc::Status status) = 0;
 };
 
-// One trainer's Attach stream on one completion queue. Every operation
-// started holds a reference (self_) until its completion returns from the
-// queue; outboxes hold weak ones. Reads run on the queue's thread, one at a
-// time; writes start from any thread, one in flight, queued behind it; the
-// finish waits for the queue of writes to empty.
-class AttachCall : public std::enable_shared_from_this<AttachCall> {
+// One rank's conversation, on an Attach stream or a relay session: a Hello,
+// then reports. Not thread-safe: its stream's reader calls it.
+class RankSession {
+ public:
+  RankSession(TrainerService* service, std::shared_ptr<Outbox> outbox)
+      : service_(service), outbox_(std::move(outbox)) {}
+
+  // Handles one message. Not OK: the session must end with that status.
+  grpc::Status Handle(const v1::TrainerMessage& in) {
+    if (!attached_) {
+      if (!in.has_hello()) {
+        return {grpc::StatusCode::INVALID_ARGUMENT,
+                "the first message of a stream must be a Hello"};
+      }
+      const core::Hello hello = FromProto(in.hello());
+      absl::StatusOr<core::AttachResult> result = service_->coordinator_->Attach(hello);
+      if (!result.ok()) return ToGrpc(result.status());
+      attached_ = true;
+      job_ = hello.job_id;
+      rank_ = hello.placement.rank;
+      incarnation_ = hello.incarnation;
+      service_->streams_->Register(job_, rank_, outbox_);
+      v1::CoordinatorMessage welcome;
+      welcome.mutable_welcome()->set_acked_sequence(result->acked_sequence);
+      welcome.mutable_welcome()->set_coordinator_version(kVersion);
+      for (const core::PlanMessage& p : result->pending_plans) {
+        *welcome.mutable_welcome()->add_pending_plans() = ToProto(p);
+      }
+      std::shared_ptr<Outbox> outbox = outbox_;
+      service_->delivery_->Deliver(std::move(result->effects),
+                                   [outbox, welcome](absl::Status s) {
+                                     if (s.ok()) outbox->Push(welcome);
+                                   });
+      return grpc::Status::OK;
+    }
+    if (in.has_hello()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "a stream says Hello only once"};
+    }
+    const v1::Report& report = in.report();
+    if (report.job_id() != job_ || report.rank() != rank_) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("report for job ", report.job_id(), " rank ", report.rank(),
+                           " on the stream of job ", job_, " rank ", rank_)};
+    }
+    const char* kind = report.has_step_report() ? "step"
+                       : report.has_audit()     ? "audit"
+                                                : "weights";
+    service_->metrics_->Report(kind, report.ByteSizeLong());
+    absl::StatusOr<core::Report> converted = FromProto(report);
+    if (!converted.ok()) return ToGrpc(converted.status());
+    absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
+    if (!effects.ok()) return ToGrpc(effects.status());
+    v1::CoordinatorMessage ack;
+    ack.mutable_ack()->set_acked_sequence(effects->acked_sequence);
+    std::shared_ptr<Outbox> outbox = outbox_;
+    // The acknowledgement goes out only once the report is durable.
+    service_->delivery_->Deliver(*std::move(effects), [outbox, ack](absl::Status s) {
+      if (s.ok()) outbox->Push(ack);
+    });
+    return grpc::Status::OK;
+  }
+
+  // The stream ended: the rank is no longer reachable here.
+  void Close() {
+    if (!attached_) return;
+    attached_ = false;
+    service_->streams_->Unregister(job_, rank_, outbox_.get());
+    service_->coordinator_->Detach(job_, rank_, incarnation_);
+  }
+
+ private:
+  TrainerService* const service_;
+  const std::shared_ptr<Outbox> outbox_;
+  bool attached_ = false;
+  std::string job_;
+  core::Rank rank_ = 0;
+  uint64_t incarnation_ = 0;
+};
+
+// What the service's queue threads dispatch on.
+class QueuedCall {
  public:
   enum class Op { kRequest, kRead, kWrite, kFinish, kDone };
   struct Tag {
-    AttachCall* call;
+    QueuedCall* call;
     Op op;
   };
-
-  AttachCall(TrainerService* service, grpc::ServerCompletionQueue* queue)
-      : service_(service), queue_(queue), stream_(&context_) {}
-
-  // Waits for the next Attach on this queue.
-  static void Arm(TrainerService* service, grpc::ServerCompletionQueue* queue) {
-    auto call = std::make_shared<AttachCall>(service, queue);
-    call->outbox_ = std::make_shared<Outbox>(call);
-    call->context_.AsyncNotifyWhenDone(&call->done_tag_);
-    {
-      absl::MutexLock lock(&call->mu_);
-      call->self_ = call;
-      call->pending_ = 1;
-    }
-    if (!service->Post([&] {
-          service->RequestAttach(&call->context_, &call->stream_, queue, queue,
-                                 &call->request_tag_);
-        })) {
-      call->Completed();
-    }
-  }
-
+  virtual ~QueuedCall() = default;
   // On the queue's thread.
-  void OnEvent(Op op, bool ok) {
+  virtual void OnEvent(Op op, bool ok) = 0;
+};
+
+// One bidirectional stream on one completion queue (asynchronous API).
+// Every operation started holds a reference (self_) until its completion
+// returns from the queue; outboxes hold weak ones. Reads run on the queue's
+// thread, one at a time; writes start from any thread, one in flight, queued
+// behind it; the finish waits for the queue of writes to empty.
+template <typename In, typename Out>
+class StreamCall : public QueuedCall {
+ public:
+  void OnEvent(Op op, bool ok) override {
     switch (op) {
       case Op::kRequest:
         if (ok) {
-          Arm(service_, queue_);  // The next caller.
+          Rearm();  // The next caller.
           {
             absl::MutexLock lock(&mu_);
             ++pending_;  // The done tag is live once the call matched.
@@ -192,6 +256,10 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
       case Op::kFinish:
         break;
       case Op::kDone:
+        {
+          absl::MutexLock lock(&mu_);
+          out_.Closed();
+        }
         OnDone();
         break;
     }
@@ -199,10 +267,11 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
     Completed();
   }
 
-  void Enqueue(v1::CoordinatorMessage m) {
+  // Queues `m`, or folds it into the newest message waiting (Absorb).
+  void Enqueue(Out m) {
     {
       absl::MutexLock lock(&mu_);
-      out_.Enqueue(std::move(m), AbsorbAck);
+      out_.Enqueue(std::move(m), [this](Out& last, const Out& next) { return Absorb(last, next); });
     }
     Pump();
   }
@@ -217,14 +286,45 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
     Pump();
   }
 
+ protected:
+  StreamCall(TrainerService* service, grpc::ServerCompletionQueue* queue)
+      : service_(service), queue_(queue), stream_(&context_) {}
+
+  // Waits for the call to arrive; `self` is this, owned.
+  void Begin(std::shared_ptr<QueuedCall> self) {
+    context_.AsyncNotifyWhenDone(&done_tag_);
+    {
+      absl::MutexLock lock(&mu_);
+      self_ = std::move(self);
+      pending_ = 1;
+    }
+    if (!service_->Post([&] { Request(); })) Completed();
+  }
+
+  // Asks the service for the next call of this method on queue_.
+  virtual void Request() = 0;
+  // Arms a fresh call of the same method on the same queue.
+  virtual void Rearm() = 0;
+  // Handles in_; not OK ends the call with that status.
+  virtual grpc::Status Handle() = 0;
+  // The call is over (on the queue's thread).
+  virtual void OnDone() = 0;
+  // True when `next` was folded into `last`, the newest message waiting.
+  virtual bool Absorb(Out& last, const Out& next) = 0;
+
+  TrainerService* const service_;
+  grpc::ServerCompletionQueue* const queue_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<Out, In> stream_;
+  Tag request_tag_{this, Op::kRequest};
+  In in_;  // The read path: the queue's thread, one read at a time.
+
  private:
   // An operation returned (or never started): the last one lets go.
   void Completed() {
-    std::shared_ptr<AttachCall> last;
-    {
-      absl::MutexLock lock(&mu_);
-      if (--pending_ == 0) last = std::move(self_);
-    }
+    std::shared_ptr<QueuedCall> last;
+    absl::MutexLock lock(&mu_);
+    if (--pending_ == 0) last = std::move(self_);
   }
 
   void StartRead() {
@@ -248,53 +348,31 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
       return;
     }
     // A parsed message keeps what it allocated for the next one, strings
-    // included: the Hello's tensor names (1,000 strings) would stay in every
-    // stream for good, and a weight report's 24 KB until the next. Let go of
-    // them; step reports reuse the small message.
-    if (in_.has_hello() || (in_.has_report() && in_.report().has_weights())) {
-      v1::TrainerMessage().Swap(&in_);
-    }
+    // included: a Hello's tensor names (1,000 strings) would stay in every
+    // stream for good, a weight report's 24 KB until the next. Let go of
+    // anything large; small messages reuse what they have.
+    if (in_.ByteSizeLong() > kKeepParsedBytes) In().Swap(&in_);
     StartRead();
-  }
-
-  void OnDone() {
-    {
-      absl::MutexLock lock(&mu_);
-      out_.Closed();
-    }
-    if (attached_) {
-      service_->streams_->Unregister(job_, rank_, outbox_.get());
-      service_->coordinator_->Detach(job_, rank_, incarnation_);
-    }
-  }
-
-  // Acknowledgements are watermarks: one waiting in the queue absorbs the
-  // next, so a backlog costs one write, not one per report.
-  static bool AbsorbAck(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) {
-    if (!last.has_ack() || !next.has_ack()) return false;
-    auto* waiting = last.mutable_ack();
-    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
-    return true;
   }
 
   // Starts the next write, or the finish once nothing is left to write.
   // Both start under mu_ (the asynchronous API never completes inline), so
   // they start one at a time and in order.
   void Pump() {
-    std::shared_ptr<AttachCall> last;
+    std::shared_ptr<QueuedCall> last;
     absl::MutexLock lock(&mu_);
-    const v1::CoordinatorMessage* write = nullptr;
+    const Out* write = nullptr;
     grpc::Status status;
     bool posted = true;
     switch (out_.Next(&write, &status)) {
-      case Outgoing<v1::CoordinatorMessage>::Start::kNothing:
+      case Outgoing<Out>::Start::kNothing:
         return;
-      case Outgoing<v1::CoordinatorMessage>::Start::kWrite:
+      case Outgoing<Out>::Start::kWrite:
         ++pending_;
         posted = service_->Post([&] { stream_.Write(*write, &write_tag_); });
         if (!posted) out_.WriteNotStarted();
         break;
-      case Outgoing<v1::CoordinatorMessage>::Start::kFinish:
+      case Outgoing<Out>::Start::kFinish:
         ++pending_;
         posted = service_->Post([&] { stream_.Finish(status, &finish_tag_); });
         break;
@@ -303,91 +381,193 @@ class AttachCall : public std::enable_shared_from_this<AttachCall> {
     if (!posted && --pending_ == 0) last = std::move(self_);
   }
 
-  grpc::Status Handle() {
-    if (!attached_) {
-      if (!in_.has_hello()) {
-        return {grpc::StatusCode::INVALID_ARGUMENT,
-                "the first message of a stream must be a Hello"};
-      }
-      const core::Hello hello = FromProto(in_.hello());
-      absl::StatusOr<core::AttachResult> result = service_->coordinator_->Attach(hello);
-      if (!result.ok()) return ToGrpc(result.status());
-      attached_ = true;
-      job_ = hello.job_id;
-      rank_ = hello.placement.rank;
-      incarnation_ = hello.incarnation;
-      service_->streams_->Register(job_, rank_, outbox_);
-      v1::CoordinatorMessage welcome;
-      welcome.mutable_welcome()->set_acked_sequence(result->acked_sequence);
-      welcome.mutable_welcome()->set_coordinator_version(kVersion);
-      for (const core::PlanMessage& p : result->pending_plans) {
-        *welcome.mutable_welcome()->add_pending_plans() = ToProto(p);
-      }
-      std::shared_ptr<Outbox> outbox = outbox_;
-      service_->delivery_->Deliver(std::move(result->effects),
-                                   [outbox, welcome](absl::Status s) {
-                                     if (s.ok()) outbox->Push(welcome);
-                                   });
-      return grpc::Status::OK;
-    }
-    if (in_.has_hello()) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, "a stream says Hello only once"};
-    }
-    const v1::Report& report = in_.report();
-    if (report.job_id() != job_ || report.rank() != rank_) {
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              absl::StrCat("report for job ", report.job_id(), " rank ", report.rank(),
-                           " on the stream of job ", job_, " rank ", rank_)};
-    }
-    const char* kind = report.has_step_report() ? "step"
-                       : report.has_audit()     ? "audit"
-                                                : "weights";
-    service_->metrics_->Report(kind, in_.ByteSizeLong());
-    absl::StatusOr<core::Report> converted = FromProto(report);
-    if (!converted.ok()) return ToGrpc(converted.status());
-    absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
-    if (!effects.ok()) return ToGrpc(effects.status());
-    v1::CoordinatorMessage ack;
-    ack.mutable_ack()->set_acked_sequence(effects->acked_sequence);
-    std::shared_ptr<Outbox> outbox = outbox_;
-    // The acknowledgement goes out only once the report is durable.
-    service_->delivery_->Deliver(*std::move(effects), [outbox, ack](absl::Status s) {
-      if (s.ok()) outbox->Push(ack);
-    });
-    return grpc::Status::OK;
-  }
+  static constexpr size_t kKeepParsedBytes = 4096;
 
-  TrainerService* const service_;
-  grpc::ServerCompletionQueue* const queue_;
-  grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<v1::CoordinatorMessage, v1::TrainerMessage> stream_;
-  Tag request_tag_{this, Op::kRequest};
   Tag read_tag_{this, Op::kRead};
   Tag write_tag_{this, Op::kWrite};
   Tag finish_tag_{this, Op::kFinish};
   Tag done_tag_{this, Op::kDone};
-  std::shared_ptr<Outbox> outbox_;
-
-  // The read path: the queue's thread, one read at a time.
-  v1::TrainerMessage in_;
-  bool attached_ = false;
-  std::string job_;
-  core::Rank rank_ = 0;
-  uint64_t incarnation_ = 0;
 
   absl::Mutex mu_;
-  std::shared_ptr<AttachCall> self_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<QueuedCall> self_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  Outgoing<v1::CoordinatorMessage> out_ ABSL_GUARDED_BY(mu_);
+  Outgoing<Out> out_ ABSL_GUARDED_BY(mu_);
 };
 
-void Outbox::Push(v1::CoordinatorMessage message) {
-  if (std::shared_ptr<AttachCall> call = call_.lock()) call->Enqueue(std::move(message));
-}
+// One trainer's Attach stream: one rank.
+class AttachCall final : public StreamCall<v1::TrainerMessage, v1::CoordinatorMessage>,
+                         public std::enable_shared_from_this<AttachCall> {
+ public:
+  AttachCall(TrainerService* service, grpc::ServerCompletionQueue* queue)
+      : StreamCall(service, queue) {}
 
-void Outbox::End(grpc::Status status) {
-  if (std::shared_ptr<AttachCall> call = call_.lock()) call->RequestFinish(std::move(status));
-}
+  // Waits for the next Attach on this queue.
+  static void Arm(TrainerService* service, grpc::ServerCompletionQueue* queue) {
+    auto call = std::make_shared<AttachCall>(service, queue);
+    call->session_ = std::make_unique<RankSession>(
+        service, std::make_shared<AttachOutbox>(std::weak_ptr<AttachCall>(call)));
+    call->Begin(call);
+  }
+
+ private:
+  // The stream's outgoing side as the registry sees it.
+  class AttachOutbox final : public Outbox {
+   public:
+    explicit AttachOutbox(std::weak_ptr<AttachCall> call) : call_(std::move(call)) {}
+    void Push(v1::CoordinatorMessage message) override {
+      if (std::shared_ptr<AttachCall> call = call_.lock()) call->Enqueue(std::move(message));
+    }
+    void End(grpc::Status status) override {
+      if (std::shared_ptr<AttachCall> call = call_.lock()) call->RequestFinish(std::move(status));
+    }
+
+   private:
+    std::weak_ptr<AttachCall> call_;
+  };
+
+  void Request() override {
+    service_->RequestAttach(&context_, &stream_, queue_, queue_, &request_tag_);
+  }
+  void Rearm() override { Arm(service_, queue_); }
+  grpc::Status Handle() override { return session_->Handle(in_); }
+  void OnDone() override { session_->Close(); }
+
+  // Acknowledgements are watermarks: one waiting in the queue absorbs the
+  // next, so a backlog costs one write, not one per report.
+  bool Absorb(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) override {
+    if (!last.has_ack() || !next.has_ack()) return false;
+    auto* waiting = last.mutable_ack();
+    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
+    return true;
+  }
+
+  std::unique_ptr<RankSession> session_;
+};
+
+// A relay's stream: many ranks' sessions, each handled as an Attach stream
+// would be, their replies batched into as few writes as the relay can take.
+class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
+                        public std::enable_shared_from_this<RelayCall> {
+ public:
+  RelayCall(TrainerService* service, grpc::ServerCompletionQueue* queue)
+      : StreamCall(service, queue) {}
+
+  static void Arm(TrainerService* service, grpc::ServerCompletionQueue* queue) {
+    auto call = std::make_shared<RelayCall>(service, queue);
+    call->Begin(call);
+  }
+
+ private:
+  // One session's outgoing side as the registry sees it.
+  class SessionOutbox final : public Outbox {
+   public:
+    SessionOutbox(std::weak_ptr<RelayCall> call, uint64_t session)
+        : call_(std::move(call)), session_(session) {}
+    void Push(v1::CoordinatorMessage message) override {
+      std::shared_ptr<RelayCall> call = call_.lock();
+      if (call == nullptr) return;
+      v1::RelayDown down;
+      v1::RelayedReply* reply = down.add_replies();
+      reply->set_session(session_);
+      *reply->mutable_message() = std::move(message);
+      call->Enqueue(std::move(down));
+    }
+    void End(grpc::Status status) override {
+      if (std::shared_ptr<RelayCall> call = call_.lock()) call->EndSession(session_, status);
+    }
+
+   private:
+    std::weak_ptr<RelayCall> call_;
+    const uint64_t session_;
+  };
+
+  void Request() override {
+    service_->RequestRelay(&context_, &stream_, queue_, queue_, &request_tag_);
+  }
+  void Rearm() override { Arm(service_, queue_); }
+
+  // A refused message ends its session only; the relay carries on.
+  grpc::Status Handle() override {
+    if (in_.messages_size() > kMaxSessionsPerMessage) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("a relay message carries at most ", kMaxSessionsPerMessage,
+                           " messages, not ", in_.messages_size())};
+    }
+    for (const v1::RelayedMessage& m : in_.messages()) {
+      grpc::Status refused;
+      {
+        absl::MutexLock lock(&sessions_mu_);
+        auto it = sessions_.find(m.session());
+        if (m.end()) {
+          if (it != sessions_.end()) {
+            it->second->Close();
+            sessions_.erase(it);
+          }
+          continue;
+        }
+        if (it == sessions_.end()) {
+          if (sessions_.size() >= kMaxSessions) {
+            return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                    absl::StrCat("a relay carries at most ", kMaxSessions, " sessions")};
+          }
+          auto outbox = std::make_shared<SessionOutbox>(weak_from_this(), m.session());
+          it = sessions_.emplace(m.session(), std::make_unique<RankSession>(service_, outbox))
+                   .first;
+        }
+        refused = it->second->Handle(m.message());
+        if (refused.ok()) continue;
+        it->second->Close();
+        sessions_.erase(it);
+      }
+      service_->metrics_->Rejected(ReasonOf(static_cast<absl::StatusCode>(refused.error_code())));
+      EnqueueEnd(m.session(), refused);
+    }
+    return grpc::Status::OK;
+  }
+
+  void OnDone() override {
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto& [id, session] : sessions_) session->Close();
+    sessions_.clear();
+  }
+
+  // From any thread (shutdown).
+  void EndSession(uint64_t session, const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      auto it = sessions_.find(session);
+      if (it == sessions_.end()) return;
+      it->second->Close();
+      sessions_.erase(it);
+    }
+    EnqueueEnd(session, status);
+  }
+
+  void EnqueueEnd(uint64_t session, const grpc::Status& status) {
+    v1::RelayDown down;
+    v1::RelayedReply* reply = down.add_replies();
+    reply->set_session(session);
+    reply->set_end(true);
+    reply->set_status_code(status.error_code());
+    reply->set_status_message(status.error_message());
+    Enqueue(std::move(down));
+  }
+
+  // Replies waiting while a write is in flight go out together, up to a
+  // bound that keeps one write reasonable.
+  bool Absorb(v1::RelayDown& last, const v1::RelayDown& next) override {
+    if (last.replies_size() >= kMaxSessionsPerMessage) return false;
+    last.MergeFrom(next);
+    return true;
+  }
+
+  // A node's ranks, with room for a relay that carries several nodes.
+  static constexpr size_t kMaxSessions = 4096;
+  static constexpr int kMaxSessionsPerMessage = 4096;
+
+  absl::Mutex sessions_mu_;
+  std::map<uint64_t, std::unique_ptr<RankSession>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+};
 
 TrainerService::~TrainerService() { Stop(); }
 
@@ -399,6 +579,7 @@ void TrainerService::Start() {
   for (auto& q : queues_) {
     grpc::ServerCompletionQueue* queue = q.get();
     AttachCall::Arm(this, queue);
+    RelayCall::Arm(this, queue);
     threads_.emplace_back([this, queue] {
       pthread_setname_np(pthread_self(), "sdc-streams");  // For top -H and perf.
       Serve(queue);
@@ -410,7 +591,7 @@ void TrainerService::Serve(grpc::ServerCompletionQueue* queue) {
   void* tag = nullptr;
   bool ok = false;
   while (queue->Next(&tag, &ok)) {
-    auto* t = static_cast<AttachCall::Tag*>(tag);
+    auto* t = static_cast<QueuedCall::Tag*>(tag);
     t->call->OnEvent(t->op, ok);
   }
 }

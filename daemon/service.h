@@ -66,7 +66,11 @@ class ServiceMetrics {
 };
 
 class Outbox;
+class RankSession;
+template <typename In, typename Out>
+class StreamCall;
 class AttachCall;
+class RelayCall;
 
 // Live trainer streams by (job, rank). Thread-safe.
 class StreamRegistry {
@@ -102,10 +106,11 @@ class Delivery {
 };
 
 using TrainerServiceBase = v1::TrainerService::WithAsyncMethod_Attach<
-    v1::TrainerService::WithCallbackMethod_MayCheckpoint<v1::TrainerService::Service>>;
+    v1::TrainerService::WithCallbackMethod_MayCheckpoint<
+        v1::TrainerService::WithAsyncMethod_Relay<v1::TrainerService::Service>>>;
 
-// Attach (asynchronous, see the top of this file) and MayCheckpoint
-// (callback). Lifecycle: AddQueues before the server is built, Start after,
+// Attach and Relay (asynchronous, see the top of this file) and
+// MayCheckpoint (callback). Lifecycle: AddQueues before the server is built, Start after,
 // Stop after the server's Shutdown returned.
 class TrainerService final : public TrainerServiceBase {
  public:
@@ -123,7 +128,11 @@ class TrainerService final : public TrainerServiceBase {
                                           v1::CheckpointDecision* response) override;
 
  private:
+  friend class RankSession;
+  template <typename In, typename Out>
+  friend class StreamCall;
   friend class AttachCall;
+  friend class RelayCall;
   // Runs `post` (which starts one operation on a queue) unless Stop began;
   // false if it did not run. Queues refuse operations once shut down.
   template <typename Fn>

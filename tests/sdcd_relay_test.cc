@@ -1,0 +1,204 @@
+// TrainerService.Relay against a real sdcd over loopback: one stream carries
+// several ranks' sessions, each answered exactly as an Attach stream would
+// be; a refused session ends alone (with its status, counted) while the
+// others carry on; what a relay had acknowledged is durable for the rank's
+// next stream.
+
+#include <map>
+#include <memory>
+#include <regex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/convert.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/process.h"
+#include "tests/testing/scripted_rank.h"
+#include "tests/testing/sdcd.h"
+
+namespace sdc::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<std::string> kTensors = {"a", "b"};
+constexpr uint32_t kWorld = 6;  // Three nodes of two.
+
+// A relay client: one Relay stream, a reader thread collecting the replies.
+class Relay {
+ public:
+  explicit Relay(const std::string& address)
+      : stub_(v1::TrainerService::NewStub(Channel(address))) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stream_ = stub_->Relay(&context_);
+    reader_ = std::thread([this] {
+      v1::RelayDown down;
+      while (stream_->Read(&down)) {
+        absl::MutexLock lock(&mu_);
+        for (const v1::RelayedReply& r : down.replies()) replies_[r.session()].push_back(r);
+      }
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    });
+  }
+
+  ~Relay() {
+    context_.TryCancel();
+    reader_.join();
+  }
+
+  bool Send(const std::vector<std::pair<uint64_t, v1::TrainerMessage>>& messages) {
+    v1::RelayUp up;
+    for (const auto& [session, m] : messages) {
+      v1::RelayedMessage* r = up.add_messages();
+      r->set_session(session);
+      *r->mutable_message() = m;
+    }
+    return stream_->Write(up);
+  }
+
+  // Waits (up to 10 s) for a reply of `session` that `match` accepts.
+  absl::StatusOr<v1::RelayedReply> WaitFor(
+      uint64_t session, const std::function<bool(const v1::RelayedReply&)>& match) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        for (const v1::RelayedReply& r : replies_[session]) {
+          if (match(r)) return r;
+        }
+        if (done_) return absl::UnavailableError("the relay stream ended");
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("no matching reply for session ", session));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  absl::StatusOr<uint64_t> WaitAcked(uint64_t session, uint64_t sequence) {
+    absl::StatusOr<v1::RelayedReply> r = WaitFor(session, [&](const v1::RelayedReply& r) {
+      return r.message().has_ack() && r.message().ack().acked_sequence() >= sequence;
+    });
+    if (!r.ok()) return r.status();
+    return r->message().ack().acked_sequence();
+  }
+
+ private:
+  std::unique_ptr<v1::TrainerService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RelayUp, v1::RelayDown>> stream_;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::vector<v1::RelayedReply>> replies_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+v1::TrainerMessage HelloOf(core::Rank rank) {
+  v1::TrainerMessage m;
+  *m.mutable_hello() = daemon::ToProto(TestHello("relay-job", rank, kWorld, 2, kTensors));
+  return m;
+}
+
+v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
+  v1::TrainerMessage m;
+  v1::Report* r = m.mutable_report();
+  r->set_job_id("relay-job");
+  r->set_rank(rank);
+  r->set_incarnation(1);
+  r->set_sequence(sequence);
+  r->set_step(step);
+  r->mutable_step_report()->set_applied(true);
+  r->mutable_step_report()->set_reduced_digest(0xabc);
+  r->mutable_step_report()->set_reduced_sum_squares(1.0);
+  return m;
+}
+
+double Rejected(const Sdcd& sdcd, const std::string& reason) {
+  absl::StatusOr<std::string> body = HttpGet(sdcd.metrics_port(), "/metrics");
+  if (!body.ok()) return -1;
+  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
+  std::smatch m;
+  return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
+}
+
+class SdcdRelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(TestDir("relay"));
+    ASSERT_TRUE(d.ok()) << d.status();
+    sdcd_ = *std::move(d);
+  }
+  std::unique_ptr<Sdcd> sdcd_;
+};
+
+TEST_F(SdcdRelayTest, SessionsAreAnsweredAsAttachStreamsAndDurable) {
+  {
+    Relay relay(sdcd_->trainer_address());
+    // Session ids are the relay's own: not the ranks.
+    std::vector<std::pair<uint64_t, v1::TrainerMessage>> hellos;
+    for (core::Rank r = 0; r < kWorld; ++r) hellos.push_back({100 + r, HelloOf(r)});
+    ASSERT_TRUE(relay.Send(hellos));
+    for (core::Rank r = 0; r < kWorld; ++r) {
+      absl::StatusOr<v1::RelayedReply> welcome =
+          relay.WaitFor(100 + r, [](const v1::RelayedReply& x) { return x.message().has_welcome(); });
+      ASSERT_TRUE(welcome.ok()) << welcome.status();
+      EXPECT_EQ(welcome->message().welcome().acked_sequence(), 0u);
+    }
+    // Two steps of every rank in one message each; each session gets its own
+    // acknowledgements.
+    for (uint64_t step = 1; step <= 2; ++step) {
+      std::vector<std::pair<uint64_t, v1::TrainerMessage>> reports;
+      for (core::Rank r = 0; r < kWorld; ++r) reports.push_back({100 + r, StepReportOf(r, step, step)});
+      ASSERT_TRUE(relay.Send(reports));
+    }
+    for (core::Rank r = 0; r < kWorld; ++r) {
+      absl::StatusOr<uint64_t> acked = relay.WaitAcked(100 + r, 2);
+      ASSERT_TRUE(acked.ok()) << acked.status();
+      EXPECT_EQ(*acked, 2u);
+    }
+  }
+  // The relay is gone; rank 3 comes back on its own Attach stream, and sdcd
+  // remembers what it acknowledged through the relay.
+  ScriptedRank rank(Channel(sdcd_->trainer_address()), TestHello("relay-job", 3, kWorld, 2, kTensors));
+  ASSERT_TRUE(rank.Connect().ok());
+  EXPECT_EQ(rank.welcome_acked(), 2u);
+}
+
+TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
+  Relay relay(sdcd_->trainer_address());
+  ASSERT_TRUE(relay.Send({{1, HelloOf(0)}, {2, HelloOf(1)}}));
+  for (uint64_t s : {1, 2}) {
+    ASSERT_TRUE(relay.WaitFor(s, [](const v1::RelayedReply& x) { return x.message().has_welcome(); }).ok());
+  }
+  const double refused_before = Rejected(*sdcd_, "invalid_argument");
+
+  // Session 1 (rank 0) sends rank 1's report; session 3 starts without a Hello.
+  ASSERT_TRUE(relay.Send({{1, StepReportOf(1, 1, 1)}, {3, StepReportOf(2, 1, 1)}}));
+  absl::StatusOr<v1::RelayedReply> ended =
+      relay.WaitFor(1, [](const v1::RelayedReply& x) { return x.end(); });
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(ended->status_message(), HasSubstr("report for job relay-job rank 1 on the stream of job relay-job rank 0"));
+  ended = relay.WaitFor(3, [](const v1::RelayedReply& x) { return x.end(); });
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(ended->status_message(), HasSubstr("first message of a stream must be a Hello"));
+  EXPECT_EQ(Rejected(*sdcd_, "invalid_argument"), refused_before + 2);
+
+  // Session 2 carries on on the same relay.
+  ASSERT_TRUE(relay.Send({{2, StepReportOf(1, 1, 1)}}));
+  absl::StatusOr<uint64_t> acked = relay.WaitAcked(2, 1);
+  ASSERT_TRUE(acked.ok()) << acked.status();
+
+  // Rank 0 may attach again on a fresh session of the same relay.
+  ASSERT_TRUE(relay.Send({{4, HelloOf(0)}, {4, StepReportOf(0, 1, 1)}}));
+  acked = relay.WaitAcked(4, 1);
+  ASSERT_TRUE(acked.ok()) << acked.status();
+}
+
+}  // namespace
+}  // namespace sdc::testing
