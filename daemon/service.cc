@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/batch_scope.h"
 #include "daemon/convert.h"
 #include "daemon/stream.h"
 
@@ -267,11 +268,20 @@ class StreamCall : public QueuedCall {
     Completed();
   }
 
-  // Queues `m`, or folds it into the newest message waiting (Absorb).
+  // Queues `m`, or folds it into the newest message waiting (Absorb). In a
+  // BatchScope (the store's callbacks) the write starts when the batch ends,
+  // with whatever else the batch queued here.
   void Enqueue(Out m) {
+    std::function<void()> pump;
     {
       absl::MutexLock lock(&mu_);
-      out_.Enqueue(std::move(m), [this](Out& last, const Out& next) { return Absorb(last, next); });
+      out_.Enqueue(std::move(m), [this](Out& last, Out& next) { return Absorb(last, next); });
+      if (pump_deferred_) return;
+      if (self_ != nullptr) {
+        pump = [self = self_] { static_cast<StreamCall*>(self.get())->DeferredPump(); };
+        pump_deferred_ = BatchScope::Defer(pump);
+        if (pump_deferred_) return;
+      }
     }
     Pump();
   }
@@ -309,8 +319,9 @@ class StreamCall : public QueuedCall {
   virtual grpc::Status Handle() = 0;
   // The call is over (on the queue's thread).
   virtual void OnDone() = 0;
-  // True when `next` was folded into `last`, the newest message waiting.
-  virtual bool Absorb(Out& last, const Out& next) = 0;
+  // True when `next` was folded (moved) into `last`, the newest message
+  // waiting.
+  virtual bool Absorb(Out& last, Out& next) = 0;
 
   TrainerService* const service_;
   grpc::ServerCompletionQueue* const queue_;
@@ -320,6 +331,14 @@ class StreamCall : public QueuedCall {
   In in_;  // The read path: the queue's thread, one read at a time.
 
  private:
+  void DeferredPump() {
+    {
+      absl::MutexLock lock(&mu_);
+      pump_deferred_ = false;
+    }
+    Pump();
+  }
+
   // An operation returned (or never started): the last one lets go.
   void Completed() {
     std::shared_ptr<QueuedCall> last;
@@ -391,6 +410,7 @@ class StreamCall : public QueuedCall {
   absl::Mutex mu_;
   std::shared_ptr<QueuedCall> self_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pump_deferred_ ABSL_GUARDED_BY(mu_) = false;
   Outgoing<Out> out_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -434,7 +454,7 @@ class AttachCall final : public StreamCall<v1::TrainerMessage, v1::CoordinatorMe
 
   // Acknowledgements are watermarks: one waiting in the queue absorbs the
   // next, so a backlog costs one write, not one per report.
-  bool Absorb(v1::CoordinatorMessage& last, const v1::CoordinatorMessage& next) override {
+  bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override {
     if (!last.has_ack() || !next.has_ack()) return false;
     auto* waiting = last.mutable_ack();
     waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
@@ -555,9 +575,9 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
 
   // Replies waiting while a write is in flight go out together, up to a
   // bound that keeps one write reasonable.
-  bool Absorb(v1::RelayDown& last, const v1::RelayDown& next) override {
+  bool Absorb(v1::RelayDown& last, v1::RelayDown& next) override {
     if (last.replies_size() >= kMaxSessionsPerMessage) return false;
-    last.MergeFrom(next);
+    for (v1::RelayedReply& r : *next.mutable_replies()) *last.add_replies() = std::move(r);
     return true;
   }
 

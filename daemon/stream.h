@@ -30,7 +30,7 @@ template <typename Out>
 class Outgoing {
  public:
   // Queues `m`, or folds it into the newest queued message when `absorb`
-  // does. Dropped once finishing.
+  // (last, m) does; it may move from `m`. Dropped once finishing.
   template <typename Absorb>
   void Enqueue(Out m, Absorb absorb) {
     if (finish_requested_) return;
@@ -98,7 +98,7 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
   void Enqueue(Out m) {
     {
       absl::MutexLock lock(&mu_);
-      out_.Enqueue(std::move(m), [this](Out& last, const Out& next) { return Absorb(last, next); });
+      out_.Enqueue(std::move(m), [this](Out& last, Out& next) { return Absorb(last, next); });
     }
     Pump();
   }
@@ -124,7 +124,7 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
  protected:
   // True when `next` was folded into `last`, the newest message still
   // queued, and needs no write of its own. Called with the queue locked.
-  virtual bool Absorb(Out& last, const Out& next) { return false; }
+  virtual bool Absorb(Out& last, Out& next) { return false; }
 
  private:
   // Starts the next write, or the finish once nothing is left to write.
