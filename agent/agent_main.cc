@@ -30,6 +30,7 @@
 #include "agent/link.h"
 #include "agent/log.h"
 #include "agent/node_action.h"
+#include "agent/relay.h"
 #include "agent/worker.h"
 
 namespace {
@@ -61,6 +62,10 @@ ABSL_FLAG(absl::Duration, diagnostic_timeout, kDefaults.diagnostic_timeout,
           "then gets no verdict, saying why).");
 ABSL_FLAG(std::string, nvml_library, kDefaults.nvml_library,
           "NVML library to load for the GPU inventory.");
+ABSL_FLAG(std::string, relay_listen, "",
+          "Relay this node's trainer ranks to sdcd: listen here (unix:PATH or a loopback "
+          "HOST:PORT) for their streams, and point their SDC_COORDINATOR at it. Empty: no "
+          "relay (ranks connect to sdcd themselves).");
 ABSL_FLAG(std::string, inject_diagnostic_fault, "",
           "TESTS ONLY: =yes-i-am-testing corrupts one element of every diagnostic so tests "
           "can prove the comparison catches it.");
@@ -102,6 +107,7 @@ Config ConfigFromFlags(const Environment& env) {
   c.diagnostic_timeout = absl::GetFlag(FLAGS_diagnostic_timeout);
   c.nvml_library = absl::GetFlag(FLAGS_nvml_library);
   c.inject_diagnostic_fault = absl::GetFlag(FLAGS_inject_diagnostic_fault);
+  c.relay_listen = absl::GetFlag(FLAGS_relay_listen);
   return c;
 }
 
@@ -241,9 +247,37 @@ int Main(int argc, char** argv) {
                    config.action_command.empty() ? "none" : config.action_command));
   agent_link.Start();
 
+  std::unique_ptr<TrainerRelay> relay;
+  std::unique_ptr<grpc::Server> relay_server;
+  if (!config.relay_listen.empty()) {
+    relay = std::make_unique<TrainerRelay>(MakeRelayChannel(options));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(config.relay_listen, grpc::InsecureServerCredentials(), &port);
+    // The ranks' channel settings (client/channel.h), as sdcd accepts them.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    builder.SetMaxReceiveMessageSize(16 << 20);
+    builder.SetMaxSendMessageSize(16 << 20);
+    builder.RegisterService(relay.get());
+    relay_server = builder.BuildAndStart();
+    if (relay_server == nullptr || (config.relay_listen.rfind("unix:", 0) != 0 && port == 0)) {
+      std::fprintf(stderr, "sdc-agent: --relay_listen: cannot listen on %s\n",
+                   config.relay_listen.c_str());
+      return 2;
+    }
+    Log(absl::StrCat("relaying trainer streams from ", config.relay_listen, " to ",
+                     config.coordinator));
+  }
+
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   Log(absl::StrCat("signal ", signal_number, ": shutting down"));
+  if (relay != nullptr) {
+    relay->Shutdown();  // Ranks reconnect (to a restarted agent, or elsewhere).
+    relay_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  }
   agent_link.Stop();
   // A diagnostic may be in the middle of a matmul that cannot be
   // interrupted; nothing is persisted, so leave without waiting for it.

@@ -22,6 +22,21 @@ absl::Status Readable(const std::string& flag, const std::string& path) {
 
 }  // namespace
 
+// sockaddr_un's sun_path, less its terminating NUL.
+constexpr size_t kMaxUnixPath = 107;
+
+bool RelayAddressIsLocal(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return address.size() > 5;  // Length: see Validate.
+  for (const char* host : {"127.0.0.1:", "[::1]:", "localhost:"}) {
+    const std::string prefix = host;
+    if (address.rfind(prefix, 0) == 0) {
+      int port = 0;
+      return absl::SimpleAtoi(address.substr(prefix.size()), &port) && port > 0 && port < 65536;
+    }
+  }
+  return false;
+}
+
 absl::Status Validate(const Config& c) {
   if (c.coordinator.empty()) return Bad("coordinator", "required (sdcd's address, HOST:PORT)");
   const size_t colon = c.coordinator.rfind(':');
@@ -66,6 +81,17 @@ absl::Status Validate(const Config& c) {
     return Bad("diagnostic_timeout", "must be positive");
   }
   if (c.nvml_library.empty()) return Bad("nvml_library", "empty");
+  if (!c.relay_listen.empty() && !RelayAddressIsLocal(c.relay_listen)) {
+    // The relay speaks for ranks with no credentials of its own: only this
+    // node's processes may reach it.
+    return Bad("relay_listen",
+               absl::StrCat("must be unix:PATH or a loopback address (127.0.0.1:PORT, "
+                            "[::1]:PORT, localhost:PORT), got \"", c.relay_listen, "\""));
+  }
+  if (c.relay_listen.rfind("unix:", 0) == 0 && c.relay_listen.size() - 5 > kMaxUnixPath) {
+    return Bad("relay_listen", absl::StrCat("a Unix socket path has at most ", kMaxUnixPath,
+                                            " characters, this one ", c.relay_listen.size() - 5));
+  }
   if (!c.inject_diagnostic_fault.empty() && !c.inject_fault()) {
     return Bad("inject_diagnostic_fault",
                absl::StrCat("corrupts diagnostic results for tests; the only accepted value is ",

@@ -36,6 +36,9 @@ struct Config {
   std::string nvml_library = kNvmlLibrary;
   // "" or kInjectFaultConfirmation (tests only).
   std::string inject_diagnostic_fault;
+  // Where the trainer relay listens for this node's ranks (agent/relay.h):
+  // unix:PATH or a loopback HOST:PORT; empty: no relay.
+  std::string relay_listen;
 
   bool inject_fault() const { return inject_diagnostic_fault == kInjectFaultConfirmation; }
 };
@@ -43,6 +46,9 @@ struct Config {
 // OK, or InvalidArgument whose message starts with the offending flag, e.g.
 // "--heartbeat: must be between 1s and 10m, got 0".
 absl::Status Validate(const Config& config);
+
+// unix:PATH, or HOST:PORT with a loopback HOST.
+bool RelayAddressIsLocal(const std::string& address);
 
 }  // namespace sdc::agent
 

@@ -30,6 +30,15 @@ std::shared_ptr<grpc::Channel> MakeAgentChannel(const LinkOptions& options) {
       {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 
+std::shared_ptr<grpc::Channel> MakeRelayChannel(const LinkOptions& options) {
+  grpc::ChannelArguments args = client::KeepaliveArguments();
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(16 << 20);
+  args.SetUserAgentPrefix("sdc-agent-relay");
+  return client::MakeClientChannel(
+      {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
+}
+
 AgentLink::AgentLink(LinkOptions options, v1::NodeIdentity identity,
                      DiagnosticHandler on_diagnostic, ActionHandler on_action,
                      HeartbeatFiller fill_heartbeat)

@@ -94,6 +94,10 @@ class AgentLink {
 // checked them at start).
 std::shared_ptr<grpc::Channel> MakeAgentChannel(const LinkOptions& options);
 
+// The trainer relay's channel to sdcd: the same, with trainers' message size
+// limit (16 MiB), and gRPC's own reconnect backoff (the ranks pace theirs).
+std::shared_ptr<grpc::Channel> MakeRelayChannel(const LinkOptions& options);
+
 }  // namespace sdc::agent
 
 #endif  // SDC_AGENT_LINK_H_

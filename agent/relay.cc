@@ -1,0 +1,303 @@
+#include "agent/relay.h"
+
+#include <algorithm>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "agent/log.h"
+#include "daemon/stream.h"
+
+namespace sdc::agent {
+
+namespace {
+
+// What one RelayUp carries at most: sdcd accepts 4,096 messages and 16 MiB.
+constexpr size_t kMaxBatch = 1024;
+constexpr size_t kMaxBatchBytes = 4 << 20;
+// MayCheckpoint without a deadline of its own gets this one.
+constexpr absl::Duration kCheckpointDeadline = absl::Seconds(30);
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// One rank's Attach stream, relayed.
+
+class TrainerRelay::Session
+    : public daemon::QueuedStream<v1::TrainerMessage, v1::CoordinatorMessage> {
+ public:
+  explicit Session(TrainerRelay* relay);
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The rank closed its side, or its call broke.
+      relay_->Close(id_);
+      RequestFinish(grpc::Status::OK);
+      return;
+    }
+    std::string why;
+    if (!relay_->Forward(id_, &in_, &why)) {
+      RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone() override;
+
+ private:
+  // Acknowledgements are watermarks: a waiting one absorbs the next.
+  bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override {
+    if (!last.has_ack() || !next.has_ack()) return false;
+    last.mutable_ack()->set_acked_sequence(
+        std::max(last.ack().acked_sequence(), next.ack().acked_sequence()));
+    return true;
+  }
+
+  TrainerRelay* const relay_;
+  std::shared_ptr<SessionHandle> handle_;
+  uint64_t id_ = 0;
+  v1::TrainerMessage in_;  // The read path only.
+};
+
+// What the relay keeps of a session: pushes after the stream ended are
+// dropped (daemon/stream.h).
+class TrainerRelay::SessionHandle : public daemon::StreamHandle<Session> {
+ public:
+  using StreamHandle::StreamHandle;
+  void Push(v1::CoordinatorMessage m) {
+    WithReactor([&](Session* s) { s->Enqueue(std::move(m)); });
+  }
+  void End(grpc::Status status) {
+    WithReactor([&](Session* s) { s->RequestFinish(std::move(status)); });
+  }
+};
+
+TrainerRelay::Session::Session(TrainerRelay* relay)
+    : relay_(relay), handle_(std::make_shared<SessionHandle>(this)) {
+  id_ = relay_->Open(handle_);
+  StartRead(&in_);
+}
+
+void TrainerRelay::Session::OnDone() {
+  relay_->Close(id_);
+  if (handle_->Close()) delete this;
+}
+
+// ---------------------------------------------------------------------------
+// The stream to sdcd: a writer thread sends what waits as one RelayUp, a
+// reader thread hands replies to their sessions.
+
+class TrainerRelay::Upstream {
+ public:
+  Upstream(TrainerRelay* relay, v1::TrainerService::Stub* stub) : relay_(relay) {
+    stream_ = stub->Relay(&context_);
+    writer_ = std::thread([this] { WriteLoop(); });
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+
+  ~Upstream() {
+    Stop();
+    reader_.join();  // It joins the writer.
+  }
+
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    context_.TryCancel();
+  }
+
+  bool Send(v1::RelayedMessage m, std::string* why) {
+    absl::MutexLock lock(&mu_);
+    if (broken_ || stopping_) {
+      *why = "sdc-agent's stream to sdcd ended";
+      return false;
+    }
+    if (waiting_.size() >= kMaxWaiting) {
+      *why = absl::StrCat("sdcd is not keeping up: ", waiting_.size(),
+                          " messages wait for it in sdc-agent");
+      return false;
+    }
+    waiting_.push_back(std::move(m));
+    return true;
+  }
+
+ private:
+  void WriteLoop() {
+    while (true) {
+      v1::RelayUp up;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stopping_ || broken_ || !waiting_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stopping_ || broken_) return;
+        size_t bytes = 0;
+        while (!waiting_.empty() && static_cast<size_t>(up.messages_size()) < kMaxBatch &&
+               (bytes == 0 || bytes + waiting_.front().ByteSizeLong() <= kMaxBatchBytes)) {
+          bytes += waiting_.front().ByteSizeLong();
+          *up.add_messages() = std::move(waiting_.front());
+          waiting_.pop_front();
+        }
+      }
+      if (!stream_->Write(up)) {
+        absl::MutexLock lock(&mu_);
+        broken_ = true;
+        return;
+      }
+    }
+  }
+
+  void ReadLoop() {
+    v1::RelayDown down;
+    while (stream_->Read(&down)) {
+      for (const v1::RelayedReply& r : down.replies()) relay_->Deliver(this, r);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    }
+    writer_.join();  // Its Write fails now that the call is over.
+    const grpc::Status status = stream_->Finish();
+    relay_->Lost(this, status);
+  }
+
+  TrainerRelay* const relay_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RelayUp, v1::RelayDown>> stream_;
+  std::thread writer_;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::deque<v1::RelayedMessage> waiting_ ABSL_GUARDED_BY(mu_);
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// ---------------------------------------------------------------------------
+
+TrainerRelay::TrainerRelay(std::shared_ptr<grpc::Channel> coordinator)
+    : channel_(std::move(coordinator)), stub_(v1::TrainerService::NewStub(channel_)) {}
+
+TrainerRelay::~TrainerRelay() { Shutdown(); }
+
+grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* TrainerRelay::Attach(
+    grpc::CallbackServerContext* context) {
+  return new Session(this);
+}
+
+grpc::ServerUnaryReactor* TrainerRelay::MayCheckpoint(grpc::CallbackServerContext* context,
+                                                      const v1::CheckpointRequest* request,
+                                                      v1::CheckpointDecision* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* call = new grpc::ClientContext;
+  const absl::Time ceiling = absl::Now() + kCheckpointDeadline;
+  const absl::Time asked = absl::FromChrono(context->deadline());
+  call->set_deadline(absl::ToChronoTime(std::min(asked, ceiling)));
+  stub_->async()->MayCheckpoint(call, request, response, [reactor, call](grpc::Status s) {
+    reactor->Finish(s);
+    delete call;
+  });
+  return reactor;
+}
+
+uint64_t TrainerRelay::Open(std::shared_ptr<SessionHandle> handle) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_session_++;
+  if (!shut_down_) sessions_.emplace(id, std::move(handle));
+  return id;
+}
+
+bool TrainerRelay::Forward(uint64_t session, const v1::TrainerMessage* message, std::string* why) {
+  std::vector<std::unique_ptr<Upstream>> joined;  // Destroyed after the lock.
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) {
+    *why = "sdc-agent is shutting down";
+    return false;
+  }
+  if (sessions_.count(session) == 0) {
+    *why = "sdc-agent's stream to sdcd ended";
+    return false;
+  }
+  if (upstream_ == nullptr) {
+    joined.swap(retired_);
+    upstream_ = std::make_unique<Upstream>(this, stub_.get());
+    Log("relay: opened a stream to sdcd");
+  }
+  v1::RelayedMessage m;
+  m.set_session(session);
+  *m.mutable_message() = *message;
+  return upstream_->Send(std::move(m), why);
+}
+
+void TrainerRelay::Close(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  if (sessions_.erase(session) == 0 || upstream_ == nullptr) return;
+  v1::RelayedMessage m;
+  m.set_session(session);
+  m.set_end(true);
+  std::string why;
+  upstream_->Send(std::move(m), &why);  // Lost with the stream otherwise: sdcd ends it then.
+}
+
+void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
+  std::shared_ptr<SessionHandle> handle;
+  {
+    absl::MutexLock lock(&mu_);
+    if (upstream_.get() != from) return;
+    auto it = sessions_.find(reply.session());
+    if (it == sessions_.end()) return;
+    handle = it->second;
+    if (reply.end()) sessions_.erase(it);
+  }
+  if (reply.end()) {
+    handle->End(grpc::Status(static_cast<grpc::StatusCode>(reply.status_code()),
+                             reply.status_message()));
+  } else {
+    handle->Push(reply.message());
+  }
+}
+
+void TrainerRelay::Lost(Upstream* from, const grpc::Status& status) {
+  std::map<uint64_t, std::shared_ptr<SessionHandle>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    if (upstream_.get() != from) return;  // Shutdown took it.
+    retired_.push_back(std::move(upstream_));
+    ended.swap(sessions_);
+  }
+  Log(absl::StrCat("relay: the stream to sdcd ended (", status.error_message(), "); ending ",
+                   ended.size(), " rank streams, which reconnect"));
+  for (auto& [id, handle] : ended) {
+    handle->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat("sdc-agent lost its stream to sdcd: ",
+                                          status.error_message())));
+  }
+}
+
+void TrainerRelay::Shutdown() {
+  std::map<uint64_t, std::shared_ptr<SessionHandle>> ended;
+  std::unique_ptr<Upstream> upstream;
+  std::vector<std::unique_ptr<Upstream>> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    ended.swap(sessions_);
+    upstream = std::move(upstream_);
+    retired.swap(retired_);
+  }
+  for (auto& [id, handle] : ended) {
+    handle->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdc-agent is shutting down"));
+  }
+  // Destroying them cancels and joins their threads.
+}
+
+size_t TrainerRelay::sessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+}  // namespace sdc::agent

@@ -1,0 +1,86 @@
+#ifndef SDC_AGENT_RELAY_H_
+#define SDC_AGENT_RELAY_H_
+
+// The agent's trainer relay (sdc-agent --relay_listen): trainers on this
+// node attach to the agent exactly as they would to sdcd (the same
+// TrainerService, so SDC_COORDINATOR simply names the agent), and the agent
+// carries all their streams to sdcd on one TrainerService.Relay stream,
+// batched. At 16,384 ranks that turns 16,384 streams and one gRPC message
+// per report into 2,048 streams and one message per node per batch (see
+// docs/ARCHITECTURE.md, "Relay").
+//
+// Nothing is acknowledged by the agent: acknowledgements, plans and
+// verdicts come from sdcd, through the relay, to the rank they name, and a
+// rank keeps (and resends) every report until sdcd acknowledged it. When
+// the relay's stream to sdcd ends, every rank stream relayed on it ends
+// with UNAVAILABLE; the ranks reconnect (to the agent), which opens a fresh
+// stream to sdcd for them. MayCheckpoint is forwarded as it is.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "trainer.grpc.pb.h"
+
+namespace sdc::agent {
+
+class TrainerRelay final : public v1::TrainerService::CallbackService {
+ public:
+  explicit TrainerRelay(std::shared_ptr<grpc::Channel> coordinator);
+  ~TrainerRelay() override;  // Shutdown().
+
+  grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Attach(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointRequest* request,
+                                          v1::CheckpointDecision* response) override;
+
+  // Ends every rank stream (UNAVAILABLE) and the stream to sdcd, and joins
+  // its threads. Idempotent; call before the server's Shutdown.
+  void Shutdown();
+
+  // Rank streams relayed now.
+  size_t sessions() const;
+
+  // Messages waiting for the stream to sdcd beyond which a rank stream
+  // that adds more is ended (UNAVAILABLE, saying so): sdcd is not keeping
+  // up, and the rank keeps its unacknowledged reports to resend anyway.
+  static constexpr size_t kMaxWaiting = 100'000;
+
+ private:
+  class Session;
+  class SessionHandle;
+  class Upstream;
+  friend class Session;
+  friend class Upstream;
+
+  // A session's message (or its end) for sdcd. False: it cannot go (no
+  // stream to sdcd, or too much waiting), with the reason in *why.
+  bool Forward(uint64_t session, const v1::TrainerMessage* message, std::string* why);
+  uint64_t Open(std::shared_ptr<SessionHandle> handle);
+  // The rank's stream ended; tells sdcd unless sdcd ended it.
+  void Close(uint64_t session);
+  // From an upstream's reader thread.
+  void Deliver(Upstream* from, const v1::RelayedReply& reply);
+  void Lost(Upstream* from, const grpc::Status& status);
+
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::TrainerService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<SessionHandle>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
+  // Upstreams that ended, joined by the next one's start or Shutdown.
+  std::vector<std::unique_ptr<Upstream>> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sdc::agent
+
+#endif  // SDC_AGENT_RELAY_H_

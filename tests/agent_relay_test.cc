@@ -1,0 +1,150 @@
+// sdc-agent's trainer relay, end to end: a real sdcd (fresh database, free
+// ports), a real sdc-agent relaying on a Unix socket, and trainer ranks that
+// attach to the agent instead of sdcd: scripted ranks over the real gRPC
+// API, and the client library's own CoordinatorLink. Everything sdcd says
+// reaches the rank it names through the relay; when sdcd restarts, the
+// relayed ranks' streams end and they reconnect through the agent, losing
+// nothing acknowledged.
+
+#include <stdlib.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/coordinator_link.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/process.h"
+#include "tests/testing/scripted_rank.h"
+#include "tests/testing/sdcd.h"
+
+namespace sdc::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::vector<std::string> kTensors = {"w0", "w1", "b0"};
+constexpr uint32_t kWorld = 6;  // Nodes node-a, node-b, node-c of two ranks.
+
+class AgentRelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    sdcd_ = *std::move(d);
+    // A Unix socket path has at most 107 characters; the test directory's
+    // can be longer.
+    char socket_dir[] = "/tmp/sdc-relay-XXXXXX";
+    ASSERT_NE(mkdtemp(socket_dir), nullptr);
+    socket_dir_ = socket_dir;
+    absl::StatusOr<Process> agent = Process::Start(
+        {BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->trainer_address()),
+         "--node_name=node-a", "--heartbeat=1s", absl::StrCat("--relay_listen=", relay()),
+         absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))},
+        dir_ + "/agent.log");
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = std::make_unique<Process>(*std::move(agent));
+    ASSERT_TRUE(agent_->WaitForLog("relaying trainer streams from .*").ok())
+        << ReadFile(dir_ + "/agent.log");
+  }
+
+  void TearDown() override {
+    agent_.reset();  // Stops it.
+    sdc::testing::Run({"rm", "-rf", socket_dir_});
+  }
+
+  std::string relay() const { return "unix:" + socket_dir_ + "/relay.sock"; }
+
+  std::string dir_;
+  std::string socket_dir_;
+  std::unique_ptr<Sdcd> sdcd_;
+  std::unique_ptr<Process> agent_;
+};
+
+TEST_F(AgentRelayTest, AnAuditThroughTheRelayBlamesTheFaultyRank) {
+  absl::StatusOr<Ranks> ranks = ConnectRanks(relay(), "job-relay", kWorld, 2, kTensors);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  ASSERT_TRUE(SendScheduledAudit(*ranks, 10, /*faulty=*/3).ok());
+  // Every rank gets the verdict, through the relay, naming rank 3.
+  for (auto& rank : *ranks) {
+    absl::StatusOr<v1::CoordinatorMessage> verdict = rank->WaitFor(
+        [](const v1::CoordinatorMessage& m) {
+          return m.has_audit_verdict() && m.audit_verdict().outcome() == v1::FAULTY;
+        },
+        absl::Seconds(20));
+    ASSERT_TRUE(verdict.ok()) << "rank " << rank->hello().placement.rank << ": "
+                              << verdict.status();
+    EXPECT_THAT(verdict->audit_verdict().faulty_ranks(), ElementsAre(3));
+  }
+  // sdcd saw six ranks and opened a request for rank 3's node.
+  auto admin = sdcd_->Admin();
+  v1::ListRanksRequest rq;
+  rq.set_job_id("job-relay");
+  v1::ListRanksResponse rs;
+  ASSERT_TRUE(admin->ListRanks(sdcd_->AdminContext().get(), rq, &rs).ok());
+  EXPECT_EQ(rs.ranks_size(), static_cast<int>(kWorld));
+  v1::ListRequestsResponse requests;
+  ASSERT_TRUE(admin->ListRequests(sdcd_->AdminContext().get(), {}, &requests).ok());
+  ASSERT_EQ(requests.requests_size(), 1);
+  EXPECT_EQ(requests.requests(0).node_name(), "node-b");
+}
+
+TEST_F(AgentRelayTest, TheClientLibraryWorksThroughTheRelay) {
+  client::GuardOptions o;
+  o.coordinator = relay();
+  o.job_id = "job-link";
+  client::CoordinatorLink link(o, TestHello("job-link", 0, /*world=*/1, 1, {"w"}));
+  link.Start();
+  for (core::Step s = 1; s <= 3; ++s) link.Send(s, core::StepReport{});
+  ASSERT_TRUE(link.Flush(absl::Seconds(20))) << link.stats().last_error;
+  EXPECT_EQ(link.stats().acked, 3u);
+  EXPECT_EQ(link.stats().rejected, 0u);
+
+  // MayCheckpoint goes through the agent too.
+  auto stub = v1::TrainerService::NewStub(Channel(relay()));
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::CheckpointRequest q;
+  q.set_job_id("job-link");
+  q.set_step(3);
+  v1::CheckpointDecision d;
+  const grpc::Status s = stub->MayCheckpoint(&c, q, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(d.allowed()) << "no weight check at step 3 yet";
+  EXPECT_THAT(d.reason(), HasSubstr("weight"));
+}
+
+TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
+  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-restart", kWorld, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Ranks ranks = *std::move(connected);
+  const core::StepReport clean{0, 0, 1.0, 7, true, "", false};
+  for (auto& r : ranks) r->Send(1, clean);
+  for (auto& r : ranks) ASSERT_TRUE(r->WaitAcked(1).ok());
+
+  const int port = sdcd_->trainer_port();
+  sdcd_->process().Kill();
+  // The agent ends every stream it relayed, saying why.
+  for (auto& r : ranks) {
+    const grpc::Status ended = r->WaitFinished(absl::Seconds(20));
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(ended.error_message(), HasSubstr("sdc-agent lost its stream to sdcd"));
+  }
+  absl::StatusOr<std::unique_ptr<Sdcd>> second = Sdcd::Start(dir_, {}, {}, port);
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Back through the same agent: sdcd remembers what it acknowledged.
+  for (auto& r : ranks) {
+    ASSERT_TRUE(r->Connect(absl::Seconds(20)).ok());
+    EXPECT_EQ(r->welcome_acked(), 1u);
+    r->Send(2, clean);
+  }
+  for (auto& r : ranks) ASSERT_TRUE(r->WaitAcked(2, absl::Seconds(20)).ok());
+}
+
+}  // namespace
+}  // namespace sdc::testing
