@@ -173,7 +173,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   rec.placement = h.placement;
   rec.deterministic = h.deterministic;
   slot->attached = true;
-  if (std::find(group.members.begin(), group.members.end(), rank) == group.members.end()) {
+  if (!std::binary_search(group.members.begin(), group.members.end(), rank)) {
     group.members.insert(std::upper_bound(group.members.begin(), group.members.end(), rank),
                          rank);
     placement_changed = true;
@@ -686,8 +686,8 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
         " parameters"));
   }
   if (a.subject >= job.record.world_size ||
-      std::find(group.members.begin(), group.members.end(), a.subject) ==
-          group.members.end()) {
+      // Ascending: a linear search here was O(world) per audit result.
+      !std::binary_search(group.members.begin(), group.members.end(), a.subject)) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", a.subject,
                                                    " is not in rank ", r.rank,
                                                    "'s replica group"));
