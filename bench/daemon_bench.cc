@@ -2,9 +2,12 @@
 //
 // This process starts sdcd (real binary, fresh database), then runs the load
 // generator as a separate process (this binary with --role=loadgen): 16,384
-// ranks of one job (2,048 nodes x 8 GPUs), 128 rank streams per gRPC
-// connection, asynchronous API over 16 completion queues, --senders threads
-// handing out each step's reports (4).
+// ranks of one job (2,048 nodes x 8 GPUs), 128 ranks per gRPC connection,
+// asynchronous API over 16 completion queues, --senders threads handing out
+// each step's reports (4). By default each node's 8 ranks reach sdcd through
+// one Relay stream, as with sdc-agent --relay_listen (--per_relay=8, so 16
+// relays per connection); --per_relay=0 gives every rank its own Attach
+// stream, as when trainers dial sdcd themselves.
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
 // and replay), in the client's order: audit results, then (after the verdict
@@ -60,7 +63,7 @@ struct Args {
   uint32_t per_connection = 128;
   // Ranks per relay stream (a node agent relaying its node's ranks); 0: one
   // Attach stream per rank.
-  uint32_t per_relay = 0;
+  uint32_t per_relay = 8;
   // Threads handing out each step's reports. One alone took up to 4 s to
   // hand out a weight step (16,384 x 24 KB), which held the step rate at
   // 0.92/s; four keep it at 0.99/s on two vCPUs.

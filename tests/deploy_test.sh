@@ -97,7 +97,7 @@ DEFAULT_TAG = "0.1.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
-               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library"}
+               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library", "relay_listen"}
 RBAC_VERBS = {"get", "list", "watch", "patch"}
 HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
 HEALTH_TAINTS = [
@@ -896,6 +896,13 @@ if install_as explicit python3 "192.0.2.1" --role compute --coordinator head:740
 else
   bad "installer explicit role: $(cat "$work/roots/explicit.log")"
 fi
+if install_as relay python3 "192.0.2.1" --role compute --coordinator head:7400 --relay --no-start --dist "$dist" &&
+  grep -qx 'SDC_RELAY_LISTEN=127.0.0.1:7401' "$work/roots/relay/etc/default/sdc-agent" &&
+  grep -qx 'SDC_RELAY_LISTEN=' "$work/roots/explicit/etc/default/sdc-agent"; then
+  ok "installer: --relay writes SDC_RELAY_LISTEN=127.0.0.1:7401 (empty without it)"
+else
+  bad "installer --relay: $(cat "$work/roots/relay.log")"
+fi
 if install_as slurmuser python3 "10.1.0.10" --sdcd-user slurm "$dist" &&
   grep -qx 'User=slurm' "$work/roots/slurmuser/etc/systemd/system/sdcd.service.d/user.conf"; then
   ok "installer: --sdcd-user slurm writes the sdcd.service drop-in"
@@ -930,6 +937,19 @@ if [[ "$got" == "$(hostname)" ]]; then
 else
   bad "trainer-env.sh SDC_NODE_NAME fallback: got '$got'"
 fi
+# With a relaying agent on the node, trainers dial it; without, sdcd.
+printf 'SDC_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=127.0.0.1:7401\n' >"$work/agent-relay.env"
+printf 'SDC_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=\n' >"$work/agent-direct.env"
+for pair in "agent-relay.env|127.0.0.1:7401" "agent-direct.env|head:7400"; do
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  got="$(env -i PATH="$PATH" SLURM_JOB_ID=7 SDC_AGENT_DEFAULTS="$work/${pair%%|*}" \
+    bash -c 'set -euo pipefail; source "$1"; printf "%s" "$SDC_COORDINATOR"' _ "$tenv" 2>&1)" || true
+  if [[ "$got" == "${pair#*|}" ]]; then
+    ok "trainer-env.sh: SDC_COORDINATOR=${pair#*|} from ${pair%%|*}"
+  else
+    bad "trainer-env.sh with ${pair%%|*}: got '$got'"
+  fi
+done
 mapfile -t exported < <(sed -n 's/^export \([A-Z_]*\)=.*/\1/p' "$tenv")
 check vars "$options_h" "${exported[@]}" || bad "trainer-env.sh exports a variable the client does not read"
 

@@ -18,11 +18,18 @@
 # so `SDC_AUDIT_EVERY=50 srun ...` works. See client/options.h for the rest
 # (SDC_VERDICT_WAIT_MS, SDC_CHECKPOINT_FALLBACK, SDC_TLS_CA, ...).
 
-# The coordinator (sdcd on the head node): $SDC_COORDINATOR if set, else the
-# address install_sdc_guard.sh wrote for the node agent.
-if [[ -z "${SDC_COORDINATOR:-}" && -r /etc/default/sdc-agent ]]; then
-  SDC_COORDINATOR="$(sed -n 's/^SDC_COORDINATOR=//p' /etc/default/sdc-agent | tail -n 1)"
+# The coordinator: $SDC_COORDINATOR if set; else this node's agent when it
+# relays trainer streams (install_sdc_guard.sh --relay wrote
+# SDC_RELAY_LISTEN); else sdcd on the head node, at the address
+# install_sdc_guard.sh wrote for the agent.
+sdc_agent_defaults="${SDC_AGENT_DEFAULTS:-/etc/default/sdc-agent}"
+if [[ -z "${SDC_COORDINATOR:-}" && -r "$sdc_agent_defaults" ]]; then
+  SDC_COORDINATOR="$(sed -n 's/^SDC_RELAY_LISTEN=//p' "$sdc_agent_defaults" | tail -n 1)"
+  if [[ -z "$SDC_COORDINATOR" ]]; then
+    SDC_COORDINATOR="$(sed -n 's/^SDC_COORDINATOR=//p' "$sdc_agent_defaults" | tail -n 1)"
+  fi
 fi
+unset sdc_agent_defaults
 if [[ -z "${SDC_COORDINATOR:-}" ]]; then
   echo "trainer-env.sh: SDC_COORDINATOR is unset and /etc/default/sdc-agent has none;" \
     "the trainer runs its checks in-band only" >&2

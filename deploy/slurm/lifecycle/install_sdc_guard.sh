@@ -34,6 +34,10 @@
 #   --dist DIR           binaries directory (or the first non-option argument,
 #                        or $SDC_GUARD_DIST)
 #   --coordinator H:P    sdcd's trainer address for agents and trainers
+#   --relay              compute nodes: the agent relays the node's trainer
+#                        streams to sdcd (sdc-agent --relay_listen on
+#                        127.0.0.1:7401; trainer-env.sh points trainers at it).
+#                        For large clusters: docs/ARCHITECTURE.md, "Relay"
 #   --sdcd-user USER     run sdcd as USER (e.g. slurm, when the sdc user cannot
 #                        be made a Slurm operator): writes a unit drop-in
 #   --self-ip IP         this node's address (default: hostname -I)
@@ -60,6 +64,7 @@ sdcd_user=""
 self_ip=""
 root="/"
 start=1
+relay=
 resource_config="${SAGEMAKER_RESOURCE_CONFIG_PATH:-/opt/ml/config/resource_config.json}"
 
 while (($# > 0)); do
@@ -77,6 +82,7 @@ while (($# > 0)); do
     --root) root="${2:?--root needs a value}"; shift 2 ;;
     --root=*) root="${1#*=}"; shift ;;
     --no-start) start=0; shift ;;
+    --relay) relay="127.0.0.1:7401"; shift ;;
     -h | --help)
       sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
       exit 0
@@ -275,9 +281,10 @@ case "$role" in
       echo "# Written by install_sdc_guard.sh; read by sdc-agent.service and trainer-env.sh."
       echo "SDC_COORDINATOR=$coordinator"
       echo "NODE_NAME=$(hostname)"
+      echo "SDC_RELAY_LISTEN=$relay"
       echo "SDC_AGENT_FLAGS="
     } >"$root/etc/default/sdc-agent"
-    log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$coordinator)"
+    log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$coordinator${relay:+, SDC_RELAY_LISTEN=$relay})"
     run systemctl daemon-reload
     if ((start)); then run systemctl enable --now sdc-agent.service; fi
     ;;
