@@ -258,7 +258,7 @@ int Main(int argc, char** argv) {
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    builder.SetMaxReceiveMessageSize(16 << 20);
+    builder.SetMaxReceiveMessageSize(TrainerRelay::kMaxRankMessageBytes);
     builder.SetMaxSendMessageSize(16 << 20);
     builder.RegisterService(relay.get());
     relay_server = builder.BuildAndStart();

@@ -38,11 +38,18 @@ class TrainerRelay::Session
       return;
     }
     std::string why;
-    if (!relay_->Forward(id_, &in_, &why)) {
-      RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
-      return;
+    switch (relay_->Forward(id_, &in_, &why)) {
+      case Forwarded::kQueued:
+        StartRead(&in_);
+        return;
+      case Forwarded::kEnding:
+        // Whoever ended the session (sdcd's refusal, the stream to sdcd
+        // ending, shutdown) finishes it with its own status: read no more.
+        return;
+      case Forwarded::kRefused:
+        RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+        return;
     }
-    StartRead(&in_);
   }
 
   void OnDone() override;
@@ -78,6 +85,10 @@ class TrainerRelay::SessionHandle : public daemon::StreamHandle<Session> {
 TrainerRelay::Session::Session(TrainerRelay* relay)
     : relay_(relay), handle_(std::make_shared<SessionHandle>(this)) {
   id_ = relay_->Open(handle_);
+  if (id_ == 0) {
+    RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdc-agent is shutting down"));
+    return;
+  }
   StartRead(&in_);
 }
 
@@ -92,39 +103,58 @@ void TrainerRelay::Session::OnDone() {
 
 class TrainerRelay::Upstream {
  public:
+  // Returns at once: the call starts (and may wait for a connection) on the
+  // upstream's own thread, so no caller waits for sdcd.
   Upstream(TrainerRelay* relay, v1::TrainerService::Stub* stub) : relay_(relay) {
-    stream_ = stub->Relay(&context_);
-    writer_ = std::thread([this] { WriteLoop(); });
-    reader_ = std::thread([this] { ReadLoop(); });
+    thread_ = std::thread([this, stub] { Run(stub); });
   }
 
   ~Upstream() {
     Stop();
-    reader_.join();  // It joins the writer.
+    thread_.join();
   }
 
   void Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    context_.TryCancel();
+    context_.TryCancel();  // Also before the call started: it starts cancelled.
   }
 
+  // False (and *why) when the stream is over, or too much already waits.
   bool Send(v1::RelayedMessage m, std::string* why) {
+    const size_t bytes = m.ByteSizeLong();
     absl::MutexLock lock(&mu_);
     if (broken_ || stopping_) {
       *why = "sdc-agent's stream to sdcd ended";
       return false;
     }
-    if (waiting_.size() >= kMaxWaiting) {
-      *why = absl::StrCat("sdcd is not keeping up: ", waiting_.size(),
-                          " messages wait for it in sdc-agent");
+    if (!m.end() && (waiting_.size() >= kMaxWaiting || waiting_bytes_ + bytes > kMaxWaitingBytes)) {
+      *why = absl::StrCat("sdcd is not keeping up: ", waiting_.size(), " messages (",
+                          waiting_bytes_ >> 20, " MiB) wait for it in sdc-agent");
       return false;
     }
+    waiting_bytes_ += bytes;
     waiting_.push_back(std::move(m));
     return true;
   }
 
  private:
+  void Run(v1::TrainerService::Stub* stub) {
+    stream_ = stub->Relay(&context_);
+    std::thread writer([this] { WriteLoop(); });
+    v1::RelayDown down;
+    while (stream_->Read(&down)) {
+      for (const v1::RelayedReply& r : down.replies()) relay_->Deliver(this, r);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    }
+    writer.join();  // Its Write fails now that the call is over.
+    const grpc::Status status = stream_->Finish();
+    relay_->Lost(this, status);
+  }
+
   void WriteLoop() {
     while (true) {
       v1::RelayUp up;
@@ -136,12 +166,14 @@ class TrainerRelay::Upstream {
         mu_.Await(absl::Condition(&ready));
         if (stopping_ || broken_) return;
         size_t bytes = 0;
-        while (!waiting_.empty() && static_cast<size_t>(up.messages_size()) < kMaxBatch &&
-               (bytes == 0 || bytes + waiting_.front().ByteSizeLong() <= kMaxBatchBytes)) {
-          bytes += waiting_.front().ByteSizeLong();
+        while (!waiting_.empty() && static_cast<size_t>(up.messages_size()) < kMaxBatch) {
+          const size_t next = waiting_.front().ByteSizeLong();
+          if (bytes > 0 && bytes + next > kMaxBatchBytes) break;
+          bytes += next;
           *up.add_messages() = std::move(waiting_.front());
           waiting_.pop_front();
         }
+        waiting_bytes_ -= bytes;
       }
       if (!stream_->Write(up)) {
         absl::MutexLock lock(&mu_);
@@ -151,27 +183,13 @@ class TrainerRelay::Upstream {
     }
   }
 
-  void ReadLoop() {
-    v1::RelayDown down;
-    while (stream_->Read(&down)) {
-      for (const v1::RelayedReply& r : down.replies()) relay_->Deliver(this, r);
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      broken_ = true;
-    }
-    writer_.join();  // Its Write fails now that the call is over.
-    const grpc::Status status = stream_->Finish();
-    relay_->Lost(this, status);
-  }
-
   TrainerRelay* const relay_;
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::RelayUp, v1::RelayDown>> stream_;
-  std::thread writer_;
-  std::thread reader_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RelayUp, v1::RelayDown>> stream_;  // Run's.
+  std::thread thread_;
   absl::Mutex mu_;
   std::deque<v1::RelayedMessage> waiting_ ABSL_GUARDED_BY(mu_);
+  size_t waiting_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -205,31 +223,33 @@ grpc::ServerUnaryReactor* TrainerRelay::MayCheckpoint(grpc::CallbackServerContex
 
 uint64_t TrainerRelay::Open(std::shared_ptr<SessionHandle> handle) {
   absl::MutexLock lock(&mu_);
+  if (shut_down_) return 0;
   const uint64_t id = next_session_++;
-  if (!shut_down_) sessions_.emplace(id, std::move(handle));
+  sessions_.emplace(id, std::move(handle));
   return id;
 }
 
-bool TrainerRelay::Forward(uint64_t session, const v1::TrainerMessage* message, std::string* why) {
-  std::vector<std::unique_ptr<Upstream>> joined;  // Destroyed after the lock.
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) {
-    *why = "sdc-agent is shutting down";
-    return false;
-  }
-  if (sessions_.count(session) == 0) {
-    *why = "sdc-agent's stream to sdcd ended";
-    return false;
-  }
-  if (upstream_ == nullptr) {
-    joined.swap(retired_);
-    upstream_ = std::make_unique<Upstream>(this, stub_.get());
-    Log("relay: opened a stream to sdcd");
-  }
+TrainerRelay::Forwarded TrainerRelay::Forward(uint64_t session, v1::TrainerMessage* message,
+                                               std::string* why) {
   v1::RelayedMessage m;
   m.set_session(session);
-  *m.mutable_message() = *message;
-  return upstream_->Send(std::move(m), why);
+  m.mutable_message()->Swap(message);  // The next read refills it.
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || sessions_.count(session) == 0) return Forwarded::kEnding;
+  if (upstream_ == nullptr) {
+    upstream_ = std::make_unique<Upstream>(this, stub_.get());
+    Log("relay: opening a stream to sdcd");
+  }
+  if (upstream_->Send(std::move(m), why)) return Forwarded::kQueued;
+  // Too much waits (a broken stream's Lost is on its way and ends the
+  // session itself): this session ends here, and sdcd is told.
+  sessions_.erase(session);
+  v1::RelayedMessage end;
+  end.set_session(session);
+  end.set_end(true);
+  std::string ignored;
+  upstream_->Send(std::move(end), &ignored);
+  return Forwarded::kRefused;
 }
 
 void TrainerRelay::Close(uint64_t session) {
@@ -250,7 +270,16 @@ void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
     auto it = sessions_.find(reply.session());
     if (it == sessions_.end()) return;
     handle = it->second;
-    if (reply.end()) sessions_.erase(it);
+    if (reply.end()) {
+      sessions_.erase(it);
+      // sdcd drops what was still on its way for the session until the
+      // relay says it saw the end.
+      v1::RelayedMessage end;
+      end.set_session(reply.session());
+      end.set_end(true);
+      std::string ignored;
+      upstream_->Send(std::move(end), &ignored);
+    }
   }
   if (reply.end()) {
     handle->End(grpc::Status(static_cast<grpc::StatusCode>(reply.status_code()),
@@ -262,9 +291,11 @@ void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
 
 void TrainerRelay::Lost(Upstream* from, const grpc::Status& status) {
   std::map<uint64_t, std::shared_ptr<SessionHandle>> ended;
+  std::vector<std::unique_ptr<Upstream>> joined;  // Earlier ones; not this thread's own.
   {
     absl::MutexLock lock(&mu_);
     if (upstream_.get() != from) return;  // Shutdown took it.
+    joined.swap(retired_);
     retired_.push_back(std::move(upstream_));
     ended.swap(sessions_);
   }

@@ -47,10 +47,14 @@ class TrainerRelay final : public v1::TrainerService::CallbackService {
   // Rank streams relayed now.
   size_t sessions() const;
 
-  // Messages waiting for the stream to sdcd beyond which a rank stream
-  // that adds more is ended (UNAVAILABLE, saying so): sdcd is not keeping
-  // up, and the rank keeps its unacknowledged reports to resend anyway.
+  // Messages (or bytes) waiting for the stream to sdcd beyond which a rank
+  // stream that adds more is ended (UNAVAILABLE, saying so): sdcd is not
+  // keeping up, and the rank keeps its unacknowledged reports to resend.
   static constexpr size_t kMaxWaiting = 100'000;
+  static constexpr size_t kMaxWaitingBytes = size_t{256} << 20;
+  // The largest message a rank may send the relay: its own limit (16 MiB)
+  // less room for the relay's wrapping, so that sdcd accepts it wrapped.
+  static constexpr int kMaxRankMessageBytes = (16 << 20) - (64 << 10);
 
  private:
   class Session;
@@ -59,9 +63,14 @@ class TrainerRelay final : public v1::TrainerService::CallbackService {
   friend class Session;
   friend class Upstream;
 
-  // A session's message (or its end) for sdcd. False: it cannot go (no
-  // stream to sdcd, or too much waiting), with the reason in *why.
-  bool Forward(uint64_t session, const v1::TrainerMessage* message, std::string* why);
+  enum class Forwarded {
+    kQueued,   // On its way to sdcd.
+    kEnding,   // The session is over; whoever ended it finishes the stream.
+    kRefused,  // Too much waits for sdcd: the session ends here, with *why.
+  };
+  // Queues a session's message for sdcd (taking its contents).
+  Forwarded Forward(uint64_t session, v1::TrainerMessage* message, std::string* why);
+  // A new session's id (from 1); 0 once shut down.
   uint64_t Open(std::shared_ptr<SessionHandle> handle);
   // The rank's stream ended; tells sdcd unless sdcd ended it.
   void Close(uint64_t session);
@@ -77,7 +86,7 @@ class TrainerRelay final : public v1::TrainerService::CallbackService {
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<SessionHandle>> sessions_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
-  // Upstreams that ended, joined by the next one's start or Shutdown.
+  // Upstreams that ended, joined by the next one's end or Shutdown.
   std::vector<std::unique_ptr<Upstream>> retired_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -420,6 +420,9 @@ int Main(int argc, char** argv) {
   agent_hub.Shutdown();  // An actuator waiting for an agent stops waiting.
   // Trainers reconnect (to this sdcd restarted, or another) and resend what
   // was not acknowledged; their open streams would hold the shutdown.
+  // Relays first: a relayed rank told to reconnect would otherwise come
+  // back at once on its relay's still open stream.
+  trainer.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   streams.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   trainer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   trainer.Stop();

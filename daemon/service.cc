@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -477,8 +478,22 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
     call->Begin(call);
   }
 
+  // Ends the relay and every session on it (sdcd is stopping): the relay
+  // ends its ranks' streams with `status`, and they reconnect.
+  void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      ended_ = true;
+      for (auto& [id, s] : sessions_) CloseSession(s);
+      sessions_.clear();
+    }
+    RequestFinish(status);
+  }
+
  private:
-  // One session's outgoing side as the registry sees it.
+  // One session's outgoing side as the registry sees it. Once closed it
+  // drops what durability callbacks still push: nothing follows a
+  // session's end.
   class SessionOutbox final : public Outbox {
    public:
     SessionOutbox(std::weak_ptr<RelayCall> call, uint64_t session)
@@ -490,54 +505,81 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
       v1::RelayedReply* reply = down.add_replies();
       reply->set_session(session_);
       *reply->mutable_message() = std::move(message);
-      call->Enqueue(std::move(down));
+      absl::MutexLock lock(&mu_);  // Held across Enqueue: no push after Close.
+      if (!closed_) call->Enqueue(std::move(down));
     }
     void End(grpc::Status status) override {
       if (std::shared_ptr<RelayCall> call = call_.lock()) call->EndSession(session_, status);
+    }
+    void Close() {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
     }
 
    private:
     std::weak_ptr<RelayCall> call_;
     const uint64_t session_;
+    absl::Mutex mu_;
+    bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  struct Session {
+    std::unique_ptr<RankSession> rank;
+    std::shared_ptr<SessionOutbox> outbox;
   };
 
   void Request() override {
     service_->RequestRelay(&context_, &stream_, queue_, queue_, &request_tag_);
   }
-  void Rearm() override { Arm(service_, queue_); }
+  // This call matched a relay: the service may end it, and the next waits.
+  void Rearm() override {
+    grpc::Status refused;
+    if (!service_->AddRelay(weak_from_this(), &refused)) End(refused);
+    Arm(service_, queue_);
+  }
 
   // A refused message ends its session only; the relay carries on.
   grpc::Status Handle() override {
-    if (in_.messages_size() > kMaxSessionsPerMessage) {
+    if (in_.messages_size() > kMaxMessagesPerBatch) {
       return {grpc::StatusCode::INVALID_ARGUMENT,
-              absl::StrCat("a relay message carries at most ", kMaxSessionsPerMessage,
+              absl::StrCat("a relay message carries at most ", kMaxMessagesPerBatch,
                            " messages, not ", in_.messages_size())};
     }
     for (const v1::RelayedMessage& m : in_.messages()) {
       grpc::Status refused;
       {
         absl::MutexLock lock(&sessions_mu_);
+        if (ended_) return grpc::Status::OK;  // Ending: the relay resends elsewhere.
         auto it = sessions_.find(m.session());
         if (m.end()) {
           if (it != sessions_.end()) {
-            it->second->Close();
+            CloseSession(it->second);
             sessions_.erase(it);
           }
+          gone_.erase(m.session());  // The relay knows it ended.
           continue;
         }
+        // What was already on its way for a session sdcd ended: dropped, as
+        // an Attach stream that finished reads nothing more.
+        if (gone_.count(m.session()) > 0) continue;
         if (it == sessions_.end()) {
           if (sessions_.size() >= kMaxSessions) {
-            return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-                    absl::StrCat("a relay carries at most ", kMaxSessions, " sessions")};
+            refused = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("a relay carries at most ", kMaxSessions, " sessions")};
+          } else {
+            Session fresh;
+            fresh.outbox = std::make_shared<SessionOutbox>(weak_from_this(), m.session());
+            fresh.rank = std::make_unique<RankSession>(service_, fresh.outbox);
+            it = sessions_.emplace(m.session(), std::move(fresh)).first;
           }
-          auto outbox = std::make_shared<SessionOutbox>(weak_from_this(), m.session());
-          it = sessions_.emplace(m.session(), std::make_unique<RankSession>(service_, outbox))
-                   .first;
         }
-        refused = it->second->Handle(m.message());
-        if (refused.ok()) continue;
-        it->second->Close();
-        sessions_.erase(it);
+        if (refused.ok()) {
+          refused = it->second.rank->Handle(m.message());
+          if (refused.ok()) continue;
+          CloseSession(it->second);
+          sessions_.erase(it);
+        }
+        Forget(m.session());
       }
       service_->metrics_->Rejected(ReasonOf(static_cast<absl::StatusCode>(refused.error_code())));
       EnqueueEnd(m.session(), refused);
@@ -547,20 +589,34 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
 
   void OnDone() override {
     absl::MutexLock lock(&sessions_mu_);
-    for (auto& [id, session] : sessions_) session->Close();
+    ended_ = true;
+    for (auto& [id, s] : sessions_) CloseSession(s);
     sessions_.clear();
   }
 
-  // From any thread (shutdown).
+  // From any thread (sdcd shutting down: StreamRegistry::EndAll).
   void EndSession(uint64_t session, const grpc::Status& status) {
     {
       absl::MutexLock lock(&sessions_mu_);
       auto it = sessions_.find(session);
       if (it == sessions_.end()) return;
-      it->second->Close();
+      CloseSession(it->second);
       sessions_.erase(it);
+      Forget(session);
     }
     EnqueueEnd(session, status);
+  }
+
+  static void CloseSession(Session& s) {
+    s.outbox->Close();
+    s.rank->Close();
+  }
+
+  // Remembers that sdcd ended `session`, until the relay says it has ended
+  // too (the oldest are forgotten beyond a bound).
+  void Forget(uint64_t session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sessions_mu_) {
+    gone_.insert(session);
+    if (gone_.size() > kMaxGone) gone_.erase(gone_.begin());
   }
 
   void EnqueueEnd(uint64_t session, const grpc::Status& status) {
@@ -573,21 +629,55 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
     Enqueue(std::move(down));
   }
 
-  // Replies waiting while a write is in flight go out together, up to a
-  // bound that keeps one write reasonable.
+  // Replies waiting while a write is in flight go out together. Replies
+  // are small (an ack, a plan, a verdict naming at most a few tensors), so
+  // 1,024 stay far below the 16 MiB message limit.
   bool Absorb(v1::RelayDown& last, v1::RelayDown& next) override {
-    if (last.replies_size() >= kMaxSessionsPerMessage) return false;
+    if (last.replies_size() >= kMaxRepliesPerBatch) return false;
     for (v1::RelayedReply& r : *next.mutable_replies()) *last.add_replies() = std::move(r);
     return true;
   }
 
   // A node's ranks, with room for a relay that carries several nodes.
   static constexpr size_t kMaxSessions = 4096;
-  static constexpr int kMaxSessionsPerMessage = 4096;
+  static constexpr int kMaxMessagesPerBatch = 4096;
+  static constexpr int kMaxRepliesPerBatch = 1024;
+  static constexpr size_t kMaxGone = 65536;
 
   absl::Mutex sessions_mu_;
-  std::map<uint64_t, std::unique_ptr<RankSession>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  std::set<uint64_t> gone_ ABSL_GUARDED_BY(sessions_mu_);  // Ended by sdcd.
+  bool ended_ ABSL_GUARDED_BY(sessions_mu_) = false;
 };
+
+bool TrainerService::AddRelay(std::weak_ptr<RelayCall> relay, grpc::Status* refused) {
+  absl::MutexLock lock(&relays_mu_);
+  if (!relays_end_status_.ok()) {  // EndRelays ran: a relay back at once ends too.
+    *refused = relays_end_status_;
+    return false;
+  }
+  // Forget relays that are gone, now and then (amortized).
+  if (relays_.size() >= 2 * relays_live_ + 64) {
+    relays_.erase(std::remove_if(relays_.begin(), relays_.end(),
+                                 [](const std::weak_ptr<RelayCall>& r) { return r.expired(); }),
+                  relays_.end());
+    relays_live_ = relays_.size();
+  }
+  relays_.push_back(std::move(relay));
+  return true;
+}
+
+void TrainerService::EndRelays(const grpc::Status& status) {
+  std::vector<std::weak_ptr<RelayCall>> relays;
+  {
+    absl::MutexLock lock(&relays_mu_);
+    relays_end_status_ = status;
+    relays.swap(relays_);
+  }
+  for (auto& r : relays) {
+    if (std::shared_ptr<RelayCall> call = r.lock()) call->End(status);
+  }
+}
 
 TrainerService::~TrainerService() { Stop(); }
 

@@ -121,6 +121,10 @@ class TrainerService final : public TrainerServiceBase {
 
   void AddQueues(grpc::ServerBuilder& builder, int queues);
   void Start();
+  // Ends every relay stream and its sessions with `status`, and any relay
+  // that arrives later (sdcd is stopping; call before StreamRegistry::EndAll
+  // and the server's Shutdown). `status` must not be OK.
+  void EndRelays(const grpc::Status& status);
   void Stop();
 
   grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
@@ -143,6 +147,8 @@ class TrainerService final : public TrainerServiceBase {
     return true;
   }
   void Serve(grpc::ServerCompletionQueue* queue);
+  // False (with the status to end it with) once EndRelays ran.
+  bool AddRelay(std::weak_ptr<RelayCall> relay, grpc::Status* refused);
 
   core::Coordinator* coordinator_;
   Delivery* delivery_;
@@ -152,6 +158,10 @@ class TrainerService final : public TrainerServiceBase {
   std::vector<std::thread> threads_;
   absl::Mutex post_mu_;
   bool stopping_ ABSL_GUARDED_BY(post_mu_) = false;
+  absl::Mutex relays_mu_;
+  std::vector<std::weak_ptr<RelayCall>> relays_ ABSL_GUARDED_BY(relays_mu_);
+  size_t relays_live_ ABSL_GUARDED_BY(relays_mu_) = 0;
+  grpc::Status relays_end_status_ ABSL_GUARDED_BY(relays_mu_);  // Not OK after EndRelays.
 };
 
 struct AdminAuth {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +145,53 @@ TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
     r->Send(2, clean);
   }
   for (auto& r : ranks) ASSERT_TRUE(r->WaitAcked(2, absl::Seconds(20)).ok());
+}
+
+TEST_F(AgentRelayTest, ARefusedRankEndsWithSdcdsStatusWhileItsNodeCarriesOn) {
+  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-refuse", kWorld, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Ranks ranks = *std::move(connected);
+  // Rank 0 keeps writing after sending another rank's report: sdcd's
+  // refusal, not the relay's, is what ends its stream.
+  v1::Report wrong;
+  wrong.set_job_id("job-refuse");
+  wrong.set_rank(1);
+  wrong.set_incarnation(1);
+  wrong.set_sequence(1);
+  wrong.set_step(1);
+  wrong.mutable_step_report()->set_applied(true);
+  ASSERT_TRUE(ranks[0]->SendRaw(wrong));
+  for (int i = 0; i < 20; ++i) ranks[0]->SendRaw(wrong);
+  const grpc::Status ended = ranks[0]->WaitFinished(absl::Seconds(20));
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), HasSubstr("report for job job-refuse rank 1 on the stream of "
+                                               "job job-refuse rank 0"));
+  // The other ranks on the same relay go on.
+  const core::StepReport clean{0, 0, 1.0, 7, true, "", false};
+  for (core::Rank r = 1; r < kWorld; ++r) ranks[r]->Send(1, clean);
+  for (core::Rank r = 1; r < kWorld; ++r) ASSERT_TRUE(ranks[r]->WaitAcked(1).ok()) << r;
+  // Rank 0 comes back through the relay and is welcomed.
+  ASSERT_TRUE(ranks[0]->Connect(absl::Seconds(20)).ok());
+  ranks[0]->Send(1, clean);
+  ASSERT_TRUE(ranks[0]->WaitAcked(1).ok());
+}
+
+TEST_F(AgentRelayTest, StoppingSdcdEndsRelayedStreamsSayingSo) {
+  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-stop", kWorld, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Ranks ranks = *std::move(connected);
+  std::thread stop([&] {
+    EXPECT_EQ(sdcd_->process().Stop(absl::Seconds(20)), 0) << "sdcd exits cleanly (SIGTERM)";
+  });
+  for (auto& r : ranks) {
+    const grpc::Status ended = r->WaitFinished(absl::Seconds(20));
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(ended.error_message(), HasSubstr("sdcd is shutting down"));
+  }
+  // A rank that reconnects at once, through the same agent, is not taken
+  // in by the stopping sdcd.
+  EXPECT_FALSE(ranks[0]->Connect(absl::Seconds(5)).ok());
+  stop.join();
 }
 
 }  // namespace
