@@ -2,7 +2,6 @@
 // is counted in sdc_rejected_inputs_total, and sdcd keeps serving.
 
 #include <memory>
-#include <regex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,14 +18,6 @@ namespace {
 using ::testing::HasSubstr;
 
 const std::vector<std::string> kTensors = {"a", "b"};
-
-double Rejected(const Sdcd& sdcd, const std::string& reason) {
-  absl::StatusOr<std::string> body = HttpGet(sdcd.metrics_port(), "/metrics");
-  if (!body.ok()) return -1;
-  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
-  std::smatch m;
-  return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
-}
 
 class SdcdBadInputTest : public ::testing::Test {
  protected:
@@ -71,7 +62,7 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   s = StreamEndingWith(bad_rank);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("rank 9 is not below the world size 6"));
-  EXPECT_EQ(Rejected(*sdcd_, "invalid_argument"), 2);
+  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), 2);
 
   // A good rank, then a report for another job and one without a body.
   ScriptedRank rank(Channel(sdcd_->trainer_address()), TestHello("job-x", 0, 6, 2, kTensors));
@@ -102,7 +93,7 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   s = rank.WaitFinished();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_THAT(s.error_message(), HasSubstr("resend from 1"));
-  EXPECT_EQ(Rejected(*sdcd_, "out_of_range"), 1);
+  EXPECT_EQ(sdcd_->Rejected("out_of_range"), 1);
   // A weight report with the wrong tensor count.
   ASSERT_TRUE(rank.Connect().ok());
   core::WeightReport w;
@@ -142,8 +133,8 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   wrong_token.AddMetadata("authorization", "Bearer not-the-token");
   s = admin->ListJobs(&wrong_token, {}, &jobs);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(Rejected(*sdcd_, "unauthenticated"), 1);
-  EXPECT_EQ(Rejected(*sdcd_, "permission_denied"), 1);
+  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 1);
+  EXPECT_EQ(sdcd_->Rejected("permission_denied"), 1);
   v1::DecideRequest approve_unknown;
   approve_unknown.set_id(77);
   approve_unknown.set_reason("r");
@@ -178,7 +169,7 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   EXPECT_EQ(late.exit_code, 4) << late.output;
   EXPECT_THAT(late.output, HasSubstr("already Denied"));
   EXPECT_THAT(late.output, HasSubstr("--force"));
-  EXPECT_GE(Rejected(*sdcd_, "failed_precondition"), 1);
+  EXPECT_GE(sdcd_->Rejected("failed_precondition"), 1);
 
   // Still serving: a new rank is welcomed and acknowledged.
   ScriptedRank fresh(Channel(sdcd_->trainer_address()), TestHello("job-x", 1, 6, 2, kTensors));

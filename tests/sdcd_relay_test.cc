@@ -6,7 +6,6 @@
 
 #include <map>
 #include <memory>
-#include <regex>
 #include <thread>
 #include <vector>
 
@@ -117,14 +116,6 @@ v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step s
   return m;
 }
 
-double Rejected(const Sdcd& sdcd, const std::string& reason) {
-  absl::StatusOr<std::string> body = HttpGet(sdcd.metrics_port(), "/metrics");
-  if (!body.ok()) return -1;
-  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
-  std::smatch m;
-  return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
-}
-
 class SdcdRelayTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -174,7 +165,7 @@ TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
   for (uint64_t s : {1, 2}) {
     ASSERT_TRUE(relay.WaitFor(s, [](const v1::RelayedReply& x) { return x.message().has_welcome(); }).ok());
   }
-  const double refused_before = Rejected(*sdcd_, "invalid_argument");
+  const double refused_before = sdcd_->Rejected("invalid_argument");
 
   // Session 1 (rank 0) sends rank 1's report; session 3 starts without a Hello.
   ASSERT_TRUE(relay.Send({{1, StepReportOf(1, 1, 1)}, {3, StepReportOf(2, 1, 1)}}));
@@ -187,7 +178,7 @@ TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
   ASSERT_TRUE(ended.ok()) << ended.status();
   EXPECT_EQ(ended->status_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(ended->status_message(), HasSubstr("first message of a stream must be a Hello"));
-  EXPECT_EQ(Rejected(*sdcd_, "invalid_argument"), refused_before + 2);
+  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), refused_before + 2);
 
   // Session 2 carries on on the same relay.
   ASSERT_TRUE(relay.Send({{2, StepReportOf(1, 1, 1)}}));

@@ -1,5 +1,7 @@
 #include "tests/testing/sdcd.h"
 
+#include <regex>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -94,6 +96,14 @@ absl::Status WriteTestCertificates(const std::string& dir) {
     return absl::InternalError(absl::StrCat("openssl failed (exit ", r.exit_code, "): ", r.output));
   }
   return absl::OkStatus();
+}
+
+double Sdcd::Rejected(const std::string& reason) const {
+  absl::StatusOr<std::string> body = HttpGet(metrics_port_, "/metrics");
+  if (!body.ok()) return -1;
+  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
+  std::smatch m;
+  return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
 }
 
 }  // namespace sdc::testing

@@ -40,6 +40,9 @@ class Sdcd {
   std::unique_ptr<grpc::ClientContext> AdminContext() const;
   // sdcctl against this daemon, with its token; returns exit code + output.
   RunResult Sdcctl(const std::vector<std::string>& args) const;
+  // sdc_rejected_inputs_total{reason} from a scrape of /metrics (0 when the
+  // series is absent, -1 when the scrape failed).
+  double Rejected(const std::string& reason) const;
 
  private:
   std::string dir_;
