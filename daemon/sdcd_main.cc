@@ -315,6 +315,13 @@ int Main(int argc, char** argv) {
   absl::Mutex wake_mu;
   bool wake = false;
   TrainerService trainer(&coordinator, &delivery, &streams, &service_metrics);
+  auto& relays = metrics::BuildGauge()
+                     .Name("sdc_relay_streams")
+                     .Help("Relay streams open (sdc-agent --relay_listen), each carrying its "
+                           "node's ranks; those ranks count in sdc_attached_ranks too.")
+                     .Register(registry)
+                     .Add({});
+  registry.AddCollectHook([&] { relays.Set(static_cast<double>(trainer.relays())); });
   AdminAuth auth{AdminToken(config.admin_token_file), !config.admin_client_ca.empty()};
   AdminService admin(&coordinator, &delivery, &service_metrics, auth, [&] {
     absl::MutexLock lock(&wake_mu);

@@ -667,6 +667,12 @@ bool TrainerService::AddRelay(std::weak_ptr<RelayCall> relay, grpc::Status* refu
   return true;
 }
 
+size_t TrainerService::relays() const {
+  absl::MutexLock lock(&relays_mu_);
+  return std::count_if(relays_.begin(), relays_.end(),
+                       [](const std::weak_ptr<RelayCall>& r) { return !r.expired(); });
+}
+
 void TrainerService::EndRelays(const grpc::Status& status) {
   std::vector<std::weak_ptr<RelayCall>> relays;
   {

@@ -125,6 +125,8 @@ class TrainerService final : public TrainerServiceBase {
   // that arrives later (sdcd is stopping; call before StreamRegistry::EndAll
   // and the server's Shutdown). `status` must not be OK.
   void EndRelays(const grpc::Status& status);
+  // Relay streams open now.
+  size_t relays() const;
   void Stop();
 
   grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
@@ -158,7 +160,7 @@ class TrainerService final : public TrainerServiceBase {
   std::vector<std::thread> threads_;
   absl::Mutex post_mu_;
   bool stopping_ ABSL_GUARDED_BY(post_mu_) = false;
-  absl::Mutex relays_mu_;
+  mutable absl::Mutex relays_mu_;
   std::vector<std::weak_ptr<RelayCall>> relays_ ABSL_GUARDED_BY(relays_mu_);
   size_t relays_live_ ABSL_GUARDED_BY(relays_mu_) = 0;
   grpc::Status relays_end_status_ ABSL_GUARDED_BY(relays_mu_);  // Not OK after EndRelays.

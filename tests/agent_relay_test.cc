@@ -70,6 +70,11 @@ class AgentRelayTest : public ::testing::Test {
 TEST_F(AgentRelayTest, AnAuditThroughTheRelayBlamesTheFaultyRank) {
   absl::StatusOr<Ranks> ranks = ConnectRanks(relay(), "job-relay", kWorld, 2, kTensors);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
+  // Six ranks, one relay stream, as sdcd's metrics see them.
+  absl::StatusOr<std::string> metrics = HttpGet(sdcd_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("\nsdc_relay_streams 1\n"));
+  EXPECT_THAT(*metrics, HasSubstr("\nsdc_attached_ranks 6\n"));
   ASSERT_TRUE(SendScheduledAudit(*ranks, 10, /*faulty=*/3).ok());
   // Every rank gets the verdict, through the relay, naming rank 3.
   for (auto& rank : *ranks) {
