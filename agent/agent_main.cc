@@ -6,6 +6,7 @@
 // wiring. See docs/operations.md.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -245,8 +246,6 @@ int Main(int argc, char** argv) {
                    "), coordinator ", config.coordinator, ", heartbeat ",
                    absl::FormatDuration(config.heartbeat), ", action command ",
                    config.action_command.empty() ? "none" : config.action_command));
-  agent_link.Start();
-
   std::unique_ptr<TrainerRelay> relay;
   std::unique_ptr<grpc::Server> relay_server;
   if (!config.relay_listen.empty()) {
@@ -261,7 +260,13 @@ int Main(int argc, char** argv) {
     builder.SetMaxReceiveMessageSize(TrainerRelay::kMaxRankMessageBytes);
     builder.SetMaxSendMessageSize(16 << 20);
     builder.RegisterService(relay.get());
+    // A unix: socket is created with the process's umask; trainers run as
+    // other users and must be able to connect, as any local process can to
+    // a loopback port. The link to sdcd has not started, so no diagnostic
+    // writes a file meanwhile.
+    const mode_t umask_before = umask(0);
     relay_server = builder.BuildAndStart();
+    umask(umask_before);
     if (relay_server == nullptr || (config.relay_listen.rfind("unix:", 0) != 0 && port == 0)) {
       std::fprintf(stderr, "sdc-agent: --relay_listen: cannot listen on %s\n",
                    config.relay_listen.c_str());
@@ -270,6 +275,8 @@ int Main(int argc, char** argv) {
     Log(absl::StrCat("relaying trainer streams from ", config.relay_listen, " to ",
                      config.coordinator));
   }
+
+  agent_link.Start();
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -28,8 +28,10 @@ enum class SmallCollectives {
 };
 
 struct GuardOptions {
-  // The coordinator's trainer address, HOST:PORT. Empty: run without one
-  // (checks 1-3 in-band only; audits unverified). Env: SDC_COORDINATOR.
+  // The coordinator's trainer address, HOST:PORT (or unix:PATH): sdcd, or
+  // this node's sdc-agent when it relays (--relay_listen). Empty: run
+  // without one (checks 1-3 in-band only; audits unverified).
+  // Env: SDC_COORDINATOR.
   std::string coordinator;
   std::string job_id;         // Env: SDC_JOB_ID. Required.
   std::string node_name;      // Env: SDC_NODE_NAME, else the host name.

@@ -7,6 +7,7 @@
 // nothing acknowledged.
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <memory>
 #include <string>
@@ -52,6 +53,10 @@ class AgentRelayTest : public ::testing::Test {
     agent_ = std::make_unique<Process>(*std::move(agent));
     ASSERT_TRUE(agent_->WaitForLog("relaying trainer streams from .*").ok())
         << ReadFile(dir_ + "/agent.log");
+    // Trainers run as other users than the agent: anyone may connect.
+    struct stat st;
+    ASSERT_EQ(stat((socket_dir_ + "/relay.sock").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0777u);
   }
 
   void TearDown() override {
