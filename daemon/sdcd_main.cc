@@ -439,6 +439,9 @@ int Main(int argc, char** argv) {
   // Callbacks still due reach the streams and metrics, which are destroyed
   // before the store.
   db->Drain();
+  // A scrape's hooks read objects declared after the exposer (the trainer
+  // service's relay count), destroyed before it: stop serving first.
+  (*exposer)->Stop();
   return 0;
 }
 

@@ -198,11 +198,14 @@ class RankSession {
   }
 
   // The stream ended: the rank is no longer reachable here.
+  // A stream that ends after the rank attached again elsewhere (a new
+  // relay, a new Attach stream) detaches nothing.
   void Close() {
     if (!attached_) return;
     attached_ = false;
-    service_->streams_->Unregister(job_, rank_, outbox_.get());
-    service_->coordinator_->Detach(job_, rank_, incarnation_);
+    if (service_->streams_->Unregister(job_, rank_, outbox_.get())) {
+      service_->coordinator_->Detach(job_, rank_, incarnation_);
+    }
   }
 
  private:
@@ -729,10 +732,12 @@ void StreamRegistry::Register(const std::string& job, core::Rank rank,
   streams_[{job, rank}] = std::move(outbox);
 }
 
-void StreamRegistry::Unregister(const std::string& job, core::Rank rank, const Outbox* outbox) {
+bool StreamRegistry::Unregister(const std::string& job, core::Rank rank, const Outbox* outbox) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find({job, rank});
-  if (it != streams_.end() && it->second.get() == outbox) streams_.erase(it);
+  if (it == streams_.end() || it->second.get() != outbox) return false;
+  streams_.erase(it);
+  return true;
 }
 
 void StreamRegistry::Send(const std::string& job, const std::vector<core::Rank>& ranks,

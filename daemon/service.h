@@ -76,7 +76,9 @@ class RelayCall;
 class StreamRegistry {
  public:
   void Register(const std::string& job, core::Rank rank, std::shared_ptr<Outbox> outbox);
-  void Unregister(const std::string& job, core::Rank rank, const Outbox* outbox);
+  // True if `outbox` was the rank's registered stream (a newer stream of
+  // the rank may have replaced it).
+  bool Unregister(const std::string& job, core::Rank rank, const Outbox* outbox);
   void Send(const std::string& job, const std::vector<core::Rank>& ranks,
             const v1::CoordinatorMessage& message);
   // Ends every stream with `status` once its queued messages are written
