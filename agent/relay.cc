@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/log.h"
+#include "daemon/ack.h"
 #include "daemon/stream.h"
 
 namespace sdc::agent {
@@ -55,12 +56,8 @@ class TrainerRelay::Session
   void OnDone() override;
 
  private:
-  // Acknowledgements are watermarks: a waiting one absorbs the next.
   bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override {
-    if (!last.has_ack() || !next.has_ack()) return false;
-    last.mutable_ack()->set_acked_sequence(
-        std::max(last.ack().acked_sequence(), next.ack().acked_sequence()));
-    return true;
+    return daemon::FoldAck(last, next);
   }
 
   TrainerRelay* const relay_;
@@ -244,22 +241,23 @@ TrainerRelay::Forwarded TrainerRelay::Forward(uint64_t session, v1::TrainerMessa
   // Too much waits (a broken stream's Lost is on its way and ends the
   // session itself): this session ends here, and sdcd is told.
   sessions_.erase(session);
-  v1::RelayedMessage end;
-  end.set_session(session);
-  end.set_end(true);
-  std::string ignored;
-  upstream_->Send(std::move(end), &ignored);
+  SendEnd(session);
   return Forwarded::kRefused;
 }
 
 void TrainerRelay::Close(uint64_t session) {
   absl::MutexLock lock(&mu_);
   if (sessions_.erase(session) == 0 || upstream_ == nullptr) return;
-  v1::RelayedMessage m;
-  m.set_session(session);
-  m.set_end(true);
-  std::string why;
-  upstream_->Send(std::move(m), &why);  // Lost with the stream otherwise: sdcd ends it then.
+  SendEnd(session);
+}
+
+void TrainerRelay::SendEnd(uint64_t session) {
+  v1::RelayedMessage end;
+  end.set_session(session);
+  end.set_end(true);
+  std::string ignored;
+  // Lost only with the stream itself, and sdcd then ends the session anyway.
+  upstream_->Send(std::move(end), &ignored);
 }
 
 void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
@@ -274,11 +272,7 @@ void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
       sessions_.erase(it);
       // sdcd drops what was still on its way for the session until the
       // relay says it saw the end.
-      v1::RelayedMessage end;
-      end.set_session(reply.session());
-      end.set_end(true);
-      std::string ignored;
-      upstream_->Send(std::move(end), &ignored);
+      SendEnd(reply.session());
     }
   }
   if (reply.end()) {

@@ -74,6 +74,8 @@ class TrainerRelay final : public v1::TrainerService::CallbackService {
   uint64_t Open(std::shared_ptr<SessionHandle> handle);
   // The rank's stream ended; tells sdcd unless sdcd ended it.
   void Close(uint64_t session);
+  // Tells sdcd that `session` ended.
+  void SendEnd(uint64_t session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // From an upstream's reader thread.
   void Deliver(Upstream* from, const v1::RelayedReply& reply);
   void Lost(Upstream* from, const grpc::Status& status);
