@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/ack.h"
 #include "daemon/batch_scope.h"
 #include "daemon/convert.h"
 #include "daemon/stream.h"
@@ -456,13 +457,8 @@ class AttachCall final : public StreamCall<v1::TrainerMessage, v1::CoordinatorMe
   grpc::Status Handle() override { return session_->Handle(in_); }
   void OnDone() override { session_->Close(); }
 
-  // Acknowledgements are watermarks: one waiting in the queue absorbs the
-  // next, so a backlog costs one write, not one per report.
   bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override {
-    if (!last.has_ack() || !next.has_ack()) return false;
-    auto* waiting = last.mutable_ack();
-    waiting->set_acked_sequence(std::max(waiting->acked_sequence(), next.ack().acked_sequence()));
-    return true;
+    return FoldAck(last, next);
   }
 
   std::unique_ptr<RankSession> session_;

@@ -1,0 +1,25 @@
+#ifndef SDC_DAEMON_ACK_H_
+#define SDC_DAEMON_ACK_H_
+
+// Acknowledgements are watermarks ("everything up to sequence N is
+// durable"): one still waiting in a stream's queue absorbs the next, so a
+// backlog costs one write, not one per report. Used by sdcd's Attach
+// streams and by sdc-agent's relayed rank streams.
+
+#include <algorithm>
+
+#include "trainer.pb.h"
+
+namespace sdc::daemon {
+
+// True when `next` was folded into `waiting` (both acknowledgements).
+inline bool FoldAck(v1::CoordinatorMessage& waiting, const v1::CoordinatorMessage& next) {
+  if (!waiting.has_ack() || !next.has_ack()) return false;
+  waiting.mutable_ack()->set_acked_sequence(
+      std::max(waiting.ack().acked_sequence(), next.ack().acked_sequence()));
+  return true;
+}
+
+}  // namespace sdc::daemon
+
+#endif  // SDC_DAEMON_ACK_H_
