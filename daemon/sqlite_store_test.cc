@@ -173,6 +173,66 @@ TEST(SqliteStoreTest, ManyMutationsShareFewCommitsAndNotifyInOrder) {
   EXPECT_THAT(snap->checkpoint_decisions, SizeIs(2000));
 }
 
+// Mutations applied back to back share commits, which coalesce them: the
+// database must end as if each had been applied alone, however they were
+// grouped. Two jobs use the same rank numbers; ranks are rewritten many
+// times (in place, by upsert); most reports are removed by the next
+// mutation, some within the same commit, some in a later one.
+TEST(SqliteStoreTest, CoalescedCommitsLeaveWhatEachMutationWould) {
+  const std::string path = TempDb("coalesce");
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto report = [](uint64_t sequence) {
+    core::Report r;
+    r.job_id = "a";
+    r.rank = static_cast<core::Rank>(sequence % 10);
+    r.incarnation = 1;
+    r.sequence = sequence;
+    r.step = sequence;
+    r.body = core::StepReport{};
+    return r;
+  };
+  constexpr int kMutations = 1000;
+  uint64_t last = 0;
+  for (int i = 0; i < kMutations; ++i) {
+    const core::Rank rank = static_cast<core::Rank>(i % 10);
+    core::Mutation m;
+    for (const std::string job : {"a", "b"}) {
+      const uint64_t acked = (job == "a" ? 0 : 10'000) + i;
+      m.ranks.push_back({job, {rank, "node-" + job, rank, "GPU-" + job, 0}, 1, acked, true,
+                         static_cast<core::Step>(i), false});
+    }
+    m.pending_added.push_back(report(i));
+    // Every report but each 7th is finalized by the next mutation.
+    if (i > 0 && (i - 1) % 7 != 0) {
+      const core::Report prev = report(i - 1);
+      m.pending_removed.push_back({prev.job_id, prev.rank, prev.incarnation, prev.sequence});
+    }
+    auto ticket = (*store)->Apply(std::move(m));
+    ASSERT_TRUE(ticket.ok());
+    last = *ticket;
+  }
+  ASSERT_TRUE((*store)->WaitDurable(last).ok());
+  EXPECT_LT((*store)->commits(), static_cast<uint64_t>(kMutations)) << "nothing was coalesced";
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_THAT(snap->ranks, SizeIs(20));
+  for (const core::RankRecord& r : snap->ranks) {
+    const uint64_t newest = kMutations - 10 + r.placement.rank;  // Last i with i % 10 == rank.
+    EXPECT_EQ(r.acked_sequence, (r.job_id == "a" ? 0 : 10'000) + newest)
+        << r.job_id << " rank " << r.placement.rank;
+    EXPECT_EQ(r.last_step, newest);
+    EXPECT_EQ(r.placement.node, "node-" + r.job_id);
+  }
+  std::vector<uint64_t> kept;
+  for (const core::Report& r : snap->pending) kept.push_back(r.sequence);
+  std::vector<uint64_t> expected;
+  for (int i = 0; i < kMutations; ++i) {
+    if (i % 7 == 0 || i == kMutations - 1) expected.push_back(i);
+  }
+  EXPECT_EQ(kept, expected);
+}
+
 TEST(SqliteStoreTest, RefusesADatabaseFromANewerSdcd) {
   const std::string path = TempDb("newer");
   { ASSERT_TRUE(SqliteStore::Open(path).ok()); }
