@@ -72,9 +72,10 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
                          .Register(registry)) {
   // Every label combination exists from the start, so a scrape sees zeros
   // instead of missing series.
-  for (const char* kind : {"step", "audit", "weights"}) {
-    reports_.Add({{"kind", kind}});
-    report_bytes_.Add({{"kind", kind}});
+  const char* const kinds[] = {"step", "audit", "weights"};  // In ReportKind order.
+  for (size_t k = 0; k < reports_by_kind_.size(); ++k) {
+    reports_by_kind_[k] = &reports_.Add({{"kind", kinds[k]}});
+    report_bytes_by_kind_[k] = &report_bytes_.Add({{"kind", kinds[k]}});
   }
   for (const char* d : {"allowed", "denied", "wait"}) checkpoints_.Add({{"decision", d}});
   for (const char* check : {"nonfinite", "reduced_gradients", "replay", "weights"}) {
@@ -85,9 +86,9 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
   }
 }
 
-void ServiceMetrics::Report(const std::string& kind, size_t bytes) {
-  reports_.Add({{"kind", kind}}).Increment();
-  report_bytes_.Add({{"kind", kind}}).Increment(static_cast<double>(bytes));
+void ServiceMetrics::Report(ReportKind kind, size_t bytes) {
+  reports_by_kind_[static_cast<size_t>(kind)]->Increment();
+  report_bytes_by_kind_[static_cast<size_t>(kind)]->Increment(static_cast<double>(bytes));
 }
 
 void ServiceMetrics::Rejected(const std::string& reason) {
@@ -180,9 +181,10 @@ class RankSession {
               absl::StrCat("report for job ", report.job_id(), " rank ", report.rank(),
                            " on the stream of job ", job_, " rank ", rank_)};
     }
-    const char* kind = report.has_step_report() ? "step"
-                       : report.has_audit()     ? "audit"
-                                                : "weights";
+    using Kind = ServiceMetrics::ReportKind;
+    const Kind kind = report.has_step_report() ? Kind::kStep
+                      : report.has_audit()     ? Kind::kAudit
+                                               : Kind::kWeights;
     service_->metrics_->Report(kind, report.ByteSizeLong());
     absl::StatusOr<core::Report> converted = FromProto(report);
     if (!converted.ok()) return ToGrpc(converted.status());
@@ -544,6 +546,8 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
               absl::StrCat("a relay message carries at most ", kMaxMessagesPerBatch,
                            " messages, not ", in_.messages_size())};
     }
+    // The replies to this message's reports wait for one durability callback.
+    Delivery::Batch replies(service_->delivery_);
     for (const v1::RelayedMessage& m : in_.messages()) {
       grpc::Status refused;
       {
@@ -774,10 +778,26 @@ void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> 
     }
     if (then) then(s);
   };
-  if (ticket == 0) {
+  if (Batch* batch = Batch::current_; batch != nullptr && batch->delivery_ == this) {
+    batch->ticket_ = std::max(batch->ticket_, ticket);
+    batch->sends_.push_back(std::move(send));
+  } else if (ticket == 0) {
     send(absl::OkStatus());
   } else {
     store_->NotifyDurable(ticket, std::move(send));
+  }
+}
+
+Delivery::Batch::~Batch() {
+  current_ = outer_;
+  if (sends_.empty()) return;
+  auto send_all = [sends = std::move(sends_)](absl::Status s) {
+    for (const auto& send : sends) send(s);
+  };
+  if (ticket_ == 0) {
+    send_all(absl::OkStatus());
+  } else {
+    delivery_->store_->NotifyDurable(ticket_, std::move(send_all));
   }
 }
 

@@ -13,6 +13,7 @@
 // process's operations on one queue, so with 16,384 streams each read or
 // write paid a scan of 16,384+ entries. Each of our queues scans its share.
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,7 +47,8 @@ class ServiceMetrics {
  public:
   explicit ServiceMetrics(metrics::Registry& registry);
 
-  void Report(const std::string& kind, size_t bytes);
+  enum class ReportKind { kStep, kAudit, kWeights };
+  void Report(ReportKind kind, size_t bytes);
   void Rejected(const std::string& reason);
   void Checkpoint(const std::string& decision);
   void Observe(const core::Effects& effects);
@@ -63,6 +65,10 @@ class ServiceMetrics {
   metrics::Family<metrics::Counter>& checkpoints_;
   metrics::Family<metrics::Histogram>& latency_;
   metrics::Family<metrics::Counter>& actuator_runs_;
+  // reports_ and report_bytes_ by ReportKind, looked up once (every report
+  // counts in both).
+  std::array<metrics::Counter*, 3> reports_by_kind_;
+  std::array<metrics::Counter*, 3> report_bytes_by_kind_;
 };
 
 class Outbox;
@@ -100,6 +106,31 @@ class Delivery {
       : store_(store), streams_(streams), metrics_(metrics) {}
   // Runs `then` (if any) after the effects are durable and delivered.
   void Deliver(core::Effects effects, std::function<void(absl::Status)> then = nullptr);
+
+  // While a Batch is open on a thread, that thread's deliveries wait for
+  // one durability callback, at the batch's last ticket, instead of one
+  // each; when it closes they are sent in the order they were delivered.
+  // A relay's message carries many ranks' reports: one registration with
+  // the store and one callback on its notifier thread instead of one per
+  // report. Nothing is sent before it would have been (every ticket of the
+  // batch is durable by then), and the batch's reports arrived together.
+  class Batch {
+   public:
+    explicit Batch(Delivery* delivery) : delivery_(delivery), outer_(current_) {
+      current_ = this;
+    }
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    friend class Delivery;
+    static inline thread_local Batch* current_ = nullptr;
+    Delivery* const delivery_;
+    Batch* const outer_;
+    uint64_t ticket_ = 0;  // The highest of the batch; 0: nothing written.
+    std::vector<std::function<void(absl::Status)>> sends_;
+  };
 
  private:
   core::Store* store_;

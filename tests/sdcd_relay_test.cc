@@ -78,6 +78,11 @@ class Relay {
     }
   }
 
+  std::vector<v1::RelayedReply> Replies(uint64_t session) {
+    absl::MutexLock lock(&mu_);
+    return replies_[session];
+  }
+
   absl::StatusOr<uint64_t> WaitAcked(uint64_t session, uint64_t sequence) {
     absl::StatusOr<v1::RelayedReply> r = WaitFor(session, [&](const v1::RelayedReply& r) {
       return r.message().has_ack() && r.message().ack().acked_sequence() >= sequence;
@@ -157,6 +162,37 @@ TEST_F(SdcdRelayTest, SessionsAreAnsweredAsAttachStreamsAndDurable) {
   ScriptedRank rank(Channel(sdcd_->trainer_address()), TestHello("relay-job", 3, kWorld, 2, kTensors));
   ASSERT_TRUE(rank.Connect().ok());
   EXPECT_EQ(rank.welcome_acked(), 2u);
+}
+
+// One relay message's replies wait for one durability callback (sdcd
+// batches them); each session still hears them in its own order: the
+// Welcome, then acknowledgements that never go back, a resent duplicate
+// (nothing written for it) included.
+TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
+  Relay relay(sdcd_->trainer_address());
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    batch.push_back({10 + r, HelloOf(r)});
+    batch.push_back({10 + r, StepReportOf(r, 1, 1)});
+    batch.push_back({10 + r, StepReportOf(r, 2, 2)});
+    batch.push_back({10 + r, StepReportOf(r, 2, 2)});  // A resend.
+  }
+  ASSERT_TRUE(relay.Send(batch));
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    absl::StatusOr<uint64_t> acked = relay.WaitAcked(10 + r, 2);
+    ASSERT_TRUE(acked.ok()) << acked.status();
+    const std::vector<v1::RelayedReply> replies = relay.Replies(10 + r);
+    ASSERT_FALSE(replies.empty());
+    EXPECT_TRUE(replies.front().message().has_welcome()) << "rank " << r;
+    uint64_t last = 0;
+    for (size_t i = 1; i < replies.size(); ++i) {
+      EXPECT_FALSE(replies[i].end()) << replies[i].status_message();
+      ASSERT_TRUE(replies[i].message().has_ack()) << "rank " << r << " reply " << i;
+      EXPECT_GE(replies[i].message().ack().acked_sequence(), last);
+      last = replies[i].message().ack().acked_sequence();
+    }
+    EXPECT_EQ(last, 2u);
+  }
 }
 
 TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
