@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/log.h"
+#include "agent/weight_elision.h"
 #include "daemon/ack.h"
 #include "daemon/stream.h"
 
@@ -119,7 +120,7 @@ class TrainerRelay::Upstream {
 
   // False (and *why) when the stream is over, or too much already waits.
   bool Send(v1::RelayedMessage m, std::string* why) {
-    const size_t bytes = m.ByteSizeLong();
+    size_t bytes = m.ByteSizeLong();
     absl::MutexLock lock(&mu_);
     if (broken_ || stopping_) {
       *why = "sdc-agent's stream to sdcd ended";
@@ -129,6 +130,12 @@ class TrainerRelay::Upstream {
       *why = absl::StrCat("sdcd is not keeping up: ", waiting_.size(), " messages (",
                           waiting_bytes_ >> 20, " MiB) wait for it in sdc-agent");
       return false;
+    }
+    // In the order of the stream, and only for what is sent.
+    if (m.end()) {
+      elision_.End(m.session());
+    } else if (elision_.Apply(m.session(), m.mutable_message())) {
+      bytes = m.ByteSizeLong();
     }
     waiting_bytes_ += bytes;
     waiting_.push_back(std::move(m));
@@ -187,6 +194,7 @@ class TrainerRelay::Upstream {
   absl::Mutex mu_;
   std::deque<v1::RelayedMessage> waiting_ ABSL_GUARDED_BY(mu_);
   size_t waiting_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  WeightElision elision_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agent/weight_elision.h"
 #include "daemon/convert.h"
 #include "daemon/core/replay_plan.h"
 #include "grpcpp/grpcpp.h"
@@ -98,9 +99,9 @@ double Percentile(std::vector<double>& v, double p) {
 // acknowledgement latencies measured, its verdict. Thread-safe.
 class RankLedger {
  public:
-  void HandedOut(uint64_t sequence, absl::Time intended, bool weights) {
+  void HandedOut(uint64_t sequence, uint32_t step_index, absl::Time intended, bool weights) {
     absl::MutexLock lock(&mu_);
-    sent_at_[sequence] = {absl::Now(), intended, weights};
+    sent_at_[sequence] = {absl::Now(), intended, step_index, weights};
   }
 
   // A message for this rank arrived at `now`.
@@ -114,6 +115,7 @@ class RankLedger {
         if (it != sent_at_.end()) {
           const double ms = absl::ToDoubleMilliseconds(now - it->second.sent);
           (it->second.weights ? weight_latencies_ms_ : latencies_ms_).push_back(ms);
+          by_step_.push_back({it->second.step_index, ms});
           scheduled_latencies_ms_.push_back(absl::ToDoubleMilliseconds(now - it->second.intended));
           sent_at_.erase(it);
         }
@@ -151,13 +153,15 @@ class RankLedger {
   }
   // Acknowledgement latencies from the send: step and audit reports,
   // weight reports; and of all reports from their step's scheduled start.
+  // And every latency from the send with its step's index in the run.
   struct Latencies {
     std::vector<double> others, weights, scheduled;
+    std::vector<std::pair<uint32_t, double>> by_step;
   };
   Latencies TakeLatencies() {
     absl::MutexLock lock(&mu_);
     return {std::move(latencies_ms_), std::move(weight_latencies_ms_),
-            std::move(scheduled_latencies_ms_)};
+            std::move(scheduled_latencies_ms_), std::move(by_step_)};
   }
   std::pair<absl::Time, int> verdict() const {
     absl::MutexLock lock(&mu_);
@@ -173,12 +177,14 @@ class RankLedger {
   struct Sent {
     absl::Time sent;      // Handed to the stream (queued behind its write in flight).
     absl::Time intended;  // Its step's scheduled start.
+    uint32_t step_index;
     bool weights;
   };
   std::map<uint64_t, Sent> sent_at_ ABSL_GUARDED_BY(mu_);
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> weight_latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> scheduled_latencies_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, double>> by_step_ ABSL_GUARDED_BY(mu_);
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string error_ ABSL_GUARDED_BY(mu_);
@@ -347,6 +353,9 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
     v1::RelayedMessage* relayed = up.add_messages();
     relayed->set_session(rank);
     *relayed->mutable_message() = std::move(m);
+    // As sdc-agent's relay does, in the order of the stream.
+    absl::MutexLock lock(&order_mu_);
+    elision_.Apply(rank, relayed->mutable_message());
     Queue(std::move(up));
   }
   void Close() override { ClientStream::Close(); }
@@ -373,6 +382,8 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
     for (uint32_t i = 0; i < count_; ++i) ledgers_[i].Ended(error.empty() ? "the relay ended" : error);
   }
   static constexpr int kMaxBatch = 256;
+  absl::Mutex order_mu_;
+  agent::WeightElision elision_ ABSL_GUARDED_BY(order_mu_);
   const core::Rank first_;
   const uint32_t count_;
   RankLedger* const ledgers_;
@@ -471,7 +482,8 @@ int LoadGen(const Args& a) {
     rep->set_sequence(++sequence[r]);
     rep->set_step(step);
     fill(rep);
-    ledgers[r].HandedOut(sequence[r], intended, rep->has_weights());
+    ledgers[r].HandedOut(sequence[r], static_cast<uint32_t>(step - a.first_step), intended,
+                         rep->has_weights());
     transport_of[r]->Send(r, std::move(m));
   };
   const uint32_t senders = a.senders;
@@ -576,6 +588,7 @@ int LoadGen(const Args& a) {
   }
   absl::Time last_ack = start;
   std::vector<double> latencies, others, weight_acks, scheduled, verdicts;
+  std::vector<std::vector<double>> by_step(a.steps);
   int passed = 0;
   for (auto& s : ledgers) {
     last_ack = std::max(last_ack, s.last_ack());
@@ -583,6 +596,14 @@ int LoadGen(const Args& a) {
     others.insert(others.end(), l.others.begin(), l.others.end());
     weight_acks.insert(weight_acks.end(), l.weights.begin(), l.weights.end());
     scheduled.insert(scheduled.end(), l.scheduled.begin(), l.scheduled.end());
+    for (auto [i, ms] : l.by_step) by_step[i].push_back(ms);
+  }
+  {
+    // Which steps make up the tail (weight steps are those divisible by 10).
+    std::string each;
+    for (auto& v : by_step) absl::StrAppend(&each, " ", static_cast<int>(Percentile(v, 0.99)));
+    std::fprintf(stderr, "loadgen: ack p99 of each step from step %llu, ms:%s\n",
+                 static_cast<unsigned long long>(a.first_step), each.c_str());
   }
   latencies = others;
   latencies.insert(latencies.end(), weight_acks.begin(), weight_acks.end());

@@ -122,6 +122,7 @@ absl::StatusOr<core::Report> FromProto(const v1::Report& r) {
       c.checkpoint = w.checkpoint();
       c.has_optimizer_digest = w.has_optimizer_digest();
       c.optimizer_digest = w.optimizer_digest();
+      c.tensors_elided = w.tensors_elided();
       if (w.tensors_size() % 3 != 0) {
         return absl::InvalidArgumentError("weight fingerprints must be (length, s1, s2) triplets");
       }
@@ -170,6 +171,7 @@ v1::Report ToProto(const core::Report& r) {
     p->set_checkpoint(w.checkpoint);
     p->set_has_optimizer_digest(w.has_optimizer_digest);
     p->set_optimizer_digest(w.optimizer_digest);
+    p->set_tensors_elided(w.tensors_elided);
     p->mutable_tensors()->Resize(static_cast<int>(3 * w.tensors.size()), 0);
     std::memcpy(p->mutable_tensors()->mutable_data(), w.tensors.data(),
                 w.tensors.size() * sizeof(core::Fingerprint));

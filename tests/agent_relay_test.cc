@@ -14,11 +14,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_link.h"
+#include "daemon/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/model_digest.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scripted_rank.h"
 #include "tests/testing/sdcd.h"
@@ -103,6 +106,61 @@ TEST_F(AgentRelayTest, AnAuditThroughTheRelayBlamesTheFaultyRank) {
   ASSERT_TRUE(admin->ListRequests(sdcd_->AdminContext().get(), {}, &requests).ok());
   ASSERT_EQ(requests.requests_size(), 1);
   EXPECT_EQ(requests.requests(0).node_name(), "node-b");
+}
+
+// The value of one sample line ("name{labels} value") of an exposition.
+double Sample(const std::string& exposition, const std::string& series) {
+  const size_t at = exposition.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  const size_t from = at + series.size() + 2;
+  double v = -1;
+  if (!absl::SimpleAtod(exposition.substr(from, exposition.find('\n', from) - from), &v)) return -1;
+  return v;
+}
+
+// A weight report of kTensors; `wrong` changes one fingerprint of "w1".
+core::WeightReport WeightsOf(bool wrong) {
+  core::WeightReport w;
+  std::vector<kernels::NamedFingerprint> named;
+  for (size_t t = 0; t < kTensors.size(); ++t) {
+    w.tensors.push_back({64, 1000 + t, 2000 + t + (wrong && t == 1 ? 1 : 0)});
+    named.push_back({kTensors[t], w.tensors.back()});
+  }
+  w.digest = kernels::ModelDigest(named);
+  return w;
+}
+
+TEST_F(AgentRelayTest, WeightTensorsCrossTheRelayOncePerDigest) {
+  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-weights", kWorld, 2, kTensors);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Ranks ranks = *std::move(connected);
+  // One after another, so that the relay's order is known: ranks 0 and 3
+  // carry their digests' tensors, the other four reach sdcd without them.
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    const uint64_t seq = ranks[r]->Send(10, WeightsOf(/*wrong=*/r == 3));
+    ASSERT_TRUE(ranks[r]->WaitAcked(seq, absl::Seconds(20)).ok()) << r;
+  }
+  // The vote still names rank 3 and the tensor where it differs.
+  for (auto& rank : ranks) {
+    absl::StatusOr<v1::CoordinatorMessage> verdict = rank->WaitFor(
+        [](const v1::CoordinatorMessage& m) { return m.has_weight_verdict(); },
+        absl::Seconds(20));
+    ASSERT_TRUE(verdict.ok()) << verdict.status();
+    EXPECT_FALSE(verdict->weight_verdict().pass());
+    EXPECT_THAT(verdict->weight_verdict().minority_ranks(), ElementsAre(3));
+    EXPECT_THAT(verdict->weight_verdict().differing_tensors(), ElementsAre("w1"));
+  }
+  // What sdcd received: two reports with tensors, four without.
+  v1::Report full = daemon::ToProto(core::Report{"job-weights", 0, 1, 1, 10, WeightsOf(false)});
+  v1::Report elided = full;
+  elided.mutable_weights()->clear_tensors();
+  elided.mutable_weights()->set_tensors_elided(true);
+  absl::StatusOr<std::string> metrics = HttpGet(sdcd_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const double bytes = Sample(*metrics, "sdc_report_bytes_total{kind=\"weights\"}");
+  EXPECT_EQ(Sample(*metrics, "sdc_reports_total{kind=\"weights\"}"), 6);
+  EXPECT_GE(bytes, 2 * full.ByteSizeLong() + 4 * elided.ByteSizeLong());
+  EXPECT_LT(bytes, 3 * full.ByteSizeLong() + 3 * elided.ByteSizeLong());
 }
 
 TEST_F(AgentRelayTest, TheClientLibraryWorksThroughTheRelay) {

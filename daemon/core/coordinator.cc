@@ -304,9 +304,15 @@ absl::Status Coordinator::Apply(JobState& job, const Report& r, Txn& txn) {
     return ApplyAudit(job, group, r, *a, txn);
   }
   const auto& w = std::get<WeightReport>(r.body);
-  // Stored copies keep tensors only for the first report of each digest.
-  const bool stored_copy = replaying_ && w.tensors.empty();
-  if (!stored_copy && w.tensors.size() != group.record.weight_tensors.size()) {
+  if (w.tensors_elided && !w.tensors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight report from rank ", r.rank, " says a relay elided its tensors but carries ",
+        w.tensors.size()));
+  }
+  // Stored copies keep tensors only for the first report of each digest,
+  // and a relay elides those of a digest it already carried.
+  const bool digest_only = (replaying_ || w.tensors_elided) && w.tensors.empty();
+  if (!digest_only && w.tensors.size() != group.record.weight_tensors.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weight report from rank ", r.rank, " has ", w.tensors.size(),
         " tensors; the layout of replica group ", group_id, " has ",
@@ -551,11 +557,13 @@ void Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r
   PendingWeights& pw = it->second;
   if (fresh) pw.first_seen = clock_->Now();
   const uint64_t digest = WeightVoteDigest(w);
-  auto [ballot, new_digest] = pw.ballots.try_emplace(digest);
-  ballot->second.ranks.push_back(r.rank);
+  Ballot& ballot = pw.ballots[digest];
+  ballot.ranks.push_back(r.rank);
+  // Ranks with the same digest hold the same tensors: keep (and persist)
+  // one copy per distinct digest, from its first report that carries them
+  // (a relay may have elided them from the others).
+  const bool keep_tensors = ballot.tensors.empty() && !w.tensors.empty();
   if (!replaying_) {
-    // Ranks with the same digest hold the same tensors: keep (and persist)
-    // one copy per distinct digest.
     Report copy;
     copy.job_id = r.job_id;
     copy.rank = r.rank;
@@ -567,11 +575,12 @@ void Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r
     stripped.checkpoint = w.checkpoint;
     stripped.has_optimizer_digest = w.has_optimizer_digest;
     stripped.optimizer_digest = w.optimizer_digest;
-    if (new_digest) stripped.tensors = w.tensors;
+    stripped.tensors_elided = w.tensors_elided;
+    if (keep_tensors) stripped.tensors = w.tensors;
     copy.body = std::move(stripped);
     txn.mutation.pending_added.push_back(std::move(copy));
   }
-  if (new_digest) ballot->second.tensors = w.tensors;
+  if (keep_tensors) ballot.tensors = w.tensors;
   pw.voted.insert(r.rank);
   pw.keys.push_back(KeyOf(r));
   MaybeFinalizeWeights(job, group, r.step, /*deadline=*/false, txn);
@@ -584,7 +593,9 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
   PendingWeights& pw = it->second;
   if ((!AllAttached(job) || pw.voted.size() < group.members.size()) && !deadline) return;
   std::vector<DigestBallot> ballots;
-  for (const auto& [digest, b] : pw.ballots) ballots.push_back({digest, b.ranks, &b.tensors});
+  for (const auto& [digest, b] : pw.ballots) {
+    ballots.push_back({digest, b.ranks, b.tensors.empty() ? nullptr : &b.tensors});
+  }
   const VoteResult vote = Vote(group.members, ballots);
   const std::vector<std::string> differing = TensorNames(group, vote.differing_tensors);
 
@@ -606,8 +617,10 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
       break;
     case VoteOutcome::kMinority: {
       const std::string what =
-          differing.empty() ? std::string("optimizer state")
-                            : absl::StrCat("tensor(s) ", absl::StrJoin(differing, ", "));
+          !differing.empty() ? absl::StrCat("tensor(s) ", absl::StrJoin(differing, ", "))
+          : vote.uncompared  ? std::string("weights (not compared tensor by tensor: no report "
+                                           "of one of the digests carried its tensors)")
+                             : std::string("optimizer state");
       const Incident& inc = RecordIncident(
           job, group, step, CheckKind::kWeights, "faulty", vote.minority, true,
           absl::StrCat("rank(s) ", RankList(vote.minority), " differ from the majority (",

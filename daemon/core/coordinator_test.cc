@@ -15,6 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 constexpr char kJob[] = "job-a";
@@ -555,6 +556,77 @@ TEST(CoordinatorTest, WeightMinorityIsNamedWithItsTensors) {
   EXPECT_EQ(incidents[0].check, CheckKind::kWeights);
   EXPECT_THAT(incidents[0].differing_tensors, ElementsAre("layers.0.w"));
   EXPECT_THAT(incidents[0].explanation, HasSubstr("5 of 6 replicas"));
+}
+
+// A relay sends a digest's tensors once and the rest of its ranks'
+// reports of that digest as `tensors_elided` (agent/weight_elision.h).
+WeightReport Elided(const WeightReport& w) {
+  WeightReport e = w;
+  e.tensors.clear();
+  e.tensors_elided = true;
+  return e;
+}
+
+TEST(CoordinatorTest, ElidedWeightReportsVoteAndTheCarriedTensorsNameTheMinority) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  // Rank 1 carries the majority's tensors, rank 5 its own; the rest are
+  // elided, including rank 0's, which arrives before any carried copy.
+  ASSERT_TRUE(cl.Send(0, 10, Elided(Cluster::Weights())).ok());
+  ASSERT_TRUE(cl.Send(1, 10, Cluster::Weights()).ok());
+  for (Rank r : {2u, 3u, 4u}) ASSERT_TRUE(cl.Send(r, 10, Elided(Cluster::Weights())).ok());
+  ASSERT_TRUE(cl.Send(5, 10, Cluster::Weights(1)).ok());
+  auto verdicts = cl.MessagesOf<WeightVerdictMessage>();
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_THAT(verdicts[0].minority, ElementsAre(5));
+  EXPECT_THAT(verdicts[0].differing_tensors, ElementsAre("layers.0.w"));
+  EXPECT_EQ(verdicts[0].majority_source, 0u);
+}
+
+TEST(CoordinatorTest, AMinorityWhoseTensorsNeverCameIsNotBlamedOnTheOptimizer) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  // The report that carried rank 5's digest was lost on its way (the relay
+  // elides the next ones all the same).
+  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.Send(r, 10, Cluster::Weights()).ok());
+  ASSERT_TRUE(cl.Send(5, 10, Elided(Cluster::Weights(1))).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(5));
+  EXPECT_THAT(incidents[0].differing_tensors, IsEmpty());
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("not compared tensor by tensor"));
+  EXPECT_THAT(incidents[0].explanation, Not(HasSubstr("optimizer")));
+}
+
+TEST(CoordinatorTest, AnElidedReportMustBeEmpty) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  WeightReport both = Cluster::Weights();
+  both.tensors_elided = true;
+  auto e = cl.Send(0, 10, both);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("elided"));
+  // Without the flag, an empty report is still a wrong layout.
+  WeightReport none = Cluster::Weights();
+  none.tensors.clear();
+  EXPECT_EQ(cl.Send(0, 10, none).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CoordinatorTest, ARestartKeepsTheCarriedTensorsOfElidedVotes) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  // The carried copy comes after an elided one; the store must keep it.
+  ASSERT_TRUE(cl.Send(0, 10, Elided(Cluster::Weights(1))).ok());
+  ASSERT_TRUE(cl.Send(1, 10, Cluster::Weights(1)).ok());
+  ASSERT_TRUE(cl.Send(2, 10, Cluster::Weights()).ok());
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r : {3u, 4u, 5u}) ASSERT_TRUE(cl.Send(r, 10, Elided(Cluster::Weights())).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(0, 1));
+  EXPECT_THAT(incidents[0].differing_tensors, ElementsAre("layers.0.w"));
 }
 
 TEST(CoordinatorTest, CheckpointGateGivesPreciseReasons) {

@@ -80,6 +80,9 @@ struct WeightReport {
   bool checkpoint = false;
   bool has_optimizer_digest = false;
   uint64_t optimizer_digest = 0;
+  // A relay removed `tensors`: an earlier report of this digest carried
+  // them (v1::WeightReport.tensors_elided).
+  bool tensors_elided = false;
 };
 
 struct Report {

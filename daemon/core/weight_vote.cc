@@ -57,6 +57,8 @@ VoteResult Vote(absl::Span<const Rank> members, absl::Span<const DigestBallot> b
       for (uint32_t t = 0; t < b.tensors->size(); ++t) {
         if ((*b.tensors)[t] != (*winner->tensors)[t]) differing.insert(t);
       }
+    } else {
+      result.uncompared = true;
     }
   }
   std::sort(result.minority.begin(), result.minority.end());

@@ -48,6 +48,10 @@ struct VoteResult {
   // Tensor indices where a minority value differs from the majority's
   // (first few, ascending), when tensors were supplied.
   std::vector<uint32_t> differing_tensors;
+  // A minority ballot could not be compared tensor by tensor (it or the
+  // majority came without tensors): an empty `differing_tensors` then
+  // says nothing about where they differ.
+  bool uncompared = false;
 };
 
 inline constexpr size_t kMaxNamedTensors = 8;
