@@ -6,8 +6,9 @@
 // asynchronous API over 16 completion queues, --senders threads handing out
 // each step's reports (4). By default each node's 8 ranks reach sdcd through
 // one Relay stream, as with sdc-agent --relay_listen (--per_relay=8, so 16
-// relays per connection); --per_relay=0 gives every rank its own Attach
-// stream, as when trainers dial sdcd themselves.
+// relays per connection; each relay elides repeated weight tensors with
+// sdc-agent's own code, agent/weight_elision.h); --per_relay=0 gives every
+// rank its own Attach stream, as when trainers dial sdcd themselves.
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
 // and replay), in the client's order: audit results, then (after the verdict
@@ -21,7 +22,8 @@
 // start, which adds the time this one process takes to hand out 16,384
 // ranks' reports, a wait no real rank has); audit verdict latency (p99 over
 // ranks, from the step's start, and from the last audit result's hand-out);
-// sdcd's peak RSS and database size. Last line: JSON.
+// sdcd's peak RSS and database size. On stderr also each step's ack p99,
+// which shows the steps that make up the tail. Last line: JSON.
 
 #include <sys/stat.h>
 #include <unistd.h>
