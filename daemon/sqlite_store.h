@@ -62,7 +62,7 @@ class SqliteStore : public core::Store {
   // Commits made so far (each may hold many mutations).
   uint64_t commits() const;
 
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
  private:
   SqliteStore(sqlite3* db, std::string path);
@@ -78,6 +78,9 @@ class SqliteStore : public core::Store {
   absl::Mutex write_mu_;  // Serializes use of db_ (writer thread and Load).
   std::map<const char*, std::unique_ptr<internal::SqliteStatement>> statements_
       ABSL_GUARDED_BY(write_mu_);
+  // The next pending report's `arrival` (restore order): one past the
+  // largest in the database when it opened.
+  int64_t next_arrival_ ABSL_GUARDED_BY(write_mu_) = 1;
 
   mutable absl::Mutex mu_;
   std::deque<std::pair<uint64_t, core::Mutation>> queue_ ABSL_GUARDED_BY(mu_);

@@ -233,6 +233,69 @@ TEST(SqliteStoreTest, CoalescedCommitsLeaveWhatEachMutationWould) {
   EXPECT_EQ(kept, expected);
 }
 
+// Schema 2 kept pending reports in a rowid table numbered by arrival;
+// schema 3 keys them by report and keeps `arrival` as a column. A database
+// of schema 2 with pending reports migrates, and restore keeps their order.
+TEST(SqliteStoreTest, PendingReportsKeepTheirOrderThroughMigration3) {
+  const std::string path = TempDb("migration3");
+  auto report = [](core::Rank rank, uint64_t sequence) {
+    core::Report r;
+    r.job_id = "job";
+    r.rank = rank;
+    r.incarnation = 1;
+    r.sequence = sequence;
+    r.step = 10;
+    r.body = core::StepReport{};
+    return r;
+  };
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    core::Mutation m;
+    // Arrival order differs from key order.
+    for (core::Rank rank : {5u, 1u, 3u}) m.pending_added.push_back(report(rank, 1));
+    auto ticket = (*store)->Apply(std::move(m));
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  }
+  // Put the table back as schema 2 had it, with the same rows.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, R"sql(
+CREATE TABLE v2 (
+  arrival INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  incarnation INTEGER NOT NULL,
+  sequence INTEGER NOT NULL,
+  report BLOB NOT NULL,
+  UNIQUE (job_id, rank, incarnation, sequence)
+);
+INSERT INTO v2 SELECT arrival + 40, job_id, rank, incarnation, sequence, report
+  FROM pending_reports;
+DROP TABLE pending_reports;
+ALTER TABLE v2 RENAME TO pending_reports;
+UPDATE schema_version SET version = 2;
+)sql", nullptr, nullptr, &error), SQLITE_OK) << error;
+  sqlite3_close(db);
+
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // A report added after the migration comes after the migrated ones.
+  core::Mutation m;
+  m.pending_added.push_back(report(0, 1));
+  m.pending_removed.push_back({"job", 1, 1, 1});
+  auto ticket = (*store)->Apply(std::move(m));
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  std::vector<core::Rank> order;
+  for (const core::Report& r : snap->pending) order.push_back(r.rank);
+  EXPECT_THAT(order, ElementsAre(5, 3, 0));
+}
+
 TEST(SqliteStoreTest, RefusesADatabaseFromANewerSdcd) {
   const std::string path = TempDb("newer");
   { ASSERT_TRUE(SqliteStore::Open(path).ok()); }
