@@ -95,7 +95,11 @@ Report ReportFor(Bytes& in, uint32_t world, std::vector<uint64_t>& sequence) {
     }
     default: {
       WeightReport w;
-      w.tensors.resize(in.Small(6) == 0 ? 3 : 4);
+      // A wrong layout, a relay's elided report, an elided one that still
+      // carries tensors (refused), or the layout's four tensors.
+      const uint32_t shape = in.Small(8);
+      w.tensors.resize(shape == 0 ? 3 : shape == 1 ? 0 : 4);
+      w.tensors_elided = shape == 1 || shape == 2;
       for (auto& t : w.tensors) t = {16, in.Small(2), 0};
       w.digest = in.Small(3);
       w.has_optimizer_digest = in.Small(4) == 0;
