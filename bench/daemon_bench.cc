@@ -115,10 +115,9 @@ class RankLedger {
       for (uint64_t s = acked_ + 1; s <= acked; ++s) {
         auto it = sent_at_.find(s);
         if (it != sent_at_.end()) {
-          const double ms = absl::ToDoubleMilliseconds(now - it->second.sent);
-          (it->second.weights ? weight_latencies_ms_ : latencies_ms_).push_back(ms);
-          by_step_.push_back({it->second.step_index, ms});
-          scheduled_latencies_ms_.push_back(absl::ToDoubleMilliseconds(now - it->second.intended));
+          acks_.push_back({it->second.step_index, it->second.weights,
+                           absl::ToDoubleMilliseconds(now - it->second.sent),
+                           absl::ToDoubleMilliseconds(now - it->second.intended)});
           sent_at_.erase(it);
         }
       }
@@ -153,17 +152,18 @@ class RankLedger {
     if (failed_) *why = error_;
     return failed_;
   }
-  // Acknowledgement latencies from the send: step and audit reports,
-  // weight reports; and of all reports from their step's scheduled start.
-  // And every latency from the send with its step's index in the run.
-  struct Latencies {
-    std::vector<double> others, weights, scheduled;
-    std::vector<std::pair<uint32_t, double>> by_step;
+  // One acknowledged report: its step's index in the run, whether it was
+  // a weight report, and its latency from the send and from its step's
+  // scheduled start.
+  struct Acked {
+    uint32_t step_index;
+    bool weights;
+    double ms;
+    double from_step_start_ms;
   };
-  Latencies TakeLatencies() {
+  std::vector<Acked> TakeAcks() {
     absl::MutexLock lock(&mu_);
-    return {std::move(latencies_ms_), std::move(weight_latencies_ms_),
-            std::move(scheduled_latencies_ms_), std::move(by_step_)};
+    return std::move(acks_);
   }
   std::pair<absl::Time, int> verdict() const {
     absl::MutexLock lock(&mu_);
@@ -183,10 +183,7 @@ class RankLedger {
     bool weights;
   };
   std::map<uint64_t, Sent> sent_at_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> weight_latencies_ms_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> scheduled_latencies_ms_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint32_t, double>> by_step_ ABSL_GUARDED_BY(mu_);
+  std::vector<Acked> acks_ ABSL_GUARDED_BY(mu_);
   bool welcomed_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string error_ ABSL_GUARDED_BY(mu_);
@@ -596,11 +593,11 @@ int LoadGen(const Args& a) {
   int passed = 0;
   for (auto& s : ledgers) {
     last_ack = std::max(last_ack, s.last_ack());
-    RankLedger::Latencies l = s.TakeLatencies();
-    others.insert(others.end(), l.others.begin(), l.others.end());
-    weight_acks.insert(weight_acks.end(), l.weights.begin(), l.weights.end());
-    scheduled.insert(scheduled.end(), l.scheduled.begin(), l.scheduled.end());
-    for (auto [i, ms] : l.by_step) by_step[i].push_back(ms);
+    for (const RankLedger::Acked& k : s.TakeAcks()) {
+      (k.weights ? weight_acks : others).push_back(k.ms);
+      scheduled.push_back(k.from_step_start_ms);
+      by_step[k.step_index].push_back(k.ms);
+    }
   }
   {
     // Which steps make up the tail (weight steps are those divisible by 10).
