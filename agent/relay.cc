@@ -4,6 +4,7 @@
 #include <deque>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -149,6 +150,7 @@ class TrainerRelay::Upstream {
     v1::RelayDown down;
     while (stream_->Read(&down)) {
       for (const v1::RelayedReply& r : down.replies()) relay_->Deliver(this, r);
+      if (down.ack_sessions_size() > 0) relay_->DeliverAcks(this, down);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -174,6 +176,7 @@ class TrainerRelay::Upstream {
           const size_t next = waiting_.front().ByteSizeLong();
           if (bytes > 0 && bytes + next > kMaxBatchBytes) break;
           bytes += next;
+          up.set_packed_acks(true);
           *up.add_messages() = std::move(waiting_.front());
           waiting_.pop_front();
         }
@@ -288,6 +291,29 @@ void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
                              reply.status_message()));
   } else {
     handle->Push(reply.message());
+  }
+}
+
+void TrainerRelay::DeliverAcks(Upstream* from, const v1::RelayDown& down) {
+  if (down.ack_sessions_size() != down.ack_sequences_size()) {
+    Log(absl::StrCat("relay: sdcd sent ", down.ack_sessions_size(), " packed acknowledgements with ",
+                     down.ack_sequences_size(), " sequences; ignored"));
+    return;
+  }
+  std::vector<std::pair<std::shared_ptr<SessionHandle>, uint64_t>> acks;
+  acks.reserve(down.ack_sessions_size());
+  {
+    absl::MutexLock lock(&mu_);
+    if (upstream_.get() != from) return;
+    for (int i = 0; i < down.ack_sessions_size(); ++i) {
+      auto it = sessions_.find(down.ack_sessions(i));
+      if (it != sessions_.end()) acks.emplace_back(it->second, down.ack_sequences(i));
+    }
+  }
+  for (auto& [handle, sequence] : acks) {
+    v1::CoordinatorMessage ack;
+    ack.mutable_ack()->set_acked_sequence(sequence);
+    handle->Push(std::move(ack));
   }
 }
 

@@ -78,6 +78,8 @@ class TrainerRelay final : public v1::TrainerService::CallbackService {
   void SendEnd(uint64_t session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // From an upstream's reader thread.
   void Deliver(Upstream* from, const v1::RelayedReply& reply);
+  // RelayDown's packed acknowledgements, after its replies.
+  void DeliverAcks(Upstream* from, const v1::RelayDown& down);
   void Lost(Upstream* from, const grpc::Status& status);
 
   const std::shared_ptr<grpc::Channel> channel_;

@@ -108,26 +108,29 @@ class RankLedger {
 
   // A message for this rank arrived at `now`.
   void Received(const v1::CoordinatorMessage& in, absl::Time now) {
+    if (in.has_ack()) return AckedThrough(in.ack().acked_sequence(), now);
     absl::MutexLock lock(&mu_);
     if (in.has_welcome()) welcomed_ = true;
-    if (in.has_ack()) {
-      const uint64_t acked = in.ack().acked_sequence();
-      for (uint64_t s = acked_ + 1; s <= acked; ++s) {
-        auto it = sent_at_.find(s);
-        if (it != sent_at_.end()) {
-          acks_.push_back({it->second.step_index, it->second.weights,
-                           absl::ToDoubleMilliseconds(now - it->second.sent),
-                           absl::ToDoubleMilliseconds(now - it->second.intended)});
-          sent_at_.erase(it);
-        }
-      }
-      acked_ = std::max(acked_, acked);
-      last_ack_ = now;
-    }
     if (in.has_audit_verdict() && in.audit_verdict().outcome() != v1::TIEBREAK_PENDING) {
       verdict_at_ = now;
       verdict_outcome_ = in.audit_verdict().outcome();
     }
+  }
+
+  // Everything up to `acked` is acknowledged, at `now`.
+  void AckedThrough(uint64_t acked, absl::Time now) {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t s = acked_ + 1; s <= acked; ++s) {
+      auto it = sent_at_.find(s);
+      if (it != sent_at_.end()) {
+        acks_.push_back({it->second.step_index, it->second.weights,
+                         absl::ToDoubleMilliseconds(now - it->second.sent),
+                         absl::ToDoubleMilliseconds(now - it->second.intended)});
+        sent_at_.erase(it);
+      }
+    }
+    acked_ = std::max(acked_, acked);
+    last_ack_ = now;
   }
 
   // The rank's stream (or relay session) ended; OK when it ended cleanly.
@@ -349,6 +352,7 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
   }
   void Send(core::Rank rank, v1::TrainerMessage m) override {
     v1::RelayUp up;
+    up.set_packed_acks(true);  // As sdc-agent's relay asks.
     v1::RelayedMessage* relayed = up.add_messages();
     relayed->set_session(rank);
     *relayed->mutable_message() = std::move(m);
@@ -375,6 +379,11 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
       } else {
         ledger.Received(r.message(), now);
       }
+    }
+    for (int i = 0; i < in.ack_sessions_size() && i < in.ack_sequences_size(); ++i) {
+      const uint64_t session = in.ack_sessions(i);
+      if (session < first_ || session - first_ >= count_) continue;  // Not one of ours.
+      ledgers_[session - first_].AckedThrough(in.ack_sequences(i), now);
     }
   }
   void OnFinished(const std::string& error) override {

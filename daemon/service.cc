@@ -145,7 +145,9 @@ class RankSession {
       : service_(service), outbox_(std::move(outbox)) {}
 
   // Handles one message. Not OK: the session must end with that status.
-  grpc::Status Handle(const v1::TrainerMessage& in) {
+  // With `acked`, a report's acknowledgement is the caller's to send once
+  // its Delivery::Batch is durable: *acked is set to its sequence.
+  grpc::Status Handle(const v1::TrainerMessage& in, uint64_t* acked = nullptr) {
     if (!attached_) {
       if (!in.has_hello()) {
         return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -190,6 +192,11 @@ class RankSession {
     if (!converted.ok()) return ToGrpc(converted.status());
     absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
     if (!effects.ok()) return ToGrpc(effects.status());
+    if (acked != nullptr) {
+      *acked = effects->acked_sequence;
+      service_->delivery_->Deliver(*std::move(effects));
+      return grpc::Status::OK;
+    }
     v1::CoordinatorMessage ack;
     ack.mutable_ack()->set_acked_sequence(effects->acked_sequence);
     std::shared_ptr<Outbox> outbox = outbox_;
@@ -548,6 +555,10 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
     }
     // The replies to this message's reports wait for one durability callback.
     Delivery::Batch replies(service_->delivery_);
+    // (session, sequence): the acknowledgements, when the relay takes them
+    // packed.
+    std::vector<std::pair<uint64_t, uint64_t>> acks;
+    const bool packed = in_.packed_acks();
     for (const v1::RelayedMessage& m : in_.messages()) {
       grpc::Status refused;
       {
@@ -577,8 +588,12 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
           }
         }
         if (refused.ok()) {
-          refused = it->second.rank->Handle(m.message());
-          if (refused.ok()) continue;
+          uint64_t acked = 0;
+          refused = it->second.rank->Handle(m.message(), packed ? &acked : nullptr);
+          if (refused.ok()) {
+            if (acked != 0) acks.emplace_back(m.session(), acked);
+            continue;
+          }
           CloseSession(it->second);
           sessions_.erase(it);
         }
@@ -587,7 +602,30 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
       service_->metrics_->Rejected(ReasonOf(static_cast<absl::StatusCode>(refused.error_code())));
       EnqueueEnd(m.session(), refused);
     }
+    if (!acks.empty()) {
+      // Last in the batch: after every other reply of this message.
+      service_->delivery_->Deliver(
+          core::Effects{}, [call = weak_from_this(), acks = std::move(acks)](absl::Status s) {
+            if (!s.ok()) return;
+            if (std::shared_ptr<RelayCall> c = call.lock()) c->EnqueueAcks(acks);
+          });
+    }
     return grpc::Status::OK;
+  }
+
+  // One message's acknowledgements, packed, for the sessions still open.
+  void EnqueueAcks(const std::vector<std::pair<uint64_t, uint64_t>>& acks) {
+    v1::RelayDown down;
+    down.mutable_ack_sessions()->Reserve(static_cast<int>(acks.size()));
+    down.mutable_ack_sequences()->Reserve(static_cast<int>(acks.size()));
+    absl::MutexLock lock(&sessions_mu_);  // Held across Enqueue: nothing after a session's end.
+    if (ended_) return;
+    for (const auto& [session, sequence] : acks) {
+      if (sessions_.count(session) == 0) continue;
+      down.add_ack_sessions(session);
+      down.add_ack_sequences(sequence);
+    }
+    if (down.ack_sessions_size() > 0) Enqueue(std::move(down));
   }
 
   void OnDone() override {
@@ -634,10 +672,17 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
 
   // Replies waiting while a write is in flight go out together. Replies
   // are small (an ack, a plan, a verdict naming at most a few tensors), so
-  // 1,024 stay far below the 16 MiB message limit.
+  // 1,024 stay far below the 16 MiB message limit. Packed acknowledgements
+  // come after a message's replies: a reply never joins a message that
+  // already holds some.
   bool Absorb(v1::RelayDown& last, v1::RelayDown& next) override {
-    if (last.replies_size() >= kMaxRepliesPerBatch) return false;
+    if (last.replies_size() >= kMaxRepliesPerBatch || last.ack_sessions_size() >= kMaxAcksPerBatch ||
+        (last.ack_sessions_size() > 0 && next.replies_size() > 0)) {
+      return false;
+    }
     for (v1::RelayedReply& r : *next.mutable_replies()) *last.add_replies() = std::move(r);
+    last.mutable_ack_sessions()->Add(next.ack_sessions().begin(), next.ack_sessions().end());
+    last.mutable_ack_sequences()->Add(next.ack_sequences().begin(), next.ack_sequences().end());
     return true;
   }
 
@@ -645,6 +690,7 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
   static constexpr size_t kMaxSessions = 4096;
   static constexpr int kMaxMessagesPerBatch = 4096;
   static constexpr int kMaxRepliesPerBatch = 1024;
+  static constexpr int kMaxAcksPerBatch = 16384;  // At most 20 bytes each.
   static constexpr size_t kMaxGone = 65536;
 
   absl::Mutex sessions_mu_;
@@ -769,6 +815,14 @@ size_t StreamRegistry::size() const {
 
 void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> then) {
   const uint64_t ticket = effects.ticket;
+  // Most reports' effects: nothing to send or count, only a ticket.
+  if (!then && effects.messages.empty() && effects.checks.empty() && effects.incidents.empty() &&
+      effects.skipped_steps == 0) {
+    if (Batch* batch = Batch::current_; batch != nullptr && batch->delivery_ == this) {
+      batch->ticket_ = std::max(batch->ticket_, ticket);
+    }
+    return;
+  }
   auto send = [this, effects = std::move(effects), then = std::move(then)](absl::Status s) {
     if (s.ok()) {
       for (const core::OutMessage& m : effects.messages) {

@@ -38,6 +38,16 @@ class Relay {
       while (stream_->Read(&down)) {
         absl::MutexLock lock(&mu_);
         for (const v1::RelayedReply& r : down.replies()) replies_[r.session()].push_back(r);
+        // Packed acknowledgements follow the message's replies; kept as
+        // the replies they stand for, and counted.
+        EXPECT_EQ(down.ack_sessions_size(), down.ack_sequences_size());
+        for (int i = 0; i < down.ack_sessions_size(); ++i) {
+          v1::RelayedReply r;
+          r.set_session(down.ack_sessions(i));
+          r.mutable_message()->mutable_ack()->set_acked_sequence(down.ack_sequences(i));
+          replies_[r.session()].push_back(r);
+          ++packed_[r.session()];
+        }
       }
       absl::MutexLock lock(&mu_);
       done_ = true;
@@ -49,8 +59,11 @@ class Relay {
     reader_.join();
   }
 
-  bool Send(const std::vector<std::pair<uint64_t, v1::TrainerMessage>>& messages) {
+  // `packed`: ask for this message's acknowledgements packed.
+  bool Send(const std::vector<std::pair<uint64_t, v1::TrainerMessage>>& messages,
+            bool packed = false) {
     v1::RelayUp up;
+    up.set_packed_acks(packed);
     for (const auto& [session, m] : messages) {
       v1::RelayedMessage* r = up.add_messages();
       r->set_session(session);
@@ -83,6 +96,12 @@ class Relay {
     return replies_[session];
   }
 
+  // How many of the session's acknowledgements came packed.
+  int Packed(uint64_t session) {
+    absl::MutexLock lock(&mu_);
+    return packed_[session];
+  }
+
   absl::StatusOr<uint64_t> WaitAcked(uint64_t session, uint64_t sequence) {
     absl::StatusOr<v1::RelayedReply> r = WaitFor(session, [&](const v1::RelayedReply& r) {
       return r.message().has_ack() && r.message().ack().acked_sequence() >= sequence;
@@ -98,6 +117,7 @@ class Relay {
   std::thread reader_;
   absl::Mutex mu_;
   std::map<uint64_t, std::vector<v1::RelayedReply>> replies_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, int> packed_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -192,7 +212,58 @@ TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
       last = replies[i].message().ack().acked_sequence();
     }
     EXPECT_EQ(last, 2u);
+    EXPECT_EQ(relay.Packed(10 + r), 0) << "rank " << r << ": the relay did not ask for packed";
   }
+}
+
+// A relay that asks for packed acknowledgements gets them as two arrays
+// after the message's other replies: each session still hears its Welcome
+// first, then acknowledgements that never go back. A session sdcd ends in
+// the same message hears nothing after its end, though its earlier reports
+// were written.
+TEST_F(SdcdRelayTest, PackedAcknowledgementsKeepEachSessionsOrder) {
+  Relay relay(sdcd_->trainer_address());
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    batch.push_back({10 + r, HelloOf(r)});
+    batch.push_back({10 + r, StepReportOf(r, 1, 1)});
+    batch.push_back({10 + r, StepReportOf(r, 2, 2)});
+    batch.push_back({10 + r, StepReportOf(r, 2, 2)});  // A resend.
+  }
+  batch.push_back({10, StepReportOf(1, 3, 3)});  // Rank 1's report on rank 0's session.
+  ASSERT_TRUE(relay.Send(batch, /*packed=*/true));
+  for (core::Rank r = 1; r < kWorld; ++r) {
+    absl::StatusOr<uint64_t> acked = relay.WaitAcked(10 + r, 2);
+    ASSERT_TRUE(acked.ok()) << acked.status();
+    const std::vector<v1::RelayedReply> replies = relay.Replies(10 + r);
+    ASSERT_FALSE(replies.empty());
+    EXPECT_TRUE(replies.front().message().has_welcome()) << "rank " << r;
+    uint64_t last = 0;
+    for (size_t i = 1; i < replies.size(); ++i) {
+      EXPECT_FALSE(replies[i].end()) << replies[i].status_message();
+      ASSERT_TRUE(replies[i].message().has_ack()) << "rank " << r << " reply " << i;
+      EXPECT_GE(replies[i].message().ack().acked_sequence(), last);
+      last = replies[i].message().ack().acked_sequence();
+    }
+    EXPECT_EQ(last, 2u);
+    EXPECT_EQ(relay.Packed(10 + r), static_cast<int>(replies.size()) - 1) << "rank " << r;
+  }
+  absl::StatusOr<v1::RelayedReply> ended =
+      relay.WaitFor(10, [](const v1::RelayedReply& x) { return x.end(); });
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The end goes out at once; the session's Welcome and acknowledgements
+  // would have waited for the batch's durability, as every other
+  // session's did (they came): nothing follows the end, as nothing follows
+  // an Attach stream's finish.
+  const std::vector<v1::RelayedReply> replies = relay.Replies(10);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies.front().end());
+  EXPECT_EQ(relay.Packed(10), 0);
+  // Its reports before the refusal are durable: rank 0 resumes after them.
+  ScriptedRank rank(Channel(sdcd_->trainer_address()), TestHello("relay-job", 0, kWorld, 2, kTensors));
+  ASSERT_TRUE(rank.Connect().ok());
+  EXPECT_EQ(rank.welcome_acked(), 2u);
 }
 
 TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
