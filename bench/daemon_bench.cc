@@ -4,10 +4,12 @@
 // generator as a separate process (this binary with --role=loadgen): 16,384
 // ranks of one job (2,048 nodes x 8 GPUs), 128 ranks per gRPC connection,
 // asynchronous API over 4 completion queues, --senders threads handing out
-// each step's reports (4). By default each node's 8 ranks reach sdcd through
-// one Relay stream, as with sdc-agent --relay_listen (--per_relay=8, so 16
-// relays per connection; each relay elides repeated weight tensors with
-// sdc-agent's own code, agent/weight_elision.h); --per_relay=0 gives every
+// each step's reports (4; a node's ranks from one sender, back to back). By
+// default each node's 8 ranks reach sdcd through one Relay stream, as with
+// sdc-agent --relay_listen (--per_relay=8, so 16 relays per connection; each
+// relay elides repeated weight tensors with sdc-agent's own code,
+// agent/weight_elision.h, and takes acknowledgements packed); --per_relay=0
+// gives every
 // rank its own Attach stream, as when trainers dial sdcd themselves.
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
@@ -497,6 +499,14 @@ int LoadGen(const Args& a) {
     transport_of[r]->Send(r, std::move(m));
   };
   const uint32_t senders = a.senders;
+  // Which sender hands out a rank's messages: a node's ranks (one relay's)
+  // all go to one sender, back to back, as a node's GPUs finish a step
+  // together; without relays, ranks are dealt out one by one.
+  auto owner = [&](core::Rank r) {
+    return (a.per_relay > 0 ? r / a.per_relay : r) % senders;
+  };
+  std::vector<std::vector<core::Rank>> shares(senders);
+  for (core::Rank r = 0; r < a.ranks; ++r) shares[owner(r)].push_back(r);
   const absl::Time start = absl::Now();
   std::vector<absl::Time> audit_started;
   std::vector<double> burst_ms;  // How long the load generator took to send each step.
@@ -521,9 +531,9 @@ int LoadGen(const Args& a) {
     // holds the verdict or its bounded wait ran out, the step report; every
     // 10th step the weight report after the optimizer step.
     auto send_share = [&](uint32_t share) {
-      auto mine = [&](core::Rank r) { return r % senders == share; };
+      auto mine = [&](core::Rank r) { return owner(r) == share; };
       if (audit) {
-        for (core::Rank r = share; r < a.ranks; r += senders) {
+        for (core::Rank r : shares[share]) {
           send(r, step, [&](v1::Report* rep) {
             v1::AuditResult* x = rep->mutable_audit();
             x->set_role(v1::ORIGINAL);
@@ -548,14 +558,14 @@ int LoadGen(const Args& a) {
         }
         // The client's verdict wait (GuardOptions::verdict_wait).
         const absl::Time give_up = now + a.verdict_wait;
-        for (core::Rank r = share; r < a.ranks; r += senders) {
+        for (core::Rank r : shares[share]) {
           while (ledgers[r].verdict().first <= now && absl::Now() < give_up) {
             absl::SleepFor(absl::Milliseconds(1));
           }
           if (ledgers[r].verdict().first <= now) unverified.fetch_add(1);
         }
       }
-      for (core::Rank r = share; r < a.ranks; r += senders) {
+      for (core::Rank r : shares[share]) {
         send(r, step, [](v1::Report* rep) {
           v1::StepReport* s = rep->mutable_step_report();
           s->set_reduced_digest(0xabc);
@@ -564,7 +574,7 @@ int LoadGen(const Args& a) {
         }, now);
       }
       if (step % 10 == 0) {
-        for (core::Rank r = share; r < a.ranks; r += senders) {
+        for (core::Rank r : shares[share]) {
           send(r, step, [&](v1::Report* rep) { *rep->mutable_weights() = weights; }, now);
         }
       }
