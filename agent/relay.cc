@@ -176,7 +176,7 @@ class TrainerRelay::Upstream {
           const size_t next = waiting_.front().ByteSizeLong();
           if (bytes > 0 && bytes + next > kMaxBatchBytes) break;
           bytes += next;
-          up.set_packed_acks(true);
+          up.set_compact_replies(true);
           *up.add_messages() = std::move(waiting_.front());
           waiting_.pop_front();
         }
@@ -273,13 +273,19 @@ void TrainerRelay::SendEnd(uint64_t session) {
 
 void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
   std::shared_ptr<SessionHandle> handle;
+  std::vector<std::shared_ptr<SessionHandle>> also;  // A reply shared with other sessions.
   {
     absl::MutexLock lock(&mu_);
     if (upstream_.get() != from) return;
+    if (!reply.end()) {
+      for (uint64_t session : reply.also_sessions()) {
+        auto it = sessions_.find(session);
+        if (it != sessions_.end()) also.push_back(it->second);
+      }
+    }
     auto it = sessions_.find(reply.session());
-    if (it == sessions_.end()) return;
-    handle = it->second;
-    if (reply.end()) {
+    if (it != sessions_.end()) handle = it->second;
+    if (handle != nullptr && reply.end()) {
       sessions_.erase(it);
       // sdcd drops what was still on its way for the session until the
       // relay says it saw the end.
@@ -287,11 +293,14 @@ void TrainerRelay::Deliver(Upstream* from, const v1::RelayedReply& reply) {
     }
   }
   if (reply.end()) {
-    handle->End(grpc::Status(static_cast<grpc::StatusCode>(reply.status_code()),
-                             reply.status_message()));
-  } else {
-    handle->Push(reply.message());
+    if (handle != nullptr) {
+      handle->End(grpc::Status(static_cast<grpc::StatusCode>(reply.status_code()),
+                               reply.status_message()));
+    }
+    return;
   }
+  if (handle != nullptr) handle->Push(reply.message());
+  for (auto& h : also) h->Push(reply.message());
 }
 
 void TrainerRelay::DeliverAcks(Upstream* from, const v1::RelayDown& down) {

@@ -354,7 +354,7 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
   }
   void Send(core::Rank rank, v1::TrainerMessage m) override {
     v1::RelayUp up;
-    up.set_packed_acks(true);  // As sdc-agent's relay asks.
+    up.set_compact_replies(true);  // As sdc-agent's relay asks.
     v1::RelayedMessage* relayed = up.add_messages();
     relayed->set_session(rank);
     *relayed->mutable_message() = std::move(m);
@@ -375,18 +375,25 @@ class RelayStream final : public Transport, public ClientStream<v1::RelayUp, v1:
   }
   void OnRead(const v1::RelayDown& in, absl::Time now) override {
     for (const v1::RelayedReply& r : in.replies()) {
-      RankLedger& ledger = ledgers_[r.session() - first_];
+      RankLedger* ledger = Ledger(r.session());
+      if (ledger == nullptr) continue;
       if (r.end()) {
-        ledger.Ended(absl::StrCat("sdcd ended the session: ", r.status_message()));
-      } else {
-        ledger.Received(r.message(), now);
+        ledger->Ended(absl::StrCat("sdcd ended the session: ", r.status_message()));
+        continue;
+      }
+      ledger->Received(r.message(), now);
+      for (uint64_t also : r.also_sessions()) {
+        if (RankLedger* l = Ledger(also)) l->Received(r.message(), now);
       }
     }
     for (int i = 0; i < in.ack_sessions_size() && i < in.ack_sequences_size(); ++i) {
-      const uint64_t session = in.ack_sessions(i);
-      if (session < first_ || session - first_ >= count_) continue;  // Not one of ours.
-      ledgers_[session - first_].AckedThrough(in.ack_sequences(i), now);
+      if (RankLedger* l = Ledger(in.ack_sessions(i))) l->AckedThrough(in.ack_sequences(i), now);
     }
+  }
+  // The ledger of `session` (= its rank), if it is one of this relay's.
+  RankLedger* Ledger(uint64_t session) {
+    if (session < first_ || session - first_ >= count_) return nullptr;
+    return &ledgers_[session - first_];
   }
   void OnFinished(const std::string& error) override {
     for (uint32_t i = 0; i < count_; ++i) ledgers_[i].Ended(error.empty() ? "the relay ended" : error);

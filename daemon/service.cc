@@ -3,7 +3,9 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <set>
+#include <unordered_map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -126,6 +128,22 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
 // ---------------------------------------------------------------------------
 // Streams
 
+class RelayCall;
+
+// One message for many ranks (a verdict): the sessions of each relay that
+// takes shared replies are gathered, and each such relay gets one reply
+// naming them all (RelayedReply.also_sessions) instead of a copy each.
+class SharedPush {
+ public:
+  void Add(std::shared_ptr<RelayCall> call, uint64_t session);
+  // Sends `message` to what was gathered.
+  void Send(const v1::CoordinatorMessage& message);
+
+ private:
+  std::unordered_map<const RelayCall*, size_t> index_;
+  std::vector<std::pair<std::shared_ptr<RelayCall>, std::vector<uint64_t>>> calls_;
+};
+
 // A rank's outgoing side (an Attach stream, or a session of a relay), shared
 // with durability callbacks that may run after the stream ended (they then
 // drop their message).
@@ -133,6 +151,11 @@ class Outbox {
  public:
   virtual ~Outbox() = default;
   virtual void Push(v1::CoordinatorMessage message) = 0;
+  // `message` goes to many ranks, this one among them: a relay's session
+  // may leave it to `shared`.
+  virtual void PushShared(const v1::CoordinatorMessage& message, SharedPush& shared) {
+    Push(message);
+  }
   // Ends the rank's stream with `status` once what is queued is written.
   virtual void End(grpc::Status status) = 0;
 };
@@ -499,6 +522,7 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
   }
 
  private:
+  friend class SharedPush;  // EnqueueShared.
   // One session's outgoing side as the registry sees it. Once closed it
   // drops what durability callbacks still push: nothing follows a
   // session's end.
@@ -515,6 +539,15 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
       *reply->mutable_message() = std::move(message);
       absl::MutexLock lock(&mu_);  // Held across Enqueue: no push after Close.
       if (!closed_) call->Enqueue(std::move(down));
+    }
+    void PushShared(const v1::CoordinatorMessage& message, SharedPush& shared) override {
+      std::shared_ptr<RelayCall> call = call_.lock();
+      if (call == nullptr) return;
+      if (call->compact_.load(std::memory_order_relaxed)) {
+        shared.Add(std::move(call), session_);  // RelayCall::EnqueueShared.
+      } else {
+        Push(message);
+      }
     }
     void End(grpc::Status status) override {
       if (std::shared_ptr<RelayCall> call = call_.lock()) call->EndSession(session_, status);
@@ -558,7 +591,8 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
     // (session, sequence): the acknowledgements, when the relay takes them
     // packed.
     std::vector<std::pair<uint64_t, uint64_t>> acks;
-    const bool packed = in_.packed_acks();
+    const bool packed = in_.compact_replies();
+    compact_.store(packed, std::memory_order_relaxed);
     for (const v1::RelayedMessage& m : in_.messages()) {
       grpc::Status refused;
       {
@@ -611,6 +645,26 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
           });
     }
     return grpc::Status::OK;
+  }
+
+  // One reply for those of `sessions` still open.
+  void EnqueueShared(const v1::CoordinatorMessage& message,
+                     const std::vector<uint64_t>& sessions) {
+    v1::RelayDown down;
+    v1::RelayedReply* reply = nullptr;
+    absl::MutexLock lock(&sessions_mu_);  // Held across Enqueue: nothing after a session's end.
+    if (ended_) return;
+    for (uint64_t session : sessions) {
+      if (sessions_.count(session) == 0) continue;
+      if (reply == nullptr) {
+        reply = down.add_replies();
+        reply->set_session(session);
+        *reply->mutable_message() = message;
+      } else {
+        reply->add_also_sessions(session);
+      }
+    }
+    if (reply != nullptr) Enqueue(std::move(down));
   }
 
   // One message's acknowledgements, packed, for the sessions still open.
@@ -693,11 +747,23 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
   static constexpr int kMaxAcksPerBatch = 16384;  // At most 20 bytes each.
   static constexpr size_t kMaxGone = 65536;
 
+  // The relay's latest message set compact_replies: verdicts may be shared.
+  std::atomic<bool> compact_{false};
   absl::Mutex sessions_mu_;
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
   std::set<uint64_t> gone_ ABSL_GUARDED_BY(sessions_mu_);  // Ended by sdcd.
   bool ended_ ABSL_GUARDED_BY(sessions_mu_) = false;
 };
+
+void SharedPush::Add(std::shared_ptr<RelayCall> call, uint64_t session) {
+  auto [it, fresh] = index_.try_emplace(call.get(), calls_.size());
+  if (fresh) calls_.emplace_back(std::move(call), std::vector<uint64_t>());
+  calls_[it->second].second.push_back(session);
+}
+
+void SharedPush::Send(const v1::CoordinatorMessage& message) {
+  for (const auto& [call, sessions] : calls_) call->EnqueueShared(message, sessions);
+}
 
 bool TrainerService::AddRelay(std::weak_ptr<RelayCall> relay, grpc::Status* refused) {
   absl::MutexLock lock(&relays_mu_);
@@ -796,7 +862,9 @@ void StreamRegistry::Send(const std::string& job, const std::vector<core::Rank>&
       if (it != streams_.end()) targets.push_back(it->second);
     }
   }
-  for (auto& t : targets) t->Push(message);
+  SharedPush shared;
+  for (auto& t : targets) t->PushShared(message, shared);
+  shared.Send(message);
 }
 
 void StreamRegistry::EndAll(const grpc::Status& status) {

@@ -37,7 +37,13 @@ class Relay {
       v1::RelayDown down;
       while (stream_->Read(&down)) {
         absl::MutexLock lock(&mu_);
-        for (const v1::RelayedReply& r : down.replies()) replies_[r.session()].push_back(r);
+        for (const v1::RelayedReply& r : down.replies()) {
+          replies_[r.session()].push_back(r);
+          // A reply shared between sessions: kept as the copy each stands
+          // for, and counted.
+          for (uint64_t also : r.also_sessions()) replies_[also].push_back(r);
+          if (r.also_sessions_size() > 0) ++shared_;
+        }
         // Packed acknowledgements follow the message's replies; kept as
         // the replies they stand for, and counted.
         EXPECT_EQ(down.ack_sessions_size(), down.ack_sequences_size());
@@ -63,7 +69,7 @@ class Relay {
   bool Send(const std::vector<std::pair<uint64_t, v1::TrainerMessage>>& messages,
             bool packed = false) {
     v1::RelayUp up;
-    up.set_packed_acks(packed);
+    up.set_compact_replies(packed);
     for (const auto& [session, m] : messages) {
       v1::RelayedMessage* r = up.add_messages();
       r->set_session(session);
@@ -96,6 +102,12 @@ class Relay {
     return replies_[session];
   }
 
+  // How many replies came shared between sessions.
+  int Shared() {
+    absl::MutexLock lock(&mu_);
+    return shared_;
+  }
+
   // How many of the session's acknowledgements came packed.
   int Packed(uint64_t session) {
     absl::MutexLock lock(&mu_);
@@ -118,6 +130,7 @@ class Relay {
   absl::Mutex mu_;
   std::map<uint64_t, std::vector<v1::RelayedReply>> replies_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, int> packed_ ABSL_GUARDED_BY(mu_);
+  int shared_ ABSL_GUARDED_BY(mu_) = 0;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -138,6 +151,21 @@ v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step s
   r->mutable_step_report()->set_applied(true);
   r->mutable_step_report()->set_reduced_digest(0xabc);
   r->mutable_step_report()->set_reduced_sum_squares(1.0);
+  return m;
+}
+
+v1::TrainerMessage WeightReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
+  v1::TrainerMessage m;
+  v1::Report* r = m.mutable_report();
+  r->set_job_id("relay-job");
+  r->set_rank(rank);
+  r->set_incarnation(1);
+  r->set_sequence(sequence);
+  r->set_step(step);
+  r->mutable_weights()->set_digest(0x5eed);
+  for (size_t t = 0; t < kTensors.size(); ++t) {
+    for (uint64_t x : {uint64_t{64}, 0x100 + t, 0x200 + t}) r->mutable_weights()->add_tensors(x);
+  }
   return m;
 }
 
@@ -296,6 +324,41 @@ TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
   ASSERT_TRUE(relay.Send({{4, HelloOf(0)}, {4, StepReportOf(0, 1, 1)}}));
   acked = relay.WaitAcked(4, 1);
   ASSERT_TRUE(acked.ok()) << acked.status();
+}
+
+// A verdict for many ranks goes to a relay that reads compact replies as
+// one reply naming its sessions; a relay that does not gets a copy per
+// session. Either way every rank holds it, after its Welcome.
+TEST_F(SdcdRelayTest, AVerdictForARelaysRanksIsOneReply) {
+  Relay relay(sdcd_->trainer_address());
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    batch.push_back({20 + r, HelloOf(r)});
+    batch.push_back({20 + r, WeightReportOf(r, 1, 10)});
+  }
+  ASSERT_TRUE(relay.Send(batch, /*compact=*/true));
+  auto verdict_of = [](core::Step step) {
+    return [step](const v1::RelayedReply& x) {
+      return x.message().has_weight_verdict() && x.message().weight_verdict().step() == step;
+    };
+  };
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    absl::StatusOr<v1::RelayedReply> v = relay.WaitFor(20 + r, verdict_of(10));
+    ASSERT_TRUE(v.ok()) << "rank " << r << ": " << v.status();
+    EXPECT_TRUE(v->message().weight_verdict().pass());
+    EXPECT_TRUE(relay.Replies(20 + r).front().message().has_welcome()) << "rank " << r;
+  }
+  EXPECT_EQ(relay.Shared(), 1);
+
+  batch.clear();
+  for (core::Rank r = 0; r < kWorld; ++r) batch.push_back({20 + r, WeightReportOf(r, 2, 20)});
+  ASSERT_TRUE(relay.Send(batch, /*compact=*/false));
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    absl::StatusOr<v1::RelayedReply> v = relay.WaitFor(20 + r, verdict_of(20));
+    ASSERT_TRUE(v.ok()) << "rank " << r << ": " << v.status();
+    EXPECT_EQ(v->also_sessions_size(), 0);
+  }
+  EXPECT_EQ(relay.Shared(), 1);
 }
 
 }  // namespace
