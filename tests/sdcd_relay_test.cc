@@ -140,7 +140,8 @@ v1::TrainerMessage HelloOf(core::Rank rank) {
   return m;
 }
 
-v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
+// A report of relay-job's `rank`, incarnation 1, without its body.
+v1::TrainerMessage ReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
   v1::TrainerMessage m;
   v1::Report* r = m.mutable_report();
   r->set_job_id("relay-job");
@@ -148,25 +149,59 @@ v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step s
   r->set_incarnation(1);
   r->set_sequence(sequence);
   r->set_step(step);
-  r->mutable_step_report()->set_applied(true);
-  r->mutable_step_report()->set_reduced_digest(0xabc);
-  r->mutable_step_report()->set_reduced_sum_squares(1.0);
   return m;
 }
 
+v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
+  v1::TrainerMessage m = ReportOf(rank, sequence, step);
+  v1::StepReport* s = m.mutable_report()->mutable_step_report();
+  s->set_applied(true);
+  s->set_reduced_digest(0xabc);
+  s->set_reduced_sum_squares(1.0);
+  return m;
+}
+
+// Every rank's weights alike: the same digest and fingerprints.
 v1::TrainerMessage WeightReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
-  v1::TrainerMessage m;
-  v1::Report* r = m.mutable_report();
-  r->set_job_id("relay-job");
-  r->set_rank(rank);
-  r->set_incarnation(1);
-  r->set_sequence(sequence);
-  r->set_step(step);
-  r->mutable_weights()->set_digest(0x5eed);
+  v1::TrainerMessage m = ReportOf(rank, sequence, step);
+  v1::WeightReport* w = m.mutable_report()->mutable_weights();
+  w->set_digest(0x5eed);
   for (size_t t = 0; t < kTensors.size(); ++t) {
-    for (uint64_t x : {uint64_t{64}, 0x100 + t, 0x200 + t}) r->mutable_weights()->add_tensors(x);
+    for (uint64_t x : {uint64_t{64}, 0x100 + t, 0x200 + t}) w->add_tensors(x);
   }
   return m;
+}
+
+// Sessions first_session + r carry rank r's Hello and step reports 1 and 2,
+// the second one twice (a resend), for every rank: one relay message.
+std::vector<std::pair<uint64_t, v1::TrainerMessage>> EveryRanksHelloAndSteps(
+    uint64_t first_session) {
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
+  for (core::Rank r = 0; r < kWorld; ++r) {
+    batch.push_back({first_session + r, HelloOf(r)});
+    batch.push_back({first_session + r, StepReportOf(r, 1, 1)});
+    batch.push_back({first_session + r, StepReportOf(r, 2, 2)});
+    batch.push_back({first_session + r, StepReportOf(r, 2, 2)});  // A resend.
+  }
+  return batch;
+}
+
+// Waits for `session`'s acknowledgement of `through`; what it heard must be
+// its Welcome, then acknowledgements that never go back, ending there.
+void ExpectWelcomeThenAcksThrough(Relay& relay, uint64_t session, uint64_t through) {
+  absl::StatusOr<uint64_t> acked = relay.WaitAcked(session, through);
+  ASSERT_TRUE(acked.ok()) << acked.status();
+  const std::vector<v1::RelayedReply> replies = relay.Replies(session);
+  ASSERT_FALSE(replies.empty());
+  EXPECT_TRUE(replies.front().message().has_welcome());
+  uint64_t last = 0;
+  for (size_t i = 1; i < replies.size(); ++i) {
+    EXPECT_FALSE(replies[i].end()) << replies[i].status_message();
+    ASSERT_TRUE(replies[i].message().has_ack()) << "reply " << i;
+    EXPECT_GE(replies[i].message().ack().acked_sequence(), last);
+    last = replies[i].message().ack().acked_sequence();
+  }
+  EXPECT_EQ(last, through);
 }
 
 class SdcdRelayTest : public ::testing::Test {
@@ -218,29 +253,12 @@ TEST_F(SdcdRelayTest, SessionsAreAnsweredAsAttachStreamsAndDurable) {
 // (nothing written for it) included.
 TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
   Relay relay(sdcd_->trainer_address());
-  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
-  for (core::Rank r = 0; r < kWorld; ++r) {
-    batch.push_back({10 + r, HelloOf(r)});
-    batch.push_back({10 + r, StepReportOf(r, 1, 1)});
-    batch.push_back({10 + r, StepReportOf(r, 2, 2)});
-    batch.push_back({10 + r, StepReportOf(r, 2, 2)});  // A resend.
-  }
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch = EveryRanksHelloAndSteps(10);
   ASSERT_TRUE(relay.Send(batch));
   for (core::Rank r = 0; r < kWorld; ++r) {
-    absl::StatusOr<uint64_t> acked = relay.WaitAcked(10 + r, 2);
-    ASSERT_TRUE(acked.ok()) << acked.status();
-    const std::vector<v1::RelayedReply> replies = relay.Replies(10 + r);
-    ASSERT_FALSE(replies.empty());
-    EXPECT_TRUE(replies.front().message().has_welcome()) << "rank " << r;
-    uint64_t last = 0;
-    for (size_t i = 1; i < replies.size(); ++i) {
-      EXPECT_FALSE(replies[i].end()) << replies[i].status_message();
-      ASSERT_TRUE(replies[i].message().has_ack()) << "rank " << r << " reply " << i;
-      EXPECT_GE(replies[i].message().ack().acked_sequence(), last);
-      last = replies[i].message().ack().acked_sequence();
-    }
-    EXPECT_EQ(last, 2u);
-    EXPECT_EQ(relay.Packed(10 + r), 0) << "rank " << r << ": the relay did not ask for packed";
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ExpectWelcomeThenAcksThrough(relay, 10 + r, 2);
+    EXPECT_EQ(relay.Packed(10 + r), 0) << "the relay did not ask for packed";
   }
 }
 
@@ -251,30 +269,13 @@ TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
 // were written.
 TEST_F(SdcdRelayTest, PackedAcknowledgementsKeepEachSessionsOrder) {
   Relay relay(sdcd_->trainer_address());
-  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
-  for (core::Rank r = 0; r < kWorld; ++r) {
-    batch.push_back({10 + r, HelloOf(r)});
-    batch.push_back({10 + r, StepReportOf(r, 1, 1)});
-    batch.push_back({10 + r, StepReportOf(r, 2, 2)});
-    batch.push_back({10 + r, StepReportOf(r, 2, 2)});  // A resend.
-  }
+  std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch = EveryRanksHelloAndSteps(10);
   batch.push_back({10, StepReportOf(1, 3, 3)});  // Rank 1's report on rank 0's session.
   ASSERT_TRUE(relay.Send(batch, /*packed=*/true));
   for (core::Rank r = 1; r < kWorld; ++r) {
-    absl::StatusOr<uint64_t> acked = relay.WaitAcked(10 + r, 2);
-    ASSERT_TRUE(acked.ok()) << acked.status();
-    const std::vector<v1::RelayedReply> replies = relay.Replies(10 + r);
-    ASSERT_FALSE(replies.empty());
-    EXPECT_TRUE(replies.front().message().has_welcome()) << "rank " << r;
-    uint64_t last = 0;
-    for (size_t i = 1; i < replies.size(); ++i) {
-      EXPECT_FALSE(replies[i].end()) << replies[i].status_message();
-      ASSERT_TRUE(replies[i].message().has_ack()) << "rank " << r << " reply " << i;
-      EXPECT_GE(replies[i].message().ack().acked_sequence(), last);
-      last = replies[i].message().ack().acked_sequence();
-    }
-    EXPECT_EQ(last, 2u);
-    EXPECT_EQ(relay.Packed(10 + r), static_cast<int>(replies.size()) - 1) << "rank " << r;
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ExpectWelcomeThenAcksThrough(relay, 10 + r, 2);
+    EXPECT_EQ(relay.Packed(10 + r), static_cast<int>(relay.Replies(10 + r).size()) - 1);
   }
   absl::StatusOr<v1::RelayedReply> ended =
       relay.WaitFor(10, [](const v1::RelayedReply& x) { return x.end(); });
