@@ -164,6 +164,7 @@ class TrainerRelay::Upstream {
   void WriteLoop() {
     while (true) {
       v1::RelayUp up;
+      up.set_compact_replies(true);  // Packed acknowledgements, shared verdicts.
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -176,7 +177,6 @@ class TrainerRelay::Upstream {
           const size_t next = waiting_.front().ByteSizeLong();
           if (bytes > 0 && bytes + next > kMaxBatchBytes) break;
           bytes += next;
-          up.set_compact_replies(true);
           *up.add_messages() = std::move(waiting_.front());
           waiting_.pop_front();
         }

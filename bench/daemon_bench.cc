@@ -8,9 +8,9 @@
 // default each node's 8 ranks reach sdcd through one Relay stream, as with
 // sdc-agent --relay_listen (--per_relay=8, so 16 relays per connection; each
 // relay elides repeated weight tensors with sdc-agent's own code,
-// agent/weight_elision.h, and takes acknowledgements packed); --per_relay=0
-// gives every
-// rank its own Attach stream, as when trainers dial sdcd themselves.
+// agent/weight_elision.h, and reads compact replies: packed
+// acknowledgements, shared verdicts); --per_relay=0 gives every rank its
+// own Attach stream, as when trainers dial sdcd themselves.
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
 // and replay), in the client's order: audit results, then (after the verdict
