@@ -65,11 +65,12 @@ class Relay {
     reader_.join();
   }
 
-  // `packed`: ask for this message's acknowledgements packed.
+  // `compact`: the relay reads compact replies (packed acknowledgements,
+  // shared verdicts) for this message.
   bool Send(const std::vector<std::pair<uint64_t, v1::TrainerMessage>>& messages,
-            bool packed = false) {
+            bool compact = false) {
     v1::RelayUp up;
-    up.set_compact_replies(packed);
+    up.set_compact_replies(compact);
     for (const auto& [session, m] : messages) {
       v1::RelayedMessage* r = up.add_messages();
       r->set_session(session);
@@ -271,7 +272,7 @@ TEST_F(SdcdRelayTest, PackedAcknowledgementsKeepEachSessionsOrder) {
   Relay relay(sdcd_->trainer_address());
   std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch = EveryRanksHelloAndSteps(10);
   batch.push_back({10, StepReportOf(1, 3, 3)});  // Rank 1's report on rank 0's session.
-  ASSERT_TRUE(relay.Send(batch, /*packed=*/true));
+  ASSERT_TRUE(relay.Send(batch, /*compact=*/true));
   for (core::Rank r = 1; r < kWorld; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     ExpectWelcomeThenAcksThrough(relay, 10 + r, 2);
