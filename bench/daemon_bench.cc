@@ -14,8 +14,9 @@
 // Every rank sends a StepReport every step, a WeightReport of 1,000 tensors
 // every 10th step and, every 100th step, its replay-audit results (original
 // and replay), in the client's order: audit results, then (after the verdict
-// or the client's 2 s verdict wait) the step report, then the weights.
-// Steps are paced at --rate.
+// or the client's 2 s verdict wait) the step report, then the weights; a
+// rank's messages of one kind pair back to back (--by_rank=0: a sender hands
+// out one kind for all its ranks, then the next). Steps are paced at --rate.
 //
 // Measured: the step rate sustained (steps over the time from the first
 // report to the last acknowledgement); acknowledgement latency of every
@@ -73,6 +74,10 @@ struct Args {
   // hand out a weight step (16,384 x 24 KB), which held the step rate at
   // 0.92/s; four keep it at 0.99/s on two vCPUs.
   uint32_t senders = 4;
+  // Each rank's messages of a step back to back, as the client queues them
+  // (1), or each kind for all of a sender's ranks in turn (0; the order
+  // before 2026-12-03's seventh session).
+  bool by_rank = true;
   uint32_t tensors = 1000;
   uint64_t first_step = 91;
   uint32_t steps = 30;
@@ -527,37 +532,58 @@ int LoadGen(const Args& a) {
     absl::SleepFor(intended - absl::Now());
     const absl::Time now = absl::Now();
     const bool audit = step % 100 == 0;
-    core::ReplayPlan plan;
+    // On an audit step, whose micro-batch each rank replays (-1: none).
+    std::vector<int64_t> replays(audit ? a.ranks : 0, -1);
     if (audit) {
       audit_started.push_back(now);
-      plan = core::PlanFullAudit(topology, step / 100);
+      for (const core::Assignment& as : core::PlanFullAudit(topology, step / 100).assignments) {
+        replays[as.replayer] = as.subject;
+      }
     }
+    const bool weight_step = step % 10 == 0;
+    auto audit_result = [&](core::Rank r, v1::AuditRole role, core::Rank subject) {
+      send(r, step, [&](v1::Report* rep) {
+        v1::AuditResult* x = rep->mutable_audit();
+        x->set_role(role);
+        x->set_subject(subject);
+        x->set_loss_bits(0x3ff0000000000000ull + subject);
+        x->set_gradient_digest(subject * 31 + 7);
+      }, now);
+    };
+    auto step_report = [&](core::Rank r) {
+      send(r, step, [](v1::Report* rep) {
+        v1::StepReport* s = rep->mutable_step_report();
+        s->set_reduced_digest(0xabc);
+        s->set_applied(true);
+        s->set_reduced_sum_squares(1.0);
+      }, now);
+    };
+    auto weight_report = [&](core::Rank r) {
+      send(r, step, [&](v1::Report* rep) { *rep->mutable_weights() = weights; }, now);
+    };
     // Ranks are independent: `senders` threads share them out, each keeping
-    // its ranks' messages in the order the client sends them: on an audit
-    // step the audit results (original and replay), then, once the rank
+    // each rank's messages in the order the client sends them: on an audit
+    // step the audit results (original, then replay), then, once the rank
     // holds the verdict or its bounded wait ran out, the step report; every
-    // 10th step the weight report after the optimizer step.
+    // 10th step the weight report after the optimizer step. With --by_rank
+    // (the default) a rank's results, and its step and weight reports,
+    // leave back to back, as the client queues them (its step report waits
+    // for the weights with the default report linger; with none, it leads
+    // them by the optimizer step); without, a sender hands out one kind for
+    // all its ranks before the next kind, a rank's two reports then as far
+    // apart as its whole share takes to hand out.
     auto send_share = [&](uint32_t share) {
-      auto mine = [&](core::Rank r) { return owner(r) == share; };
       if (audit) {
-        for (core::Rank r : shares[share]) {
-          send(r, step, [&](v1::Report* rep) {
-            v1::AuditResult* x = rep->mutable_audit();
-            x->set_role(v1::ORIGINAL);
-            x->set_subject(r);
-            x->set_loss_bits(0x3ff0000000000000ull + r);
-            x->set_gradient_digest(r * 31 + 7);
-          }, now);
-        }
-        for (const core::Assignment& as : plan.assignments) {
-          if (!mine(as.replayer)) continue;
-          send(as.replayer, step, [&](v1::Report* rep) {
-            v1::AuditResult* x = rep->mutable_audit();
-            x->set_role(v1::REPLAY);
-            x->set_subject(as.subject);
-            x->set_loss_bits(0x3ff0000000000000ull + as.subject);
-            x->set_gradient_digest(as.subject * 31 + 7);
-          }, now);
+        if (a.by_rank) {
+          for (core::Rank r : shares[share]) {
+            audit_result(r, v1::ORIGINAL, r);
+            if (replays[r] >= 0) audit_result(r, v1::REPLAY, static_cast<core::Rank>(replays[r]));
+          }
+        } else {
+          for (core::Rank r : shares[share]) audit_result(r, v1::ORIGINAL, r);
+          for (core::Rank r : shares[share]) {
+            if (replays[r] >= 0) audit_result(r, v1::REPLAY, static_cast<core::Rank>(replays[r]));
+          }
         }
         {
           absl::MutexLock lock(&audits_out_mu);
@@ -573,17 +599,11 @@ int LoadGen(const Args& a) {
         }
       }
       for (core::Rank r : shares[share]) {
-        send(r, step, [](v1::Report* rep) {
-          v1::StepReport* s = rep->mutable_step_report();
-          s->set_reduced_digest(0xabc);
-          s->set_applied(true);
-          s->set_reduced_sum_squares(1.0);
-        }, now);
+        step_report(r);
+        if (weight_step && a.by_rank) weight_report(r);
       }
-      if (step % 10 == 0) {
-        for (core::Rank r : shares[share]) {
-          send(r, step, [&](v1::Report* rep) { *rep->mutable_weights() = weights; }, now);
-        }
+      if (weight_step && !a.by_rank) {
+        for (core::Rank r : shares[share]) weight_report(r);
       }
     };
     std::vector<std::thread> threads;
@@ -658,13 +678,14 @@ int LoadGen(const Args& a) {
   }
   const double seconds = absl::ToDoubleSeconds(last_ack - start);
   const size_t reports = latencies.size();
-  std::printf("{\"ranks\":%u,\"connections\":%u,\"per_relay\":%u,\"steps\":%u,\"reports\":%zu,"
+  std::printf("{\"ranks\":%u,\"connections\":%u,\"per_relay\":%u,\"by_rank\":%d,"
+              "\"steps\":%u,\"reports\":%zu,"
               "\"steps_per_s_sustained\":%.3f,\"report_p50_ms\":%.1f,\"report_p99_ms\":%.1f,"
               "\"step_report_p99_ms\":%.1f,\"weight_report_p99_ms\":%.1f,"
               "\"report_p99_from_step_start_ms\":%.1f,"
               "\"audit_verdict_p99_ms\":%.1f,\"audit_verdict_p99_after_results_ms\":%.1f,"
               "\"audit_verdicts\":%zu,\"audit_pass\":%d,\"audit_unverified_ranks\":%u}\n",
-              a.ranks, connections, a.per_relay, a.steps, reports, a.steps / seconds,
+              a.ranks, connections, a.per_relay, a.by_rank ? 1 : 0, a.steps, reports, a.steps / seconds,
               Percentile(latencies, 0.5), Percentile(latencies, 0.99),
               Percentile(others, 0.99), Percentile(weight_acks, 0.99),
               Percentile(scheduled, 0.99),
@@ -726,6 +747,7 @@ int Bench(const Args& a, const char* self) {
                                    absl::StrCat("--per_connection=", a.per_connection),
                                    absl::StrCat("--per_relay=", a.per_relay),
                                    absl::StrCat("--senders=", a.senders),
+                                   absl::StrCat("--by_rank=", a.by_rank ? 1 : 0),
                                    absl::StrCat("--tensors=", a.tensors),
                                    absl::StrCat("--steps=", a.steps),
                                    absl::StrCat("--first_step=", a.first_step),
@@ -770,11 +792,12 @@ int Main(int argc, char** argv) {
     else if (const char* v = value("per_connection")) ok = absl::SimpleAtoi(v, &a.per_connection);
     else if (const char* v = value("per_relay")) ok = absl::SimpleAtoi(v, &a.per_relay);
     else if (const char* v = value("senders")) ok = absl::SimpleAtoi(v, &a.senders);
+    else if (const char* v = value("by_rank")) ok = absl::SimpleAtob(v, &a.by_rank);
     else if (const char* v = value("tensors")) ok = absl::SimpleAtoi(v, &a.tensors);
     else if (const char* v = value("steps")) ok = absl::SimpleAtoi(v, &a.steps);
     else if (const char* v = value("first_step")) ok = absl::SimpleAtoi(v, &a.first_step);
     else if (const char* v = value("rate")) ok = absl::SimpleAtod(v, &a.rate) && a.rate > 0;
-    else return Fail(absl::StrCat("unknown flag '", arg, "' (known: --ranks --per_connection --per_relay --senders --tensors --steps --first_step --rate)"));
+    else return Fail(absl::StrCat("unknown flag '", arg, "' (known: --ranks --per_connection --per_relay --senders --by_rank --tensors --steps --first_step --rate)"));
     if (!ok) return Fail(absl::StrCat("bad value in '", arg, "'"));
   }
   if (a.ranks < 24 || a.per_connection == 0 || a.steps == 0 || a.senders == 0) {
