@@ -160,6 +160,19 @@ INSERT INTO pending_reports_by_key
 DROP TABLE pending_reports;
 ALTER TABLE pending_reports_by_key RENAME TO pending_reports;
 )sql",
+    // 4: a mark per decided check whose pending reports are not removed
+    // yet: they go after the decision's commit, when the writer is idle
+    // (core::DecidedCheck). A restore skips and removes a marked check's.
+    R"sql(
+CREATE TABLE decided_checks (
+  job_id TEXT NOT NULL,
+  grp INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  check_kind TEXT NOT NULL,
+  plan_id INTEGER NOT NULL,
+  PRIMARY KEY (job_id, grp, step, check_kind, plan_id)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -268,6 +281,17 @@ absl::Status Migrate(sqlite3* db) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<core::CheckKind> CheckKindOf(const std::string& name) {
+  static const std::map<std::string, core::CheckKind> kKinds = {
+      {"nonfinite", core::CheckKind::kNonFinite},
+      {"reduced_gradients", core::CheckKind::kReducedGradients},
+      {"replay", core::CheckKind::kReplay},
+      {"weights", core::CheckKind::kWeights}};
+  auto kind = kKinds.find(name);
+  if (kind == kKinds.end()) return absl::DataLossError(absl::StrCat("bad check kind '", name, "'"));
+  return kind->second;
 }
 
 std::string LayoutBlob(const std::vector<std::string>& tensors) {
@@ -416,25 +440,55 @@ uint64_t SqliteStore::file_bytes() const {
 void SqliteStore::WriterMain() {
   while (true) {
     std::deque<std::pair<uint64_t, core::Mutation>> batch;
+    bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || !queue_.empty();
       };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty() && stop_) {
+      // Decided checks' reports still to remove: a pause in the writes is
+      // the time to remove some.
+      if (settling_.empty() || !failed_.ok()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), kSettleIdle);
+      }
+      stopping = queue_.empty() && stop_;
+      batch.swap(queue_);
+    }
+    if (batch.empty()) {
+      // Idle, or stopping (then everything left: a clean database).
+      absl::Status status;
+      if (!settling_.empty()) {
+        absl::MutexLock lock(&write_mu_);
+        status = Commit(nullptr, stopping ? settling_keys_ : kSettleChunk);
+      }
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        // What is left stays marked; a restore removes it.
+        failed_ = absl::UnavailableError(
+            absl::StrCat("the database stopped accepting writes: ", status.message()));
+        settling_.clear();
+      }
+      if (stopping) {
         writer_done_ = true;
         return;
       }
-      batch.swap(queue_);
+      continue;
     }
     absl::Status status;
     {
       absl::MutexLock lock(&write_mu_);
-      status = Exec(db_, "BEGIN IMMEDIATE;");
-      if (status.ok()) status = Write(Coalesce(batch));
-      status = status.ok() ? Exec(db_, "COMMIT;") : status;
-      if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
+      core::Mutation m = Coalesce(batch);
+      // Far behind on removals (no pause long enough): some go along.
+      status = Commit(&m, settling_keys_ > kSettleBacklog ? kSettleChunk : 0);
+      if (status.ok()) {
+        for (core::DecidedCheck& d : m.decided) {
+          if (d.reports.empty()) continue;
+          settling_keys_ += d.reports.size();
+          settling_.push_back({std::move(d), 0});
+        }
+      }
     }
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
@@ -451,6 +505,15 @@ void SqliteStore::WriterMain() {
     }
     callbacks_.erase(callbacks_.begin(), end);
   }
+}
+
+absl::Status SqliteStore::Commit(const core::Mutation* m, size_t settle) {
+  absl::Status status = Exec(db_, "BEGIN IMMEDIATE;");
+  if (status.ok() && m != nullptr) status = Write(*m);
+  if (status.ok() && settle > 0) status = Settle(settle);
+  status = status.ok() ? Exec(db_, "COMMIT;") : status;
+  if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
+  return status;
 }
 
 void SqliteStore::NotifierMain() {
@@ -541,6 +604,8 @@ core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutati
     }
     move_all(out.rollbacks, m.rollbacks);
     move_all(out.step_verdicts, m.step_verdicts);
+    move_all(out.decided, m.decided);
+    move_all(out.decided_cleared, m.decided_cleared);
   }
   return out;
 }
@@ -596,15 +661,20 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
       if (absl::Status st = s.Run("writing a report"); !st.ok()) return st;
     }
   }
-  if (!m.pending_removed.empty()) {
-    Stmt& s = Prepared(
-           "DELETE FROM pending_reports WHERE job_id = ?1 AND rank = ?2 AND incarnation = ?3 "
-           "AND sequence = ?4");
-    for (const auto& k : m.pending_removed) {
-      s.Bind(1, k.job_id).Bind(2, k.rank).Bind(3, static_cast<int64_t>(k.incarnation));
-      s.Bind(4, static_cast<int64_t>(k.sequence));
-      if (absl::Status st = s.Run("removing a report"); !st.ok()) return st;
-    }
+  for (const auto& k : m.pending_removed) {
+    if (absl::Status st = RemovePending(k); !st.ok()) return st;
+  }
+  // A decided check's reports stay until the writer is idle (Settle); its
+  // mark says they are spent.
+  for (const auto& d : m.decided) {
+    if (d.reports.empty()) continue;
+    Stmt& s = Prepared("INSERT OR REPLACE INTO decided_checks VALUES (?1, ?2, ?3, ?4, ?5)");
+    s.Bind(1, d.job_id).Bind(2, d.group).Bind(3, static_cast<int64_t>(d.step));
+    s.Bind(4, core::CheckKindName(d.check)).Bind(5, static_cast<int64_t>(d.plan_id));
+    if (absl::Status st = s.Run("marking a decided check"); !st.ok()) return st;
+  }
+  for (const auto& d : m.decided_cleared) {
+    if (absl::Status st = ClearMark(d); !st.ok()) return st;
   }
   for (const auto& i : m.incidents) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO incidents VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
@@ -675,6 +745,39 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
       s.Bind(9, static_cast<int64_t>(v.incident_id));
       if (absl::Status st = s.Run("writing a step verdict"); !st.ok()) return st;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::RemovePending(const core::PendingKey& k) {
+  Stmt& s = Prepared(
+      "DELETE FROM pending_reports WHERE job_id = ?1 AND rank = ?2 AND incarnation = ?3 "
+      "AND sequence = ?4");
+  s.Bind(1, k.job_id).Bind(2, k.rank).Bind(3, static_cast<int64_t>(k.incarnation));
+  s.Bind(4, static_cast<int64_t>(k.sequence));
+  return s.Run("removing a report");
+}
+
+absl::Status SqliteStore::ClearMark(const core::DecidedCheck& d) {
+  Stmt& s = Prepared(
+      "DELETE FROM decided_checks WHERE job_id = ?1 AND grp = ?2 AND step = ?3 AND "
+      "check_kind = ?4 AND plan_id = ?5");
+  s.Bind(1, d.job_id).Bind(2, d.group).Bind(3, static_cast<int64_t>(d.step));
+  s.Bind(4, core::CheckKindName(d.check)).Bind(5, static_cast<int64_t>(d.plan_id));
+  return s.Run("clearing a decided check's mark");
+}
+
+absl::Status SqliteStore::Settle(size_t limit) {
+  while (limit > 0 && !settling_.empty()) {
+    Settling& front = settling_.front();
+    const std::vector<core::PendingKey>& reports = front.check.reports;
+    for (; front.next < reports.size() && limit > 0; ++front.next, --limit) {
+      if (absl::Status st = RemovePending(reports[front.next]); !st.ok()) return st;
+    }
+    if (front.next < reports.size()) break;
+    if (absl::Status st = ClearMark(front.check); !st.ok()) return st;
+    settling_keys_ -= reports.size();
+    settling_.pop_front();
   }
   return absl::OkStatus();
 }
@@ -768,19 +871,14 @@ absl::StatusOr<core::Snapshot> SqliteStore::Load() {
   }
   {
     Stmt s(db_, "SELECT * FROM step_verdicts");
-    static const std::map<std::string, core::CheckKind> kKinds = {
-        {"nonfinite", core::CheckKind::kNonFinite},
-        {"reduced_gradients", core::CheckKind::kReducedGradients},
-        {"replay", core::CheckKind::kReplay},
-        {"weights", core::CheckKind::kWeights}};
     while (s.Next()) {
       core::StepVerdict v;
       v.job_id = s.Text(0);
       v.group = static_cast<uint32_t>(s.Int(1));
       v.step = s.Int(2);
-      auto kind = kKinds.find(s.Text(3));
-      if (kind == kKinds.end()) return absl::DataLossError("bad step verdict kind");
-      v.check = kind->second;
+      absl::StatusOr<core::CheckKind> kind = CheckKindOf(s.Text(3));
+      if (!kind.ok()) return kind.status();
+      v.check = *kind;
       v.failed = s.Int(4) != 0;
       v.complete = s.Int(5) != 0;
       v.applied = s.Int(6) != 0;
@@ -797,6 +895,16 @@ absl::StatusOr<core::Snapshot> SqliteStore::Load() {
       snap.checkpoint_decisions.push_back({s.Text(0), static_cast<uint64_t>(s.Int(1)),
                                            s.Int(2) != 0, s.Text(3), FromUnixMillis(s.Int(4)),
                                            s.Int(5) != 0});
+    }
+  }
+  {
+    Stmt s(db_, "SELECT job_id, grp, step, check_kind, plan_id FROM decided_checks");
+    while (s.Next()) {
+      absl::StatusOr<core::CheckKind> kind = CheckKindOf(s.Text(3));
+      if (!kind.ok()) return kind.status();
+      snap.decided.push_back({s.Text(0), static_cast<uint32_t>(s.Int(1)),
+                              static_cast<uint64_t>(s.Int(2)), *kind,
+                              static_cast<uint64_t>(s.Int(4)), {}});
     }
   }
   return snap;

@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/core/store.h"
 
 struct sqlite3;
@@ -62,13 +63,22 @@ class SqliteStore : public core::Store {
   // Commits made so far (each may hold many mutations).
   uint64_t commits() const;
 
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
  private:
   SqliteStore(sqlite3* db, std::string path);
   void WriterMain();
   void NotifierMain();
   absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // One transaction: `m` (if any), then up to `settle` decided checks'
+  // reports removed.
+  absl::Status Commit(const core::Mutation* m, size_t settle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Removes up to `limit` reports of decided checks, oldest check first,
+  // and the mark of each check whose reports are all gone.
+  absl::Status Settle(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status RemovePending(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status ClearMark(const core::DecidedCheck& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   static core::Mutation Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch);
   // A cached prepared statement for a literal `sql`.
   internal::SqliteStatement& Prepared(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
@@ -81,6 +91,22 @@ class SqliteStore : public core::Store {
   // The next pending report's `arrival` (restore order): one past the
   // largest in the database when it opened.
   int64_t next_arrival_ ABSL_GUARDED_BY(write_mu_) = 1;
+
+  // Decided checks whose reports are still in the database (marked in
+  // decided_checks), oldest first, and how many reports they hold: removed
+  // a chunk at a time when no write came for kSettleIdle, out of the
+  // verdicts' commits (an audit of 16,384 ranks is 32,768 reports, about
+  // 60 ms of deletions). Writer thread only.
+  struct Settling {
+    core::DecidedCheck check;
+    size_t next = 0;  // Reports before it are removed.
+  };
+  std::deque<Settling> settling_;
+  size_t settling_keys_ = 0;
+  static constexpr absl::Duration kSettleIdle = absl::Milliseconds(2);
+  static constexpr size_t kSettleChunk = 1024;
+  // Beyond this many, commits of new writes also remove a chunk.
+  static constexpr size_t kSettleBacklog = 1 << 18;
 
   mutable absl::Mutex mu_;
   std::deque<std::pair<uint64_t, core::Mutation>> queue_ ABSL_GUARDED_BY(mu_);

@@ -141,6 +141,61 @@ TEST(SqliteStoreTest, RemovalsAndRollbacksApply) {
   EXPECT_THAT(snap->step_verdicts, SizeIs(0));
 }
 
+// A decided check's reports leave after its commit, when the writer is
+// idle, and with its mark; a store that stops removes what is left.
+TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
+  auto report = [](core::Rank rank) {
+    core::Report r;
+    r.job_id = "job";
+    r.rank = rank;
+    r.incarnation = 1;
+    r.sequence = 1;
+    r.step = 10;
+    r.body = core::StepReport{};
+    return r;
+  };
+  for (bool stop_at_once : {false, true}) {
+    SCOPED_TRACE(stop_at_once ? "stopped at once" : "idle");
+    const std::string path = TempDb(stop_at_once ? "decided-stop" : "decided-idle");
+    {
+      auto store = SqliteStore::Open(path);
+      ASSERT_TRUE(store.ok());
+      core::Mutation added;
+      for (core::Rank r = 0; r < 3000; ++r) added.pending_added.push_back(report(r));
+      added.pending_added.push_back(report(7000));  // Not of the check: stays.
+      ASSERT_TRUE((*store)->Apply(std::move(added)).ok());
+      core::Mutation decided;
+      decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
+      for (core::Rank r = 0; r < 3000; ++r) {
+        decided.decided.back().reports.push_back({"job", r, 1, 1});
+      }
+      auto ticket = (*store)->Apply(std::move(decided));
+      ASSERT_TRUE(ticket.ok());
+      ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+      if (!stop_at_once) {
+        // 3,000 reports are three chunks of idle time.
+        const absl::Time give_up = absl::Now() + absl::Seconds(30);
+        absl::StatusOr<core::Snapshot> snap;
+        do {
+          absl::SleepFor(absl::Milliseconds(5));
+          snap = (*store)->Load();
+          ASSERT_TRUE(snap.ok());
+        } while ((snap->pending.size() > 1 || !snap->decided.empty()) && absl::Now() < give_up);
+        ASSERT_THAT(snap->pending, SizeIs(1));
+        EXPECT_EQ(snap->pending[0].rank, 7000u);
+        EXPECT_THAT(snap->decided, SizeIs(0));
+      }
+    }
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    ASSERT_THAT(snap->pending, SizeIs(1));
+    EXPECT_EQ(snap->pending[0].rank, 7000u);
+    EXPECT_THAT(snap->decided, SizeIs(0));
+  }
+}
+
 TEST(SqliteStoreTest, ManyMutationsShareFewCommitsAndNotifyInOrder) {
   const std::string path = TempDb("group");
   auto store = SqliteStore::Open(path);
@@ -258,7 +313,8 @@ TEST(SqliteStoreTest, PendingReportsKeepTheirOrderThroughMigration3) {
     ASSERT_TRUE(ticket.ok());
     ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
   }
-  // Put the table back as schema 2 had it, with the same rows.
+  // Put the database back as schema 2 had it, with the same rows (and
+  // without the tables later schemas added).
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   char* error = nullptr;
@@ -276,6 +332,7 @@ INSERT INTO v2 SELECT arrival + 40, job_id, rank, incarnation, sequence, report
   FROM pending_reports;
 DROP TABLE pending_reports;
 ALTER TABLE v2 RENAME TO pending_reports;
+DROP TABLE decided_checks;
 UPDATE schema_version SET version = 2;
 )sql", nullptr, nullptr, &error), SQLITE_OK) << error;
   sqlite3_close(db);
@@ -369,6 +426,101 @@ TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_THAT(incidents[0].ranks, ElementsAre(3));
   EXPECT_THAT(incidents[0].differing_tensors, ElementsAre("b"));
+}
+
+// sdcd stopped after a check's decision was durable but before its
+// reports were removed: the restore neither decides it again nor keeps
+// them.
+TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
+  const std::string path = TempDb("decided-crash");
+  const std::string before = TempDb("decided-crash-before");
+  core::FakeClock clock;
+  auto hello = [](core::Rank r) {
+    core::Hello h;
+    h.job_id = "job";
+    h.placement = {r, absl::StrCat("node-", r / 2), r % 2, absl::StrCat("GPU-", r), 0};
+    h.world_size = 6;
+    h.incarnation = 1;
+    h.weight_tensors = {"a", "b"};
+    h.parameter_count = 2;
+    h.audit_every = 10;
+    h.weight_check_every = 10;
+    return h;
+  };
+  auto weights = [](core::Rank r) {
+    core::Report rep;
+    rep.job_id = "job";
+    rep.rank = r;
+    rep.incarnation = 1;
+    rep.sequence = 1;
+    rep.step = 10;
+    core::WeightReport w;
+    w.tensors = {{8, 1, 1}, {8, 2, r == 3 ? 9u : 2u}};
+    w.digest = r == 3 ? 2 : 1;
+    rep.body = w;
+    return rep;
+  };
+  auto exec = [](const std::string& db_path, const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(db_path.c_str(), &db), SQLITE_OK);
+    char* error = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+    sqlite3_free(error);
+    sqlite3_close(db);
+  };
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Coordinator c({}, &clock, store->get());
+    ASSERT_TRUE(c.Restore().ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+    for (core::Rank r = 0; r < 5; ++r) {
+      auto e = c.Ingest(weights(r));
+      ASSERT_TRUE(e.ok());
+      ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
+    }
+  }
+  // The five reports, pending.
+  exec(path, absl::StrCat("VACUUM INTO '", before, "';"));
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Coordinator c({}, &clock, store->get());
+    ASSERT_TRUE(c.Restore().ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+    auto e = c.Ingest(weights(5));
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
+    ASSERT_THAT(c.ListIncidents("job"), SizeIs(1));
+  }
+  // As if sdcd had stopped right after the decision's commit: its mark is
+  // there, and so are the reports it consumed.
+  exec(path, absl::StrCat("ATTACH '", before, "' AS before;"
+                          "INSERT INTO pending_reports SELECT * FROM before.pending_reports;"
+                          "INSERT INTO decided_checks VALUES ('job', 0, 10, 'weights', 0);"));
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  {
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    ASSERT_THAT(snap->pending, SizeIs(5));
+    ASSERT_THAT(snap->decided, SizeIs(1));
+  }
+  core::Coordinator c({}, &clock, store->get());
+  ASSERT_TRUE(c.Restore().ok());
+  EXPECT_THAT(c.ListIncidents("job"), SizeIs(1));
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+  // The check stays decided: a late report of it is refused.
+  core::Report late = weights(5);
+  late.sequence = 2;
+  auto refused = c.Ingest(late);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("already decided"));
+  (*store)->Drain();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  EXPECT_THAT(snap->pending, SizeIs(0));
+  EXPECT_THAT(snap->decided, SizeIs(0));
 }
 
 }  // namespace

@@ -26,6 +26,22 @@ std::vector<Rank> ToVector(const std::set<Rank>& s) { return {s.begin(), s.end()
 
 PendingKey KeyOf(const Report& r) { return {r.job_id, r.rank, r.incarnation, r.sequence}; }
 
+// The check a pending report feeds, in group `group` (see DecidedCheck).
+DecidedCheck CheckOf(const Report& r, uint32_t group) {
+  DecidedCheck c{r.job_id, group, r.step, CheckKind::kNonFinite, 0, {}};
+  if (std::holds_alternative<WeightReport>(r.body)) {
+    c.check = CheckKind::kWeights;
+  } else if (const auto* a = std::get_if<AuditResult>(&r.body);
+             a != nullptr && a->role != AuditRole::kConfirm) {
+    c.check = CheckKind::kReplay;
+    c.plan_id = a->plan_id;
+  }
+  return c;
+}
+
+using CheckId = std::tuple<std::string, uint32_t, Step, CheckKind, uint64_t>;
+CheckId IdOf(const DecidedCheck& c) { return {c.job_id, c.group, c.step, c.check, c.plan_id}; }
+
 // The vote digest of a weight report: weights, and optimizer state when sent.
 uint64_t WeightVoteDigest(const WeightReport& w) {
   return w.has_optimizer_digest ? kernels::Mix64(w.digest ^ kernels::Mix64(w.optimizer_digest))
@@ -546,8 +562,8 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
                                                                 }())))
                                      : absl::StrJoin(failures, "; ");
   RecordVerdict(job, std::move(verdict), txn);
-  txn.mutation.pending_removed.insert(txn.mutation.pending_removed.end(), ps.keys.begin(),
-                                      ps.keys.end());
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kNonFinite, 0, std::move(ps.keys)});
   job.steps.erase(it);
 }
 
@@ -655,8 +671,8 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
       {CheckKind::kWeights, VoteOutcomeName(vote.outcome), clock_->Now() - pw.first_seen});
   txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
   RecordVerdict(job, std::move(verdict), txn);
-  txn.mutation.pending_removed.insert(txn.mutation.pending_removed.end(), pw.keys.begin(),
-                                      pw.keys.end());
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kWeights, 0, std::move(pw.keys)});
   job.weights.erase(it);
 }
 
@@ -992,8 +1008,8 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
       ScheduleTargetedAudit(job, group, suspect, s->second.reason, txn);
     }
   }
-  txn.mutation.pending_removed.insert(txn.mutation.pending_removed.end(), pa.keys.begin(),
-                                      pa.keys.end());
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
   job.audits.erase(it);
 }
 
@@ -1571,11 +1587,22 @@ absl::Status Coordinator::Restore() {
 
   // Reports not yet finalized go through the same code again, in arrival
   // order; their decisions were never written, so nothing is decided twice.
+  // Reports of a check already decided (its mark is still there: the store
+  // had not removed them yet) are removed instead.
+  absl::flat_hash_set<CheckId> decided;
+  for (const DecidedCheck& c : snap->decided) decided.insert(IdOf(c));
+  Txn settle;
+  settle.mutation.decided_cleared = snap->decided;
   replaying_ = true;
   for (const Report& r : snap->pending) {
     auto it = jobs_.find(r.job_id);
     if (it == jobs_.end() || r.rank >= it->second.ranks.size() ||
         !it->second.ranks[r.rank].has_value()) {
+      continue;
+    }
+    if (!decided.empty() &&
+        decided.contains(IdOf(CheckOf(r, RankOf(it->second, r.rank).placement.replica_group)))) {
+      settle.mutation.pending_removed.push_back(KeyOf(r));
       continue;
     }
     Txn txn;
@@ -1588,6 +1615,9 @@ absl::Status Coordinator::Restore() {
     }
   }
   replaying_ = false;
+  if (!settle.mutation.empty()) {
+    if (absl::StatusOr<Effects> effects = Commit(settle); !effects.ok()) return effects.status();
+  }
 
   // A request that was Executing when sdcd stopped: whether its actuator
   // finished is unknown, and running it again could replace a node twice.

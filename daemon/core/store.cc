@@ -36,6 +36,10 @@ absl::StatusOr<uint64_t> MemoryStore::Apply(Mutation m) {
   for (const auto& k : m.pending_removed) {
     pending_.erase({k.job_id, k.rank, k.incarnation, k.sequence});
   }
+  // Nothing here to wait for: a decided check's reports go with it.
+  for (const auto& d : m.decided) {
+    for (const auto& k : d.reports) pending_.erase({k.job_id, k.rank, k.incarnation, k.sequence});
+  }
   for (auto& r : m.incidents) incidents_[r.id] = std::move(r);
   for (auto& r : m.requests) requests_[r.id] = std::move(r);
   for (auto& r : m.suspects) suspects_[r.gpu] = std::move(r);
