@@ -563,6 +563,15 @@ core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutati
     }
   }
   core::Mutation out;
+  {
+    size_t ranks = 0, added = 0;
+    for (auto& [ticket, m] : batch) {
+      ranks += m.ranks.size();
+      added += m.pending_added.size();
+    }
+    out.ranks.reserve(ranks);
+    out.pending_added.reserve(added);
+  }
   absl::flat_hash_map<std::string, absl::flat_hash_map<core::Rank, size_t>> rank_at;
   for (auto& [ticket, m] : batch) {
     auto move_all = [](auto& to, auto& from) {

@@ -380,10 +380,8 @@ void Coordinator::DropContributions(JobState& job, Rank rank, uint64_t incarnati
     PendingStep& ps = it->second;
     stale(ps.keys);
     unvote(ps.reduced);
-    for (auto* set : {&ps.reported, &ps.local_nonfinite, &ps.reduced_nonfinite, &ps.applied,
-                      &ps.skipped}) {
-      set->erase(rank);
-    }
+    for (auto* set : {&ps.reported, &ps.applied, &ps.skipped}) set->erase(rank);
+    for (auto* set : {&ps.local_nonfinite, &ps.reduced_nonfinite}) set->erase(rank);
     for (auto c = ps.confirms.begin(); c != ps.confirms.end();) {
       c = (c->first == rank || c->second.first == rank) ? ps.confirms.erase(c) : std::next(c);
     }

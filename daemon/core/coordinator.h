@@ -229,18 +229,20 @@ class Coordinator {
   struct PendingStep {
     absl::Time first_seen;
     std::map<uint64_t, Ballot> reduced;  // By reduced-gradient digest.
-    std::set<Rank> reported;
-    std::set<Rank> local_nonfinite;
+    // Hash sets where only membership counts: 16,384 ranks a step made
+    // ordered sets' node allocations and rebalancing show in profiles.
+    absl::flat_hash_set<Rank> reported;
+    std::set<Rank> local_nonfinite;    // Ordered: named in verdicts.
     std::set<Rank> reduced_nonfinite;
-    std::set<Rank> applied;
-    std::set<Rank> skipped;
+    absl::flat_hash_set<Rank> applied;
+    absl::flat_hash_set<Rank> skipped;
     std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {
     absl::Time first_seen;
     std::map<uint64_t, Ballot> ballots;
-    std::set<Rank> voted;
+    absl::flat_hash_set<Rank> voted;
     std::vector<PendingKey> keys;
   };
   struct PendingTieBreak {
