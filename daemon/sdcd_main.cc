@@ -277,6 +277,12 @@ int Main(int argc, char** argv) {
                     .Help("Changes waiting for their commit.")
                     .Register(registry)
                     .Add({});
+  auto& settling = metrics::BuildGauge()
+                       .Name("sdc_store_settling_reports")
+                       .Help("Reports of decided checks still in the database, removed when "
+                             "the store is idle.")
+                       .Register(registry)
+                       .Add({});
   auto& commits = metrics::BuildGauge()
                       .Name("sdc_store_commits")
                       .Help("Commits since start (each holds many changes).")
@@ -304,6 +310,7 @@ int Main(int argc, char** argv) {
     for (const auto& [state, n] : by_state) requests.Add({{"state", state}}).Set(n);
     db_bytes.Set(static_cast<double>(db->file_bytes()));
     queue.Set(static_cast<double>(db->queue_depth()));
+    settling.Set(static_cast<double>(db->settling_reports()));
     commits.Set(static_cast<double>(db->commits()));
   });
   absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =

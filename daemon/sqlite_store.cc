@@ -469,6 +469,8 @@ void SqliteStore::WriterMain() {
         failed_ = absl::UnavailableError(
             absl::StrCat("the database stopped accepting writes: ", status.message()));
         settling_.clear();
+        settling_keys_ = 0;
+        settling_reports_.store(0, std::memory_order_relaxed);
       }
       if (stopping) {
         writer_done_ = true;
@@ -488,6 +490,7 @@ void SqliteStore::WriterMain() {
           settling_keys_ += d.reports.size();
           settling_.push_back({std::move(d), 0});
         }
+        settling_reports_.store(settling_keys_, std::memory_order_relaxed);
       }
     }
     absl::MutexLock lock(&mu_);
@@ -788,6 +791,7 @@ absl::Status SqliteStore::Settle(size_t limit) {
     settling_keys_ -= reports.size();
     settling_.pop_front();
   }
+  settling_reports_.store(settling_keys_, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 // coordinator must not acknowledge what it cannot keep); the daemon reports
 // itself unhealthy.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -62,6 +63,8 @@ class SqliteStore : public core::Store {
   uint64_t file_bytes() const;
   // Commits made so far (each may hold many mutations).
   uint64_t commits() const;
+  // Reports of decided checks not yet removed (see Settle).
+  size_t settling_reports() const { return settling_reports_.load(std::memory_order_relaxed); }
 
   static constexpr int kSchemaVersion = 4;
 
@@ -103,6 +106,7 @@ class SqliteStore : public core::Store {
   };
   std::deque<Settling> settling_;
   size_t settling_keys_ = 0;
+  std::atomic<size_t> settling_reports_{0};  // settling_keys_, for metrics.
   static constexpr absl::Duration kSettleIdle = absl::Milliseconds(2);
   static constexpr size_t kSettleChunk = 1024;
   // Beyond this many, commits of new writes also remove a chunk.

@@ -184,6 +184,7 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
         ASSERT_THAT(snap->pending, SizeIs(1));
         EXPECT_EQ(snap->pending[0].rank, 7000u);
         EXPECT_THAT(snap->decided, SizeIs(0));
+        EXPECT_EQ((*store)->settling_reports(), 0u);
       }
     }
     auto store = SqliteStore::Open(path);

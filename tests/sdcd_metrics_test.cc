@@ -11,6 +11,7 @@
 #include <regex>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -74,6 +75,25 @@ TEST(SdcdMetricsTest, ExpositionPassesPromtool) {
   EXPECT_THAT(*body, HasSubstr("sdc_replacement_requests{state=\"Pending\"} 1"));
   EXPECT_THAT(*body, HasSubstr("sdc_attached_ranks 6"));
   EXPECT_THAT(*body, HasSubstr("sdc_build_info{"));
+  EXPECT_THAT(*body, HasSubstr("sdc_store_settling_reports "));
+  // The decided checks' reports leave the database once sdcd is idle.
+  {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    absl::StatusOr<std::string> now = body;
+    while (now.ok() && !absl::StrContains(*now, "\nsdc_store_settling_reports 0\n") &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+      now = HttpGet((*sdcd)->metrics_port(), "/metrics");
+    }
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_THAT(*now, HasSubstr("\nsdc_store_settling_reports 0\n"));
+    // Every check of the workload is decided: nothing of it is left.
+    RunResult rows = testing::Run(
+        {"sqlite3", "-readonly", (*sdcd)->db(),
+         "SELECT COUNT(*) FROM pending_reports; SELECT COUNT(*) FROM decided_checks;"});
+    EXPECT_EQ(rows.exit_code, 0) << rows.output;
+    EXPECT_EQ(rows.output, "0\n0\n");
+  }
   std::ofstream(dir + "/metrics.txt") << *body;
   RunResult check = testing::Run({"sh", "-c", absl::StrCat("promtool check metrics < ", dir, "/metrics.txt")});
   EXPECT_EQ(check.exit_code, 0) << check.output;
