@@ -28,6 +28,48 @@ std::string TempDb(const std::string& name) {
   return path;
 }
 
+// A step report of job "job" at step 10.
+core::Report StepReportOf(core::Rank rank, uint64_t sequence) {
+  core::Report r;
+  r.job_id = "job";
+  r.rank = rank;
+  r.incarnation = 1;
+  r.sequence = sequence;
+  r.step = 10;
+  r.body = core::StepReport{};
+  return r;
+}
+
+// Rank `r` of job "job": 6 ranks, 2 per node, tensors "a" and "b", every
+// 10th step checked.
+core::Hello HelloOf(core::Rank r) {
+  core::Hello h;
+  h.job_id = "job";
+  h.placement = {r, absl::StrCat("node-", r / 2), r % 2, absl::StrCat("GPU-", r), 0};
+  h.world_size = 6;
+  h.incarnation = 1;
+  h.weight_tensors = {"a", "b"};
+  h.parameter_count = 2;
+  h.audit_every = 10;
+  h.weight_check_every = 10;
+  return h;
+}
+
+// Rank `r`'s weights at step 10, tensor "b" differing when `bad`.
+core::Report WeightsOf(core::Rank r, bool bad) {
+  core::Report rep;
+  rep.job_id = "job";
+  rep.rank = r;
+  rep.incarnation = 1;
+  rep.sequence = 1;
+  rep.step = 10;
+  core::WeightReport w;
+  w.tensors = {{8, 1, 1}, {8, 2, bad ? 9u : 2u}};
+  w.digest = bad ? 2 : 1;
+  rep.body = w;
+  return rep;
+}
+
 core::Mutation Everything() {
   core::Mutation m;
   const absl::Time t = absl::FromUnixMillis(1'800'000'000'123);
@@ -144,16 +186,6 @@ TEST(SqliteStoreTest, RemovalsAndRollbacksApply) {
 // A decided check's reports leave after its commit, when the writer is
 // idle, and with its mark; a store that stops removes what is left.
 TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
-  auto report = [](core::Rank rank) {
-    core::Report r;
-    r.job_id = "job";
-    r.rank = rank;
-    r.incarnation = 1;
-    r.sequence = 1;
-    r.step = 10;
-    r.body = core::StepReport{};
-    return r;
-  };
   for (bool stop_at_once : {false, true}) {
     SCOPED_TRACE(stop_at_once ? "stopped at once" : "idle");
     const std::string path = TempDb(stop_at_once ? "decided-stop" : "decided-idle");
@@ -161,8 +193,8 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
       auto store = SqliteStore::Open(path);
       ASSERT_TRUE(store.ok());
       core::Mutation added;
-      for (core::Rank r = 0; r < 3000; ++r) added.pending_added.push_back(report(r));
-      added.pending_added.push_back(report(7000));  // Not of the check: stays.
+      for (core::Rank r = 0; r < 3000; ++r) added.pending_added.push_back(StepReportOf(r, 1));
+      added.pending_added.push_back(StepReportOf(7000, 1));  // Not of the check: stays.
       ASSERT_TRUE((*store)->Apply(std::move(added)).ok());
       core::Mutation decided;
       decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
@@ -294,22 +326,12 @@ TEST(SqliteStoreTest, CoalescedCommitsLeaveWhatEachMutationWould) {
 // of schema 2 with pending reports migrates, and restore keeps their order.
 TEST(SqliteStoreTest, PendingReportsKeepTheirOrderThroughMigration3) {
   const std::string path = TempDb("migration3");
-  auto report = [](core::Rank rank, uint64_t sequence) {
-    core::Report r;
-    r.job_id = "job";
-    r.rank = rank;
-    r.incarnation = 1;
-    r.sequence = sequence;
-    r.step = 10;
-    r.body = core::StepReport{};
-    return r;
-  };
   {
     auto store = SqliteStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
     core::Mutation m;
     // Arrival order differs from key order.
-    for (core::Rank rank : {5u, 1u, 3u}) m.pending_added.push_back(report(rank, 1));
+    for (core::Rank rank : {5u, 1u, 3u}) m.pending_added.push_back(StepReportOf(rank, 1));
     auto ticket = (*store)->Apply(std::move(m));
     ASSERT_TRUE(ticket.ok());
     ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
@@ -342,7 +364,7 @@ UPDATE schema_version SET version = 2;
   ASSERT_TRUE(store.ok()) << store.status();
   // A report added after the migration comes after the migrated ones.
   core::Mutation m;
-  m.pending_added.push_back(report(0, 1));
+  m.pending_added.push_back(StepReportOf(0, 1));
   m.pending_removed.push_back({"job", 1, 1, 1});
   auto ticket = (*store)->Apply(std::move(m));
   ASSERT_TRUE(ticket.ok());
@@ -377,39 +399,14 @@ TEST(SqliteStoreTest, UnwritablePathIsUnavailable) {
 TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
   const std::string path = TempDb("coordinator");
   core::FakeClock clock;
-  auto hello = [](core::Rank r) {
-    core::Hello h;
-    h.job_id = "job";
-    h.placement = {r, absl::StrCat("node-", r / 2), r % 2, absl::StrCat("GPU-", r), 0};
-    h.world_size = 6;
-    h.incarnation = 1;
-    h.weight_tensors = {"a", "b"};
-    h.parameter_count = 2;
-    h.audit_every = 10;
-    h.weight_check_every = 10;
-    return h;
-  };
-  auto weights = [](core::Rank r, bool bad) {
-    core::Report rep;
-    rep.job_id = "job";
-    rep.rank = r;
-    rep.incarnation = 1;
-    rep.sequence = 1;
-    rep.step = 10;
-    core::WeightReport w;
-    w.tensors = {{8, 1, 1}, {8, 2, bad ? 9u : 2u}};
-    w.digest = bad ? 2 : 1;
-    rep.body = w;
-    return rep;
-  };
   {
     auto store = SqliteStore::Open(path);
     ASSERT_TRUE(store.ok());
     core::Coordinator c({}, &clock, store->get());
     ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
     for (core::Rank r = 0; r < 4; ++r) {
-      auto e = c.Ingest(weights(r, r == 3));
+      auto e = c.Ingest(WeightsOf(r, r == 3));
       ASSERT_TRUE(e.ok());
       ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
     }
@@ -418,11 +415,11 @@ TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
   ASSERT_TRUE(store.ok());
   core::Coordinator c({}, &clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
-  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
-  auto dup = c.Ingest(weights(2, false));
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+  auto dup = c.Ingest(WeightsOf(2, false));
   ASSERT_TRUE(dup.ok());
   EXPECT_TRUE(dup->duplicate);
-  for (core::Rank r = 4; r < 6; ++r) ASSERT_TRUE(c.Ingest(weights(r, false)).ok());
+  for (core::Rank r = 4; r < 6; ++r) ASSERT_TRUE(c.Ingest(WeightsOf(r, false)).ok());
   auto incidents = c.ListIncidents("job");
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_THAT(incidents[0].ranks, ElementsAre(3));
@@ -436,31 +433,6 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   const std::string path = TempDb("decided-crash");
   const std::string before = TempDb("decided-crash-before");
   core::FakeClock clock;
-  auto hello = [](core::Rank r) {
-    core::Hello h;
-    h.job_id = "job";
-    h.placement = {r, absl::StrCat("node-", r / 2), r % 2, absl::StrCat("GPU-", r), 0};
-    h.world_size = 6;
-    h.incarnation = 1;
-    h.weight_tensors = {"a", "b"};
-    h.parameter_count = 2;
-    h.audit_every = 10;
-    h.weight_check_every = 10;
-    return h;
-  };
-  auto weights = [](core::Rank r) {
-    core::Report rep;
-    rep.job_id = "job";
-    rep.rank = r;
-    rep.incarnation = 1;
-    rep.sequence = 1;
-    rep.step = 10;
-    core::WeightReport w;
-    w.tensors = {{8, 1, 1}, {8, 2, r == 3 ? 9u : 2u}};
-    w.digest = r == 3 ? 2 : 1;
-    rep.body = w;
-    return rep;
-  };
   auto exec = [](const std::string& db_path, const std::string& sql) {
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open(db_path.c_str(), &db), SQLITE_OK);
@@ -474,9 +446,9 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
     ASSERT_TRUE(store.ok());
     core::Coordinator c({}, &clock, store->get());
     ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
     for (core::Rank r = 0; r < 5; ++r) {
-      auto e = c.Ingest(weights(r));
+      auto e = c.Ingest(WeightsOf(r, r == 3));
       ASSERT_TRUE(e.ok());
       ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
     }
@@ -488,8 +460,8 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
     ASSERT_TRUE(store.ok());
     core::Coordinator c({}, &clock, store->get());
     ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
-    auto e = c.Ingest(weights(5));
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+    auto e = c.Ingest(WeightsOf(5, false));
     ASSERT_TRUE(e.ok());
     ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
     ASSERT_THAT(c.ListIncidents("job"), SizeIs(1));
@@ -510,9 +482,9 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   core::Coordinator c({}, &clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
   EXPECT_THAT(c.ListIncidents("job"), SizeIs(1));
-  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(hello(r)).ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
   // The check stays decided: a late report of it is refused.
-  core::Report late = weights(5);
+  core::Report late = WeightsOf(5, false);
   late.sequence = 2;
   auto refused = c.Ingest(late);
   ASSERT_FALSE(refused.ok());
