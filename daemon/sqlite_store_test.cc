@@ -28,7 +28,8 @@ std::string TempDb(const std::string& name) {
   return path;
 }
 
-// A step report of job "job" at step 10.
+// A report of job "job" at step 10 (a step report; callers may change
+// its body).
 core::Report StepReportOf(core::Rank rank, uint64_t sequence) {
   core::Report r;
   r.job_id = "job";
@@ -57,17 +58,30 @@ core::Hello HelloOf(core::Rank r) {
 
 // Rank `r`'s weights at step 10, tensor "b" differing when `bad`.
 core::Report WeightsOf(core::Rank r, bool bad) {
-  core::Report rep;
-  rep.job_id = "job";
-  rep.rank = r;
-  rep.incarnation = 1;
-  rep.sequence = 1;
-  rep.step = 10;
+  core::Report rep = StepReportOf(r, 1);
   core::WeightReport w;
   w.tensors = {{8, 1, 1}, {8, 2, bad ? 9u : 2u}};
   w.digest = bad ? 2 : 1;
   rep.body = w;
   return rep;
+}
+
+// Restores a coordinator from the store at `path`, attaches the six ranks
+// of HelloOf and ingests WeightsOf ranks [first, end) (rank 3's differ),
+// each durable; `incidents` gets the coordinator's incidents after.
+void IngestWeights(const std::string& path, core::FakeClock* clock, core::Rank first,
+                   core::Rank end, std::vector<core::Incident>* incidents = nullptr) {
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  core::Coordinator c({}, clock, store->get());
+  ASSERT_TRUE(c.Restore().ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+  for (core::Rank r = first; r < end; ++r) {
+    auto e = c.Ingest(WeightsOf(r, r == 3));
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
+  }
+  if (incidents != nullptr) *incidents = c.ListIncidents("job");
 }
 
 core::Mutation Everything() {
@@ -399,18 +413,7 @@ TEST(SqliteStoreTest, UnwritablePathIsUnavailable) {
 TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
   const std::string path = TempDb("coordinator");
   core::FakeClock clock;
-  {
-    auto store = SqliteStore::Open(path);
-    ASSERT_TRUE(store.ok());
-    core::Coordinator c({}, &clock, store->get());
-    ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
-    for (core::Rank r = 0; r < 4; ++r) {
-      auto e = c.Ingest(WeightsOf(r, r == 3));
-      ASSERT_TRUE(e.ok());
-      ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(IngestWeights(path, &clock, 0, 4));
   auto store = SqliteStore::Open(path);
   ASSERT_TRUE(store.ok());
   core::Coordinator c({}, &clock, store->get());
@@ -441,31 +444,12 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
     sqlite3_free(error);
     sqlite3_close(db);
   };
-  {
-    auto store = SqliteStore::Open(path);
-    ASSERT_TRUE(store.ok());
-    core::Coordinator c({}, &clock, store->get());
-    ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
-    for (core::Rank r = 0; r < 5; ++r) {
-      auto e = c.Ingest(WeightsOf(r, r == 3));
-      ASSERT_TRUE(e.ok());
-      ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(IngestWeights(path, &clock, 0, 5));
   // The five reports, pending.
   exec(path, absl::StrCat("VACUUM INTO '", before, "';"));
-  {
-    auto store = SqliteStore::Open(path);
-    ASSERT_TRUE(store.ok());
-    core::Coordinator c({}, &clock, store->get());
-    ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
-    auto e = c.Ingest(WeightsOf(5, false));
-    ASSERT_TRUE(e.ok());
-    ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
-    ASSERT_THAT(c.ListIncidents("job"), SizeIs(1));
-  }
+  std::vector<core::Incident> incidents;
+  ASSERT_NO_FATAL_FAILURE(IngestWeights(path, &clock, 5, 6, &incidents));
+  ASSERT_THAT(incidents, SizeIs(1));
   // As if sdcd had stopped right after the decision's commit: its mark is
   // there, and so are the reports it consumed.
   exec(path, absl::StrCat("ATTACH '", before, "' AS before;"
