@@ -421,7 +421,13 @@ void Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report
 
   auto [it, fresh] = job.steps.try_emplace({group.record.group, r.step});
   PendingStep& ps = it->second;
-  if (fresh) ps.first_seen = clock_->Now();
+  if (fresh) {
+    ps.first_seen = clock_->Now();
+    // Every member reports once: no rehashing or regrowth on the way.
+    ps.reported.reserve(group.members.size());
+    ps.applied.reserve(group.members.size());
+    ps.keys.reserve(group.members.size());
+  }
   ps.reported.insert(r.rank);
   ps.reduced[s.reduced_digest].ranks.push_back(r.rank);
   if (s.local_nonfinite > 0) ps.local_nonfinite.insert(r.rank);
@@ -569,7 +575,11 @@ void Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r
                                const WeightReport& w, Txn& txn) {
   auto [it, fresh] = job.weights.try_emplace({group.record.group, r.step});
   PendingWeights& pw = it->second;
-  if (fresh) pw.first_seen = clock_->Now();
+  if (fresh) {
+    pw.first_seen = clock_->Now();
+    pw.voted.reserve(group.members.size());
+    pw.keys.reserve(group.members.size());
+  }
   const uint64_t digest = WeightVoteDigest(w);
   Ballot& ballot = pw.ballots[digest];
   ballot.ranks.push_back(r.rank);
@@ -752,10 +762,16 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
     if (!plan.ok()) return plan.status();
     fresh.emplace();
     fresh->plan = *std::move(plan);
+    fresh->subject_of.reserve(fresh->plan.assignments.size());
+    fresh->subjects.reserve(fresh->plan.assignments.size());
     for (const Assignment& x : fresh->plan.assignments) {
       fresh->subject_of[x.replayer] = x.subject;
       fresh->subjects.insert(x.subject);
     }
+    // One original per subject and one replay per replayer are coming.
+    fresh->originals.reserve(fresh->subjects.size());
+    fresh->replays.reserve(fresh->subject_of.size());
+    fresh->keys.reserve(fresh->subjects.size() + fresh->subject_of.size());
   }
   const PendingAudit& view = pa != nullptr ? *pa : *fresh;
   switch (a.role) {
