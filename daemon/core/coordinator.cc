@@ -758,6 +758,15 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   // The plan is derived once per audit, on its first result.
   std::optional<PendingAudit> fresh;
   if (pa == nullptr && a.role != AuditRole::kTieBreak) {
+    // A step runs one audit (a targeted plan waits for a step without the
+    // scheduled one): a result after its verdict, say one resent after a
+    // deadline decided without it, must not open the audit again.
+    auto decided = job.ledger.find(r.step);
+    if (decided != job.ledger.end() && decided->second.audits.count(group.record.group) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "the audit of step ", r.step, " is already decided; rank ", r.rank,
+          "'s result is late"));
+    }
     absl::StatusOr<ReplayPlan> plan = PlanFor(job, group, r.step, a.plan_id);
     if (!plan.ok()) return plan.status();
     fresh.emplace();
@@ -1147,6 +1156,7 @@ void Coordinator::RecordVerdict(JobState& job, StepVerdict verdict, Txn& txn) {
   LedgerEntry& entry = job.ledger[verdict.step];
   if (verdict.check == CheckKind::kNonFinite) entry.applied = entry.applied || verdict.applied;
   if (verdict.check == CheckKind::kWeights) entry.weights[verdict.group] = verdict;
+  if (verdict.check == CheckKind::kReplay) entry.audits.insert(verdict.group);
   if (verdict.failed) entry.failures.push_back(verdict);
   while (job.ledger.size() > options_.ledger_steps) job.ledger.erase(job.ledger.begin());
   txn.mutation.step_verdicts.push_back(std::move(verdict));
@@ -1574,6 +1584,7 @@ absl::Status Coordinator::Restore() {
     LedgerEntry& entry = it->second.ledger[v.step];
     if (v.check == CheckKind::kNonFinite) entry.applied = entry.applied || v.applied;
     if (v.check == CheckKind::kWeights) entry.weights[v.group] = v;
+    if (v.check == CheckKind::kReplay) entry.audits.insert(v.group);
     if (v.failed) entry.failures.push_back(v);
   }
   escalation_.Restore(snap->requests);

@@ -265,6 +265,7 @@ class Coordinator {
   // Finalized checks of one step, for the checkpoint gate.
   struct LedgerEntry {
     std::map<uint32_t, StepVerdict> weights;  // By group.
+    std::set<uint32_t> audits;  // Groups whose audit of the step is decided.
     std::vector<StepVerdict> failures;
     bool applied = false;
   };

@@ -447,6 +447,36 @@ TEST(CoordinatorTest, ReplayAuditAttributesAFaultyRank) {
   EXPECT_EQ(cl.store().pending_count(), 0u);
 }
 
+// A result that arrives after its audit's verdict (a rank resending after
+// a reconnect, say) is refused, before and after a restart, instead of
+// opening the audit again and deciding it a second time at its deadline.
+TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.Audit(10, {}, {});
+  ASSERT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
+  AuditResult late;
+  late.role = AuditRole::kOriginal;
+  late.subject = 0;
+  late.loss_bits = Cluster::BatchValue(0);
+  late.gradient_digest = late.loss_bits;
+  auto refused = cl.Send(0, 10, late);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+  cl.clock().Advance(absl::Minutes(10));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
+  EXPECT_EQ(cl.store().pending_count(), 0u);
+
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  cl.AttachAll();
+  refused = cl.Send(0, 10, late);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+}
+
 TEST(CoordinatorTest, LoneMismatchIsSettledByATieBreak) {
   Cluster cl(3, 2);
   cl.AttachAll();
