@@ -283,6 +283,12 @@ absl::Status Migrate(sqlite3* db) {
   return absl::OkStatus();
 }
 
+// What the store answers once a commit failed: it keeps nothing more.
+absl::Status WritesStopped(const absl::Status& why) {
+  return absl::UnavailableError(
+      absl::StrCat("the database stopped accepting writes: ", why.message()));
+}
+
 absl::StatusOr<core::CheckKind> CheckKindOf(const std::string& name) {
   static const std::map<std::string, core::CheckKind> kKinds = {
       {"nonfinite", core::CheckKind::kNonFinite},
@@ -461,15 +467,13 @@ void SqliteStore::WriterMain() {
       absl::Status status;
       if (!settling_.empty()) {
         absl::MutexLock lock(&write_mu_);
-        status = Commit(nullptr, stopping ? settling_keys_ : kSettleChunk);
+        status = Commit(nullptr, stopping ? settling_reports() : kSettleChunk);
       }
       absl::MutexLock lock(&mu_);
       if (!status.ok()) {
         // What is left stays marked; a restore removes it.
-        failed_ = absl::UnavailableError(
-            absl::StrCat("the database stopped accepting writes: ", status.message()));
+        failed_ = WritesStopped(status);
         settling_.clear();
-        settling_keys_ = 0;
         settling_reports_.store(0, std::memory_order_relaxed);
       }
       if (stopping) {
@@ -483,14 +487,13 @@ void SqliteStore::WriterMain() {
       absl::MutexLock lock(&write_mu_);
       core::Mutation m = Coalesce(batch);
       // Far behind on removals (no pause long enough): some go along.
-      status = Commit(&m, settling_keys_ > kSettleBacklog ? kSettleChunk : 0);
+      status = Commit(&m, settling_reports() > kSettleBacklog ? kSettleChunk : 0);
       if (status.ok()) {
         for (core::DecidedCheck& d : m.decided) {
           if (d.reports.empty()) continue;
-          settling_keys_ += d.reports.size();
+          settling_reports_.fetch_add(d.reports.size(), std::memory_order_relaxed);
           settling_.push_back({std::move(d), 0});
         }
-        settling_reports_.store(settling_keys_, std::memory_order_relaxed);
       }
     }
     absl::MutexLock lock(&mu_);
@@ -498,8 +501,7 @@ void SqliteStore::WriterMain() {
       durable_ = batch.back().first;
       ++commits_;
     } else {
-      failed_ = absl::UnavailableError(
-          absl::StrCat("the database stopped accepting writes: ", status.message()));
+      failed_ = WritesStopped(status);
     }
     // After a failure every waiter is due, with the failure.
     const auto end = failed_.ok() ? callbacks_.upper_bound(durable_) : callbacks_.end();
@@ -788,10 +790,9 @@ absl::Status SqliteStore::Settle(size_t limit) {
     }
     if (front.next < reports.size()) break;
     if (absl::Status st = ClearMark(front.check); !st.ok()) return st;
-    settling_keys_ -= reports.size();
+    settling_reports_.fetch_sub(reports.size(), std::memory_order_relaxed);
     settling_.pop_front();
   }
-  settling_reports_.store(settling_keys_, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -105,8 +105,8 @@ class SqliteStore : public core::Store {
     size_t next = 0;  // Reports before it are removed.
   };
   std::deque<Settling> settling_;
-  size_t settling_keys_ = 0;
-  std::atomic<size_t> settling_reports_{0};  // settling_keys_, for metrics.
+  // The reports they hold; changed by the writer only, read for metrics.
+  std::atomic<size_t> settling_reports_{0};
   static constexpr absl::Duration kSettleIdle = absl::Milliseconds(2);
   static constexpr size_t kSettleChunk = 1024;
   // Beyond this many, commits of new writes also remove a chunk.
