@@ -465,9 +465,13 @@ void SqliteStore::WriterMain() {
     if (batch.empty()) {
       // Idle, or stopping (then everything left: a clean database).
       absl::Status status;
-      if (!settling_.empty()) {
+      if (stopping) {
+        // Progress too, so that the rank rows are current.
         absl::MutexLock lock(&write_mu_);
-        status = Commit(nullptr, stopping ? settling_reports() : kSettleChunk);
+        status = Commit(nullptr, settling_reports(), /*all_progress=*/true);
+      } else if (!settling_.empty()) {
+        absl::MutexLock lock(&write_mu_);
+        status = Commit(nullptr, kSettleChunk);
       }
       absl::MutexLock lock(&mu_);
       if (!status.ok()) {
@@ -512,10 +516,11 @@ void SqliteStore::WriterMain() {
   }
 }
 
-absl::Status SqliteStore::Commit(const core::Mutation* m, size_t settle) {
+absl::Status SqliteStore::Commit(const core::Mutation* m, size_t settle, bool all_progress) {
   absl::Status status = Exec(db_, "BEGIN IMMEDIATE;");
   if (status.ok() && m != nullptr) status = Write(*m);
   if (status.ok() && settle > 0) status = Settle(settle);
+  if (status.ok() && all_progress) status = WriteAllProgress();
   status = status.ok() ? Exec(db_, "COMMIT;") : status;
   if (!status.ok()) Exec(db_, "ROLLBACK;").IgnoreError();
   return status;
@@ -568,31 +573,38 @@ core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutati
     }
   }
   core::Mutation out;
-  {
-    size_t ranks = 0, added = 0;
-    for (auto& [ticket, m] : batch) {
-      ranks += m.ranks.size();
-      added += m.pending_added.size();
-    }
-    out.ranks.reserve(ranks);
-    out.pending_added.reserve(added);
-  }
-  absl::flat_hash_map<std::string, absl::flat_hash_map<core::Rank, size_t>> rank_at;
+  out.pending_added.reserve([&] {
+    size_t added = 0;
+    for (auto& [ticket, m] : batch) added += m.pending_added.size();
+    return added;
+  }());
+  // A rank's latest record in the batch, and whether it must be written now
+  // (a Hello's is; progress may wait, unless a report that carries it is
+  // never written: added and removed within the batch).
+  struct Latest {
+    core::RankRecord record;
+    bool now = false;
+  };
+  absl::flat_hash_map<std::string, absl::flat_hash_map<core::Rank, Latest>> latest;
+  auto keep = [&](core::RankRecord& r, bool now) {
+    auto& of_job = latest.try_emplace(r.job_id).first->second;  // Copies a job id once.
+    Latest& slot = of_job[r.placement.rank];
+    slot.record = std::move(r);
+    slot.now = slot.now || now;
+  };
   for (auto& [ticket, m] : batch) {
     auto move_all = [](auto& to, auto& from) {
       to.insert(to.end(), std::make_move_iterator(from.begin()),
                 std::make_move_iterator(from.end()));
     };
     move_all(out.jobs, m.jobs);
-    for (auto& r : m.ranks) {
-      auto& of_job = rank_at.try_emplace(r.job_id).first->second;  // Copies a job id once.
-      auto [it, fresh] = of_job.emplace(r.placement.rank, out.ranks.size());
-      if (fresh) {
-        out.ranks.push_back(std::move(r));
-      } else {
-        out.ranks[it->second] = std::move(r);
-      }
-    }
+    for (auto& r : m.ranks) keep(r, true);
+    const bool carried_by_voided =
+        !voided.empty() && std::any_of(m.pending_added.begin(), m.pending_added.end(),
+                                       [&](const core::Report& r) {
+                                         return voided.contains(key(r));
+                                       });
+    for (auto& r : m.progress) keep(r, carried_by_voided);
     for (auto& r : m.pending_added) {
       if (!voided.contains(key(r))) out.pending_added.push_back(std::move(r));
     }
@@ -621,6 +633,11 @@ core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutati
     move_all(out.decided, m.decided);
     move_all(out.decided_cleared, m.decided_cleared);
   }
+  for (auto& [job, of_job] : latest) {
+    for (auto& [rank, slot] : of_job) {
+      (slot.now ? out.ranks : out.progress).push_back(std::move(slot.record));
+    }
+  }
   return out;
 }
 
@@ -637,27 +654,12 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
     s.Bind(4, j.weight_check_every).Bind(5, UnixMillis(j.created)).Bind(6, j.next_plan_id);
     if (absl::Status st = s.Run("writing a job"); !st.ok()) return st;
   }
-  if (!m.ranks.empty()) {
-    // An upsert changes the row in place; REPLACE deleted and reinserted it,
-    // in the table and in its primary key's index.
-    Stmt& s = Prepared(
-        "INSERT INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
-        "ON CONFLICT (job_id, rank) DO UPDATE SET node = excluded.node, "
-        "local_rank = excluded.local_rank, gpu_uuid = excluded.gpu_uuid, "
-        "replica_group = excluded.replica_group, incarnation = excluded.incarnation, "
-        "acked_sequence = excluded.acked_sequence, has_last_step = excluded.has_last_step, "
-        "last_step = excluded.last_step, deterministic = excluded.deterministic, "
-        "resumed = excluded.resumed");
-    for (const auto& r : m.ranks) {
-      s.Bind(1, r.job_id).Bind(2, r.placement.rank).Bind(3, r.placement.node);
-      s.Bind(4, r.placement.local_rank).Bind(5, r.placement.gpu_uuid);
-      s.Bind(6, r.placement.replica_group).Bind(7, static_cast<int64_t>(r.incarnation));
-      s.Bind(8, static_cast<int64_t>(r.acked_sequence)).Bind(9, r.has_last_step ? 1 : 0);
-      s.Bind(10, static_cast<int64_t>(r.last_step)).Bind(11, r.deterministic ? 1 : 0);
-      s.Bind(12, r.resumed ? 1 : 0);
-      if (absl::Status st = s.Run("writing a rank"); !st.ok()) return st;
-    }
+  for (const auto& r : m.ranks) {
+    if (absl::Status st = WriteRank(r); !st.ok()) return st;
+    auto of_job = dirty_.find(r.job_id);
+    if (of_job != dirty_.end()) of_job->second.erase(r.placement.rank);
   }
+  for (const auto& r : m.progress) dirty_[r.job_id][r.placement.rank] = r;
   for (const auto& g : m.groups) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO replica_groups VALUES (?1, ?2, ?3, ?4, ?5)");
     s.Bind(1, g.job_id).Bind(2, g.group).Blob(3, LayoutBlob(g.weight_tensors));
@@ -763,7 +765,49 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
   return absl::OkStatus();
 }
 
+absl::Status SqliteStore::WriteRank(const core::RankRecord& r) {
+  // An upsert changes the row in place; REPLACE deleted and reinserted it,
+  // in the table and in its primary key's index.
+  Stmt& s = Prepared(
+      "INSERT INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
+      "ON CONFLICT (job_id, rank) DO UPDATE SET node = excluded.node, "
+      "local_rank = excluded.local_rank, gpu_uuid = excluded.gpu_uuid, "
+      "replica_group = excluded.replica_group, incarnation = excluded.incarnation, "
+      "acked_sequence = excluded.acked_sequence, has_last_step = excluded.has_last_step, "
+      "last_step = excluded.last_step, deterministic = excluded.deterministic, "
+      "resumed = excluded.resumed");
+  s.Bind(1, r.job_id).Bind(2, r.placement.rank).Bind(3, r.placement.node);
+  s.Bind(4, r.placement.local_rank).Bind(5, r.placement.gpu_uuid);
+  s.Bind(6, r.placement.replica_group).Bind(7, static_cast<int64_t>(r.incarnation));
+  s.Bind(8, static_cast<int64_t>(r.acked_sequence)).Bind(9, r.has_last_step ? 1 : 0);
+  s.Bind(10, static_cast<int64_t>(r.last_step)).Bind(11, r.deterministic ? 1 : 0);
+  s.Bind(12, r.resumed ? 1 : 0);
+  return s.Run("writing a rank");
+}
+
+absl::Status SqliteStore::WriteProgress(absl::string_view job_id, core::Rank rank) {
+  auto of_job = dirty_.find(job_id);
+  if (of_job == dirty_.end()) return absl::OkStatus();
+  auto it = of_job->second.find(rank);
+  if (it == of_job->second.end()) return absl::OkStatus();
+  if (absl::Status st = WriteRank(it->second); !st.ok()) return st;
+  of_job->second.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::WriteAllProgress() {
+  for (auto& [job, of_job] : dirty_) {
+    for (const auto& [rank, r] : of_job) {
+      if (absl::Status st = WriteRank(r); !st.ok()) return st;
+    }
+    of_job.clear();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SqliteStore::RemovePending(const core::PendingKey& k) {
+  // The rank's progress may rest on this report (Mutation::progress).
+  if (absl::Status st = WriteProgress(k.job_id, k.rank); !st.ok()) return st;
   Stmt& s = Prepared(
       "DELETE FROM pending_reports WHERE job_id = ?1 AND rank = ?2 AND incarnation = ?3 "
       "AND sequence = ?4");

@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/core/store.h"
@@ -74,13 +76,19 @@ class SqliteStore : public core::Store {
   void NotifierMain();
   absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // One transaction: `m` (if any), then up to `settle` decided checks'
-  // reports removed.
-  absl::Status Commit(const core::Mutation* m, size_t settle)
+  // reports removed, then, with `all_progress`, every rank's progress.
+  absl::Status Commit(const core::Mutation* m, size_t settle, bool all_progress = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Removes up to `limit` reports of decided checks, oldest check first,
   // and the mark of each check whose reports are all gone.
   absl::Status Settle(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Removes a pending report, after writing its rank's progress.
   absl::Status RemovePending(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status WriteRank(const core::RankRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes the rank's progress if it is waiting (dirty_), or nothing.
+  absl::Status WriteProgress(absl::string_view job_id, core::Rank rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status WriteAllProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status ClearMark(const core::DecidedCheck& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   static core::Mutation Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch);
   // A cached prepared statement for a literal `sql`.
@@ -94,6 +102,14 @@ class SqliteStore : public core::Store {
   // The next pending report's `arrival` (restore order): one past the
   // largest in the database when it opened.
   int64_t next_arrival_ ABSL_GUARDED_BY(write_mu_) = 1;
+  // Rank records whose only change is progress (core::Mutation::progress),
+  // not written yet, by job and rank: each is written before the first of
+  // its rank's pending reports leaves the database (RemovePending), and
+  // all when the store stops. Until then those reports carry it, and a
+  // restore derives it from them. At 16,384 ranks this keeps 16,384 row
+  // updates a step out of the commits that acknowledgements wait for.
+  absl::flat_hash_map<std::string, absl::flat_hash_map<core::Rank, core::RankRecord>> dirty_
+      ABSL_GUARDED_BY(write_mu_);
 
   // Decided checks whose reports are still in the database (marked in
   // decided_checks), oldest first, and how many reports they hold: removed

@@ -28,6 +28,16 @@ std::string TempDb(const std::string& name) {
   return path;
 }
 
+// Runs `sql` on the database at `path` through a connection of its own.
+void Exec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
 // A report of job "job" at step 10 (a step report; callers may change
 // its body).
 core::Report StepReportOf(core::Rank rank, uint64_t sequence) {
@@ -243,6 +253,69 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
   }
 }
 
+// Progress waits (Mutation::progress) until a report that carries it
+// leaves: removed, settled after its check's decision, or never written
+// (added and removed within one commit).
+TEST(SqliteStoreTest, ProgressIsWrittenBeforeTheReportsThatCarryItLeave) {
+  const std::string path = TempDb("progress-written");
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  core::RankRecord rank{"job", {0, "node-0", 0, "GPU-0", 0}, 1, 0, false, 0, false};
+  auto apply = [&](core::Mutation m) {
+    auto ticket = (*store)->Apply(std::move(m));
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  };
+  auto stored = [&]() -> uint64_t {
+    auto snap = (*store)->Load();
+    EXPECT_TRUE(snap.ok());
+    return snap.ok() && snap->ranks.size() == 1 ? snap->ranks[0].acked_sequence : 999;
+  };
+  auto report = [&](uint64_t sequence) {
+    core::Mutation m;
+    m.pending_added.push_back(StepReportOf(0, sequence));
+    rank.acked_sequence = sequence;
+    m.progress.push_back(rank);
+    return m;
+  };
+  {
+    core::Mutation hello;
+    hello.ranks.push_back(rank);
+    ASSERT_NO_FATAL_FAILURE(apply(std::move(hello)));
+  }
+  ASSERT_NO_FATAL_FAILURE(apply(report(1)));
+  EXPECT_EQ(stored(), 0u) << "progress waits while its report is pending";
+  {
+    core::Mutation removal;
+    removal.pending_removed.push_back({"job", 0, 1, 1});
+    ASSERT_NO_FATAL_FAILURE(apply(std::move(removal)));
+  }
+  EXPECT_EQ(stored(), 1u) << "removed";
+
+  ASSERT_NO_FATAL_FAILURE(apply(report(2)));
+  {
+    core::Mutation decided;
+    decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {{"job", 0, 1, 2}}});
+    ASSERT_NO_FATAL_FAILURE(apply(std::move(decided)));
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while ((*store)->settling_reports() > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ((*store)->settling_reports(), 0u);
+  EXPECT_EQ(stored(), 2u) << "settled";
+
+  {
+    core::Mutation voided = report(3);
+    voided.pending_removed.push_back({"job", 0, 1, 3});
+    ASSERT_NO_FATAL_FAILURE(apply(std::move(voided)));
+  }
+  EXPECT_EQ(stored(), 3u) << "never written";
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  EXPECT_THAT(snap->pending, SizeIs(0));
+}
+
 TEST(SqliteStoreTest, ManyMutationsShareFewCommitsAndNotifyInOrder) {
   const std::string path = TempDb("group");
   auto store = SqliteStore::Open(path);
@@ -436,25 +509,19 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   const std::string path = TempDb("decided-crash");
   const std::string before = TempDb("decided-crash-before");
   core::FakeClock clock;
-  auto exec = [](const std::string& db_path, const std::string& sql) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(db_path.c_str(), &db), SQLITE_OK);
-    char* error = nullptr;
-    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
-    sqlite3_free(error);
-    sqlite3_close(db);
-  };
   ASSERT_NO_FATAL_FAILURE(IngestWeights(path, &clock, 0, 5));
   // The five reports, pending.
-  exec(path, absl::StrCat("VACUUM INTO '", before, "';"));
+  Exec(path, absl::StrCat("VACUUM INTO '", before, "';"));
   std::vector<core::Incident> incidents;
   ASSERT_NO_FATAL_FAILURE(IngestWeights(path, &clock, 5, 6, &incidents));
   ASSERT_THAT(incidents, SizeIs(1));
   // As if sdcd had stopped right after the decision's commit: its mark is
-  // there, and so are the reports it consumed.
-  exec(path, absl::StrCat("ATTACH '", before, "' AS before;"
+  // there, and so are the reports it consumed, and the ranks' rows do not
+  // have the progress those reports carry yet (Mutation::progress).
+  Exec(path, absl::StrCat("ATTACH '", before, "' AS before;"
                           "INSERT INTO pending_reports SELECT * FROM before.pending_reports;"
-                          "INSERT INTO decided_checks VALUES ('job', 0, 10, 'weights', 0);"));
+                          "INSERT INTO decided_checks VALUES ('job', 0, 10, 'weights', 0);"
+                          "UPDATE ranks SET acked_sequence = 0 WHERE rank < 5;"));
   auto store = SqliteStore::Open(path);
   ASSERT_TRUE(store.ok());
   {
@@ -467,8 +534,10 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   ASSERT_TRUE(c.Restore().ok());
   EXPECT_THAT(c.ListIncidents("job"), SizeIs(1));
   for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
-  // The check stays decided: a late report of it is refused.
-  core::Report late = WeightsOf(5, false);
+  // The check stays decided: a late report of it is refused (as a report,
+  // not as one that skips a sequence: rank 4's progress came from its
+  // marked report).
+  core::Report late = WeightsOf(4, false);
   late.sequence = 2;
   auto refused = c.Ingest(late);
   ASSERT_FALSE(refused.ok());
@@ -478,6 +547,77 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   ASSERT_TRUE(snap.ok());
   EXPECT_THAT(snap->pending, SizeIs(0));
   EXPECT_THAT(snap->decided, SizeIs(0));
+  // Written before the reports that carried it left.
+  ASSERT_THAT(snap->ranks, SizeIs(6));
+  for (const core::RankRecord& r : snap->ranks) {
+    EXPECT_EQ(r.acked_sequence, 1u) << "rank " << r.placement.rank;
+  }
+}
+
+// A report's commit does not rewrite its rank's row (the progress waits,
+// Mutation::progress). sdcd stopping before that row is written (a copy
+// of the database as it was then) loses nothing: the restore takes the
+// progress from the pending reports, so a resent report is a duplicate
+// and the next sequence is the one expected; the rows get the progress
+// before the reports leave.
+TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
+  const std::string path = TempDb("progress");
+  const std::string crashed = TempDb("progress-crashed");
+  core::FakeClock clock;
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Coordinator c({}, &clock, store->get());
+    ASSERT_TRUE(c.Restore().ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+    // Apart from the reports: a rank record that shares their commit is
+    // written with it.
+    (*store)->Drain();
+    for (core::Rank r = 0; r < 4; ++r) {
+      auto e = c.Ingest(WeightsOf(r, r == 3));
+      ASSERT_TRUE(e.ok());
+      ASSERT_TRUE((*store)->WaitDurable(e->ticket).ok());
+    }
+    Exec(path, absl::StrCat("VACUUM INTO '", crashed, "';"));
+  }
+  auto store = SqliteStore::Open(crashed);
+  ASSERT_TRUE(store.ok());
+  {
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    ASSERT_THAT(snap->pending, SizeIs(4));
+    ASSERT_THAT(snap->ranks, SizeIs(6));
+    for (const core::RankRecord& r : snap->ranks) EXPECT_EQ(r.acked_sequence, 0u);
+  }
+  core::Coordinator c({}, &clock, store->get());
+  ASSERT_TRUE(c.Restore().ok());
+  for (core::Rank r = 0; r < 6; ++r) {
+    auto attached = c.Attach(HelloOf(r));
+    ASSERT_TRUE(attached.ok());
+    EXPECT_EQ(attached->acked_sequence, r < 4 ? 1u : 0u) << "rank " << r;
+  }
+  auto dup = c.Ingest(WeightsOf(2, false));
+  ASSERT_TRUE(dup.ok());
+  EXPECT_TRUE(dup->duplicate);
+  core::Report skips = WeightsOf(1, false);
+  skips.sequence = 3;
+  EXPECT_EQ(c.Ingest(skips).status().code(), absl::StatusCode::kOutOfRange);
+  for (core::Rank r = 4; r < 6; ++r) ASSERT_TRUE(c.Ingest(WeightsOf(r, false)).ok());
+  auto incidents = c.ListIncidents("job");
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(3));
+  // Once the check's reports are gone, its ranks' rows hold their progress.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<core::Snapshot> snap;
+  do {
+    absl::SleepFor(absl::Milliseconds(5));
+    snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+  } while (!snap->pending.empty() && absl::Now() < give_up);
+  ASSERT_THAT(snap->pending, SizeIs(0));
+  for (const core::RankRecord& r : snap->ranks) {
+    EXPECT_EQ(r.acked_sequence, 1u) << "rank " << r.placement.rank;
+  }
 }
 
 }  // namespace

@@ -291,7 +291,8 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   if (absl::Status s = Apply(job, r, txn); !s.ok()) return s;
   if (!replaying_) {
     rank.acked_sequence = r.sequence;
-    txn.mutation.ranks.push_back(rank);
+    // The report is pending in this mutation: the store may write this later.
+    txn.mutation.progress.push_back(rank);
   }
   absl::StatusOr<Effects> effects = Commit(txn);
   if (effects.ok()) effects->acked_sequence = rank.acked_sequence;
@@ -1618,6 +1619,9 @@ absl::Status Coordinator::Restore() {
   for (const DecidedCheck& c : snap->decided) decided.insert(IdOf(c));
   Txn settle;
   settle.mutation.decided_cleared = snap->decided;
+  // A rank's stored record may predate its pending reports (the store
+  // writes progress late, Mutation::progress): they carry it.
+  absl::flat_hash_set<std::pair<std::string, Rank>> progressed;
   replaying_ = true;
   for (const Report& r : snap->pending) {
     auto it = jobs_.find(r.job_id);
@@ -1625,8 +1629,19 @@ absl::Status Coordinator::Restore() {
         !it->second.ranks[r.rank].has_value()) {
       continue;
     }
-    if (!decided.empty() &&
-        decided.contains(IdOf(CheckOf(r, RankOf(it->second, r.rank).placement.replica_group)))) {
+    RankRecord& rank = RankOf(it->second, r.rank);
+    const bool current = r.incarnation == rank.incarnation;
+    if (current) {
+      rank.acked_sequence = std::max(rank.acked_sequence, r.sequence);
+      progressed.insert({r.job_id, r.rank});
+    }
+    if (!decided.empty() && decided.contains(IdOf(CheckOf(r, rank.placement.replica_group)))) {
+      if (current && std::holds_alternative<StepReport>(r.body)) {
+        // What ApplyStepReport would have recorded.
+        if (!rank.has_last_step || r.step > rank.last_step) rank.last_step = r.step;
+        rank.has_last_step = true;
+        rank.resumed = false;
+      }
       settle.mutation.pending_removed.push_back(KeyOf(r));
       continue;
     }
@@ -1640,6 +1655,10 @@ absl::Status Coordinator::Restore() {
     }
   }
   replaying_ = false;
+  // Written before any of the reports that carry it leaves the store.
+  for (const auto& [job_id, r] : progressed) {
+    settle.mutation.progress.push_back(RankOf(jobs_.at(job_id), r));
+  }
   if (!settle.mutation.empty()) {
     if (absl::StatusOr<Effects> effects = Commit(settle); !effects.ok()) return effects.status();
   }

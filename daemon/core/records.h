@@ -160,6 +160,11 @@ struct DecidedCheck {
 struct Mutation {
   std::vector<JobRecord> jobs;
   std::vector<RankRecord> ranks;
+  // Rank records whose change is only progress that pending reports carry
+  // (acked_sequence; last_step, has_last_step and resumed from a step
+  // report). A store may write them later, but before it drops any of
+  // those reports: until then a restore derives the progress from them.
+  std::vector<RankRecord> progress;
   std::vector<GroupRecord> groups;
   std::vector<Report> pending_added;
   std::vector<PendingKey> pending_removed;
@@ -178,7 +183,8 @@ struct Mutation {
   std::vector<DecidedCheck> decided_cleared;
 
   bool empty() const {
-    return jobs.empty() && ranks.empty() && groups.empty() && pending_added.empty() &&
+    return jobs.empty() && ranks.empty() && progress.empty() && groups.empty() &&
+           pending_added.empty() &&
            pending_removed.empty() && incidents.empty() && requests.empty() &&
            suspects.empty() && suspects_removed.empty() && plans.empty() &&
            checkpoint_decisions.empty() && step_verdicts.empty() && rollbacks.empty() &&

@@ -28,6 +28,7 @@ absl::StatusOr<uint64_t> MemoryStore::Apply(Mutation m) {
   absl::MutexLock lock(&mu_);
   for (auto& r : m.jobs) jobs_[r.job_id] = std::move(r);
   for (auto& r : m.ranks) ranks_[{r.job_id, r.placement.rank}] = std::move(r);
+  for (auto& r : m.progress) ranks_[{r.job_id, r.placement.rank}] = std::move(r);
   for (auto& r : m.groups) groups_[{r.job_id, r.group}] = std::move(r);
   for (auto& r : m.pending_added) {
     PendingKeyTuple key{r.job_id, r.rank, r.incarnation, r.sequence};
