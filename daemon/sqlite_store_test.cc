@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,22 @@ void Exec(const std::string& path, const std::string& sql) {
   EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
   sqlite3_free(error);
   sqlite3_close(db);
+}
+
+// Loads `store` every 5 ms until `done` holds of the snapshot (the
+// writer removes decided reports while idle), for at most 30 s; returns
+// the last snapshot.
+core::Snapshot LoadWhen(SqliteStore& store, const std::function<bool(const core::Snapshot&)>& done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  core::Snapshot snap;
+  do {
+    absl::SleepFor(absl::Milliseconds(5));
+    absl::StatusOr<core::Snapshot> loaded = store.Load();
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    if (!loaded.ok()) break;
+    snap = *std::move(loaded);
+  } while (!done(snap) && absl::Now() < give_up);
+  return snap;
 }
 
 // A report of job "job" at step 10 (a step report; callers may change
@@ -230,16 +247,12 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
       ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
       if (!stop_at_once) {
         // 3,000 reports are three chunks of idle time.
-        const absl::Time give_up = absl::Now() + absl::Seconds(30);
-        absl::StatusOr<core::Snapshot> snap;
-        do {
-          absl::SleepFor(absl::Milliseconds(5));
-          snap = (*store)->Load();
-          ASSERT_TRUE(snap.ok());
-        } while ((snap->pending.size() > 1 || !snap->decided.empty()) && absl::Now() < give_up);
-        ASSERT_THAT(snap->pending, SizeIs(1));
-        EXPECT_EQ(snap->pending[0].rank, 7000u);
-        EXPECT_THAT(snap->decided, SizeIs(0));
+        const core::Snapshot snap = LoadWhen(**store, [](const core::Snapshot& s) {
+          return s.pending.size() <= 1 && s.decided.empty();
+        });
+        ASSERT_THAT(snap.pending, SizeIs(1));
+        EXPECT_EQ(snap.pending[0].rank, 7000u);
+        EXPECT_THAT(snap.decided, SizeIs(0));
         EXPECT_EQ((*store)->settling_reports(), 0u);
       }
     }
@@ -607,15 +620,11 @@ TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_THAT(incidents[0].ranks, ElementsAre(3));
   // Once the check's reports are gone, its ranks' rows hold their progress.
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  absl::StatusOr<core::Snapshot> snap;
-  do {
-    absl::SleepFor(absl::Milliseconds(5));
-    snap = (*store)->Load();
-    ASSERT_TRUE(snap.ok());
-  } while (!snap->pending.empty() && absl::Now() < give_up);
-  ASSERT_THAT(snap->pending, SizeIs(0));
-  for (const core::RankRecord& r : snap->ranks) {
+  const core::Snapshot snap =
+      LoadWhen(**store, [](const core::Snapshot& s) { return s.pending.empty(); });
+  ASSERT_THAT(snap.pending, SizeIs(0));
+  ASSERT_THAT(snap.ranks, SizeIs(6));
+  for (const core::RankRecord& r : snap.ranks) {
     EXPECT_EQ(r.acked_sequence, 1u) << "rank " << r.placement.rank;
   }
 }
