@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -16,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "daemon/batch_scope.h"
 #include "daemon/convert.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace sdc::daemon {
 namespace {
@@ -173,6 +175,26 @@ CREATE TABLE decided_checks (
   PRIMARY KEY (job_id, grp, step, check_kind, plan_id)
 ) WITHOUT ROWID;
 )sql",
+    // 5: pending reports as a log: one row per commit holds the reports it
+    // added (each with its arrival number), instead of a row per report: at
+    // 16,384 ranks a row insert and delete per report were most of the
+    // writer's work in a step. A report removed while its row stays has a
+    // tombstone. pending_reports keeps what an older sdcd wrote; nothing new
+    // goes there.
+    R"sql(
+CREATE TABLE report_log (
+  id INTEGER PRIMARY KEY,
+  reports BLOB NOT NULL
+);
+CREATE TABLE dropped_reports (
+  log_id INTEGER NOT NULL,
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  incarnation INTEGER NOT NULL,
+  sequence INTEGER NOT NULL,
+  PRIMARY KEY (log_id, job_id, rank, incarnation, sequence)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -218,6 +240,15 @@ class SqliteStatement {
   SqliteStatement& Blob(int i, const std::string& v) {
     sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
+  }
+  // `v` must outlive the statement's next Run or Reset.
+  SqliteStatement& StaticBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
   }
   // Runs a statement that returns no rows.
   absl::Status Run(const char* what) {
@@ -306,6 +337,89 @@ std::string LayoutBlob(const std::vector<std::string>& tensors) {
   return h.SerializeAsString();
 }
 
+// A report_log row's blob: per report, its arrival number (varint), the
+// length of its v1::Report (varint) and the report.
+void AppendVarint(std::string* out, uint64_t v) {
+  uint8_t buf[10];  // The longest varint of 64 bits.
+  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(v, buf);
+  out->append(reinterpret_cast<const char*>(buf), end - buf);
+}
+
+void AppendLogEntry(std::string* blob, int64_t arrival, absl::string_view report) {
+  AppendVarint(blob, static_cast<uint64_t>(arrival));
+  AppendVarint(blob, report.size());
+  blob->append(report.data(), report.size());
+}
+
+void AppendLogEntry(std::string* blob, int64_t arrival, const v1::Report& report) {
+  AppendVarint(blob, static_cast<uint64_t>(arrival));
+  const size_t size = report.ByteSizeLong();
+  AppendVarint(blob, size);
+  const size_t at = blob->size();
+  blob->resize(at + size);
+  report.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&(*blob)[at]));
+}
+
+// Calls `f(arrival, report bytes)` for each entry of a row's blob, in order.
+template <typename F>
+absl::Status ForEachLogEntry(const std::string& blob, F f) {
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(blob.data()),
+                                            static_cast<int>(blob.size()));
+  in.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  while (in.CurrentPosition() < static_cast<int>(blob.size())) {
+    uint64_t arrival = 0;
+    uint32_t size = 0;
+    if (!in.ReadVarint64(&arrival) || !in.ReadVarint32(&size) ||
+        blob.size() - in.CurrentPosition() < size) {
+      return absl::DataLossError("bad report_log row");
+    }
+    const absl::string_view report(blob.data() + in.CurrentPosition(), size);
+    if (absl::Status s = f(static_cast<int64_t>(arrival), report); !s.ok()) return s;
+    in.Skip(static_cast<int>(size));
+  }
+  return absl::OkStatus();
+}
+
+// Calls `f(row, arrival, report, dropped)` for every stored pending report:
+// rows of pending_reports (an older sdcd's; row 0) first, then those of
+// report_log (rows from 1), `dropped` if a tombstone says it was removed.
+template <typename F>
+absl::Status ForEachStoredReport(sqlite3* db, F f) {
+  {
+    Stmt s(db, "SELECT arrival, report FROM pending_reports ORDER BY arrival");
+    while (s.Next()) {
+      v1::Report r;
+      if (!r.ParseFromString(s.Bytes(1))) return absl::DataLossError("bad pending report row");
+      if (absl::Status st = f(0, s.Int(0), r, false); !st.ok()) return st;
+    }
+  }
+  using Key = std::tuple<int64_t, std::string, uint32_t, uint64_t, uint64_t>;
+  absl::flat_hash_set<Key> dropped;
+  {
+    Stmt s(db, "SELECT log_id, job_id, rank, incarnation, sequence FROM dropped_reports");
+    while (s.Next()) {
+      dropped.insert(Key(s.Int(0), s.Text(1), static_cast<uint32_t>(s.Int(2)),
+                         static_cast<uint64_t>(s.Int(3)), static_cast<uint64_t>(s.Int(4))));
+    }
+  }
+  Stmt s(db, "SELECT id, reports FROM report_log ORDER BY id");
+  while (s.Next()) {
+    const int64_t row = s.Int(0);
+    absl::Status st = ForEachLogEntry(s.Bytes(1), [&](int64_t arrival, absl::string_view bytes) {
+      v1::Report r;
+      if (!r.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        return absl::DataLossError(absl::StrCat("bad report in report_log row ", row));
+      }
+      const bool gone =
+          !dropped.empty() &&
+          dropped.contains(Key(row, r.job_id(), r.rank(), r.incarnation(), r.sequence()));
+      return f(row, arrival, r, gone);
+    });
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path) {
@@ -345,15 +459,20 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
     sqlite3_close(db);
     return s;
   }
-  return std::unique_ptr<SqliteStore>(new SqliteStore(db, path));
+  std::unique_ptr<SqliteStore> store(new SqliteStore(db, path));
+  {
+    absl::MutexLock lock(&store->write_mu_);
+    if (absl::Status s = store->IndexReports(); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("database ", path, ": ", s.message()));
+    }
+  }
+  store->Start();
+  return store;
 }
 
-SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {
-  {
-    absl::MutexLock lock(&write_mu_);
-    Stmt s(db_, "SELECT COALESCE(MAX(arrival), 0) FROM pending_reports");
-    if (s.Next()) next_arrival_ = s.Int(0) + 1;
-  }
+SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+
+void SqliteStore::Start() {
   // Named for top -H and perf.
   writer_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sdc-store");
@@ -370,8 +489,8 @@ SqliteStore::~SqliteStore() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  writer_.join();
-  notifier_.join();
+  if (writer_.joinable()) writer_.join();
+  if (notifier_.joinable()) notifier_.join();
   sqlite3_close(db_);
 }
 
@@ -447,29 +566,30 @@ void SqliteStore::WriterMain() {
   while (true) {
     std::deque<std::pair<uint64_t, core::Mutation>> batch;
     bool stopping = false;
+    // Rows to delete, marks to clear, rows to compact: a pause in the
+    // writes is the time for them.
+    const absl::Duration settle_after = SettleDelay();
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || !queue_.empty();
       };
-      // Decided checks' reports still to remove: a pause in the writes is
-      // the time to remove some.
-      if (settling_.empty() || !failed_.ok()) {
+      if (settle_after == absl::InfiniteDuration() || !failed_.ok()) {
         mu_.Await(absl::Condition(&ready));
       } else {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), kSettleIdle);
+        mu_.AwaitWithTimeout(absl::Condition(&ready), settle_after);
       }
       stopping = queue_.empty() && stop_;
       batch.swap(queue_);
     }
     if (batch.empty()) {
-      // Idle, or stopping (then everything left: a clean database).
+      // Idle, or stopping (then everything that can go: a clean database).
       absl::Status status;
       if (stopping) {
         // Progress too, so that the rank rows are current.
         absl::MutexLock lock(&write_mu_);
-        status = Commit(nullptr, settling_reports(), /*all_progress=*/true);
-      } else if (!settling_.empty()) {
+        status = Commit(nullptr, std::numeric_limits<size_t>::max(), /*all_progress=*/true);
+      } else if (settle_after != absl::InfiniteDuration()) {
         absl::MutexLock lock(&write_mu_);
         status = Commit(nullptr, kSettleChunk);
       }
@@ -477,7 +597,6 @@ void SqliteStore::WriterMain() {
       if (!status.ok()) {
         // What is left stays marked; a restore removes it.
         failed_ = WritesStopped(status);
-        settling_.clear();
         settling_reports_.store(0, std::memory_order_relaxed);
       }
       if (stopping) {
@@ -492,13 +611,6 @@ void SqliteStore::WriterMain() {
       core::Mutation m = Coalesce(batch);
       // Far behind on removals (no pause long enough): some go along.
       status = Commit(&m, settling_reports() > kSettleBacklog ? kSettleChunk : 0);
-      if (status.ok()) {
-        for (core::DecidedCheck& d : m.decided) {
-          if (d.reports.empty()) continue;
-          settling_reports_.fetch_add(d.reports.size(), std::memory_order_relaxed);
-          settling_.push_back({std::move(d), 0});
-        }
-      }
     }
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
@@ -516,7 +628,7 @@ void SqliteStore::WriterMain() {
   }
 }
 
-absl::Status SqliteStore::Commit(const core::Mutation* m, size_t settle, bool all_progress) {
+absl::Status SqliteStore::Commit(core::Mutation* m, size_t settle, bool all_progress) {
   absl::Status status = Exec(db_, "BEGIN IMMEDIATE;");
   if (status.ok() && m != nullptr) status = Write(*m);
   if (status.ok() && settle > 0) status = Settle(settle);
@@ -647,7 +759,7 @@ internal::SqliteStatement& SqliteStore::Prepared(const char* sql) {
   return *stmt;
 }
 
-absl::Status SqliteStore::Write(const core::Mutation& m) {
+absl::Status SqliteStore::Write(core::Mutation& m) {
   for (const auto& j : m.jobs) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO jobs VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
     s.Bind(1, j.job_id).Bind(2, j.world_size).Bind(3, j.audit_every);
@@ -659,7 +771,10 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
     auto of_job = dirty_.find(r.job_id);
     if (of_job != dirty_.end()) of_job->second.erase(r.placement.rank);
   }
-  for (const auto& r : m.progress) dirty_[r.job_id][r.placement.rank] = r;
+  for (auto& r : m.progress) {
+    auto& of_job = dirty_[r.job_id];
+    of_job[r.placement.rank] = std::move(r);
+  }
   for (const auto& g : m.groups) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO replica_groups VALUES (?1, ?2, ?3, ?4, ?5)");
     s.Bind(1, g.job_id).Bind(2, g.group).Blob(3, LayoutBlob(g.weight_tensors));
@@ -667,15 +782,7 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
     if (absl::Status st = s.Run("writing a replica group"); !st.ok()) return st;
   }
   if (!m.pending_added.empty()) {
-    Stmt& s = Prepared(
-           "INSERT OR REPLACE INTO pending_reports "
-           "(job_id, rank, incarnation, sequence, arrival, report) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
-    for (const auto& r : m.pending_added) {
-      s.Bind(1, r.job_id).Bind(2, r.rank).Bind(3, static_cast<int64_t>(r.incarnation));
-      s.Bind(4, static_cast<int64_t>(r.sequence)).Bind(5, next_arrival_++);
-      s.Blob(6, ToProto(r).SerializeAsString());
-      if (absl::Status st = s.Run("writing a report"); !st.ok()) return st;
-    }
+    if (absl::Status st = AppendReports(m.pending_added); !st.ok()) return st;
   }
   for (const auto& k : m.pending_removed) {
     if (absl::Status st = RemovePending(k); !st.ok()) return st;
@@ -688,6 +795,24 @@ absl::Status SqliteStore::Write(const core::Mutation& m) {
     s.Bind(1, d.job_id).Bind(2, d.group).Bind(3, static_cast<int64_t>(d.step));
     s.Bind(4, core::CheckKindName(d.check)).Bind(5, static_cast<int64_t>(d.plan_id));
     if (absl::Status st = s.Run("marking a decided check"); !st.ok()) return st;
+    const uint64_t id = next_settling_++;
+    Settling& settling = settling_[id];
+    settling.check = {d.job_id, d.group, d.step, d.check, d.plan_id, {}};
+    for (const core::PendingKey& k : d.reports) {
+      const std::optional<int64_t> row = Forget(k);
+      if (!row.has_value()) continue;
+      if (*row == kLegacyRow) {
+        legacy_.emplace_back(id, k);
+        ++settling.rows_left;
+        continue;
+      }
+      std::vector<uint64_t>& checks = rows_.at(*row).checks;
+      if (checks.empty() || checks.back() != id) {
+        checks.push_back(id);
+        ++settling.rows_left;
+      }
+    }
+    if (settling.rows_left == 0) clearable_.push_back(id);
   }
   for (const auto& d : m.decided_cleared) {
     if (absl::Status st = ClearMark(d); !st.ok()) return st;
@@ -805,15 +930,164 @@ absl::Status SqliteStore::WriteAllProgress() {
   return absl::OkStatus();
 }
 
-absl::Status SqliteStore::RemovePending(const core::PendingKey& k) {
-  // The rank's progress may rest on this report (Mutation::progress).
-  if (absl::Status st = WriteProgress(k.job_id, k.rank); !st.ok()) return st;
+absl::Status SqliteStore::AppendReports(const std::vector<core::Report>& reports) {
+  const int64_t id = next_row_++;
+  LogRow& row = rows_[id];
+  row.written = absl::Now();
+  row.reports.reserve(reports.size());
+  // A report whose key is pending already replaces it, as a row per report
+  // did (INSERT OR REPLACE); the coordinator adds none.
+  std::vector<bool> replaced;  // By a later one of this commit.
+  for (uint32_t i = 0; i < reports.size(); ++i) {
+    const core::Report& r = reports[i];
+    auto [it, fresh] = located_.try_emplace(ReportKey(r.job_id, r.rank, r.incarnation, r.sequence),
+                                            Location{id, i});
+    if (!fresh && it->second.row == id) {
+      replaced.resize(reports.size());
+      replaced[it->second.index] = true;
+      it->second.index = i;
+      continue;
+    }
+    if (!fresh) {
+      // From an earlier commit: dropped (which forgets it), then held here.
+      if (absl::Status st = RemovePending({r.job_id, r.rank, r.incarnation, r.sequence});
+          !st.ok()) {
+        return st;
+      }
+      located_.emplace(ReportKey(r.job_id, r.rank, r.incarnation, r.sequence), Location{id, i});
+    }
+    ++row.live;
+  }
+  std::string blob;
+  for (uint32_t i = 0; i < reports.size(); ++i) {
+    if (!replaced.empty() && replaced[i]) continue;
+    const core::Report& r = reports[i];
+    AppendLogEntry(&blob, next_arrival_++, ToProto(r));
+    row.reports.push_back({r.job_id, r.rank, r.incarnation, r.sequence});
+  }
+  Stmt& s = Prepared("INSERT INTO report_log (id, reports) VALUES (?1, ?2)");
+  s.Bind(1, id).StaticBlob(2, blob);
+  return s.Run("writing reports");
+}
+
+std::optional<int64_t> SqliteStore::Forget(const core::PendingKey& k) {
+  auto it = located_.find(ReportKey(k.job_id, k.rank, k.incarnation, k.sequence));
+  if (it == located_.end()) return std::nullopt;
+  const int64_t row = it->second.row;
+  located_.erase(it);
+  settling_reports_.fetch_add(1, std::memory_order_relaxed);
+  if (row != kLegacyRow && --rows_.at(row).live == 0) spent_.push_back(row);
+  return row;
+}
+
+absl::Status SqliteStore::DeleteLegacy(const core::PendingKey& k) {
   Stmt& s = Prepared(
       "DELETE FROM pending_reports WHERE job_id = ?1 AND rank = ?2 AND incarnation = ?3 "
       "AND sequence = ?4");
   s.Bind(1, k.job_id).Bind(2, k.rank).Bind(3, static_cast<int64_t>(k.incarnation));
   s.Bind(4, static_cast<int64_t>(k.sequence));
-  return s.Run("removing a report");
+  if (absl::Status st = s.Run("removing a report"); !st.ok()) return st;
+  settling_reports_.fetch_sub(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::RemovePending(const core::PendingKey& k) {
+  // The rank's progress may rest on this report (Mutation::progress).
+  if (absl::Status st = WriteProgress(k.job_id, k.rank); !st.ok()) return st;
+  const std::optional<int64_t> row = Forget(k);
+  if (!row.has_value()) return absl::OkStatus();
+  if (*row == kLegacyRow) return DeleteLegacy(k);
+  // Its row goes when none of its reports is pending; until then a restore
+  // skips this one.
+  Stmt& s = Prepared("INSERT OR REPLACE INTO dropped_reports VALUES (?1, ?2, ?3, ?4, ?5)");
+  s.Bind(1, *row).Bind(2, k.job_id).Bind(3, k.rank).Bind(4, static_cast<int64_t>(k.incarnation));
+  s.Bind(5, static_cast<int64_t>(k.sequence));
+  rows_.at(*row).tombstones = true;
+  return s.Run("dropping a report");
+}
+
+absl::Status SqliteStore::DeleteRow(int64_t id) {
+  auto it = rows_.find(id);
+  const LogRow& row = it->second;
+  // The progress of a rank may rest on reports of this row.
+  for (const core::PendingKey& k : row.reports) {
+    if (absl::Status st = WriteProgress(k.job_id, k.rank); !st.ok()) return st;
+  }
+  Stmt& s = Prepared("DELETE FROM report_log WHERE id = ?1");
+  s.Bind(1, id);
+  if (absl::Status st = s.Run("removing reports"); !st.ok()) return st;
+  if (row.tombstones) {
+    Stmt& t = Prepared("DELETE FROM dropped_reports WHERE log_id = ?1");
+    t.Bind(1, id);
+    if (absl::Status st = t.Run("removing tombstones"); !st.ok()) return st;
+  }
+  settling_reports_.fetch_sub(row.reports.size() - row.live, std::memory_order_relaxed);
+  for (uint64_t check : row.checks) {
+    auto settling = settling_.find(check);
+    if (settling != settling_.end() && --settling->second.rows_left == 0) {
+      clearable_.push_back(check);
+    }
+  }
+  rows_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::Compact(absl::Time before, size_t limit) {
+  std::vector<int64_t> old;
+  size_t moving = 0;
+  for (const auto& [id, row] : rows_) {
+    if (row.written >= before || moving >= limit) break;
+    if (row.live == 0 || row.live == row.reports.size()) continue;
+    old.push_back(id);
+    moving += row.live;
+  }
+  if (old.empty()) return absl::OkStatus();
+  const int64_t id = next_row_++;
+  LogRow fresh;
+  fresh.written = absl::Now();
+  fresh.reports.reserve(moving);
+  std::string blob;
+  Stmt& read = Prepared("SELECT reports FROM report_log WHERE id = ?1");
+  for (int64_t from : old) {
+    read.Bind(1, from);
+    if (!read.Next()) {
+      read.Reset();
+      return absl::DataLossError(absl::StrCat("report_log row ", from, " is missing"));
+    }
+    const std::string stored = read.Bytes(0);
+    read.Reset();
+    const LogRow& row = rows_.at(from);
+    size_t i = 0;
+    absl::Status parsed =
+        ForEachLogEntry(stored, [&](int64_t arrival, absl::string_view report) -> absl::Status {
+          if (i >= row.reports.size()) return absl::DataLossError("report_log row too long");
+          const core::PendingKey& k = row.reports[i++];
+          auto it = located_.find(ReportKey(k.job_id, k.rank, k.incarnation, k.sequence));
+          if (it == located_.end() || it->second.row != from) return absl::OkStatus();
+          it->second = {id, static_cast<uint32_t>(fresh.reports.size())};
+          AppendLogEntry(&blob, arrival, report);  // Its arrival stays.
+          fresh.reports.push_back(k);
+          ++fresh.live;
+          return absl::OkStatus();
+        });
+    if (!parsed.ok()) return parsed;
+  }
+  Stmt& s = Prepared("INSERT INTO report_log (id, reports) VALUES (?1, ?2)");
+  s.Bind(1, id).StaticBlob(2, blob);
+  if (absl::Status st = s.Run("compacting reports"); !st.ok()) return st;
+  rows_[id] = std::move(fresh);
+  for (int64_t from : old) {
+    if (absl::Status st = DeleteRow(from); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration SqliteStore::SettleDelay() const {
+  if (!spent_.empty() || !legacy_.empty() || !clearable_.empty()) return kSettleIdle;
+  if (rows_.empty()) return absl::InfiniteDuration();
+  // The oldest row may hold removed reports among pending ones.
+  const absl::Time due = std::max(next_compaction_, rows_.begin()->second.written + kCompactAfter);
+  return std::max(kSettleIdle, due - absl::Now());
 }
 
 absl::Status SqliteStore::ClearMark(const core::DecidedCheck& d) {
@@ -826,16 +1100,64 @@ absl::Status SqliteStore::ClearMark(const core::DecidedCheck& d) {
 }
 
 absl::Status SqliteStore::Settle(size_t limit) {
-  while (limit > 0 && !settling_.empty()) {
-    Settling& front = settling_.front();
-    const std::vector<core::PendingKey>& reports = front.check.reports;
-    for (; front.next < reports.size() && limit > 0; ++front.next, --limit) {
-      if (absl::Status st = RemovePending(reports[front.next]); !st.ok()) return st;
-    }
-    if (front.next < reports.size()) break;
-    if (absl::Status st = ClearMark(front.check); !st.ok()) return st;
-    settling_reports_.fetch_sub(reports.size(), std::memory_order_relaxed);
-    settling_.pop_front();
+  size_t work = 0;
+  while (!spent_.empty() && work < limit) {
+    const int64_t id = spent_.front();
+    work += rows_.at(id).reports.size();
+    if (absl::Status st = DeleteRow(id); !st.ok()) return st;
+    spent_.pop_front();
+  }
+  while (!legacy_.empty() && work < limit) {
+    const auto& [check, k] = legacy_.front();
+    if (absl::Status st = WriteProgress(k.job_id, k.rank); !st.ok()) return st;
+    if (absl::Status st = DeleteLegacy(k); !st.ok()) return st;
+    if (--settling_.at(check).rows_left == 0) clearable_.push_back(check);
+    legacy_.pop_front();
+    ++work;
+  }
+  const absl::Time now = absl::Now();
+  if (work < limit && now >= next_compaction_) {
+    next_compaction_ = now + kCompactAfter;
+    if (absl::Status st = Compact(now - kCompactAfter, limit - work); !st.ok()) return st;
+  }
+  for (uint64_t check : clearable_) {
+    auto it = settling_.find(check);
+    if (absl::Status st = ClearMark(it->second.check); !st.ok()) return st;
+    settling_.erase(it);
+  }
+  clearable_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::IndexReports() {
+  absl::Status st = ForEachStoredReport(
+      db_, [&](int64_t id, int64_t arrival, const v1::Report& r, bool dropped) -> absl::Status {
+        next_arrival_ = std::max(next_arrival_, arrival + 1);
+        ReportKey key(r.job_id(), r.rank(), r.incarnation(), r.sequence());
+        if (id == kLegacyRow) {
+          located_[std::move(key)] = {kLegacyRow, 0};
+          return absl::OkStatus();
+        }
+        auto [it, fresh] = rows_.try_emplace(id);
+        LogRow& row = it->second;
+        if (fresh) {
+          row.written = absl::Now();
+          next_row_ = std::max(next_row_, id + 1);
+        }
+        if (dropped) {
+          row.tombstones = true;
+          settling_reports_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          located_[std::move(key)] = {id, static_cast<uint32_t>(row.reports.size())};
+          ++row.live;
+        }
+        row.reports.push_back({r.job_id(), r.rank(), r.incarnation(), r.sequence()});
+        return absl::OkStatus();
+      });
+  if (!st.ok()) return st;
+  // Rows whose reports were all removed (stopped before deleting them).
+  for (const auto& [id, row] : rows_) {
+    if (row.live == 0) spent_.push_back(id);
   }
   return absl::OkStatus();
 }
@@ -878,14 +1200,22 @@ absl::StatusOr<core::Snapshot> SqliteStore::Load() {
     }
   }
   {
-    Stmt s(db_, "SELECT report FROM pending_reports ORDER BY arrival");
-    while (s.Next()) {
-      v1::Report r;
-      if (!r.ParseFromString(s.Bytes(0))) return absl::DataLossError("bad pending report row");
-      absl::StatusOr<core::Report> c = FromProto(r);
-      if (!c.ok()) return absl::DataLossError(c.status().message());
-      snap.pending.push_back(*std::move(c));
-    }
+    // In arrival order: a compacted row holds reports older than its
+    // neighbours'.
+    std::vector<std::pair<int64_t, core::Report>> pending;
+    absl::Status st = ForEachStoredReport(
+        db_, [&](int64_t, int64_t arrival, const v1::Report& r, bool dropped) -> absl::Status {
+          if (dropped) return absl::OkStatus();
+          absl::StatusOr<core::Report> c = FromProto(r);
+          if (!c.ok()) return absl::DataLossError(c.status().message());
+          pending.emplace_back(arrival, *std::move(c));
+          return absl::OkStatus();
+        });
+    if (!st.ok()) return st;
+    std::stable_sort(pending.begin(), pending.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    snap.pending.reserve(pending.size());
+    for (auto& [arrival, r] : pending) snap.pending.push_back(std::move(r));
   }
   {
     Stmt s(db_, "SELECT body FROM incidents ORDER BY id");

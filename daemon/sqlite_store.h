@@ -23,8 +23,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -65,25 +67,54 @@ class SqliteStore : public core::Store {
   uint64_t file_bytes() const;
   // Commits made so far (each may hold many mutations).
   uint64_t commits() const;
-  // Reports of decided checks not yet removed (see Settle).
+  // Reports no longer pending but still stored: removed with their log
+  // row when it has none pending left (see Settle).
   size_t settling_reports() const { return settling_reports_.load(std::memory_order_relaxed); }
 
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
  private:
   SqliteStore(sqlite3* db, std::string path);
+  // Starts the writer and notifier threads (after IndexReports).
+  void Start();
   void WriterMain();
   void NotifierMain();
-  absl::Status Write(const core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Takes the progress records out of `m`.
+  absl::Status Write(core::Mutation& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // One transaction: `m` (if any), then up to `settle` decided checks'
   // reports removed, then, with `all_progress`, every rank's progress.
-  absl::Status Commit(const core::Mutation* m, size_t settle, bool all_progress = false)
+  absl::Status Commit(core::Mutation* m, size_t settle, bool all_progress = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // Removes up to `limit` reports of decided checks, oldest check first,
-  // and the mark of each check whose reports are all gone.
+  // Deletes log rows whose reports are all removed and removes the
+  // schema-4 rows of decided checks, about `limit` rows of work (a rank
+  // row written counts as one), then clears the mark of each decided check
+  // whose reports are all gone.
   absl::Status Settle(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // Removes a pending report, after writing its rank's progress.
+  // Appends the reports to the log as one row.
+  absl::Status AppendReports(const std::vector<core::Report>& reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // A pending report removed on its own (not by a decided check's mark):
+  // after writing its rank's progress, a tombstone if its log row stays,
+  // the row itself if it is a schema-4 one.
   absl::Status RemovePending(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Forgets where a report is stored: one fewer live report in its row,
+  // which is spent (deleted when idle) once none is left. Returns the row
+  // (kLegacyRow: a schema-4 row, still to delete), or nullopt if the report
+  // is not stored.
+  std::optional<int64_t> Forget(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // How long a pause in the writes must last before Settle has something
+  // to do (rows to delete, schema-4 rows to remove, marks to clear, rows
+  // to compact); infinite if nothing will come due.
+  absl::Duration SettleDelay() const;
+  // Deletes a schema-4 row of a report no longer pending.
+  absl::Status DeleteLegacy(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Reads where each stored report is (at Open).
+  absl::Status IndexReports() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Deletes a row with no pending report, after its ranks' progress.
+  absl::Status DeleteRow(int64_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Moves the pending reports of rows written before `before` that also
+  // hold removed ones into one new row, up to about `limit` reports.
+  absl::Status Compact(absl::Time before, size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status WriteRank(const core::RankRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Writes the rank's progress if it is waiting (dirty_), or nothing.
   absl::Status WriteProgress(absl::string_view job_id, core::Rank rank)
@@ -99,29 +130,70 @@ class SqliteStore : public core::Store {
   absl::Mutex write_mu_;  // Serializes use of db_ (writer thread and Load).
   std::map<const char*, std::unique_ptr<internal::SqliteStatement>> statements_
       ABSL_GUARDED_BY(write_mu_);
-  // The next pending report's `arrival` (restore order): one past the
-  // largest in the database when it opened.
-  int64_t next_arrival_ ABSL_GUARDED_BY(write_mu_) = 1;
   // Rank records whose only change is progress (core::Mutation::progress),
   // not written yet, by job and rank: each is written before the first of
-  // its rank's pending reports leaves the database (RemovePending), and
-  // all when the store stops. Until then those reports carry it, and a
+  // its rank's pending reports leaves the database (its log row deleted, a
+  // tombstone written, a schema-4 row removed), and all when the store
+  // stops. Until then those reports carry it, and a
   // restore derives it from them. At 16,384 ranks this keeps 16,384 row
   // updates a step out of the commits that acknowledgements wait for.
   absl::flat_hash_map<std::string, absl::flat_hash_map<core::Rank, core::RankRecord>> dirty_
       ABSL_GUARDED_BY(write_mu_);
 
-  // Decided checks whose reports are still in the database (marked in
-  // decided_checks), oldest first, and how many reports they hold: removed
-  // a chunk at a time when no write came for kSettleIdle, out of the
-  // verdicts' commits (an audit of 16,384 ranks is 32,768 reports, about
-  // 60 ms of deletions). Writer thread only.
-  struct Settling {
-    core::DecidedCheck check;
-    size_t next = 0;  // Reports before it are removed.
+  // Pending reports (schema 5): one row of `report_log` per commit holds
+  // every report that commit added, so a report costs a share of one insert
+  // and one delete instead of a B-tree insert and delete of its own. A row
+  // is deleted when none of its reports is pending any more: they were
+  // consumed by decided checks (whose marks stay until then) or removed one
+  // by one (each a tombstone in `dropped_reports` until then). A row that a
+  // few reports keep (a replica group waiting for a late rank, up to the
+  // report deadline) is compacted: those reports move to a new row with
+  // their arrival numbers, and the old row goes. Rows of `pending_reports`
+  // that an older sdcd wrote (kLegacyRow) are read too and deleted one by
+  // one. Writer thread only (and Open, before it runs).
+  static constexpr int64_t kLegacyRow = 0;
+  using ReportKey = std::tuple<std::string, core::Rank, uint64_t, uint64_t>;
+  struct Location {
+    int64_t row = kLegacyRow;
+    uint32_t index = 0;  // In the row.
   };
-  std::deque<Settling> settling_;
-  // The reports they hold; changed by the writer only, read for metrics.
+  absl::flat_hash_map<ReportKey, Location> located_;
+  struct LogRow {
+    std::vector<core::PendingKey> reports;  // In the row's order, removed ones too.
+    size_t live = 0;                        // Still pending.
+    bool tombstones = false;                // Some in dropped_reports.
+    absl::Time written;
+    std::vector<uint64_t> checks;  // Settling checks that wait for it.
+  };
+  std::map<int64_t, LogRow> rows_;
+  int64_t next_row_ = 1;
+  // The next report's arrival number (restore order), kept across rows.
+  int64_t next_arrival_ = 1;
+  // Rows with no pending report, oldest first: deleted when the writer is
+  // idle, after the progress of every rank they hold is written.
+  std::deque<int64_t> spent_;
+  // Rows that hold removed reports among pending ones move those to a new
+  // row once this old; Settle looks for them at most this often.
+  static constexpr absl::Duration kCompactAfter = absl::Seconds(1);
+  // Decided checks whose reports may still be stored (marked in
+  // decided_checks), by a number of their own, with how many rows (log rows
+  // that held their reports, and schema-4 rows) are still there: the mark
+  // goes once none is. Removal waits for a pause in the writes, out of the
+  // verdicts' commits (an audit of 16,384 ranks consumes 32,768 reports).
+  struct Settling {
+    core::DecidedCheck check;  // Without its reports.
+    size_t rows_left = 0;
+  };
+  absl::flat_hash_map<uint64_t, Settling> settling_;
+  uint64_t next_settling_ = 1;
+  // Schema-4 rows of decided checks, oldest first, with their check.
+  std::deque<std::pair<uint64_t, core::PendingKey>> legacy_;
+  // Checks whose rows are all gone: their marks are cleared next.
+  std::vector<uint64_t> clearable_;
+  // When Settle looks for rows to compact next.
+  absl::Time next_compaction_ = absl::InfinitePast();
+  // Removed reports still stored (in rows not deleted yet, or schema-4
+  // rows); changed by the writer only, read for metrics.
   std::atomic<size_t> settling_reports_{0};
   static constexpr absl::Duration kSettleIdle = absl::Milliseconds(2);
   static constexpr size_t kSettleChunk = 1024;

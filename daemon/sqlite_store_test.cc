@@ -8,7 +8,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/convert.h"
 #include "daemon/core/coordinator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -37,6 +39,22 @@ void Exec(const std::string& path, const std::string& sql) {
   EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
   sqlite3_free(error);
   sqlite3_close(db);
+}
+
+// The single integer `sql` selects from the database at `path`.
+int64_t Count(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  int64_t n = -1;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    n = sqlite3_column_int64(stmt, 0);
+  }
+  EXPECT_NE(n, -1) << sql << ": " << sqlite3_errmsg(db);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return n;
 }
 
 // Loads `store` every 5 ms until `done` holds of the snapshot (the
@@ -233,10 +251,17 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
     {
       auto store = SqliteStore::Open(path);
       ASSERT_TRUE(store.ok());
+      auto apply = [&](core::Mutation m) {
+        auto ticket = (*store)->Apply(std::move(m));
+        ASSERT_TRUE(ticket.ok());
+        ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+      };
+      core::Mutation other;
+      other.pending_added.push_back(StepReportOf(7000, 1));  // Not of the check: stays.
+      ASSERT_NO_FATAL_FAILURE(apply(std::move(other)));
       core::Mutation added;
       for (core::Rank r = 0; r < 3000; ++r) added.pending_added.push_back(StepReportOf(r, 1));
-      added.pending_added.push_back(StepReportOf(7000, 1));  // Not of the check: stays.
-      ASSERT_TRUE((*store)->Apply(std::move(added)).ok());
+      ASSERT_NO_FATAL_FAILURE(apply(std::move(added)));
       core::Mutation decided;
       decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
       for (core::Rank r = 0; r < 3000; ++r) {
@@ -246,7 +271,7 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
       ASSERT_TRUE(ticket.ok());
       ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
       if (!stop_at_once) {
-        // 3,000 reports are three chunks of idle time.
+        // Their log row goes when the writer is idle.
         const core::Snapshot snap = LoadWhen(**store, [](const core::Snapshot& s) {
           return s.pending.size() <= 1 && s.decided.empty();
         });
@@ -421,28 +446,175 @@ TEST(SqliteStoreTest, CoalescedCommitsLeaveWhatEachMutationWould) {
   EXPECT_EQ(kept, expected);
 }
 
-// Schema 2 kept pending reports in a rowid table numbered by arrival;
-// schema 3 keys them by report and keeps `arrival` as a column. A database
-// of schema 2 with pending reports migrates, and restore keeps their order.
-TEST(SqliteStoreTest, PendingReportsKeepTheirOrderThroughMigration3) {
-  const std::string path = TempDb("migration3");
+// Applies `m` and waits until it is durable.
+void ApplyDurably(SqliteStore& store, core::Mutation m) {
+  auto ticket = store.Apply(std::move(m));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE(store.WaitDurable(*ticket).ok());
+}
+
+std::vector<core::Rank> RanksOf(const std::vector<core::Report>& reports) {
+  std::vector<core::Rank> ranks;
+  for (const core::Report& r : reports) ranks.push_back(r.rank);
+  return ranks;
+}
+
+// Pending reports are a log (schema 5): the reports of one commit share
+// one row, which goes once none of them is pending. One removed before
+// that has a tombstone: a reopened store does not return it, and its
+// rank's progress was written first.
+TEST(SqliteStoreTest, ACommitsReportsShareOneLogRow) {
+  const std::string path = TempDb("log");
   {
     auto store = SqliteStore::Open(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    core::Mutation m;
-    // Arrival order differs from key order.
-    for (core::Rank rank : {5u, 1u, 3u}) m.pending_added.push_back(StepReportOf(rank, 1));
-    auto ticket = (*store)->Apply(std::move(m));
-    ASSERT_TRUE(ticket.ok());
-    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+    ASSERT_TRUE(store.ok());
+    core::RankRecord rank{"job", {1, "node-0", 1, "GPU-1", 0}, 1, 0, false, 0, false};
+    core::Mutation hello;
+    hello.ranks.push_back(rank);
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(hello)));
+    core::Mutation added;
+    for (core::Rank r = 0; r < 100; ++r) added.pending_added.push_back(StepReportOf(r, 1));
+    rank.acked_sequence = 1;
+    added.progress.push_back(rank);
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(added)));
+    EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM report_log"), 1);
+    EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM pending_reports"), 0);
+
+    core::Mutation removal;
+    removal.pending_removed.push_back({"job", 1, 1, 1});
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(removal)));
+    EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM report_log"), 1);
+    EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM dropped_reports"), 1);
+    EXPECT_EQ((*store)->settling_reports(), 1u);
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    EXPECT_THAT(snap->pending, SizeIs(99));
+    ASSERT_THAT(snap->ranks, SizeIs(1));
+    EXPECT_EQ(snap->ranks[0].acked_sequence, 1u);
   }
-  // Put the database back as schema 2 had it, with the same rows (and
-  // without the tables later schemas added).
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  ASSERT_EQ(sqlite3_exec(db, R"sql(
-CREATE TABLE v2 (
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  {
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    ASSERT_THAT(snap->pending, SizeIs(99));
+    for (const core::Report& r : snap->pending) EXPECT_NE(r.rank, 1u);
+    EXPECT_EQ((*store)->settling_reports(), 1u);
+  }
+  core::Mutation decided;
+  decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
+  for (core::Rank r = 0; r < 100; ++r) {
+    if (r != 1) decided.decided.back().reports.push_back({"job", r, 1, 1});
+  }
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(decided)));
+  const core::Snapshot snap = LoadWhen(**store, [](const core::Snapshot& s) {
+    return s.pending.empty() && s.decided.empty();
+  });
+  EXPECT_THAT(snap.pending, SizeIs(0));
+  EXPECT_THAT(snap.decided, SizeIs(0));
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM report_log"), 0);
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM dropped_reports"), 0);
+  EXPECT_EQ((*store)->settling_reports(), 0u);
+}
+
+// A report added while one with its key is pending replaces it, whether
+// that one is in an earlier commit or earlier in the same one (the
+// coordinator adds neither; a row per report behaved so).
+TEST(SqliteStoreTest, AReportAddedAgainReplacesThePendingOne) {
+  const std::string path = TempDb("replaced");
+  auto at_step = [](core::Rank rank, core::Step step) {
+    core::Report r = StepReportOf(rank, 1);
+    r.step = step;
+    return r;
+  };
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Mutation first;
+    first.pending_added = {at_step(0, 10), at_step(1, 10)};
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(first)));
+    core::Mutation second;
+    second.pending_added = {at_step(2, 10), at_step(0, 11), at_step(2, 12)};
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(second)));
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  std::vector<std::pair<core::Rank, core::Step>> pending;
+  for (const core::Report& r : snap->pending) pending.emplace_back(r.rank, r.step);
+  EXPECT_THAT(pending, ElementsAre(std::make_pair(1u, 10u), std::make_pair(0u, 11u),
+                                   std::make_pair(2u, 12u)));
+}
+
+// A row that a few pending reports keep (their check waits for a late
+// rank) while the rest of it is spent is compacted after a second: those
+// reports move to a new row, in their arrival order still, and the old
+// row goes, and with it the mark of the check decided meanwhile.
+TEST(SqliteStoreTest, ARowThatAFewReportsKeepIsCompacted) {
+  const std::string path = TempDb("compacted");
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Mutation first;
+    for (core::Rank r = 0; r < 50; ++r) first.pending_added.push_back(StepReportOf(r, 1));
+    first.pending_added.push_back(StepReportOf(100, 1));  // Of a check still open.
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(first)));
+    core::Mutation second;
+    second.pending_added.push_back(StepReportOf(101, 1));
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(second)));
+    core::Mutation decided;
+    decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
+    for (core::Rank r = 0; r < 50; ++r) decided.decided.back().reports.push_back({"job", r, 1, 1});
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(decided)));
+    {
+      auto snap = (*store)->Load();
+      ASSERT_TRUE(snap.ok());
+      EXPECT_THAT(snap->pending, SizeIs(52)) << "the row stays for rank 100's report";
+      EXPECT_THAT(snap->decided, SizeIs(1));
+      EXPECT_EQ((*store)->settling_reports(), 50u);
+    }
+    const absl::Time decided_at = absl::Now();
+    const core::Snapshot snap = LoadWhen(**store, [](const core::Snapshot& s) {
+      return s.pending.size() == 2 && s.decided.empty();
+    });
+    EXPECT_GE(absl::Now() - decided_at, absl::Milliseconds(500));
+    EXPECT_THAT(RanksOf(snap.pending), ElementsAre(100, 101));
+    EXPECT_THAT(snap.decided, SizeIs(0));
+    EXPECT_EQ((*store)->settling_reports(), 0u);
+    EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM report_log"), 2);
+    EXPECT_EQ(Count(path, "SELECT MIN(id) FROM report_log"), 2) << "the first row went";
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  EXPECT_THAT(RanksOf(snap->pending), ElementsAre(100, 101));
+  // Removable where they moved to.
+  core::Mutation removal;
+  removal.pending_removed.push_back({"job", 100, 1, 1});
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(removal)));
+  auto after = (*store)->Load();
+  ASSERT_TRUE(after.ok());
+  EXPECT_THAT(RanksOf(after->pending), ElementsAre(101));
+}
+
+// Schema 2 kept pending reports in a rowid table numbered by arrival,
+// schemas 3 and 4 in a table keyed by report with `arrival` a column, and
+// schema 5 in a log (report_log). A database of schema 2 with pending
+// reports migrates; its reports are restored first, in their order, and
+// leave one by one: removed, or consumed by a decided check.
+TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
+  const std::string path = TempDb("migration");
+  { ASSERT_TRUE(SqliteStore::Open(path).ok()); }
+  // The database as schema 2 had it, with three pending reports whose
+  // arrival order is not their key order.
+  std::string sql = R"sql(
+DROP TABLE report_log;
+DROP TABLE dropped_reports;
+DROP TABLE decided_checks;
+DROP TABLE pending_reports;
+CREATE TABLE pending_reports (
   arrival INTEGER PRIMARY KEY AUTOINCREMENT,
   job_id TEXT NOT NULL,
   rank INTEGER NOT NULL,
@@ -451,14 +623,16 @@ CREATE TABLE v2 (
   report BLOB NOT NULL,
   UNIQUE (job_id, rank, incarnation, sequence)
 );
-INSERT INTO v2 SELECT arrival + 40, job_id, rank, incarnation, sequence, report
-  FROM pending_reports;
-DROP TABLE pending_reports;
-ALTER TABLE v2 RENAME TO pending_reports;
-DROP TABLE decided_checks;
 UPDATE schema_version SET version = 2;
-)sql", nullptr, nullptr, &error), SQLITE_OK) << error;
-  sqlite3_close(db);
+)sql";
+  int arrival = 41;
+  for (core::Rank rank : {5u, 1u, 3u}) {
+    absl::StrAppend(&sql, "INSERT INTO pending_reports VALUES (", arrival++, ", 'job', ", rank,
+                    ", 1, 1, X'",
+                    absl::BytesToHexString(ToProto(StepReportOf(rank, 1)).SerializeAsString()),
+                    "');");
+  }
+  Exec(path, sql);
 
   auto store = SqliteStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -466,14 +640,21 @@ UPDATE schema_version SET version = 2;
   core::Mutation m;
   m.pending_added.push_back(StepReportOf(0, 1));
   m.pending_removed.push_back({"job", 1, 1, 1});
-  auto ticket = (*store)->Apply(std::move(m));
-  ASSERT_TRUE(ticket.ok());
-  ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(m)));
   auto snap = (*store)->Load();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  std::vector<core::Rank> order;
-  for (const core::Report& r : snap->pending) order.push_back(r.rank);
-  EXPECT_THAT(order, ElementsAre(5, 3, 0));
+  EXPECT_THAT(RanksOf(snap->pending), ElementsAre(5, 3, 0));
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM pending_reports"), 2);
+
+  core::Mutation decided;
+  decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {{"job", 5, 1, 1}}});
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(decided)));
+  const core::Snapshot after = LoadWhen(**store, [](const core::Snapshot& s) {
+    return s.pending.size() == 2 && s.decided.empty();
+  });
+  EXPECT_THAT(RanksOf(after.pending), ElementsAre(3, 0));
+  EXPECT_THAT(after.decided, SizeIs(0));
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM pending_reports"), 1);
 }
 
 TEST(SqliteStoreTest, RefusesADatabaseFromANewerSdcd) {
@@ -532,7 +713,7 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   // there, and so are the reports it consumed, and the ranks' rows do not
   // have the progress those reports carry yet (Mutation::progress).
   Exec(path, absl::StrCat("ATTACH '", before, "' AS before;"
-                          "INSERT INTO pending_reports SELECT * FROM before.pending_reports;"
+                          "INSERT INTO report_log SELECT * FROM before.report_log;"
                           "INSERT INTO decided_checks VALUES ('job', 0, 10, 'weights', 0);"
                           "UPDATE ranks SET acked_sequence = 0 WHERE rank < 5;"));
   auto store = SqliteStore::Open(path);

@@ -66,6 +66,7 @@ TEST(ClusterScenarioTest, CoordinatorKilledMidRunLosesNoReport) {
                      "SELECT COUNT(*) FROM step_verdicts WHERE check_kind = 'nonfinite' AND "
                      "complete = 1 AND failed = 0"),
             24) << "a complete check-1 verdict for every step, across the crash";
+  EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM report_log"), 0);
   EXPECT_EQ(SqlCount(r->db, "SELECT COUNT(*) FROM pending_reports"), 0);
   // The fault after the restart is still caught and attributed.
   ASSERT_EQ(r->incidents.size(), 1u);

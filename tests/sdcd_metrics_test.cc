@@ -90,9 +90,10 @@ TEST(SdcdMetricsTest, ExpositionPassesPromtool) {
     // Every check of the workload is decided: nothing of it is left.
     RunResult rows = testing::Run(
         {"sqlite3", "-readonly", (*sdcd)->db(),
+         "SELECT COUNT(*) FROM report_log; SELECT COUNT(*) FROM dropped_reports; "
          "SELECT COUNT(*) FROM pending_reports; SELECT COUNT(*) FROM decided_checks;"});
     EXPECT_EQ(rows.exit_code, 0) << rows.output;
-    EXPECT_EQ(rows.output, "0\n0\n");
+    EXPECT_EQ(rows.output, "0\n0\n0\n0\n");
   }
   std::ofstream(dir + "/metrics.txt") << *body;
   RunResult check = testing::Run({"sh", "-c", absl::StrCat("promtool check metrics < ", dir, "/metrics.txt")});
