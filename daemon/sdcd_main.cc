@@ -279,8 +279,8 @@ int Main(int argc, char** argv) {
                     .Add({});
   auto& settling = metrics::BuildGauge()
                        .Name("sdc_store_settling_reports")
-                       .Help("Reports of decided checks still in the database, removed when "
-                             "the store is idle.")
+                       .Help("Reports no longer pending but still in the database, removed "
+                             "with their log row when the store is idle.")
                        .Register(registry)
                        .Add({});
   auto& commits = metrics::BuildGauge()
