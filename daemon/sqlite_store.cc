@@ -422,7 +422,8 @@ absl::Status ForEachStoredReport(sqlite3* db, F f) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
+                                                               SqliteStoreOptions options) {
   sqlite3* db = nullptr;
   // SQLite's memory statistics take a process-wide mutex on every
   // allocation it makes, and sdcd reads none of them. Only possible before
@@ -459,7 +460,7 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
     sqlite3_close(db);
     return s;
   }
-  std::unique_ptr<SqliteStore> store(new SqliteStore(db, path));
+  std::unique_ptr<SqliteStore> store(new SqliteStore(db, path, options));
   {
     absl::MutexLock lock(&store->write_mu_);
     if (absl::Status s = store->IndexReports(); !s.ok()) {
@@ -470,7 +471,8 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
   return store;
 }
 
-SqliteStore::SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+SqliteStore::SqliteStore(sqlite3* db, std::string path, SqliteStoreOptions options)
+    : db_(db), path_(std::move(path)), options_(options) {}
 
 void SqliteStore::Start() {
   // Named for top -H and perf.
@@ -1086,7 +1088,8 @@ absl::Duration SqliteStore::SettleDelay() const {
   if (!spent_.empty() || !legacy_.empty() || !clearable_.empty()) return kSettleIdle;
   if (rows_.empty()) return absl::InfiniteDuration();
   // The oldest row may hold removed reports among pending ones.
-  const absl::Time due = std::max(next_compaction_, rows_.begin()->second.written + kCompactAfter);
+  const absl::Time due =
+      std::max(next_compaction_, rows_.begin()->second.written + options_.compact_after);
   return std::max(kSettleIdle, due - absl::Now());
 }
 
@@ -1117,8 +1120,8 @@ absl::Status SqliteStore::Settle(size_t limit) {
   }
   const absl::Time now = absl::Now();
   if (work < limit && now >= next_compaction_) {
-    next_compaction_ = now + kCompactAfter;
-    if (absl::Status st = Compact(now - kCompactAfter, limit - work); !st.ok()) return st;
+    next_compaction_ = now + options_.compact_after;
+    if (absl::Status st = Compact(now - options_.compact_after, limit - work); !st.ok()) return st;
   }
   for (uint64_t check : clearable_) {
     auto it = settling_.find(check);

@@ -44,10 +44,18 @@ namespace internal {
 class SqliteStatement;
 }  // namespace internal
 
+struct SqliteStoreOptions {
+  // A log row that holds removed reports among pending ones moves those to
+  // a new row once this old; the writer looks for such rows at most this
+  // often. Tests shorten it.
+  absl::Duration compact_after = absl::Seconds(1);
+};
+
 class SqliteStore : public core::Store {
  public:
   // Opens (creating if needed) the database at `path` and migrates it.
-  static absl::StatusOr<std::unique_ptr<SqliteStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<SqliteStore>> Open(const std::string& path,
+                                                           SqliteStoreOptions options = {});
   ~SqliteStore() override;
 
   absl::StatusOr<core::Snapshot> Load() override;
@@ -74,7 +82,7 @@ class SqliteStore : public core::Store {
   static constexpr int kSchemaVersion = 5;
 
  private:
-  SqliteStore(sqlite3* db, std::string path);
+  SqliteStore(sqlite3* db, std::string path, SqliteStoreOptions options);
   // Starts the writer and notifier threads (after IndexReports).
   void Start();
   void WriterMain();
@@ -172,9 +180,7 @@ class SqliteStore : public core::Store {
   // Rows with no pending report, oldest first: deleted when the writer is
   // idle, after the progress of every rank they hold is written.
   std::deque<int64_t> spent_;
-  // Rows that hold removed reports among pending ones move those to a new
-  // row once this old; Settle looks for them at most this often.
-  static constexpr absl::Duration kCompactAfter = absl::Seconds(1);
+  const SqliteStoreOptions options_;
   // Decided checks whose reports may still be stored (marked in
   // decided_checks), by a number of their own, with how many rows (log rows
   // that held their reports, and schema-4 rows) are still there: the mark

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <random>
+#include <set>
 #include <string>
 
 #include "absl/strings/escaping.h"
@@ -597,6 +599,125 @@ TEST(SqliteStoreTest, ARowThatAFewReportsKeepIsCompacted) {
   auto after = (*store)->Load();
   ASSERT_TRUE(after.ok());
   EXPECT_THAT(RanksOf(after->pending), ElementsAre(101));
+}
+
+// The log's bookkeeping (rows, tombstones, marks, compaction) against the
+// in-memory store, over random adds, re-adds, removals, decisions,
+// reopens and crashes (a copy of the live database), with compaction
+// after 1 ms so that it runs often. After each change the pending reports
+// a restore would see (those of a marked check skipped, as Restore skips
+// them) are the model's, in the model's order.
+TEST(SqliteStoreTest, TheLogKeepsWhatTheMemoryStoreKeeps) {
+  std::string path = TempDb("log-model");
+  SqliteStoreOptions options;
+  options.compact_after = absl::Milliseconds(1);
+  auto store = SqliteStore::Open(path, options);
+  ASSERT_TRUE(store.ok());
+  core::MemoryStore model;
+  std::mt19937 random(20261203);
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(random); };
+  std::vector<uint64_t> next_sequence(24, 1);
+  core::Step next_step = 1;  // A report's step names its check here.
+  std::vector<core::Step> open_steps;
+  auto pending_of = [](const core::Snapshot& s) {
+    std::vector<std::tuple<core::Rank, uint64_t, core::Step>> keys;
+    for (const core::Report& r : s.pending) keys.emplace_back(r.rank, r.sequence, r.step);
+    return keys;
+  };
+  auto restorable = [](core::Snapshot s) {
+    std::set<core::Step> marked;
+    for (const core::DecidedCheck& d : s.decided) marked.insert(d.step);
+    s.pending.erase(std::remove_if(s.pending.begin(), s.pending.end(),
+                                   [&](const core::Report& r) { return marked.count(r.step) > 0; }),
+                    s.pending.end());
+    return s;
+  };
+  auto both = [&](const core::Mutation& m) {
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, m));
+    ASSERT_TRUE(model.Apply(m).ok());
+  };
+  for (int round = 0; round < 600; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    auto expected = model.Load();
+    ASSERT_TRUE(expected.ok());
+    const size_t op = pick(100);
+    core::Mutation m;
+    if (op < 40 || expected->pending.empty()) {
+      // A commit of 1 - 6 reports, some of a new check; sometimes one
+      // again with the key of a pending one (it replaces it).
+      if (open_steps.empty() || pick(4) == 0) open_steps.push_back(next_step++);
+      for (size_t n = 1 + pick(6); n > 0; --n) {
+        const core::Rank rank = static_cast<core::Rank>(pick(next_sequence.size()));
+        core::Report r = StepReportOf(rank, next_sequence[rank]++);
+        r.step = open_steps[pick(open_steps.size())];
+        m.pending_added.push_back(r);
+      }
+      if (!expected->pending.empty() && pick(8) == 0) {
+        core::Report again = expected->pending[pick(expected->pending.size())];
+        m.pending_added.push_back(again);
+      }
+    } else if (op < 60) {
+      for (size_t n = 1 + pick(3); n > 0 && !expected->pending.empty(); --n) {
+        const core::Report& r = expected->pending[pick(expected->pending.size())];
+        m.pending_removed.push_back({r.job_id, r.rank, r.incarnation, r.sequence});
+      }
+    } else if (op < 85) {
+      // A check decided: every pending report of one step.
+      const core::Step step = open_steps.empty() ? expected->pending[0].step
+                                                 : open_steps[pick(open_steps.size())];
+      open_steps.erase(std::remove(open_steps.begin(), open_steps.end(), step), open_steps.end());
+      m.decided.push_back({"job", 0, step, core::CheckKind::kNonFinite, 0, {}});
+      for (const core::Report& r : expected->pending) {
+        if (r.step == step) m.decided.back().reports.push_back({"job", r.rank, 1, r.sequence});
+      }
+    } else if (op < 92) {
+      absl::SleepFor(absl::Milliseconds(3));  // Idle: rows go, rows compact.
+    } else {
+      // sdcd stops (cleanly), or is killed: a copy of the database as it
+      // is; the restore removes the reports of marked checks and clears
+      // the marks, as Coordinator::Restore does.
+      const bool killed = op >= 96;
+      const std::string copy = TempDb(absl::StrCat("log-model-", round));
+      if (killed) Exec(path, absl::StrCat("VACUUM INTO '", copy, "';"));
+      store->reset();
+      store = SqliteStore::Open(killed ? copy : path, options);
+      ASSERT_TRUE(store.ok());
+      auto loaded = (*store)->Load();
+      ASSERT_TRUE(loaded.ok());
+      core::Mutation settle;
+      settle.decided_cleared = loaded->decided;
+      std::set<core::Step> marked;
+      for (const core::DecidedCheck& d : loaded->decided) marked.insert(d.step);
+      for (const core::Report& r : loaded->pending) {
+        if (marked.count(r.step) > 0) settle.pending_removed.push_back({"job", r.rank, 1, r.sequence});
+      }
+      ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(settle)));
+      if (killed) path = copy;
+    }
+    if (!m.empty()) ASSERT_NO_FATAL_FAILURE(both(m));
+    auto want = model.Load();
+    auto got = (*store)->Load();
+    ASSERT_TRUE(want.ok());
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(pending_of(restorable(*std::move(got))), pending_of(*want));
+  }
+  // Everything decided: nothing is left once the writer was idle.
+  auto last = model.Load();
+  ASSERT_TRUE(last.ok());
+  core::Mutation all;
+  for (const core::Report& r : last->pending) {
+    all.pending_removed.push_back({r.job_id, r.rank, r.incarnation, r.sequence});
+  }
+  ASSERT_NO_FATAL_FAILURE(both(all));
+  const core::Snapshot snap = LoadWhen(**store, [&](const core::Snapshot& s) {
+    return s.pending.empty() && s.decided.empty() && (*store)->settling_reports() == 0;
+  });
+  EXPECT_THAT(snap.pending, SizeIs(0));
+  EXPECT_THAT(snap.decided, SizeIs(0));
+  EXPECT_EQ((*store)->settling_reports(), 0u);
+  store->reset();
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM report_log"), 0);
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM dropped_reports"), 0);
 }
 
 // Schema 2 kept pending reports in a rowid table numbered by arrival,
