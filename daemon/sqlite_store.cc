@@ -337,6 +337,10 @@ std::string LayoutBlob(const std::vector<std::string>& tensors) {
   return h.SerializeAsString();
 }
 
+core::PendingKey PendingKeyOf(const core::Report& r) {
+  return {r.job_id, r.rank, r.incarnation, r.sequence};
+}
+
 // A report_log row's blob: per report, its arrival number (varint), the
 // length of its v1::Report (varint) and the report.
 void AppendVarint(std::string* out, uint64_t v) {
@@ -942,8 +946,7 @@ absl::Status SqliteStore::AppendReports(const std::vector<core::Report>& reports
   std::vector<bool> replaced;  // By a later one of this commit.
   for (uint32_t i = 0; i < reports.size(); ++i) {
     const core::Report& r = reports[i];
-    auto [it, fresh] = located_.try_emplace(ReportKey(r.job_id, r.rank, r.incarnation, r.sequence),
-                                            Location{id, i});
+    auto [it, fresh] = located_.try_emplace(KeyOf(r), Location{id, i});
     if (!fresh && it->second.row == id) {
       replaced.resize(reports.size());
       replaced[it->second.index] = true;
@@ -952,11 +955,8 @@ absl::Status SqliteStore::AppendReports(const std::vector<core::Report>& reports
     }
     if (!fresh) {
       // From an earlier commit: dropped (which forgets it), then held here.
-      if (absl::Status st = RemovePending({r.job_id, r.rank, r.incarnation, r.sequence});
-          !st.ok()) {
-        return st;
-      }
-      located_.emplace(ReportKey(r.job_id, r.rank, r.incarnation, r.sequence), Location{id, i});
+      if (absl::Status st = RemovePending(PendingKeyOf(r)); !st.ok()) return st;
+      located_.emplace(KeyOf(r), Location{id, i});
     }
     ++row.live;
   }
@@ -965,15 +965,19 @@ absl::Status SqliteStore::AppendReports(const std::vector<core::Report>& reports
     if (!replaced.empty() && replaced[i]) continue;
     const core::Report& r = reports[i];
     AppendLogEntry(&blob, next_arrival_++, ToProto(r));
-    row.reports.push_back({r.job_id, r.rank, r.incarnation, r.sequence});
+    row.reports.push_back(PendingKeyOf(r));
   }
+  return InsertRow(id, blob);
+}
+
+absl::Status SqliteStore::InsertRow(int64_t id, const std::string& blob) {
   Stmt& s = Prepared("INSERT INTO report_log (id, reports) VALUES (?1, ?2)");
   s.Bind(1, id).StaticBlob(2, blob);
   return s.Run("writing reports");
 }
 
 std::optional<int64_t> SqliteStore::Forget(const core::PendingKey& k) {
-  auto it = located_.find(ReportKey(k.job_id, k.rank, k.incarnation, k.sequence));
+  auto it = located_.find(KeyOf(k));
   if (it == located_.end()) return std::nullopt;
   const int64_t row = it->second.row;
   located_.erase(it);
@@ -1064,7 +1068,7 @@ absl::Status SqliteStore::Compact(absl::Time before, size_t limit) {
         ForEachLogEntry(stored, [&](int64_t arrival, absl::string_view report) -> absl::Status {
           if (i >= row.reports.size()) return absl::DataLossError("report_log row too long");
           const core::PendingKey& k = row.reports[i++];
-          auto it = located_.find(ReportKey(k.job_id, k.rank, k.incarnation, k.sequence));
+          auto it = located_.find(KeyOf(k));
           if (it == located_.end() || it->second.row != from) return absl::OkStatus();
           it->second = {id, static_cast<uint32_t>(fresh.reports.size())};
           AppendLogEntry(&blob, arrival, report);  // Its arrival stays.
@@ -1074,9 +1078,7 @@ absl::Status SqliteStore::Compact(absl::Time before, size_t limit) {
         });
     if (!parsed.ok()) return parsed;
   }
-  Stmt& s = Prepared("INSERT INTO report_log (id, reports) VALUES (?1, ?2)");
-  s.Bind(1, id).StaticBlob(2, blob);
-  if (absl::Status st = s.Run("compacting reports"); !st.ok()) return st;
+  if (absl::Status st = InsertRow(id, blob); !st.ok()) return st;
   rows_[id] = std::move(fresh);
   for (int64_t from : old) {
     if (absl::Status st = DeleteRow(from); !st.ok()) return st;

@@ -116,6 +116,9 @@ class SqliteStore : public core::Store {
   absl::Duration SettleDelay() const;
   // Deletes a schema-4 row of a report no longer pending.
   absl::Status DeleteLegacy(const core::PendingKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Inserts a report_log row.
+  absl::Status InsertRow(int64_t id, const std::string& blob)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Reads where each stored report is (at Open).
   absl::Status IndexReports() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Deletes a row with no pending report, after its ranks' progress.
@@ -161,6 +164,11 @@ class SqliteStore : public core::Store {
   // one. Writer thread only (and Open, before it runs).
   static constexpr int64_t kLegacyRow = 0;
   using ReportKey = std::tuple<std::string, core::Rank, uint64_t, uint64_t>;
+  // Of a core::Report or a core::PendingKey.
+  template <typename T>
+  static ReportKey KeyOf(const T& r) {
+    return ReportKey(r.job_id, r.rank, r.incarnation, r.sequence);
+  }
   struct Location {
     int64_t row = kLegacyRow;
     uint32_t index = 0;  // In the row.
