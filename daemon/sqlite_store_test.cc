@@ -75,6 +75,13 @@ core::Snapshot LoadWhen(SqliteStore& store, const std::function<bool(const core:
   return snap;
 }
 
+// Applies `m` and waits until it is durable.
+void ApplyDurably(SqliteStore& store, core::Mutation m) {
+  auto ticket = store.Apply(std::move(m));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE(store.WaitDurable(*ticket).ok());
+}
+
 // A report of job "job" at step 10 (a step report; callers may change
 // its body).
 core::Report StepReportOf(core::Rank rank, uint64_t sequence) {
@@ -253,17 +260,12 @@ TEST(SqliteStoreTest, DecidedChecksReportsLeaveAfterTheirCommit) {
     {
       auto store = SqliteStore::Open(path);
       ASSERT_TRUE(store.ok());
-      auto apply = [&](core::Mutation m) {
-        auto ticket = (*store)->Apply(std::move(m));
-        ASSERT_TRUE(ticket.ok());
-        ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
-      };
       core::Mutation other;
       other.pending_added.push_back(StepReportOf(7000, 1));  // Not of the check: stays.
-      ASSERT_NO_FATAL_FAILURE(apply(std::move(other)));
+      ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(other)));
       core::Mutation added;
       for (core::Rank r = 0; r < 3000; ++r) added.pending_added.push_back(StepReportOf(r, 1));
-      ASSERT_NO_FATAL_FAILURE(apply(std::move(added)));
+      ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(added)));
       core::Mutation decided;
       decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {}});
       for (core::Rank r = 0; r < 3000; ++r) {
@@ -301,11 +303,6 @@ TEST(SqliteStoreTest, ProgressIsWrittenBeforeTheReportsThatCarryItLeave) {
   auto store = SqliteStore::Open(path);
   ASSERT_TRUE(store.ok());
   core::RankRecord rank{"job", {0, "node-0", 0, "GPU-0", 0}, 1, 0, false, 0, false};
-  auto apply = [&](core::Mutation m) {
-    auto ticket = (*store)->Apply(std::move(m));
-    ASSERT_TRUE(ticket.ok());
-    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
-  };
   auto stored = [&]() -> uint64_t {
     auto snap = (*store)->Load();
     EXPECT_TRUE(snap.ok());
@@ -321,22 +318,22 @@ TEST(SqliteStoreTest, ProgressIsWrittenBeforeTheReportsThatCarryItLeave) {
   {
     core::Mutation hello;
     hello.ranks.push_back(rank);
-    ASSERT_NO_FATAL_FAILURE(apply(std::move(hello)));
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(hello)));
   }
-  ASSERT_NO_FATAL_FAILURE(apply(report(1)));
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, report(1)));
   EXPECT_EQ(stored(), 0u) << "progress waits while its report is pending";
   {
     core::Mutation removal;
     removal.pending_removed.push_back({"job", 0, 1, 1});
-    ASSERT_NO_FATAL_FAILURE(apply(std::move(removal)));
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(removal)));
   }
   EXPECT_EQ(stored(), 1u) << "removed";
 
-  ASSERT_NO_FATAL_FAILURE(apply(report(2)));
+  ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, report(2)));
   {
     core::Mutation decided;
     decided.decided.push_back({"job", 0, 10, core::CheckKind::kNonFinite, 0, {{"job", 0, 1, 2}}});
-    ASSERT_NO_FATAL_FAILURE(apply(std::move(decided)));
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(decided)));
   }
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while ((*store)->settling_reports() > 0 && absl::Now() < give_up) {
@@ -348,7 +345,7 @@ TEST(SqliteStoreTest, ProgressIsWrittenBeforeTheReportsThatCarryItLeave) {
   {
     core::Mutation voided = report(3);
     voided.pending_removed.push_back({"job", 0, 1, 3});
-    ASSERT_NO_FATAL_FAILURE(apply(std::move(voided)));
+    ASSERT_NO_FATAL_FAILURE(ApplyDurably(**store, std::move(voided)));
   }
   EXPECT_EQ(stored(), 3u) << "never written";
   auto snap = (*store)->Load();
@@ -446,13 +443,6 @@ TEST(SqliteStoreTest, CoalescedCommitsLeaveWhatEachMutationWould) {
     if (i % 7 == 0 || i == kMutations - 1) expected.push_back(i);
   }
   EXPECT_EQ(kept, expected);
-}
-
-// Applies `m` and waits until it is durable.
-void ApplyDurably(SqliteStore& store, core::Mutation m) {
-  auto ticket = store.Apply(std::move(m));
-  ASSERT_TRUE(ticket.ok()) << ticket.status();
-  ASSERT_TRUE(store.WaitDurable(*ticket).ok());
 }
 
 std::vector<core::Rank> RanksOf(const std::vector<core::Report>& reports) {
