@@ -12,11 +12,23 @@ PACKAGES=(
   bazel-bootstrap bazel-platforms bazel-rules-java
   g++ clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libtorch-dev libgloo-dev
+  libabsl-dev
   libgtest-dev libgmock-dev
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev libgoogle-perftools-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
+  python3-venv python3-dev python3-pip
 )
+
+# PyTorch, pinned: the CUDA-enabled Linux wheel (with its nvidia-* CUDA
+# libraries), into a virtual environment the project owns. Every C++ target
+# builds against it (third_party/torch), the Python package is built for it
+# and its tests run in it. 2.11.0 is what the GPU machine the project is
+# sometimes lent has preinstalled (2.11.0+cu130), so what is built here runs
+# there.
+TORCH_VERSION=2.11.0
+PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0")
+SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
+VENV="$SDC_CACHE/venv"
 
 BENCHMARKS="kernels core daemon overhead detection"
 
@@ -31,8 +43,8 @@ missing_packages() {
   done
 }
 
-# Installs what is missing; silent when everything is present.
-setup() {
+# Installs the missing Debian packages; silent when everything is present.
+setup_packages() {
   local missing
   missing=$(missing_packages)
   [[ -z "$missing" ]] && return 0
@@ -52,10 +64,43 @@ setup() {
   [[ -z "$missing" ]] || die "still missing after install: $(echo $missing)"
 }
 
+# Everything the project needs on this machine; silent when it is there.
+setup() {
+  setup_packages
+  setup_venv
+}
+
+# True when the virtual environment holds exactly the pinned packages.
+venv_ready() {
+  [[ -x "$VENV/bin/python3" ]] || return 1
+  local spec name want have
+  for spec in "${PYTHON_PACKAGES[@]}"; do
+    name=${spec%%==*}
+    want=${spec#*==}
+    have=$("$VENV/bin/python3" -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null) || return 1
+    [[ "$have" == "$want" || "$have" == "$want+"* ]] || return 1
+  done
+}
+
+# Makes the virtual environment and installs the pinned Python packages;
+# silent when they are there. Debian's python3 (not whatever python3 is
+# first on PATH), so the environment matches python3-dev's headers.
+setup_venv() {
+  venv_ready && return 0
+  log "installing torch $TORCH_VERSION (CUDA wheel, about 4 GB with its CUDA libraries) into $VENV"
+  if [[ ! -x "$VENV/bin/python3" ]]; then
+    /usr/bin/python3 -m venv "$VENV" || die "could not create the virtual environment $VENV"
+  fi
+  "$VENV/bin/python3" -m pip install --quiet --disable-pip-version-check --no-input \
+    "${PYTHON_PACKAGES[@]}" || die "pip install failed for: ${PYTHON_PACKAGES[*]}"
+  venv_ready || die "$VENV still lacks one of: ${PYTHON_PACKAGES[*]}"
+}
+
 # Flags every Bazel call shares: the disk cache lets a fresh clone (CI) reuse
 # compiled actions from an earlier build on the same machine.
 bazel_flags() {
-  local flags=("--disk_cache=${SDC_BAZEL_DISK_CACHE:-$HOME/.cache/sdc-guard/bazel-disk}")
+  local flags=("--disk_cache=${SDC_BAZEL_DISK_CACHE:-$SDC_CACHE/bazel-disk}"
+    "--repo_env=SDC_VENV=$VENV")
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
     flags+=("--define=sdc_cuda=1")
   fi
@@ -177,7 +222,7 @@ usage: ./sdc COMMAND [ARGS]
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection
   build [BAZEL ARGS]   install what is missing and build everything
   fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
-  setup                install the Debian packages the project needs
+  setup                install the Debian packages and the pinned torch the project needs
 TXT
 }
 

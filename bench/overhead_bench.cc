@@ -1,6 +1,6 @@
 // ./sdc bench overhead: what sdc-guard costs a training step. Six CPU
 // processes (3 nodes x 2 GPUs, Gloo) train the demo's transformer in three
-// loops per round: unguarded (a plain flat all-reduce and norm clipping, as a
+// loops per round: unguarded (a plain flat all-reduce, no clipping, as a
 // DDP loop without sdc-guard), unguarded plus the guard's agreement exchange
 // alone (12 int64, MAX, run the guard's way: what that one collective per
 // step costs on this machine), and guarded (weight check every 10 steps,

@@ -6,15 +6,13 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "kernels/cuda.h"
-
-#ifdef SDC_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#endif
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda.h"
 
 namespace sdc::client {
 namespace {
@@ -48,19 +46,13 @@ absl::Status Unreadable(const torch::Device& device) {
 // the trainer's own next kernel on it would go.
 template <typename Kernel>
 absl::Status OnCudaDevice(const torch::Device& device, Kernel kernel) {
-#ifdef SDC_TORCH_CUDA
   const c10::cuda::CUDAGuard current(device.index());  // The kernels allocate on the current device.
   return kernel(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-#else
-  return Unreadable(device);
-#endif
 }
 
-#ifdef SDC_TORCH_CUDA
 at::Generator CudaGenerator(const torch::Device& device) {
   return at::cuda::detail::getDefaultCUDAGenerator(device.index());
 }
-#endif
 
 // Runs a kernel over `dense`, one call per device: `arg` makes each tensor's
 // kernel argument, `cpu(args, results)` and `cuda(args, results, stream)`
@@ -105,18 +97,10 @@ void SetState(at::Generator gen, const torch::Tensor& state) {
 
 }  // namespace
 
-bool TorchCudaBuilt() {
-#ifdef SDC_TORCH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 absl::Status CheckDevice(const torch::Device& device) {
   if (device.is_cpu()) return absl::OkStatus();
   if (!device.is_cuda()) return absl::UnimplementedError("sdc-guard checks CPU and CUDA tensors only");
-#ifdef SDC_TORCH_CUDA
+  // The kernels first: a build without nvcc has none, whatever torch has.
   if (absl::Status s = kernels::CudaAvailable(); !s.ok()) return s;
   // Deterministic algorithms (on for every audited micro-batch) make cuBLAS
   // raise without a fixed workspace configuration.
@@ -128,11 +112,6 @@ absl::Status CheckDevice(const torch::Device& device) {
         "run with deterministic algorithms, which cuBLAS refuses otherwise");
   }
   return absl::OkStatus();
-#else
-  return absl::UnimplementedError(
-      "this build of sdc-guard checks CPU tensors only; the CUDA path builds against a "
-      "CUDA-enabled libtorch with --define=sdc_torch_cuda=1 (docs/ARCHITECTURE.md)");
-#endif
 }
 
 absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t) {
@@ -179,9 +158,7 @@ absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
 
 torch::Tensor CaptureRng(const torch::Device& device) {
   torch::Tensor cpu = GetState(at::detail::getDefaultCPUGenerator());
-#ifdef SDC_TORCH_CUDA
   if (device.is_cuda()) return torch::cat({cpu, GetState(CudaGenerator(device))});
-#endif
   return cpu;
 }
 
@@ -189,9 +166,7 @@ absl::Status RestoreRng(const torch::Device& device, const torch::Tensor& state)
   at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
   const int64_t cpu_bytes = GetState(cpu_gen).numel();
   int64_t total = cpu_bytes;
-#ifdef SDC_TORCH_CUDA
   if (device.is_cuda()) total += GetState(CudaGenerator(device)).numel();
-#endif
   if (state.scalar_type() != torch::kUInt8 || state.dim() != 1 || state.numel() != total ||
       !state.device().is_cpu()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -201,9 +176,7 @@ absl::Status RestoreRng(const torch::Device& device, const torch::Tensor& state)
         "of device?"));
   }
   SetState(cpu_gen, state.narrow(0, 0, cpu_bytes).clone());
-#ifdef SDC_TORCH_CUDA
   if (device.is_cuda()) SetState(CudaGenerator(device), state.narrow(0, cpu_bytes, total - cpu_bytes).clone());
-#endif
   return absl::OkStatus();
 }
 
@@ -216,9 +189,7 @@ std::string BackendName(c10d::ProcessGroup& pg) {
 }
 
 torch::Device CollectiveDevice(c10d::ProcessGroup& pg) {
-#ifdef SDC_TORCH_CUDA
   if (BackendName(pg) == "nccl") return torch::Device(torch::kCUDA, c10::cuda::current_device());
-#endif
   return torch::Device(torch::kCPU);
 }
 

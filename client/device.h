@@ -5,12 +5,11 @@
 // fingerprint them, which random generators a replay captures and restores,
 // and where the process group wants its messages.
 //
-// CPU tensors use the CPU kernels. CUDA tensors need the CUDA path, built
-// only against a CUDA-enabled libtorch with --define=sdc_torch_cuda=1 (see
-// docs/ARCHITECTURE.md, "The CUDA path"): there the CUDA kernels run on the
+// CPU tensors use the CPU kernels. CUDA tensors use the CUDA kernels on the
 // device's current stream, after whatever the trainer queued on it, and the
-// device's CUDA generator travels with an audited micro-batch. Without that
-// build, CheckDevice refuses CUDA tensors and says how to get the path.
+// device's CUDA generator travels with an audited micro-batch (see
+// docs/ARCHITECTURE.md, "The CUDA path"). CheckDevice refuses CUDA tensors,
+// saying why, when no GPU is usable or the kernels were built without nvcc.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
@@ -24,9 +23,6 @@
 #include "kernels/nonfinite.h"
 
 namespace sdc::client {
-
-// True in a build with the CUDA path.
-bool TorchCudaBuilt();
 
 // OK when the guard can check tensors on `device`; otherwise Unimplemented
 // or FailedPrecondition saying why. For CUDA this includes cuBLAS being

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda.h"
 #include "kernels/fingerprint.h"
 #include "kernels/nonfinite.h"
 
@@ -75,12 +76,11 @@ TEST(DeviceTest, RefusesWhatItCannotRead) {
       << meta.message();
 }
 
-TEST(DeviceTest, WithoutTheCudaPathCudaIsRefusedWithTheWayToBuildIt) {
-  if (TorchCudaBuilt()) GTEST_SKIP() << "this build has the CUDA path";
+TEST(DeviceTest, CudaIsRefusedWithTheReasonWhenNoGpuIsUsable) {
+  if (kernels::CudaAvailable().ok()) GTEST_SKIP() << "a GPU is usable here: tests/gpu covers it";
   const absl::Status cuda = CheckDevice(torch::Device(torch::kCUDA, 0));
-  EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(cuda.message()).find("--define=sdc_torch_cuda=1"), std::string::npos)
-      << cuda.message();
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kFailedPrecondition) << cuda.message();
+  EXPECT_EQ(cuda.message(), kernels::CudaAvailable().message());
 }
 
 }  // namespace

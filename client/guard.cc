@@ -118,7 +118,7 @@ std::vector<torch::Tensor> OptimizerTensors(torch::optim::Optimizer& optimizer,
   std::vector<torch::Tensor> out;
   auto& state = optimizer.state();
   for (const torch::Tensor& p : params) {
-    auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end()) continue;
     torch::optim::OptimizerParamState* s = it->second.get();
     if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(s)) {

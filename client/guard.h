@@ -107,7 +107,8 @@ class Guard {
 
   // Checks 1 and 2 around the bucketed gradient all-reduce, then the one
   // agreement all-reduce: returns the decision every rank takes. On skip the
-  // gradients are zeroed; on apply they are clipped to max_grad_norm.
+  // gradients are zeroed; on apply they are clipped when options.max_grad_norm
+  // is set (off by default).
   // Collective: every rank calls it at every step.
   absl::StatusOr<StepDecision> AllReduceAndCheck();
 

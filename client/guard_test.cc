@@ -5,14 +5,12 @@
 
 #include "client/guard.h"
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "client/gloo_group.h"
 #include "gtest/gtest.h"
 
 namespace sdc {
@@ -22,10 +20,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> OneRankGroup(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
   std::remove(path.c_str());
-  auto store = c10::make_intrusive<c10d::FileStore>(path, 1);
-  auto options = c10d::ProcessGroupGloo::Options::create();
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+  return client::MakeGlooGroup(path, 0, 1);
 }
 
 client::GuardOptions InBandOptions() {

@@ -63,8 +63,10 @@ struct GuardOptions {
   size_t bucket_bytes = 25u << 20;
   // Env: SDC_SMALL_COLLECTIVES=auto|backend|rooted.
   SmallCollectives small_collectives = SmallCollectives::kAuto;
-  // Clip the gradient norm to this; 0 = no clipping. Env: SDC_MAX_GRAD_NORM.
-  double max_grad_norm = 1.0;
+  // Clip the reduced gradients' norm to this; 0 = no clipping. The guard
+  // changes nothing about training unless asked: clipping is the trainer's
+  // choice. Default: 0. Env: SDC_MAX_GRAD_NORM.
+  double max_grad_norm = 0;
   // Per-parameter gradient fingerprints in audit reports (names the first
   // differing parameters; costs the coordinator memory on large jobs).
   // Env: SDC_PARAMETER_FINGERPRINTS=0|1. Default: on.

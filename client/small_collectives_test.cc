@@ -4,9 +4,6 @@
 
 #include "client/small_collectives.h"
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -14,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/gloo_group.h"
 #include "gtest/gtest.h"
 
 namespace sdc::client {
@@ -28,12 +26,9 @@ void OnGroup(const std::string& name, int world,
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      auto store = c10::make_intrusive<c10d::FileStore>(path, world);
-      auto options = c10d::ProcessGroupGloo::Options::create();
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      options->timeout = std::chrono::seconds(30);
-      c10d::ProcessGroupGloo group(store, rank, world, options);
-      body(rank, group);
+      c10::intrusive_ptr<c10d::ProcessGroup> group =
+          MakeGlooGroup(path, rank, world, std::chrono::seconds(30));
+      body(rank, *group);
     });
   }
   for (std::thread& t : threads) t.join();

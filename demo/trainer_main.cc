@@ -8,9 +8,6 @@
 #include <malloc.h>
 #include <unistd.h>
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/gloo_group.h"
 #include "client/guard.h"
 #include "client/options.h"
 #include "client/small_collectives.h"
@@ -71,7 +69,8 @@ namespace {
 }
 
 // What the unguarded baseline does instead of the Guard: one flat
-// all-reduce and norm clipping, the way a plain DDP loop would.
+// all-reduce, the way a plain DDP loop would (and, as the guard by default,
+// no clipping).
 double PlainAllReduce(c10d::ProcessGroup& pg, std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
@@ -243,11 +242,8 @@ int Main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_unguarded)) options = std::make_unique<client::GuardOptions>(*std::move(o));
   }
 
-  auto store = c10::make_intrusive<c10d::FileStore>(absl::GetFlag(FLAGS_rendezvous), world);
-  auto gloo = c10d::ProcessGroupGloo::Options::create();
-  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  gloo->timeout = std::chrono::seconds(120);
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo);
+  c10::intrusive_ptr<c10d::ProcessGroup> pg =
+      client::MakeGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world);
 
   torch::manual_seed(absl::GetFlag(FLAGS_seed));  // Identical initial replicas.
   std::shared_ptr<torch::nn::Module> model;
@@ -321,7 +317,7 @@ int Main(int argc, char** argv) {
         l.backward();
         loss += l.item<double>();
       }
-      d.grad_norm = PlainAllReduce(*pg, params, 1.0);
+      d.grad_norm = PlainAllReduce(*pg, params, /*max_norm=*/0);
       if (absl::GetFlag(FLAGS_extra_collective)) {
         std::vector<int64_t> words(12, rank);
         client::AllReduceMax(*pg, small_collectives, words);

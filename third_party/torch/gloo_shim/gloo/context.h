@@ -1,0 +1,2 @@
+// See declarations.h.
+#include "gloo/declarations.h"
