@@ -19,8 +19,10 @@
 //     promote or delete earlier checkpoints as guard->Checkpoints() says;
 //   }
 //
-// Or TrainStep(), which runs exactly that. See docs/ARCHITECTURE.md ("The
-// trainer client") for the protocol and its collectives.
+// Or TrainStep(), which runs exactly that. The protocol itself is
+// client::GuardEngine's, shared with the Python package; this class adapts a
+// libtorch nn::Module and optimizer to it and all-reduces the gradients in
+// flat buckets. See docs/ARCHITECTURE.md ("The trainer client").
 //
 // Thread-compatible: one Guard per rank, used from the training thread. The
 // coordinator link runs its own thread.
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/guard_engine.h"
 #include "client/options.h"
 #include "daemon/core/checkpoint_ledger.h"
 #include "torch/torch.h"
@@ -42,45 +45,10 @@ class ProcessGroup;
 
 namespace sdc {
 
-// Computes the training loss of one micro-batch (a list of tensors, e.g.
-// inputs and targets) with the trainer's model. The guard calls it to replay
-// a peer's micro-batch; it must be a pure function of the batch, the
-// parameters, the buffers and the RNG state.
-using LossFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
-
-struct StepDecision {
-  bool apply = true;       // Run optimizer.step(); else the step is skipped.
-  std::string reason;      // Why skipped.
-  double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
-  double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
-  bool audited = false;    // A replay audit ran on this step.
-  bool audit_unverified = false;  // The coordinator's verdict did not arrive in time.
-  std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
-  bool repaired = false;   // Weights were restored from the majority this step.
-  // Time spent in the guard's own work this step, in milliseconds:
-  double check1_ms = 0;    // Non-finite scans and the reduced-gradient digest (local work).
-  double agreement_ms = 0; // The agreement all-reduce, waiting for the slowest rank included.
-  double audit_ms = 0;     // Batch exchange, replays, in-band comparison, verdict wait.
-  double weight_ms = 0;    // Weight fingerprints after the optimizer step (of this step).
-};
-
-struct GuardSummary {
-  uint64_t steps = 0;
-  uint64_t skipped = 0;
-  uint64_t audits = 0;
-  uint64_t audits_unverified = 0;
-  uint64_t audit_mismatches = 0;
-  uint64_t weight_checks = 0;
-  uint64_t repairs = 0;
-  uint64_t checkpoints_allowed = 0;
-  uint64_t checkpoints_vetoed = 0;
-  uint64_t reports_sent = 0;
-  uint64_t reports_acked = 0;
-  uint64_t reports_dropped = 0;
-  bool coordinator_connected = false;
-  std::string last_veto;
-  std::string ToString() const;
-};
+// The step's types are the engine's (client/guard_engine.h).
+using LossFn = client::LossFn;
+using StepDecision = client::StepDecision;
+using GuardSummary = client::GuardSummary;
 
 class Guard {
  public:

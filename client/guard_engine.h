@@ -1,0 +1,199 @@
+#ifndef SDC_CLIENT_GUARD_ENGINE_H_
+#define SDC_CLIENT_GUARD_ENGINE_H_
+
+// The guard's step protocol over a model given as tensors: what both the
+// C++ sdc::Guard (a libtorch nn::Module, its own bucketed all-reduce) and
+// the Python package sdc_guard (a DistributedDataParallel model, whose
+// reducer all-reduces in a communication hook) run. The engine never
+// all-reduces gradients itself; its caller does, and hands it each bucket
+// before and after. Everything else of the three checks is here: the audit
+// plan, RNG capture and deterministic algorithms, the peer batch exchange
+// and replay, the in-band verdict, the agreement all-reduce and the one
+// apply-or-skip decision, weight fingerprints, the checkpoint gate, weight
+// repair, and the reports to sdcd.
+//
+// A step:
+//   BeginStep(step, first_micro_batch, micro_batches)
+//   ... the trainer's forward/backward of each micro-batch; after the first:
+//   RecordFirstMicroBatch(loss) and, on audit steps, its local gradients
+//   (RecordOriginalGradients, from the parameters' .grad or a bucket);
+//   for each gradient bucket: ScanLocalBucket(local) before its all-reduce,
+//   AddReducedBucket(index, reduced) after;
+//   Finish()                       // checks 1 and 2, the decision; collective
+//   optimizer.step() when apply;
+//   AfterOptimizerStep(checkpoint) // check 3
+//   MayCheckpoint()                // when checkpointing; collective
+//
+// Thread-compatible: one engine per rank. ScanLocalBucket, AddReducedBucket
+// and RecordOriginalGradients may be called from the autograd engine's
+// threads while the training thread waits in backward(); they take a lock.
+// The coordinator link runs its own thread.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/options.h"
+#include "daemon/core/checkpoint_ledger.h"
+
+namespace sdc::client {
+
+// Computes the training loss of one micro-batch (a list of tensors) with the
+// trainer's model. The engine calls it to replay a peer's micro-batch; it
+// must be a pure function of the batch, the parameters, the buffers and the
+// RNG state, and must not run the gradient all-reduce (for DDP: the wrapped
+// module, not the DDP wrapper).
+using LossFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
+
+// The tensors of the optimizer's state, in a fixed order (the same on every
+// rank). Called at checkpoint steps and for a weight repair.
+using OptimizerStateFn = std::function<std::vector<torch::Tensor>()>;
+
+struct NamedTensors {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> tensors;
+};
+
+struct StepDecision {
+  bool apply = true;       // Run optimizer.step(); else the step is skipped.
+  std::string reason;      // Why skipped.
+  double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
+  double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
+  bool audited = false;    // A replay audit ran on this step.
+  bool audit_unverified = false;  // The coordinator's verdict did not arrive in time.
+  std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
+  bool repaired = false;   // Weights were restored from the majority this step.
+  // Time spent in the guard's own work this step, in milliseconds:
+  double check1_ms = 0;    // Non-finite scans and the reduced-gradient digest (local work).
+  double agreement_ms = 0; // The agreement all-reduce, waiting for the slowest rank included.
+  double audit_ms = 0;     // Batch exchange, replays, in-band comparison, verdict wait.
+  double weight_ms = 0;    // Weight fingerprints after the optimizer step (of this step).
+};
+
+struct GuardSummary {
+  uint64_t steps = 0;
+  uint64_t skipped = 0;
+  uint64_t audits = 0;
+  uint64_t audits_unverified = 0;
+  uint64_t audit_mismatches = 0;
+  uint64_t weight_checks = 0;
+  uint64_t repairs = 0;
+  uint64_t checkpoints_allowed = 0;
+  uint64_t checkpoints_vetoed = 0;
+  uint64_t reports_sent = 0;
+  uint64_t reports_acked = 0;
+  uint64_t reports_dropped = 0;
+  bool coordinator_connected = false;
+  std::string last_veto;
+  std::string ToString() const;
+};
+
+class GuardEngine {
+ public:
+  // Exchanges node names over `process_group` (a collective: every rank
+  // calls Create), says Hello to the coordinator (when configured) and
+  // starts the link. `parameters` are the trainable parameters (their
+  // gradients are checked, replayed and zeroed on skip), `buffers` the
+  // module buffers; both as the model holds them (not copies).
+  // InvalidArgument for bad options, no parameters, a parameter of a dtype
+  // the kernels do not read, or tensors on more than one device;
+  // Unimplemented / FailedPrecondition when the device cannot be checked.
+  static absl::StatusOr<std::unique_ptr<GuardEngine>> Create(
+      GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+      NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
+      LossFn loss_fn);
+  ~GuardEngine();
+
+  // Starts step `step`. `first_micro_batch` is the one a peer replays on
+  // audit steps, `micro_batches` how many the step has (the loss of each is
+  // divided by it). Clears the parameters' gradients (to undefined, so the
+  // first backward writes them exactly); on audit steps captures the RNG
+  // state and turns deterministic algorithms on. InvalidArgument when the
+  // micro-batch cannot be sent to a replay peer (more than 6 tensors, one of
+  // more than 6 dimensions, or no tensors), at every step, so it never
+  // surprises an audit; nothing is changed then.
+  absl::Status BeginStep(uint64_t step, std::vector<torch::Tensor> first_micro_batch,
+                         int64_t micro_batches);
+
+  // After the first micro-batch's backward: its loss (as backpropagated,
+  // i.e. divided by the number of micro-batches).
+  void RecordFirstMicroBatch(const torch::Tensor& loss);
+
+  // True on audit steps until the first micro-batch's local gradients are
+  // recorded: then the caller passes them to RecordOriginalGradients.
+  bool WantsOriginalGradients() const;
+
+  // The first micro-batch's local gradients of the parameters at
+  // `parameter_indices` (positions in Create's `parameters`), before any
+  // all-reduce or further accumulation. May be called several times (a DDP
+  // bucket at a time); every parameter not given counts as no gradient.
+  void RecordOriginalGradients(const std::vector<size_t>& parameter_indices,
+                               const std::vector<torch::Tensor>& gradients);
+  // The same from each parameter's current .grad (a trainer that
+  // accumulates locally before one all-reduce).
+  void RecordOriginalGradientsFromParameters();
+
+  // Check 1 before a bucket's all-reduce: its local gradients.
+  void ScanLocalBucket(const torch::Tensor& local);
+  // After bucket `index`'s all-reduce: the reduced gradients, scanned and
+  // fingerprinted in Finish (the tensor must hold them until then).
+  void AddReducedBucket(size_t index, const torch::Tensor& reduced);
+
+  // Checks 1 and 2 and the one agreement all-reduce: returns the decision
+  // every rank takes. On skip the parameters' gradients are zeroed; on apply
+  // they are clipped when options.max_grad_norm is set (off by default).
+  // Reports the step. Collective: every rank calls it at every step.
+  // FailedPrecondition when no bucket was reduced this step.
+  absl::StatusOr<StepDecision> Finish();
+
+  // Check 3 after optimizer.step() (or after a skipped step): fingerprints
+  // parameters and buffers on weight-check steps and always when
+  // `checkpoint` (then optimizer state too), and sends them. Training does
+  // not wait for the verdict. Returns the milliseconds it took (0 when it
+  // did nothing).
+  absl::StatusOr<double> AfterOptimizerStep(bool checkpoint);
+
+  // True when sdcd allows a checkpoint of the current step (every rank gets
+  // the same answer: collective). FailedPrecondition unless
+  // AfterOptimizerStep(true) ran for this step.
+  absl::StatusOr<bool> MayCheckpoint();
+
+  // Where the job's checkpoints stand, as of the last MayCheckpoint or
+  // RefreshCheckpoints (see sdc::Guard::Checkpoints).
+  const core::CheckpointLedger& Checkpoints() const;
+  // Asks the coordinator (not a collective). Unavailable when it cannot be
+  // reached within `timeout`; FailedPrecondition without a coordinator.
+  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+
+  // A point in the model's forward where activation faults are injected
+  // (tests and demos only; returns `activation` unless fault injection is
+  // armed for this rank and step).
+  torch::Tensor FaultPoint(const torch::Tensor& activation);
+
+  GuardSummary Summary() const;
+  uint32_t rank() const;
+  uint32_t world_size() const;
+  uint64_t step() const;
+  // Whether the current step is an audit step (after BeginStep).
+  bool auditing() const;
+  const GuardOptions& options() const;
+  // Stops the link after flushing reports for up to `flush`.
+  void Shutdown(absl::Duration flush = absl::Seconds(5));
+
+ private:
+  class Impl;
+  explicit GuardEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_GUARD_ENGINE_H_
