@@ -13,7 +13,7 @@ PACKAGES=(
   g++ clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev nlohmann-json3-dev patchelf
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev libgoogle-perftools-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
   python3-venv python3-dev python3-pip
@@ -115,9 +115,38 @@ bazel_run() {
   bazel "$cmd" "${flags[@]}" "$@"
 }
 
+# The Python package: the extension module (Bazel), the wheel in dist/, and
+# the wheel unpacked in dist/site, which the demo's Python trainers and the
+# pytest suite import. Exports SDC_PYTHON and SDC_PYTHONPATH for them.
+build_python() {
+  build_targets //client/python:_C.so
+  rm -rf "$ROOT/dist/site" "$ROOT"/dist/sdc_guard-*.whl
+  local wheel
+  wheel=$("$VENV/bin/python3" "$ROOT/client/python/build_wheel.py" \
+    --extension "$ROOT/bazel-bin/client/python/_C.so" \
+    --package "$ROOT/client/python/sdc_guard" --out "$ROOT/dist") || die "building the wheel failed"
+  mkdir -p "$ROOT/dist/site"
+  "$VENV/bin/python3" -m zipfile -e "$wheel" "$ROOT/dist/site" || die "unpacking $wheel failed"
+  export SDC_PYTHON="$VENV/bin/python3" SDC_PYTHONPATH="$ROOT/dist/site"
+  printf '%s\n' "$wheel"
+}
+
 cmd_build() {
   setup
   bazel_run build //... "$@"
+  local wheel
+  wheel=$(build_python)
+  log "Python package: $wheel (pip install it into an environment with torch $TORCH_VERSION)"
+}
+
+# The pytest suite: the sdc_guard package in real torch.distributed Gloo
+# groups against a real sdcd (tests/python).
+cmd_pytest() {
+  build_targets //demo:sdc-demo //daemon:sdcd //daemon:sdcctl
+  build_python >/dev/null
+  log "pytest: the Python package under torch.distributed (tests/python)"
+  SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
+    "$VENV/bin/python3" -m pytest -q -p no:cacheprovider "$ROOT/tests/python" "$@"
 }
 
 # The coordinator's ingestion fuzz target, built with clang's libFuzzer and
@@ -164,6 +193,7 @@ cmd_test() {
   fi
   local start=$SECONDS
   bazel_run test //... "$@"
+  cmd_pytest
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
 }
@@ -189,6 +219,9 @@ cmd_bench() {
     kernels | core | overhead | detection)
       # overhead and detection start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
+      if [[ " $* " == *" --trainer=python "* ]]; then
+        build_python >/dev/null
+      fi
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
       ;;
     daemon)
@@ -204,6 +237,9 @@ cmd_demo() {
   setup
   log "building the demo (the first build on a fresh machine takes several minutes)"
   build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //daemon:sdcctl
+  if [[ " $* " == *" --trainer python "* || " $* " == *" --trainer=python "* ]]; then
+    build_python >/dev/null
+  fi
   exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"
 }
 
@@ -220,7 +256,8 @@ usage: ./sdc COMMAND [ARGS]
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection
-  build [BAZEL ARGS]   install what is missing and build everything
+  build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
+  pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
   setup                install the Debian packages and the pinned torch the project needs
 TXT
@@ -235,6 +272,7 @@ main() {
     test) cmd_test "$@" ;;
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;
+    pytest) setup; cmd_pytest "$@" ;;
     fuzz) setup; cmd_fuzz "$@" ;;
     setup) setup ;;
     help | -h | --help) usage ;;

@@ -10,6 +10,8 @@
 // is the slowest rank's, after a warm-up. The guard's own parts come from
 // its per-step timings, and its plain steps (no audit, no weight check) are
 // set against the loop with one more collective.
+// --trainer=python runs every loop as examples/ddp_train.py: plain PyTorch
+// DDP against DDP guarded by the sdc_guard package (./sdc builds it).
 // --variants=...,guarded-no-sdcd adds the guard with no coordinator
 // configured, which splits the guard's cost between its own work and the
 // share of the CPUs that sdcd and the report streams take. Last line: JSON.
@@ -50,6 +52,9 @@ struct Args {
   // checks only, no report streams, no sdcd) splits the guard's cost between
   // its own work and the coordinator's share of the CPUs.
   std::vector<std::string> variants = {"unguarded", "extra-collective", "guarded"};
+  // cpp: the demo's C++ trainer (sdc::Guard); python: examples/ddp_train.py
+  // (PyTorch DDP, plain or with sdc_guard). Every loop runs the same one.
+  std::string trainer = "cpp";
 };
 
 constexpr const char* kVariants[] = {"unguarded", "extra-collective", "guarded", "guarded-no-sdcd"};
@@ -96,6 +101,9 @@ int Main(int argc, char** argv) {
       a.turn_steps = flag.Number(1);
     } else if (arg == "--out_dir") {
       a.out_dir = flag.Value();
+    } else if (arg == "--trainer") {
+      a.trainer = flag.Value();
+      if (a.trainer != "cpp" && a.trainer != "python") usage("--trainer: cpp or python");
     } else if (arg == "--variants") {
       a.variants = absl::StrSplit(flag.Value(), ',', absl::SkipEmpty());
       for (const std::string& v : a.variants) {
@@ -107,7 +115,7 @@ int Main(int argc, char** argv) {
     } else {
       flag.Unknown(
           "known: --steps --rounds --warmup --turn_steps --audit_every --weight_check_every --variants "
-          "--out_dir");
+          "--out_dir --trainer");
     }
   }
   if (a.steps <= a.warmup || a.rounds < 1) return Fail("need --steps > --warmup and --rounds >= 1");
@@ -154,6 +162,7 @@ int Main(int argc, char** argv) {
       c.audit_every = a.audit_every;
       c.weight_check_every = a.weight_every;
       c.checkpoint_every = 0;
+      c.trainer = a.trainer;
       c.unguarded = name == "unguarded" || name == "extra-collective";
       c.extra_collective = name == "extra-collective";
       c.no_coordinator = name == "guarded-no-sdcd";
@@ -227,8 +236,9 @@ int Main(int argc, char** argv) {
   // Amortized at the cadence: one weight check every `weight_every` steps.
   const double weight_pct = Mean(weight_ms) / std::max(1, a.weight_every) / g * 100;
   const double check1_pct = Mean(check1_ms) / g * 100;
-  std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %d steps x %d rounds per variant, "
-              "in turns of %d steps\n", a.steps, a.rounds, a.turn_steps);
+  std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %s trainers, %d steps x %d rounds per "
+              "variant, in turns of %d steps\n",
+              a.trainer == "python" ? "Python DDP" : "C++", a.steps, a.rounds, a.turn_steps);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
   if (!collective.empty()) {
     std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
@@ -275,14 +285,14 @@ int Main(int argc, char** argv) {
       "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
       "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
       "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s,\"cpu_ms_per_step_sdcd\":%.2f,"
-      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s]}\n",
+      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s],\"trainer\":\"%s\"}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
       weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),
       number(!collective.empty(), x).c_str(), number(!collective.empty(), x - u).c_str(),
       Mean(plain_steps), number(!alone.empty(), Mean(alone)).c_str(),
       number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
       number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str(), Mean(sdcd_cpu_ms),
-      a.turn_steps, by_round.c_str());
+      a.turn_steps, by_round.c_str(), a.trainer.c_str());
   if (keep) {
     std::fprintf(stderr, "runs kept in %s\n", a.out_dir.c_str());
   } else {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -15,14 +16,26 @@
 namespace sdc::client {
 namespace {
 
-const char* Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
-}
+// The variables the options are read from: `overrides` first, then the
+// process environment. An empty value counts as unset.
+class Variables {
+ public:
+  explicit Variables(const std::map<std::string, std::string>& overrides)
+      : overrides_(overrides) {}
+
+  const char* Get(const char* name) const {
+    auto it = overrides_.find(name);
+    const char* v = it != overrides_.end() ? it->second.c_str() : std::getenv(name);
+    return v != nullptr && *v != '\0' ? v : nullptr;
+  }
+
+ private:
+  const std::map<std::string, std::string>& overrides_;
+};
 
 template <typename T>
-absl::Status ReadInt(const char* name, T* out) {
-  const char* v = Env(name);
+absl::Status ReadInt(const Variables& vars, const char* name, T* out) {
+  const char* v = vars.Get(name);
   if (v == nullptr) return absl::OkStatus();
   if (!absl::SimpleAtoi(v, out)) {
     return absl::InvalidArgumentError(
@@ -31,10 +44,10 @@ absl::Status ReadInt(const char* name, T* out) {
   return absl::OkStatus();
 }
 
-absl::Status ReadMillis(const char* name, absl::Duration* out) {
+absl::Status ReadMillis(const Variables& vars, const char* name, absl::Duration* out) {
   int64_t ms = -1;
-  if (absl::Status s = ReadInt(name, &ms); !s.ok()) return s;
-  if (Env(name) != nullptr) {
+  if (absl::Status s = ReadInt(vars, name, &ms); !s.ok()) return s;
+  if (vars.Get(name) != nullptr) {
     if (ms < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": must not be negative"));
     *out = absl::Milliseconds(ms);
   }
@@ -43,9 +56,9 @@ absl::Status ReadMillis(const char* name, absl::Duration* out) {
 
 // One of a few named values: "NAME: expected a, b or c, got 'x'" otherwise.
 template <typename T>
-absl::Status ReadChoice(const char* name, std::initializer_list<std::pair<const char*, T>> choices,
-                        T* out) {
-  const char* v = Env(name);
+absl::Status ReadChoice(const Variables& vars, const char* name,
+                        std::initializer_list<std::pair<const char*, T>> choices, T* out) {
+  const char* v = vars.Get(name);
   if (v == nullptr) return absl::OkStatus();
   std::string expected;
   size_t i = 0;
@@ -62,55 +75,59 @@ absl::Status ReadChoice(const char* name, std::initializer_list<std::pair<const 
 
 }  // namespace
 
-absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
+absl::StatusOr<GuardOptions> OptionsFromEnvironment() { return OptionsFromVariables({}); }
+
+absl::StatusOr<GuardOptions> OptionsFromVariables(
+    const std::map<std::string, std::string>& overrides) {
+  const Variables vars(overrides);
   GuardOptions o;
-  if (const char* v = Env("SDC_COORDINATOR")) o.coordinator = v;
-  if (const char* v = Env("SDC_JOB_ID")) {
+  if (const char* v = vars.Get("SDC_COORDINATOR")) o.coordinator = v;
+  if (const char* v = vars.Get("SDC_JOB_ID")) {
     o.job_id = v;
   } else {
     return absl::InvalidArgumentError("SDC_JOB_ID: not set (every rank of a job must share it)");
   }
-  if (absl::Status s = ReadInt("LOCAL_RANK", &o.local_rank); !s.ok()) return s;
-  if (const char* v = Env("SDC_NODE_NAME")) {
+  if (absl::Status s = ReadInt(vars, "LOCAL_RANK", &o.local_rank); !s.ok()) return s;
+  if (const char* v = vars.Get("SDC_NODE_NAME")) {
     o.node_name = v;
   } else {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
     o.node_name = host;
   }
-  if (const char* v = Env("SDC_GPU_UUID")) {
+  if (const char* v = vars.Get("SDC_GPU_UUID")) {
     o.gpu_uuid = v;
   } else {
     o.gpu_uuid = absl::StrCat("cpu-", o.node_name, "-", o.local_rank);
   }
-  if (absl::Status s = ReadInt("SDC_REPLICA_GROUP", &o.replica_group); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_REPLICA_GROUP", &o.replica_group); !s.ok()) return s;
   o.incarnation = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
-  if (absl::Status s = ReadInt("SDC_INCARNATION", &o.incarnation); !s.ok()) return s;
-  if (absl::Status s = ReadInt("SDC_AUDIT_EVERY", &o.audit_every); !s.ok()) return s;
-  if (absl::Status s = ReadInt("SDC_WEIGHT_CHECK_EVERY", &o.weight_check_every); !s.ok()) {
+  if (absl::Status s = ReadInt(vars, "SDC_INCARNATION", &o.incarnation); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_AUDIT_EVERY", &o.audit_every); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_WEIGHT_CHECK_EVERY", &o.weight_check_every); !s.ok()) {
     return s;
   }
-  if (absl::Status s = ReadMillis("SDC_VERDICT_WAIT_MS", &o.verdict_wait); !s.ok()) return s;
-  if (absl::Status s = ReadMillis("SDC_CHECKPOINT_WAIT_MS", &o.checkpoint_wait); !s.ok()) return s;
-  if (absl::Status s = ReadChoice("SDC_CHECKPOINT_FALLBACK",
+  if (absl::Status s = ReadMillis(vars, "SDC_VERDICT_WAIT_MS", &o.verdict_wait); !s.ok()) return s;
+  if (absl::Status s = ReadMillis(vars, "SDC_CHECKPOINT_WAIT_MS", &o.checkpoint_wait); !s.ok()) return s;
+  if (absl::Status s = ReadChoice(vars, "SDC_CHECKPOINT_FALLBACK",
                                   {{"veto", CheckpointFallback::kVeto},
                                    {"in-band", CheckpointFallback::kInBand}},
                                   &o.checkpoint_fallback);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ReadInt("SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
   if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
-  if (absl::Status s = ReadMillis("SDC_REPORT_LINGER_MS", &o.report_linger); !s.ok()) return s;
+  if (absl::Status s = ReadMillis(vars, "SDC_REPORT_LINGER_MS", &o.report_linger); !s.ok()) return s;
   if (o.report_linger > absl::Seconds(60)) {
     // sdcd waits --report_deadline (default 120 s) for a step's reports.
     return absl::InvalidArgumentError("SDC_REPORT_LINGER_MS: at most 60000");
   }
-  if (absl::Status s = ReadInt("SDC_BUCKET_BYTES", &o.bucket_bytes); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_BUCKET_BYTES", &o.bucket_bytes); !s.ok()) return s;
   if (o.bucket_bytes < 4096) {
     return absl::InvalidArgumentError("SDC_BUCKET_BYTES: must be at least 4096");
   }
-  if (absl::Status s = ReadChoice("SDC_SMALL_COLLECTIVES",
+  if (absl::Status s = ReadChoice(vars, "SDC_SMALL_COLLECTIVES",
                                   {{"auto", SmallCollectives::kAuto},
                                    {"backend", SmallCollectives::kBackend},
                                    {"rooted", SmallCollectives::kRooted}},
@@ -118,27 +135,27 @@ absl::StatusOr<GuardOptions> OptionsFromEnvironment() {
       !s.ok()) {
     return s;
   }
-  if (const char* v = Env("SDC_MAX_GRAD_NORM")) {
+  if (const char* v = vars.Get("SDC_MAX_GRAD_NORM")) {
     if (!absl::SimpleAtod(v, &o.max_grad_norm) || o.max_grad_norm < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("SDC_MAX_GRAD_NORM: expected a non-negative number, got '", v, "'"));
     }
   }
-  if (const char* v = Env("SDC_PARAMETER_FINGERPRINTS")) {
+  if (const char* v = vars.Get("SDC_PARAMETER_FINGERPRINTS")) {
     const std::string f = v;
     if (f != "0" && f != "1") {
       return absl::InvalidArgumentError("SDC_PARAMETER_FINGERPRINTS: expected 0 or 1");
     }
     o.parameter_fingerprints = f == "1";
   }
-  if (const char* v = Env("SDC_TLS_CA")) o.tls_ca = v;
-  if (const char* v = Env("SDC_TLS_CERT")) o.tls_cert = v;
-  if (const char* v = Env("SDC_TLS_KEY")) o.tls_key = v;
+  if (const char* v = vars.Get("SDC_TLS_CA")) o.tls_ca = v;
+  if (const char* v = vars.Get("SDC_TLS_CERT")) o.tls_cert = v;
+  if (const char* v = vars.Get("SDC_TLS_KEY")) o.tls_key = v;
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError("SDC_TLS_CERT and SDC_TLS_KEY go together");
   }
-  const char* spec = Env("SDC_INJECT_FAULT");
-  const char* allow = Env("SDC_ALLOW_FAULT_INJECTION");
+  const char* spec = vars.Get("SDC_INJECT_FAULT");
+  const char* allow = vars.Get("SDC_ALLOW_FAULT_INJECTION");
   if (spec != nullptr) {
     if (allow == nullptr || std::string(allow) != "yes-i-am-testing") {
       return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 // OptionsFromEnvironment() (the only function that reads the environment).
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -81,6 +82,12 @@ struct GuardOptions {
 // Reads the SDC_* variables above (plus LOCAL_RANK). InvalidArgument names
 // the variable: "SDC_AUDIT_EVERY: expected a non-negative integer, got 'x'".
 absl::StatusOr<GuardOptions> OptionsFromEnvironment();
+
+// The same with `overrides` (variable name -> value) taking the place of the
+// environment's values: the Python package passes its keyword arguments
+// this way, so both are validated by the same code.
+absl::StatusOr<GuardOptions> OptionsFromVariables(
+    const std::map<std::string, std::string>& overrides);
 
 }  // namespace sdc::client
 

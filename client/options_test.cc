@@ -55,6 +55,24 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kRooted);
 }
 
+TEST_F(OptionsTest, OverridesTakeThePlaceOfTheEnvironment) {
+  setenv("SDC_AUDIT_EVERY", "50", 1);
+  setenv("SDC_NODE_NAME", "from-env", 1);
+  absl::StatusOr<GuardOptions> o =
+      OptionsFromVariables({{"SDC_AUDIT_EVERY", "7"}, {"SDC_JOB_ID", "job-2"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->audit_every, 7u);
+  EXPECT_EQ(o->job_id, "job-2");
+  EXPECT_EQ(o->node_name, "from-env") << "what is not overridden comes from the environment";
+  // Validated by the same code, named the same way.
+  o = OptionsFromVariables({{"SDC_AUDIT_EVERY", "-1"}});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(), HasSubstr("SDC_AUDIT_EVERY: expected a non-negative integer"));
+  // An empty override counts as unset, as an empty variable does.
+  o = OptionsFromVariables({{"SDC_JOB_ID", ""}});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(OptionsTest, BadValuesNameTheVariable) {
   struct Case {
     const char* var;

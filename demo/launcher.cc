@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -156,8 +157,25 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("run folder ", c.run_dir, " is not writable"));
   }
   const std::string sdcd_bin = c.sdcd_binary.empty() ? BinaryPath("daemon/sdcd") : c.sdcd_binary;
-  const std::string trainer_bin =
-      c.trainer_binary.empty() ? BinaryPath("demo/sdc-trainer") : c.trainer_binary;
+  // The command that starts one rank, before its flags.
+  std::vector<std::string> trainer_command;
+  std::string python_path;
+  if (c.trainer == "cpp") {
+    trainer_command = {c.trainer_binary.empty() ? BinaryPath("demo/sdc-trainer") : c.trainer_binary};
+  } else if (c.trainer == "python") {
+    const char* python = std::getenv("SDC_PYTHON");
+    if (python == nullptr || *python == '\0') {
+      return absl::FailedPreconditionError(
+          "the Python trainer needs SDC_PYTHON, the Python of the project's virtual environment "
+          "(./sdc sets it, and SDC_PYTHONPATH to the built sdc_guard package)");
+    }
+    const char* path = std::getenv("SDC_PYTHONPATH");
+    if (path != nullptr) python_path = path;
+    trainer_command = {python, BinaryPath("examples/ddp_train.py")};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer '", c.trainer, "': expected cpp or python"));
+  }
   ClusterResult result;
   result.db = c.run_dir + "/sdcd.db";
   result.token_file = c.run_dir + "/admin.token";
@@ -214,8 +232,9 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       env["SDC_INJECT_FAULT"] = c.fault;
       env["SDC_ALLOW_FAULT_INJECTION"] = "yes-i-am-testing";
     }
-    std::vector<std::string> argv = {trainer_bin,
-                                     absl::StrCat("--rank=", r),
+    if (!python_path.empty()) env["PYTHONPATH"] = python_path;
+    std::vector<std::string> argv = trainer_command;
+    argv.insert(argv.end(), {absl::StrCat("--rank=", r),
                                      absl::StrCat("--world_size=", world),
                                      "--rendezvous=" + store,
                                      absl::StrCat("--steps=", c.steps),
@@ -224,7 +243,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
                                      absl::StrCat("--micro_batches=", c.micro_batches),
                                      absl::StrCat("--checkpoint_every=", c.checkpoint_every),
                                      "--checkpoint_dir=" + c.run_dir,
-                                     "--progress=" + progress};
+                                     "--progress=" + progress});
     if (c.unguarded) argv.push_back("--unguarded");
     if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
     if (!c.turn_file.empty()) {

@@ -92,6 +92,11 @@ struct ClusterConfig {
   int turn_steps = 10;
   std::string actuator = "dry-run";
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
+  // Which trainer each rank runs: "cpp" (demo/sdc-trainer, sdc::Guard) or
+  // "python" (examples/ddp_train.py: PyTorch DDP with the sdc_guard package,
+  // run by $SDC_PYTHON with $SDC_PYTHONPATH, which ./sdc sets). Same flags,
+  // same progress lines.
+  std::string trainer = "cpp";
   std::string trainer_binary;         // Default: BinaryPath("demo/sdc-trainer").
   absl::Duration timeout = absl::Minutes(20);
   std::function<void(const LiveStatus&)> on_tick;  // About twice a second.

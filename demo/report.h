@@ -66,6 +66,11 @@ std::string HtmlReport(const RunFacts& facts, const ClusterResult& result,
 
 std::string HtmlEscape(const std::string& s);
 
+// The facts as one JSON object (for tests and scripts): the RunFacts fields
+// by name, plus "blamed" (ranks of confirmed incidents), "requests" (their
+// nodes) and "coordinator_restarts".
+std::string FactsJson(const RunFacts& facts, const ClusterResult& result);
+
 }  // namespace sdc::demo
 
 #endif  // SDC_DEMO_REPORT_H_

@@ -40,6 +40,8 @@ struct Flags {
   bool keep_coordinator = true;
   bool quiet = false;
   std::string model = "transformer";
+  std::string trainer = "cpp";
+  std::string facts;  // Where to write the run's facts as JSON (tests).
 };
 
 [[noreturn]] void Usage(const std::string& error) {
@@ -52,9 +54,10 @@ void PrintUsage() {
       "usage: ./sdc demo [--scenario NAME|list] [--steps N] [--nodes N] [--gpus-per-node N]\n"
       "                  [--audit-every N] [--weight-check-every N] [--checkpoint-every N]\n"
       "                  [--fault-rank R] [--fault-step S] [--run-dir DIR] [--quiet]\n"
-      "                  [--no-keep-coordinator]\n"
+      "                  [--no-keep-coordinator] [--trainer cpp|python] [--facts FILE]\n"
       "Defaults: --scenario %s --steps 150 --nodes 3 --gpus-per-node 2 --audit-every 5\n"
-      "          --weight-check-every 5 --checkpoint-every 25, run folder runs/<time>/\n",
+      "          --weight-check-every 5 --checkpoint-every 25, run folder runs/<time>/,\n"
+      "          --trainer cpp (python: PyTorch DDP ranks with the sdc_guard package)\n",
       kDefaultScenario);
 }
 
@@ -91,6 +94,11 @@ Flags Parse(int argc, char** argv) {
       f.sdcctl = flag.Value();
     } else if (arg == "--model") {
       f.model = flag.Value();
+    } else if (arg == "--facts") {
+      f.facts = flag.Value();
+    } else if (arg == "--trainer") {
+      f.trainer = flag.Value();
+      if (f.trainer != "cpp" && f.trainer != "python") Usage("--trainer: cpp or python");
     } else if (arg == "--quiet") {
       f.quiet = true;
     } else if (arg == "--no-keep-coordinator") {
@@ -188,14 +196,15 @@ int Main(int argc, char** argv) {
   c.weight_check_every = f.weight_check_every;
   c.checkpoint_every = f.checkpoint_every;
   c.model = f.model;
+  c.trainer = f.trainer;
   c.fault = absl::StrReplaceAll(scenario->fault, {{"{rank}", absl::StrCat(f.fault_rank)},
                                                   {"{step}", absl::StrCat(f.fault_step)}});
   c.restart_coordinator_at = scenario->restart_coordinator ? f.restart_at : -1;
   c.job_id = absl::StrCat("demo-", scenario->name);
   c.keep_coordinator = f.keep_coordinator;
-  std::printf("sdc-guard demo: %s\n  %s\n  %d nodes x %d GPUs, %d steps; run folder %s\n",
+  std::printf("sdc-guard demo: %s\n  %s\n  %d nodes x %d GPUs (%s trainers), %d steps; run folder %s\n",
               scenario->name.c_str(), scenario->description.c_str(), f.nodes, f.gpus_per_node,
-              f.steps, f.run_dir.c_str());
+              f.trainer == "python" ? "Python DDP" : "C++", f.steps, f.run_dir.c_str());
   if (!c.fault.empty()) std::printf("  fault: %s\n", c.fault.c_str());
   std::printf("\n");
   Display display(isatty(STDOUT_FILENO) != 0, f.quiet, *scenario);
@@ -210,6 +219,14 @@ int Main(int argc, char** argv) {
   const std::string ctl = absl::StrCat(f.sdcctl, " --server=", result->admin_address,
                                        " --token_file=", result->token_file);
   std::printf("%s", SummaryText(facts, *result, c, f.keep_coordinator ? ctl : "").c_str());
+  if (!f.facts.empty()) {
+    std::ofstream out(f.facts);
+    out << FactsJson(facts, *result) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "sdc demo: --facts: cannot write %s\n", f.facts.c_str());
+      return 1;
+    }
+  }
   const std::string report = f.run_dir + "/report.html";
   std::ofstream(report) << HtmlReport(facts, *result, c);
   std::printf("\nHTML report: %s\n", report.c_str());

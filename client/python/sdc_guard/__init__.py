@@ -1,0 +1,32 @@
+"""sdc-guard for PyTorch DistributedDataParallel jobs.
+
+Catches silent data corruption (a GPU returning wrong but plausible numbers)
+inside training, names the faulty GPU through the sdcd coordinator, and keeps
+corrupted weights out of checkpoints. The checks are sdc-guard's C++ trainer
+client (the extension module ``sdc_guard._C``); this package fits it to an
+ordinary DDP loop::
+
+    model = DDP(net, device_ids=[local_rank])
+    guard = sdc_guard.Guard(model, optimizer, loss_fn=lambda m, batch: ...)
+    for step, batch in enumerate(loader, 1):
+        with guard.step(step, batch) as s:
+            s.backward(loss_fn(model, batch))
+        if s.apply:
+            optimizer.step()
+        guard.after_optimizer_step(checkpoint=step % 1000 == 0)
+        if step % 1000 == 0 and guard.may_checkpoint():
+            checkpoints.save(step, model.state_dict())
+
+Settings come from the same SDC_* environment variables as the C++ client
+(SDC_COORDINATOR, SDC_JOB_ID, ...); keyword arguments of Guard override them.
+"""
+
+import torch  # First: the extension module finds torch's libraries in the process.
+import torch.distributed  # noqa: F401  (registers the ProcessGroup type _C takes)
+
+from sdc_guard._C import GuardError
+from sdc_guard.checkpoints import ProvisionalCheckpoints
+from sdc_guard.guard import Guard, Step
+
+__all__ = ["Guard", "GuardError", "ProvisionalCheckpoints", "Step"]
+__version__ = "0.2.0"

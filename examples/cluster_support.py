@@ -1,0 +1,146 @@
+"""What the demo launcher and the benchmarks need from examples/ddp_train.py,
+kept out of the example itself: the same command-line contract as the C++
+trainer (demo/trainer_main.cc): --rank/--world_size/--rendezvous in place of
+torchrun's environment, one JSON line per step in --progress, turn-taking
+between clusters sharing a machine (--turn_file), and the unguarded loop's
+optional extra collective (--extra_collective)."""
+
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+AGREEMENT_WORDS = 12  # The guard's agreement all-reduce: 12 int64, MAX.
+
+
+def add_flags(parser):
+    parser.add_argument("--rank", type=int, default=-1,
+                        help="this process's rank (default: torchrun's RANK)")
+    parser.add_argument("--world_size", type=int, default=-1,
+                        help="number of ranks (default: torchrun's WORLD_SIZE)")
+    parser.add_argument("--rendezvous", default="",
+                        help="a file every rank names (default: torchrun's env://)")
+    parser.add_argument("--progress", default="", help="JSON lines: one per step, then a summary")
+    parser.add_argument("--extra_collective", action="store_true",
+                        help="with --unguarded: one more all-reduce (MAX of 12 int64) per step")
+    parser.add_argument("--turn_file", default="")
+    parser.add_argument("--turn_name", default="")
+    parser.add_argument("--turn_next", default="")
+    parser.add_argument("--turn_steps", type=int, default=10)
+
+
+def init_process_group(args):
+    """Gloo on the CPU: torchrun's environment, or --rendezvous FILE."""
+    if args.rendezvous:
+        if args.rank < 0 or args.world_size < 1 or args.rank >= args.world_size:
+            raise SystemExit("--rank and --world_size: need 0 <= rank < world_size")
+        dist.init_process_group("gloo", init_method="file://" + args.rendezvous,
+                                rank=args.rank, world_size=args.world_size)
+    else:
+        dist.init_process_group("gloo")
+
+
+def extra_collective(args):
+    if args.extra_collective:
+        words = torch.full((AGREEMENT_WORDS,), dist.get_rank(), dtype=torch.int64)
+        dist.all_reduce(words, op=dist.ReduceOp.MAX)
+
+
+def weights_digest(module):
+    """The kernels' model digest of the parameters, as hex: equal on every
+    rank exactly when the replicas hold the same bits."""
+    from sdc_guard import _C
+
+    names, tensors = zip(*module.named_parameters())
+    return "%016x" % _C.model_digest(list(names), list(tensors))
+
+
+def _number(x):
+    """JSON has no NaN or infinity: a non-finite value is written as null."""
+    return x if math.isfinite(x) else None
+
+
+class Progress:
+    """The C++ trainer's progress lines, key for key (demo/launcher.cc reads them)."""
+
+    def __init__(self, args, rank):
+        self.rank = rank
+        self.out = open(args.progress, "a") if args.progress else None
+
+    def step(self, step, loss, s, checkpoint, ms, weight_ms):
+        if self.out is None:
+            return
+        t = s.timings_ms if s is not None else {}
+        line = {
+            "step": step, "rank": self.rank, "loss": _number(loss),
+            "apply": s.apply if s is not None else True,
+            "reason": s.reason if s is not None else "",
+            "audited": s.audited if s is not None else False,
+            "outcome": s.audit_outcome if s is not None else "",
+            "unverified": s.audit_unverified if s is not None else False,
+            "norm": _number(s.grad_norm) if s is not None else 0.0,
+            "repaired": s.repaired if s is not None else False,
+            "checkpoint": checkpoint, "ms": ms,
+            "check1_ms": t.get("check1_ms", 0.0), "agreement_ms": t.get("agreement_ms", 0.0),
+            "audit_ms": t.get("audit_ms", 0.0), "weight_ms": weight_ms,
+            "end_unix_ms": time.time() * 1000,
+        }
+        self.out.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def final(self, module, summary):
+        if self.out is None:
+            return
+        guard = {}
+        if summary is not None:
+            guard = {k: summary[k] for k in (
+                "steps", "skipped", "audits", "weight_checks", "repairs", "checkpoints_allowed",
+                "checkpoints_vetoed", "reports_sent", "reports_acked", "reports_dropped")}
+            guard["unverified"] = summary["audits_unverified"]
+            guard["mismatches"] = summary["audit_mismatches"]
+        self.out.write(json.dumps({"final": True, "rank": self.rank,
+                                   "weights_digest": weights_digest(module), "guard": guard},
+                                  separators=(",", ":")) + "\n")
+        self.out.flush()
+
+
+class Turns:
+    """Turn-taking between clusters on one machine (the overhead benchmark),
+    as the C++ trainer does: a turn starts once rank 0 reads this cluster's
+    name (or *) in the file and every rank passed a barrier; it ends with a
+    barrier and rank 0 naming the next cluster."""
+
+    def __init__(self, args, rank, first_step, last_step):
+        self.file, self.name, self.next = args.turn_file, args.turn_name, args.turn_next
+        self.steps, self.rank, self.first, self.last = args.turn_steps, rank, first_step, last_step
+        if self.file and not (self.name and self.next):
+            raise SystemExit("--turn_file: needs --turn_name and --turn_next")
+
+    def begin(self, step):
+        if not self.file or (step - self.first) % self.steps != 0:
+            return
+        if self.rank == 0:
+            while True:
+                try:
+                    with open(self.file) as f:
+                        holder = f.readline().strip()
+                except FileNotFoundError:
+                    holder = ""
+                if holder in (self.name, "*"):
+                    break
+                time.sleep(0.005)
+        dist.barrier()
+
+    def end(self, step):
+        if not self.file or ((step - self.first + 1) % self.steps != 0 and step != self.last):
+            return
+        dist.barrier()
+        if self.rank != 0:
+            return
+        tmp = f"{self.file}.{self.name}"
+        with open(tmp, "w") as f:
+            f.write(self.next + "\n")
+        os.replace(tmp, self.file)

@@ -1,0 +1,96 @@
+"""The example's models and data: a small byte-level transformer language
+model on the licence texts in /usr/share/common-licenses, and a tiny MLP
+with BatchNorm and dropout (the layers a replay must get exactly right).
+The same shapes as the C++ demo's (demo/model.h)."""
+
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TinyTransformer(nn.Module):
+    vocab = 256  # Bytes.
+    context = 64
+
+    def __init__(self, width=64, heads=4, layers=2, dropout=0.1):
+        super().__init__()
+        self.width, self.heads = width, heads
+        self.token = nn.Embedding(self.vocab, width)
+        self.position = nn.Embedding(self.context, width)
+        self.blocks = nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(nn.ModuleDict({
+                "norm1": nn.LayerNorm(width), "qkv": nn.Linear(width, 3 * width),
+                "proj": nn.Linear(width, width), "norm2": nn.LayerNorm(width),
+                "fc1": nn.Linear(width, 4 * width), "fc2": nn.Linear(4 * width, width),
+            }))
+        self.final_norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, self.vocab)
+        self.dropout = nn.Dropout(dropout)
+        self.fault_hook = None  # A FaultPoint (sdc_guard.Guard.fault_point) for tests and demos.
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        w, h = self.width, self.heads
+        x = self.token(tokens) + self.position(torch.arange(t, device=tokens.device))
+        mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
+        for i, blk in enumerate(self.blocks):
+            qkv = blk["qkv"](blk["norm1"](x)).view(b, t, 3, h, w // h)
+            q, k, v = (qkv.select(2, j).transpose(1, 2) for j in range(3))
+            scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(w // h)
+            attn = self.dropout(torch.softmax(scores.masked_fill(mask, -1e9), -1))
+            y = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, w)
+            x = x + self.dropout(blk["proj"](y))
+            # Where activation faults land: the residual stream, after dropout,
+            # so a corrupted value always reaches the loss.
+            if i == 0 and self.fault_hook is not None:
+                x = self.fault_hook(x)
+            x = x + self.dropout(blk["fc2"](F.gelu(blk["fc1"](blk["norm2"](x)))))
+        return self.head(self.final_norm(x))
+
+
+class BnMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, 1)
+        self.dropout = nn.Dropout(0.2)
+        self.fault_hook = None
+
+    def forward(self, x):
+        h = self.dropout(torch.relu(self.bn(self.fc1(x))))
+        if self.fault_hook is not None:
+            h = self.fault_hook(h)  # After dropout: an injected error always counts.
+        return self.fc2(h)
+
+
+def load_corpus(directory, min_bytes=1 << 16):
+    """The concatenated files of `directory`, as a uint8 tensor."""
+    data = bytearray()
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not name.startswith(".") and os.path.isfile(path):
+            with open(path, "rb") as f:
+                data += f.read()
+    if len(data) < min_bytes:
+        raise SystemExit(f"{directory} holds {len(data)} bytes of text; at least {min_bytes} needed")
+    return torch.frombuffer(data, dtype=torch.uint8)
+
+
+def text_batch(corpus, batch, context, seed):
+    """(inputs, targets), each [batch, context] int64: windows at positions drawn with `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, corpus.numel() - context - 1, (batch,), generator=g)
+    windows = torch.stack([corpus[s:s + context + 1] for s in starts.tolist()]).long()
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def regression_batch(batch, seed):
+    """(x [batch, 16], y [batch, 1]): a synthetic regression for the BatchNorm model."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 16, generator=g)
+    return x, (x[:, :4].sum(1, keepdim=True) * 0.5).tanh()

@@ -1,0 +1,149 @@
+"""What the Python package's tests share: the built binaries (SDC_BIN, set
+by ./sdc pytest to bazel-bin), a real sdcd on free loopback ports, and a
+launcher for multi-process torch.distributed (Gloo) jobs of
+examples/ddp_train.py. Every process is killed at the end of its test; every
+wait has a timeout."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "ddp_train.py")
+
+
+def binary(relative):
+    base = os.environ.get("SDC_BIN")
+    if not base:
+        pytest.exit("SDC_BIN is not set: run the suite with ./sdc pytest (or ./sdc test)", 2)
+    path = os.path.join(base, relative)
+    if not os.access(path, os.X_OK):
+        pytest.exit(f"{path} is not built: run ./sdc pytest", 2)
+    return path
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Sdcd:
+    """A real sdcd in `directory`, on ports the kernel picks (read from its log)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.db = os.path.join(directory, "sdcd.db")
+        self.token_file = os.path.join(directory, "admin.token")
+        self.log = os.path.join(directory, "sdcd.log")
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [binary("daemon/sdcd"), f"--db={self.db}", f"--admin_token_file={self.token_file}",
+                 "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+                 "--metrics_listen=127.0.0.1:0", "--report_deadline=30s"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        line = wait_for(self._serving_line, 30, "sdcd to start")
+        ports = re.findall(r"\(port (\d+)\)", line)
+        self.trainer_address = f"127.0.0.1:{ports[0]}"
+        self.admin_address = f"127.0.0.1:{ports[1]}"
+
+    def _serving_line(self):
+        if self.process.poll() is not None:
+            raise AssertionError(f"sdcd exited: {open(self.log).read()}")
+        for line in open(self.log):
+            if "serving trainers on" in line:
+                return line
+        return None
+
+    def sdcctl(self, *args):
+        """sdcctl's JSON output (-o json) of a command."""
+        out = subprocess.run(
+            [binary("daemon/sdcctl"), f"--server={self.admin_address}",
+             f"--token_file={self.token_file}", *args, "-o", "json"],
+            capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout) if out.stdout.strip() else {}
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+@pytest.fixture
+def sdcd(tmp_path):
+    d = Sdcd(str(tmp_path))
+    yield d
+    d.stop()
+
+
+def python_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [os.environ.get("SDC_PYTHONPATH", ""), env.get("PYTHONPATH", "")] if p)
+    env.update(extra or {})
+    return env
+
+
+def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300):
+    """Runs examples/ddp_train.py on `world` ranks (Gloo, a FileStore
+    rendezvous), rank r on node (r // (world / nodes)). Returns
+    ([per-rank step records], [per-rank final lines]); raises with the logs
+    when a rank fails or the job outlives `timeout`."""
+    os.makedirs(directory, exist_ok=True)
+    store = os.path.join(directory, "rendezvous")
+    if os.path.exists(store):
+        os.remove(store)
+    per_node = max(1, world // nodes)
+    procs, logs = [], []
+    for r in range(world):
+        progress = os.path.join(directory, f"progress-{r}.jsonl")
+        if os.path.exists(progress):
+            os.remove(progress)
+        rank_env = python_env({
+            "SDC_NODE_NAME": f"node-{chr(ord('a') + r // per_node)}",
+            "LOCAL_RANK": str(r % per_node),
+            **(env or {}),
+        })
+        log_path = os.path.join(directory, f"rank-{r}.log")
+        logs.append(log_path)
+        with open(log_path, "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, EXAMPLE, f"--rank={r}", f"--world_size={world}",
+                 f"--rendezvous={store}", f"--progress={progress}", *flags],
+                stdout=log, stderr=subprocess.STDOUT, env=rank_env, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        raise AssertionError("rank(s) %s failed:\n%s" % (
+            failed, "\n".join(f"--- rank {r}\n{open(logs[r]).read()[-3000:]}" for r in failed)))
+    steps, finals = [], []
+    for r in range(world):
+        lines = [json.loads(l) for l in open(os.path.join(directory, f"progress-{r}.jsonl"))]
+        steps.append([l for l in lines if "final" not in l])
+        finals.append(next(l for l in lines if l.get("final")))
+    return steps, finals
