@@ -249,6 +249,14 @@ cmd_ctl() {
   exec "$ROOT/bazel-bin/daemon/sdcctl" "$@"
 }
 
+# What tests/gpu/run.sh needs on a GPU machine, into gpu-bundle/ (see
+# tests/gpu/README.md).
+cmd_gpu_bundle() {
+  build_targets //tests/gpu:gpu_bench //kernels:cuda_test //client:device_test \
+    //client:guard_engine_test //daemon:sdcd //daemon:sdcctl
+  "$ROOT/tests/gpu/prepare.sh"
+}
+
 usage() {
   cat <<'TXT'
 usage: ./sdc COMMAND [ARGS]
@@ -259,6 +267,7 @@ usage: ./sdc COMMAND [ARGS]
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
+  gpu-bundle           build what tests/gpu/run.sh needs on a GPU machine (gpu-bundle/)
   setup                install the Debian packages and the pinned torch the project needs
 TXT
 }
@@ -273,6 +282,7 @@ main() {
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;
     pytest) setup; cmd_pytest "$@" ;;
+    gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
     setup) setup ;;
     help | -h | --help) usage ;;

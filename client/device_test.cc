@@ -76,6 +76,58 @@ TEST(DeviceTest, RefusesWhatItCannotRead) {
       << meta.message();
 }
 
+// The CUDA path on a GPU (tests/gpu/run.sh runs this binary there): the CUDA
+// kernels on the current stream give the CPU's fingerprints and counts, and
+// the CUDA generator travels with the RNG state.
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU visible to torch";
+    if (absl::Status s = kernels::CudaAvailable(); !s.ok()) GTEST_SKIP() << s.message();
+  }
+};
+
+TEST_F(CudaDeviceTest, CudaTensorsGetTheCpuResults) {
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> cpu = {torch::randn({1 << 20}), torch::randn({77, 13}, torch::kDouble),
+                                    torch::randn({4099}).to(torch::kBFloat16),
+                                    torch::randn({513}).to(torch::kHalf)};
+  cpu[0][12345] = std::numeric_limits<float>::quiet_NaN();
+  cpu[2][7] = -std::numeric_limits<float>::infinity();
+  std::vector<torch::Tensor> gpu;
+  for (const torch::Tensor& t : cpu) gpu.push_back(t.to(torch::kCUDA));
+  std::vector<kernels::Fingerprint> fc, fg;
+  std::vector<kernels::ScanResult> sc, sg;
+  ASSERT_TRUE(FingerprintOnDevice(cpu, &fc).ok());
+  ASSERT_TRUE(FingerprintOnDevice(gpu, &fg).ok());
+  ASSERT_TRUE(ScanOnDevice(cpu, &sc).ok());
+  ASSERT_TRUE(ScanOnDevice(gpu, &sg).ok());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(fc[i], fg[i]) << i;
+    EXPECT_EQ(sc[i].nonfinite, sg[i].nonfinite) << i;
+  }
+  EXPECT_EQ(sg[0].nonfinite, 1u);
+  EXPECT_EQ(sg[2].nonfinite, 1u);
+  // Mixed devices in one call: each device's tensors go to its kernels.
+  std::vector<kernels::Fingerprint> mixed;
+  ASSERT_TRUE(FingerprintOnDevice({cpu[0], gpu[1]}, &mixed).ok());
+  EXPECT_EQ(mixed[0], fc[0]);
+  EXPECT_EQ(mixed[1], fc[1]);
+}
+
+TEST_F(CudaDeviceTest, RestoredRngReplaysCudaDraws) {
+  const torch::Device cuda(torch::kCUDA, 0);
+  torch::manual_seed(11);
+  const torch::Tensor before = CaptureRng(cuda);
+  EXPECT_GT(before.numel(), CaptureRng(torch::Device(torch::kCPU)).numel());
+  const torch::Tensor first = torch::rand({64}, torch::device(cuda));
+  ASSERT_TRUE(RestoreRng(cuda, before).ok());
+  EXPECT_TRUE(torch::equal(torch::rand({64}, torch::device(cuda)), first));
+  // A CPU-only state is refused for a CUDA model.
+  EXPECT_EQ(RestoreRng(cuda, CaptureRng(torch::Device(torch::kCPU))).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DeviceTest, CudaIsRefusedWithTheReasonWhenNoGpuIsUsable) {
   if (kernels::CudaAvailable().ok()) GTEST_SKIP() << "a GPU is usable here: tests/gpu covers it";
   const absl::Status cuda = CheckDevice(torch::Device(torch::kCUDA, 0));

@@ -40,6 +40,8 @@ def parse_args():
     p.add_argument("--corpus", default="/usr/share/common-licenses")
     p.add_argument("--checkpoint_every", type=int, default=0)
     p.add_argument("--checkpoint_dir", default="")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: rank on GPU LOCAL_RANK %% the GPUs visible (collectives stay on Gloo)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
     a = p.parse_args()
@@ -72,7 +74,12 @@ def main():
             return F.mse_loss(model(batch[0]), batch[1])
 
     torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
-    model = DDP(net)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
+    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     guard = checkpoints = None
@@ -89,7 +96,8 @@ def main():
     for step in range(args.first_step, args.first_step + args.steps):
         turns.begin(step)
         start = time.perf_counter()
-        batches = [batch_of((step * 1000003 + rank) * 31 + m) for m in range(args.micro_batches)]
+        batches = [tuple(t.to(device) for t in batch_of((step * 1000003 + rank) * 31 + m))
+                   for m in range(args.micro_batches)]
         checkpoint = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         total = 0.0
         s = None
