@@ -187,3 +187,48 @@ def test_reports_reach_a_real_sdcd_over_grpc_beside_torch(group, sdcd):
         assert torch.equal(torch.ones(3) + 1, torch.full((3,), 2.0))
     finally:
         guard.shutdown(0)
+
+
+def test_provisional_checkpoints_are_promoted_when_the_next_one_is_allowed(group, tmp_path):
+    """In-band fallback (no sdcd): an allowed checkpoint is provisional until
+    the next is allowed; ProvisionalCheckpoints renames it then, for
+    torch.save files and torch.distributed.checkpoint directories alike."""
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), 0.01)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0,
+                            checkpoint_fallback="in-band")
+    checkpoints = sdc_guard.ProvisionalCheckpoints(guard, str(tmp_path / "ckpt"))
+    try:
+        for step in (1, 2, 3):
+            with guard.step(step, batch(step)) as s:
+                s.backward(mse(model, batch(step)))
+            opt.step()
+            guard.after_optimizer_step(checkpoint=True)
+            assert guard.may_checkpoint()
+            if step == 2:
+                checkpoints.save_distributed(step, {"model": model.module.state_dict()})
+            else:
+                checkpoints.save(step, model.module.state_dict())
+            checkpoints.reconcile()
+        assert checkpoints.steps() == {1: ("pt", False), 2: ("dcp", False), 3: ("pt", True)}
+        assert guard.checkpoint_standing(3) == "provisional"
+        assert checkpoints.latest_final().endswith("step-2.dcp")
+        restored = torch.load(checkpoints.path(1, provisional=False))
+        assert set(restored) == set(model.module.state_dict())
+    finally:
+        guard.shutdown(0)
+
+
+def test_may_checkpoint_needs_the_checkpoint_weight_check(group):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, checkpoint_fallback="in-band")
+    try:
+        with guard.step(1, batch()) as s:
+            s.backward(mse(model, batch()))
+        opt.step()
+        guard.after_optimizer_step()
+        with pytest.raises(sdc_guard.GuardError, match="FAILED_PRECONDITION"):
+            guard.may_checkpoint()
+    finally:
+        guard.shutdown(0)
