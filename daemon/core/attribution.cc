@@ -77,13 +77,30 @@ void SortUnique(std::vector<Rank>& v) {
   v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
-// Systemic: more mismatches than two faulty ranks can explain, or several
-// mismatches confined to the very same parameters without a common rank.
+// True when one rank takes part in every mismatched comparison: one faulty
+// GPU explains them all, whatever they look like.
+bool OneRankInEvery(const std::vector<const Comparison*>& mismatched) {
+  for (Rank r : {mismatched.front()->subject, mismatched.front()->replayer}) {
+    bool in_all = true;
+    for (const Comparison* c : mismatched) {
+      in_all = in_all && (c->subject == r || c->replayer == r);
+    }
+    if (in_all) return true;
+  }
+  return false;
+}
+
+// Systemic: more mismatches than two faulty ranks can explain; every
+// comparison of a group of three or more without a rank common to all (in
+// a group of four or fewer the count cannot fire, and in a ring one faulty
+// GPU takes part in two comparisons only); or several mismatches confined
+// to the very same parameters without a common rank.
 bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
                    size_t comparisons) {
   const size_t m = mismatched.size();
   if (m > std::max<size_t>(4, comparisons / 4)) return true;
   if (m < 3) return false;
+  if (m == comparisons && !OneRankInEvery(mismatched)) return true;
   const auto& params = mismatched.front()->differing_parameters;
   if (params.empty()) return false;
   for (const Comparison* c : mismatched) {
@@ -91,14 +108,7 @@ bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
   }
   // Same parameters everywhere: systemic unless one rank is in every
   // mismatch (a single faulty GPU differs in whatever it corrupts).
-  for (Rank r : {mismatched.front()->subject, mismatched.front()->replayer}) {
-    bool in_all = true;
-    for (const Comparison* c : mismatched) {
-      in_all = in_all && (c->subject == r || c->replayer == r);
-    }
-    if (in_all) return false;
-  }
-  return true;
+  return !OneRankInEvery(mismatched);
 }
 
 }  // namespace

@@ -9,9 +9,11 @@
 // job runs deterministic kernels, the gradient digests match too. Then, in
 // this order:
 //   1. Systemic. More mismatches than two faulty GPUs explain (over
-//      max(4, a quarter of the comparisons)), or three or more mismatches
-//      that all differ in exactly the same parameters without sharing a rank:
-//      non-determinism or a software change. Nobody is blamed.
+//      max(4, a quarter of the comparisons)), every comparison of a group of
+//      three or more (the count cannot fire in groups of four or fewer), or
+//      three or more mismatches that all differ in exactly the same
+//      parameters without sharing a rank: non-determinism or a software
+//      change. Nobody is blamed.
 //   2. Fewer than three failure domains: detected, attribution impossible;
 //      the ranks involved become suspects.
 //   3. A rank whose comparisons (as owner and as replayer) all mismatch, with
