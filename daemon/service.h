@@ -38,7 +38,9 @@ inline constexpr char kVersion[] = "0.1.0";
 // about 3 MiB.
 inline constexpr int kMaxMessageBytes = 16 << 20;
 
-// Converts at the edge; the codes are the same numbers.
+// Converts at the edge; the codes are the same numbers. A message longer
+// than 1 KiB is cut (saying how much), so the status always reaches the
+// caller.
 grpc::Status ToGrpc(const absl::Status& s);
 
 // The metrics sdcd exports (names per shared STYLE: sdc_ prefix, _total

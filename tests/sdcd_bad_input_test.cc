@@ -178,6 +178,29 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
 }
 
 // TLS with client certificates: a trainer without one is refused.
+// Issue 27, item 3: an error that echoes its input must not grow with it. A
+// 1 MB job id made a 1 MB status message, which exceeds what a gRPC client
+// takes in trailers by default: the caller saw RESOURCE_EXHAUSTED, not
+// NOT_FOUND.
+TEST_F(SdcdBadInputTest, AHugeEchoedValueKeepsItsStatus) {
+  const std::string huge(1 << 20, 'j');
+  v1::ListRanksRequest request;
+  request.set_job_id(huge);
+  v1::ListRanksResponse response;
+  grpc::Status s = sdcd_->Admin()->ListRanks(sdcd_->AdminContext().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message().substr(0, 200);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown job jjjj"));
+  EXPECT_LT(s.error_message().size(), 2048u);
+  // The same through a trainer stream: a Hello whose job id is over the
+  // limit is refused with its reason, not with a message a megabyte long.
+  v1::TrainerMessage hello;
+  core::Hello h = TestHello(huge, 0, 6, 2, kTensors);
+  *hello.mutable_hello() = daemon::ToProto(h);
+  s = StreamEndingWith(hello);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message().substr(0, 200);
+  EXPECT_LT(s.error_message().size(), 2048u);
+}
+
 TEST(SdcdTlsTest, TrainerWithoutClientCertificateIsRefused) {
   const std::string dir = TestDir("tls");
   ASSERT_TRUE(WriteTestCertificates(dir).ok());

@@ -15,6 +15,14 @@ constexpr size_t kMaxJobIdLength = 128;
 constexpr uint32_t kMaxWorldSize = 1u << 20;
 constexpr size_t kMaxListedRanks = 8;
 
+// A job id as an error message may echo it: as it came, when it could be a
+// valid one, else its first characters and its length (a 1 MB id must not
+// make a 1 MB message).
+std::string EchoJobId(const std::string& id) {
+  if (id.size() <= kMaxJobIdLength) return id;
+  return absl::StrCat(id.substr(0, 32), "... (", id.size(), " characters)");
+}
+
 // "3, 7, 9" or "3, 7, ... (12 ranks)".
 std::string RankList(const std::vector<Rank>& ranks) {
   if (ranks.size() <= kMaxListedRanks) return absl::StrJoin(ranks, ", ");
@@ -276,7 +284,7 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   auto it = jobs_.find(r.job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("unknown job ", r.job_id, ": send Hello first"));
+        absl::StrCat("unknown job ", EchoJobId(r.job_id), ": send Hello first"));
   }
   JobState& job = it->second;
   if (absl::Status s = ValidateReport(job, r); !s.ok()) return s;
@@ -1283,7 +1291,7 @@ absl::StatusOr<CheckpointResult> Coordinator::MayCheckpoint(const std::string& j
                                                            Step step) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", EchoJobId(job_id)));
   JobState& job = it->second;
   CheckpointResult result;
   result.reason = CheckpointVeto(job, step, &result.retryable);
@@ -1310,7 +1318,7 @@ absl::StatusOr<CheckpointResult> Coordinator::MayCheckpoint(const std::string& j
 absl::StatusOr<CheckpointResult> Coordinator::CheckpointStatus(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", EchoJobId(job_id)));
   CheckpointResult result;
   result.reason = "status only: nothing decided";
   result.confirmed_through = it->second.checkpoints.confirmed_through();
@@ -1463,7 +1471,7 @@ absl::StatusOr<std::vector<RankSummary>> Coordinator::ListRanks(
     const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", EchoJobId(job_id)));
   std::vector<RankSummary> out;
   for (const auto& slot : it->second.ranks) {
     if (!slot.has_value()) continue;
