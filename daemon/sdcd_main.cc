@@ -318,7 +318,21 @@ int Main(int argc, char** argv) {
   if (!exposer.ok()) Die(absl::StrCat("--metrics_listen: ", exposer.status().message()));
 
   StreamRegistry streams;
-  Delivery delivery(db, &streams, &service_metrics);
+  // Logs what the core decided, for operators watching the daemon: every
+  // delivered decision, from ingestion, the timer, operators or the actuator.
+  auto log_effects = [](const core::Effects& e) {
+    for (const core::Incident& i : e.incidents) {
+      Log(absl::StrCat("incident ", i.id, ": ", core::CheckKindName(i.check), " check, job ",
+                       i.job_id, " step ", i.step, ", ", i.outcome, ": ", i.explanation));
+    }
+    for (const core::ReplacementRequest& r : e.requests) {
+      Log(absl::StrCat("request ", r.id, " for node ", r.node, " is ",
+                       core::RequestStateName(r.state),
+                       r.state == core::RequestState::kPending ? absl::StrCat(" (", ApproveHint(r), ")")
+                                                               : ""));
+    }
+  };
+  Delivery delivery(db, &streams, &service_metrics, log_effects);
   absl::Mutex wake_mu;
   bool wake = false;
   TrainerService trainer(&coordinator, &delivery, &streams, &service_metrics);
@@ -378,27 +392,11 @@ int Main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   signal(SIGPIPE, SIG_IGN);
 
-  // Logs what the core decided, for operators watching the daemon.
-  auto log_effects = [](const core::Effects& e) {
-    for (const core::Incident& i : e.incidents) {
-      Log(absl::StrCat("incident ", i.id, ": ", core::CheckKindName(i.check), " check, job ",
-                       i.job_id, " step ", i.step, ", ", i.outcome, ": ", i.explanation));
-    }
-    for (const core::ReplacementRequest& r : e.requests) {
-      Log(absl::StrCat("request ", r.id, " for node ", r.node, " is ",
-                       core::RequestStateName(r.state),
-                       r.state == core::RequestState::kPending ? absl::StrCat(" (", ApproveHint(r), ")")
-                                                               : ""));
-    }
-  };
-
   // Deadlines and expiry, once a second; health follows the store.
   std::thread ticker([&] {
     pthread_setname_np(pthread_self(), "sdc-ticker");
     while (!g_stop) {
-      core::Effects e = coordinator.Tick();
-      log_effects(e);
-      delivery.Deliver(std::move(e));
+      delivery.Deliver(coordinator.Tick());
       agent_hub.Tick();
       const bool healthy = db->health().ok();
       trainer_server->GetHealthCheckService()->SetServingStatus(healthy);

@@ -104,8 +104,12 @@ class StreamRegistry {
 // metrics. Shared by both services and sdcd's background loops.
 class Delivery {
  public:
-  Delivery(core::Store* store, StreamRegistry* streams, ServiceMetrics* metrics)
-      : store_(store), streams_(streams), metrics_(metrics) {}
+  // `log` (may be empty) sees every delivered Effects once, after it is
+  // durable: what the core decided (incidents, requests), whichever path
+  // decided it (ingestion, the timer, operators, the actuator).
+  Delivery(core::Store* store, StreamRegistry* streams, ServiceMetrics* metrics,
+           std::function<void(const core::Effects&)> log = nullptr)
+      : store_(store), streams_(streams), metrics_(metrics), log_(std::move(log)) {}
   // Runs `then` (if any) after the effects are durable and delivered.
   void Deliver(core::Effects effects, std::function<void(absl::Status)> then = nullptr);
 
@@ -138,6 +142,7 @@ class Delivery {
   core::Store* store_;
   StreamRegistry* streams_;
   ServiceMetrics* metrics_;
+  const std::function<void(const core::Effects&)> log_;
 };
 
 using TrainerServiceBase = v1::TrainerService::WithAsyncMethod_Attach<

@@ -79,6 +79,14 @@ TEST_F(SdcdEndToEndTest, FaultyRankIsAttributedApprovedAndReplaced) {
   const uint64_t id = requests.requests(0).id();
   EXPECT_EQ(requests.requests(0).node_name(), "node-b");
   EXPECT_EQ(requests.requests(0).state(), v1::PENDING);
+  // Issue 27, item 6: the incident and the request were created while sdcd
+  // ingested the results, not by its timer; its log says so as well.
+  EXPECT_TRUE(sdcd_->process().WaitForLog("incident 1: replay check, job .* step 10, faulty",
+                                          absl::Seconds(5)).ok())
+      << sdcd_->process().Log();
+  EXPECT_TRUE(sdcd_->process().WaitForLog("request 1 for node node-b is Pending", absl::Seconds(5))
+                  .ok())
+      << sdcd_->process().Log();
 
   // The operator approves with the real CLI.
   RunResult approve =
