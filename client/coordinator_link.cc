@@ -34,6 +34,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
   grpc::ChannelArguments args = KeepaliveArguments();
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
+  // The channel's own reconnect backoff (gRPC's default grows to 120 s)
+  // within the link's: the link decides when to try again.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_min)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_min)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_max)));
   return MakeClientChannel({options.coordinator, options.tls_ca, options.tls_cert, options.tls_key},
                            args);
 }
@@ -62,6 +70,20 @@ void CoordinatorLink::Stop(absl::Duration flush) {
     if (context_ != nullptr) context_->TryCancel();
   }
   thread_.join();
+  // What the coordinator never acknowledged is lost with this process:
+  // counted and said, never silently.
+  absl::MutexLock lock(&mu_);
+  if (!buffer_.empty()) {
+    std::fprintf(stderr,
+                 "sdc-guard: rank %u: %zu report(s) never acknowledged by sdcd at exit (steps "
+                 "%llu to %llu), dropped: %s\n",
+                 hello_.placement.rank, buffer_.size(),
+                 static_cast<unsigned long long>(buffer_.front().step),
+                 static_cast<unsigned long long>(buffer_.back().step),
+                 stats_.last_error.empty() ? "no error recorded" : stats_.last_error.c_str());
+    stats_.dropped += buffer_.size();
+    buffer_.clear();
+  }
 }
 
 uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) body) {
@@ -108,9 +130,18 @@ void CoordinatorLink::Run() {
                   : std::min(options_.reconnect_max, backoff * 2);
     // +-50% jitter so a restarted coordinator is not hit by every rank at once.
     const double jitter = 0.5 + std::uniform_real_distribution<double>(0, 1)(rng);
-    const absl::Time until = absl::Now() + backoff * jitter;
-    auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
-    mu_.AwaitWithDeadline(absl::Condition(&stopped), until);
+    // While a Flush waits (the exit flush among them), retry at the
+    // shortest interval until its deadline: a coordinator back within it
+    // still gets the reports, however long the backoff had grown. A Flush
+    // that starts during a long wait ends it.
+    const bool flushing = flushing_ > 0;
+    const absl::Time until = absl::Now() + (flushing ? options_.reconnect_min : backoff * jitter);
+    auto stopped_or_flushing = [this, flushing]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stop_ || (!flushing && flushing_ > 0);
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&stopped_or_flushing), until);
+    // When a Flush begins, the channel's own backoff starts over too.
+    if (flushing_ > 0 && !flushing) grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
   }
 }
 
@@ -121,6 +152,13 @@ void CoordinatorLink::Session() {
     if (stop_) return;
     context_ = &context;
     reader_done_ = false;
+    if (flushing_ > 0) {
+      // A flush waits for the coordinator until its deadline: the stream
+      // waits for the channel to connect rather than fail at once (and
+      // cancel the connection attempt it started).
+      context.set_wait_for_ready(true);
+      context.set_deadline(absl::ToChronoTime(flush_deadline_));
+    }
   }
   auto stream = stub_->Attach(&context);
   v1::TrainerMessage hello;
@@ -293,6 +331,8 @@ absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::CheckpointStatus(absl::D
 bool CoordinatorLink::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   ++flushing_;  // Reports waiting for company go now.
+  flush_deadline_ = std::max(flushing_ > 1 ? flush_deadline_ : absl::InfinitePast(),
+                             absl::Now() + timeout);
   auto empty = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return buffer_.empty(); };
   const bool flushed = mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
   --flushing_;

@@ -45,7 +45,7 @@ class CoordinatorLink {
   struct Stats {
     uint64_t sent = 0;          // Reports queued.
     uint64_t acked = 0;         // Highest acknowledged sequence.
-    uint64_t dropped = 0;       // Dropped on overflow.
+    uint64_t dropped = 0;       // Dropped on overflow, or unacknowledged at Stop.
     uint64_t rejected = 0;      // Refused by the coordinator.
     uint64_t reconnects = 0;
     bool connected = false;
@@ -57,7 +57,9 @@ class CoordinatorLink {
   ~CoordinatorLink();
 
   void Start();
-  // Stops the background thread after trying to flush for up to `flush`.
+  // Stops the background thread after trying to flush for up to `flush`
+  // (reconnecting at options.reconnect_min meanwhile, whatever the backoff).
+  // Reports still unacknowledged then are counted as dropped and logged.
   void Stop(absl::Duration flush = absl::Seconds(5));
 
   // Queues a report; returns its sequence number.
@@ -113,6 +115,7 @@ class CoordinatorLink {
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;   // The session's stream ended.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Callers in Flush(): nothing waits.
+  absl::Time flush_deadline_ ABSL_GUARDED_BY(mu_);  // The latest Flush caller's.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::AuditVerdict> verdicts_ ABSL_GUARDED_BY(mu_);
