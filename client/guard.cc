@@ -2,8 +2,6 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 
 namespace sdc {

@@ -176,8 +176,6 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("record_first_micro_batch",
            [](Engine& e, const at::Tensor& loss) { e.engine().RecordFirstMicroBatch(loss); })
-      .def("wants_original_gradients",
-           [](Engine& e) { return e.engine().WantsOriginalGradients(); })
       .def("record_original_gradients",
            [](Engine& e, const std::vector<size_t>& indices, const std::vector<at::Tensor>& grads) {
              e.engine().RecordOriginalGradients(indices, grads);
