@@ -86,4 +86,28 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
   return p;
 }
 
+absl::StatusOr<std::vector<FaultPlan>> ParseFaultSpecs(const std::string& specs) {
+  std::vector<FaultPlan> plans;
+  for (absl::string_view spec : absl::StrSplit(specs, ',')) {
+    absl::StatusOr<FaultPlan> plan = ParseFaultSpec(std::string(spec));
+    if (!plan.ok()) return plan.status();
+    for (const FaultPlan& p : plans) {
+      if (p.rank == plan->rank) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("fault specs '", specs, "': rank ", p.rank, " is named twice"));
+      }
+    }
+    plan->seed = 1 + plan->rank;
+    plans.push_back(*plan);
+  }
+  return plans;
+}
+
+FaultPlan FaultFor(const std::vector<FaultPlan>& plans, uint32_t rank) {
+  for (const FaultPlan& p : plans) {
+    if (p.rank == rank) return p;
+  }
+  return FaultPlan{};
+}
+
 }  // namespace sdc::client

@@ -7,7 +7,9 @@
 // at start, and an armed rank logs a warning on every injection.
 //
 // Spec: KIND:RANK:WHEN[:MAGNITUDE], e.g. "activation-scale:3:step=40:10000",
-// "mantissa-bitflip:3:p=0.05", "nan-gradient:1:step=25".
+// "mantissa-bitflip:3:p=0.05", "nan-gradient:1:step=25". Several faults at
+// once (two faulty GPUs, say) are comma-separated specs, one per rank:
+// "replay:1:step=15,activation-scale:3:step=15".
 //   KIND      activation-scale    multiply one activation by MAGNITUDE (default 10000)
 //             mantissa-bitflip    flip a low mantissa bit of one activation (a small finite error)
 //             nan-gradient        set one local gradient element to NaN
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -54,6 +57,13 @@ struct FaultPlan {
 
 // Parses a spec; InvalidArgument with the reason.
 absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec);
+
+// Parses comma-separated specs, at most one per rank; each plan's seed is
+// 1 + its rank, so every run of a scenario draws the same steps.
+absl::StatusOr<std::vector<FaultPlan>> ParseFaultSpecs(const std::string& specs);
+
+// The plan for `rank` among `plans`, or a disabled plan.
+FaultPlan FaultFor(const std::vector<FaultPlan>& plans, uint32_t rank);
 
 }  // namespace sdc::client
 

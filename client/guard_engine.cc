@@ -135,6 +135,7 @@ class GuardEngine::Impl {
         loss_fn_(std::move(loss_fn)),
         rank_(static_cast<uint32_t>(pg_->getRank())),
         world_(static_cast<uint32_t>(pg_->getSize())),
+        fault_(FaultFor(options_.faults, rank_)),
         small_collectives_(Resolve(options_.small_collectives, *pg_)),
         collective_device_(CollectiveDevice(*pg_)) {
     weight_names_ = param_names_;
@@ -218,6 +219,7 @@ class GuardEngine::Impl {
   const LossFn loss_fn_;
   const uint32_t rank_;
   const uint32_t world_;
+  const FaultPlan fault_;  // This rank's injected fault; disabled in real jobs.
   const SmallCollectives small_collectives_;  // Resolved: never kAuto.
   const torch::Device collective_device_;     // Where pg_ sends from.
   torch::Device device_ = torch::kCPU;        // The model's (Init).
@@ -336,7 +338,7 @@ absl::Status GuardEngine::Impl::Init() {
     link_ = std::make_unique<CoordinatorLink>(options_, std::move(hello));
     link_->Start();
   }
-  if (options_.fault.enabled()) Log(absl::StrCat("FAULT INJECTION ARMED: ", options_.fault.Describe()));
+  if (fault_.enabled()) Log(absl::StrCat("FAULT INJECTION ARMED: ", fault_.Describe()));
   return absl::OkStatus();
 }
 
@@ -459,7 +461,7 @@ void GuardEngine::Impl::RecordOriginalGradients(const std::vector<size_t>& indic
 
 void GuardEngine::Impl::ScanLocalBucket(const torch::Tensor& local) {
   const absl::Time start = absl::Now();
-  const FaultPlan& f = options_.fault;
+  const FaultPlan& f = fault_;
   bool inject = false;
   {
     absl::MutexLock lock(&mu_);
@@ -479,7 +481,7 @@ void GuardEngine::Impl::ScanLocalBucket(const torch::Tensor& local) {
 }
 
 void GuardEngine::Impl::AddReducedBucket(size_t index, const torch::Tensor& reduced) {
-  const FaultPlan& f = options_.fault;
+  const FaultPlan& f = fault_;
   absl::MutexLock lock(&mu_);
   if (f.kind == FaultKind::kReducedGradient && f.FiresAt(rank_, step_) && reduced_.empty()) {
     FlipMantissaBit(reduced, 20);
@@ -489,7 +491,7 @@ void GuardEngine::Impl::AddReducedBucket(size_t index, const torch::Tensor& redu
 }
 
 torch::Tensor GuardEngine::Impl::FaultPoint(const torch::Tensor& x) {
-  const FaultPlan& f = options_.fault;
+  const FaultPlan& f = fault_;
   if (!f.FiresAt(rank_, step_)) return x;
   const bool activation = f.kind == FaultKind::kActivationScale || f.kind == FaultKind::kMantissaBitflip;
   if (!(activation || (f.kind == FaultKind::kReplay && replaying_))) return x;
@@ -898,7 +900,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
 }
 
 absl::StatusOr<double> GuardEngine::Impl::AfterOptimizerStep(bool checkpoint) {
-  const FaultPlan& f = options_.fault;
+  const FaultPlan& f = fault_;
   if (f.kind == FaultKind::kWeight && f.FiresAt(rank_, step_)) {
     SDC_TORCH_TRY(FlipMantissaBit(params_.front(), 16));
     Log(absl::StrCat("INJECTED a bit flip into weight ", param_names_.front(), " after step ", step_));

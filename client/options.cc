@@ -162,12 +162,11 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
           "SDC_INJECT_FAULT is set but SDC_ALLOW_FAULT_INJECTION is not 'yes-i-am-testing': "
           "refusing to corrupt a real job");
     }
-    absl::StatusOr<FaultPlan> plan = ParseFaultSpec(spec);
-    if (!plan.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("SDC_INJECT_FAULT: ", plan.status().message()));
+    absl::StatusOr<std::vector<FaultPlan>> plans = ParseFaultSpecs(spec);
+    if (!plans.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("SDC_INJECT_FAULT: ", plans.status().message()));
     }
-    o.fault = *plan;
-    o.fault.seed = 1 + o.fault.rank;  // Same draws on every run of the scenario.
+    o.faults = *std::move(plans);
   }
   return o;
 }

@@ -75,8 +75,9 @@ struct GuardOptions {
   std::string tls_ca;    // Env: SDC_TLS_CA (PEM): use TLS.
   std::string tls_cert;  // Env: SDC_TLS_CERT: client certificate.
   std::string tls_key;   // Env: SDC_TLS_KEY.
-  // Off by default; see fault_injection.h for how it is enabled.
-  FaultPlan fault;
+  // Off by default; see fault_injection.h for how it is enabled. At most
+  // one plan per rank.
+  std::vector<FaultPlan> faults;
 };
 
 // Reads the SDC_* variables above (plus LOCAL_RANK). InvalidArgument names

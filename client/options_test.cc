@@ -46,7 +46,7 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(o->checkpoint_fallback, CheckpointFallback::kVeto);
   EXPECT_EQ(o->small_collectives, SmallCollectives::kAuto);
   EXPECT_EQ(o->report_linger, absl::Seconds(1));
-  EXPECT_FALSE(o->fault.enabled());
+  EXPECT_TRUE(o->faults.empty());
   setenv("SDC_REPORT_LINGER_MS", "0", 1);
   EXPECT_EQ(OptionsFromEnvironment()->report_linger, absl::ZeroDuration());
   setenv("SDC_SMALL_COLLECTIVES", "backend", 1);
@@ -108,9 +108,11 @@ TEST_F(OptionsTest, FaultInjectionNeedsTheExplicitAllowance) {
   setenv("SDC_ALLOW_FAULT_INJECTION", "yes-i-am-testing", 1);
   o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->fault.kind, FaultKind::kWeight);
-  EXPECT_EQ(o->fault.rank, 2u);
-  EXPECT_EQ(o->fault.step, 5);
+  ASSERT_EQ(o->faults.size(), 1u);
+  EXPECT_EQ(o->faults[0].kind, FaultKind::kWeight);
+  EXPECT_EQ(o->faults[0].rank, 2u);
+  EXPECT_EQ(o->faults[0].step, 5);
+  EXPECT_EQ(o->faults[0].seed, 3u);
 }
 
 TEST(FaultSpecTest, ParsesAndFires) {
@@ -137,6 +139,22 @@ TEST(FaultSpecTest, ParsesAndFires) {
                           "weight:1:p=2", "weight:1", "activation-scale:1:step=2:big"}) {
     EXPECT_EQ(ParseFaultSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(FaultSpecTest, SeveralRanksAtOnce) {
+  absl::StatusOr<std::vector<FaultPlan>> p =
+      ParseFaultSpecs("replay:1:step=15,activation-scale:3:step=15");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->size(), 2u);
+  EXPECT_EQ(FaultFor(*p, 1).kind, FaultKind::kReplay);
+  EXPECT_EQ(FaultFor(*p, 3).kind, FaultKind::kActivationScale);
+  EXPECT_EQ(FaultFor(*p, 3).seed, 4u);
+  EXPECT_FALSE(FaultFor(*p, 2).enabled());
+  absl::StatusOr<std::vector<FaultPlan>> twice =
+      ParseFaultSpecs("replay:1:step=15,weight:1:step=3");
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("rank 1 is named twice"));
+  EXPECT_FALSE(ParseFaultSpecs("replay:1:step=15,").ok()) << "an empty spec is a mistake";
 }
 
 }  // namespace

@@ -94,7 +94,26 @@ bool OneRankInEvery(const std::vector<const Comparison*>& mismatched) {
 // comparison of a group of three or more without a rank common to all (in
 // a group of four or fewer the count cannot fire, and in a ring one faulty
 // GPU takes part in two comparisons only); or several mismatches confined
-// to the very same parameters without a common rank.
+// to the very same parameters that no two ranks share.
+// True when two ranks (or one) take part in every mismatched comparison: two
+// faulty GPUs explain them all, whatever they look like (a large error
+// makes every parameter differ, in every comparison it touches).
+bool TwoRanksInEvery(const std::vector<const Comparison*>& mismatched) {
+  if (OneRankInEvery(mismatched)) return true;
+  for (Rank r : {mismatched.front()->subject, mismatched.front()->replayer}) {
+    std::vector<const Comparison*> rest;
+    for (const Comparison* c : mismatched) {
+      if (c->subject != r && c->replayer != r) rest.push_back(c);
+    }
+    if (rest.empty() || OneRankInEvery(rest)) return true;
+  }
+  return false;
+}
+
+// Two faulty ranks can explain a rank's mismatches with at most two distinct
+// partners (by being those partners); with three they cannot.
+constexpr size_t kPartnersToConfirm = 3;
+
 bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
                    size_t comparisons) {
   const size_t m = mismatched.size();
@@ -106,9 +125,10 @@ bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
   for (const Comparison* c : mismatched) {
     if (c->differing_parameters != params) return false;
   }
-  // Same parameters everywhere: systemic unless one rank is in every
-  // mismatch (a single faulty GPU differs in whatever it corrupts).
-  return !OneRankInEvery(mismatched);
+  // Same parameters everywhere: systemic unless one or two ranks are in
+  // every mismatch (a faulty GPU differs in whatever it corrupts, and two
+  // faulty GPUs hit by large errors differ in the same, first, parameters).
+  return !TwoRanksInEvery(mismatched);
 }
 
 }  // namespace
@@ -183,7 +203,11 @@ AuditVerdict Attribute(const AuditInput& in) {
     return v;
   }
 
-  // Rule 3: every comparison of the rank mismatches, with distinct partners.
+  // Rule 3: every comparison of the rank mismatches, with three or more
+  // distinct partners. Two partners are not enough: a healthy rank whose
+  // replayer corrupts others' batches and whose subject corrupts its own
+  // mismatches in exactly the same two comparisons as a faulty rank, so
+  // those comparisons go to tie-breaks (rule 4) like any other.
   absl::flat_hash_map<Rank, std::vector<const Comparison*>> by_rank;
   for (const Comparison& c : v.comparisons) {
     by_rank[c.subject].push_back(&c);
@@ -197,7 +221,7 @@ AuditVerdict Attribute(const AuditInput& in) {
       all_mismatch = all_mismatch && c->state == Comparison::State::kMismatch;
       partners.insert(c->subject == rank ? c->replayer : c->subject);
     }
-    if (all_mismatch && partners.size() >= 2) v.faulty.push_back(rank);
+    if (all_mismatch && partners.size() >= kPartnersToConfirm) v.faulty.push_back(rank);
   }
   SortUnique(v.faulty);
   // The smallest explanation: a candidate whose every mismatch is already

@@ -12,15 +12,17 @@
 //      max(4, a quarter of the comparisons)), every comparison of a group of
 //      three or more (the count cannot fire in groups of four or fewer), or
 //      three or more mismatches that all differ in exactly the same
-//      parameters without sharing a rank: non-determinism or a software
-//      change. Nobody is blamed.
+//      parameters and that no two ranks between them take part in:
+//      non-determinism or a software change. Nobody is blamed.
 //   2. Fewer than three failure domains: detected, attribution impossible;
 //      the ranks involved become suspects.
 //   3. A rank whose comparisons (as owner and as replayer) all mismatch, with
-//      two or more distinct partners, is faulty -- unless every one of its
-//      mismatches is explained by another such rank (taken in rank order):
-//      a healthy rank between two faulty ones looks the same, so it stays a
-//      suspect and a targeted audit settles it.
+//      three or more distinct partners, is faulty: at most two other faulty
+//      ranks cannot explain them. With two partners (every rank of a ring
+//      audit) it is not: a healthy rank whose replayer corrupts others'
+//      batches and whose subject corrupts its own looks exactly like one
+//      faulty rank, so its comparisons go to rule 4. And a candidate whose
+//      every mismatch another candidate explains stays a suspect.
 //   4. A mismatch not explained by a faulty rank gets a tie-break: a rank t in
 //      a third domain replays j's micro-batch. t agrees with j -> k is
 //      faulty; t agrees with k -> j is faulty; otherwise inconclusive and

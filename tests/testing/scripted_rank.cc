@@ -1,7 +1,9 @@
 #include "tests/testing/scripted_rank.h"
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/convert.h"
+#include "daemon/core/attribution.h"
 #include "daemon/core/replay_plan.h"
 
 namespace sdc::testing {
@@ -181,21 +183,38 @@ absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>
   const core::ReplayPlan plan = core::PlanFullAudit(core::Topology(members), step / 10);
   auto value = [](core::Rank subject) { return 0x3ff0000000000000ull + subject; };
   std::vector<uint64_t> last(world);
-  for (core::Rank r = 0; r < world; ++r) {
+  absl::flat_hash_map<core::Rank, core::Evidence> originals, replays;
+  auto send = [&](core::Rank from, core::AuditRole role, core::Rank subject, uint64_t bits) {
     core::AuditResult a;
-    a.role = core::AuditRole::kOriginal;
-    a.subject = r;
-    a.loss_bits = value(r) + (r == faulty ? 1 : 0);
-    a.gradient_digest = a.loss_bits;
-    last[r] = ranks[r]->Send(step, a);
+    a.role = role;
+    a.subject = subject;
+    a.loss_bits = bits;
+    a.gradient_digest = bits;
+    last[from] = ranks[from]->Send(step, a);
+    core::Evidence e;
+    e.loss_bits = e.gradient_digest = bits;
+    if (role == core::AuditRole::kOriginal) originals[from] = e;
+    if (role == core::AuditRole::kReplay) replays[from] = e;
+  };
+  for (core::Rank r = 0; r < world; ++r) {
+    send(r, core::AuditRole::kOriginal, r, value(r) + (r == faulty ? 1 : 0));
   }
   for (const core::Assignment& x : plan.assignments) {
-    core::AuditResult a;
-    a.role = core::AuditRole::kReplay;
-    a.subject = x.subject;
-    a.loss_bits = value(x.subject) + (x.replayer == faulty ? 2 : 0);
-    a.gradient_digest = a.loss_bits;
-    last[x.replayer] = ranks[x.replayer]->Send(step, a);
+    send(x.replayer, core::AuditRole::kReplay, x.subject,
+         value(x.subject) + (x.replayer == faulty ? 2 : 0));
+  }
+  // The tie-breaks every rank derives in-band from the same results.
+  const core::Topology topology(members);
+  core::AuditInput in;
+  in.plan = &plan;
+  in.topology = &topology;
+  in.originals = &originals;
+  in.replays = &replays;
+  in.compare_gradients = true;
+  in.salt = step;
+  for (const core::TieBreak& t : core::Attribute(in).tiebreaks) {
+    send(t.tiebreaker, core::AuditRole::kTieBreak, t.subject,
+         value(t.subject) + (t.tiebreaker == faulty ? 3 : 0));
   }
   for (core::Rank r = 0; r < world; ++r) {
     if (absl::Status s = ranks[r]->WaitAcked(last[r]); !s.ok()) {
