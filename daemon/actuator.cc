@@ -159,14 +159,6 @@ std::string HealthLabel(const std::string& action) {
 
 }  // namespace
 
-bool IsSafeNodeName(const std::string& node) {
-  if (node.empty() || node.size() > 253 || node[0] == '-') return false;
-  return std::all_of(node.begin(), node.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
-  });
-}
-
 absl::StatusOr<std::unique_ptr<Actuator>> MakeActuator(const ActuatorConfig& config) {
   if (config.kind == "dry-run") return std::make_unique<DryRunActuator>();
   if (config.kind == "eks") {

@@ -58,7 +58,7 @@ struct ActuatorConfig {
 absl::StatusOr<std::unique_ptr<Actuator>> MakeActuator(const ActuatorConfig& config);
 
 // True for names safe to hand to a program: [A-Za-z0-9._-], 1..253 chars.
-bool IsSafeNodeName(const std::string& node);
+using core::IsSafeNodeName;
 
 }  // namespace sdc::daemon
 

@@ -102,6 +102,9 @@ absl::Status Validate(const Config& c) {
   if (c.request_ttl <= absl::ZeroDuration()) return Bad("request_ttl", "must be positive");
   if (c.report_deadline <= absl::ZeroDuration()) return Bad("report_deadline", "must be positive");
   if (c.targeted_audits < 0) return Bad("targeted_audits", "must not be negative");
+  if (c.max_jobs < 1) return Bad("max_jobs", "must be at least 1");
+  if (c.max_ranks < 1) return Bad("max_ranks", "must be at least 1");
+  if (c.job_expiry <= absl::ZeroDuration()) return Bad("job_expiry", "must be positive");
   if (c.actuator.timeout <= absl::ZeroDuration()) return Bad("actuator_timeout", "must be positive");
   absl::StatusOr<std::unique_ptr<Actuator>> actuator = MakeActuator(c.actuator);
   if (!actuator.ok()) {

@@ -38,6 +38,9 @@ struct Config {
   std::vector<std::string> never_replace;
   absl::Duration report_deadline = absl::Seconds(120);
   int targeted_audits = 3;
+  int max_jobs = 1024;
+  int64_t max_ranks = int64_t{1} << 18;
+  absl::Duration job_expiry = absl::Hours(72);
 };
 
 // OK, or InvalidArgument whose message starts with the offending flag, e.g.

@@ -88,6 +88,13 @@ ABSL_FLAG(absl::Duration, report_deadline, kDefaults.report_deadline,
           "A step's checks are decided with what arrived after this long.");
 ABSL_FLAG(int, targeted_audits, kDefaults.targeted_audits,
           "Targeted audits scheduled for each unconfirmed suspect.");
+ABSL_FLAG(int, max_jobs, kDefaults.max_jobs,
+          "Jobs held at most; a Hello for one more is refused once abandoned jobs expired.");
+ABSL_FLAG(int64_t, max_ranks, kDefaults.max_ranks,
+          "Ranks held at most, over all jobs (the sum of their world sizes).");
+ABSL_FLAG(absl::Duration, job_expiry, kDefaults.job_expiry,
+          "A job with no rank attached and no report for this long is dropped "
+          "(its incidents, requests and suspects stay).");
 
 namespace sdc::daemon {
 namespace {
@@ -134,6 +141,9 @@ Config ConfigFromFlags() {
   c.never_replace = absl::GetFlag(FLAGS_never_replace);
   c.report_deadline = absl::GetFlag(FLAGS_report_deadline);
   c.targeted_audits = absl::GetFlag(FLAGS_targeted_audits);
+  c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  c.max_ranks = absl::GetFlag(FLAGS_max_ranks);
+  c.job_expiry = absl::GetFlag(FLAGS_job_expiry);
   return c;
 }
 
@@ -228,6 +238,9 @@ int Main(int argc, char** argv) {
   core::CoordinatorOptions options;
   options.report_deadline = config.report_deadline;
   options.targeted_audits_per_suspect = static_cast<uint32_t>(config.targeted_audits);
+  options.max_jobs = static_cast<size_t>(config.max_jobs);
+  options.max_ranks = static_cast<uint64_t>(config.max_ranks);
+  options.job_expiry = config.job_expiry;
   options.escalation.request_ttl = config.request_ttl;
   options.escalation.max_open_requests = config.max_open_requests;
   options.escalation.max_executed_per_window = config.max_executions;
@@ -330,6 +343,11 @@ int Main(int argc, char** argv) {
                        core::RequestStateName(r.state),
                        r.state == core::RequestState::kPending ? absl::StrCat(" (", ApproveHint(r), ")")
                                                                : ""));
+    }
+    for (const std::string& job : e.expired_jobs) {
+      Log(absl::StrCat("job ", job, " expired: no rank attached and no report for ",
+                       absl::FormatDuration(absl::GetFlag(FLAGS_job_expiry)),
+                       "; its incidents and requests stay"));
     }
   };
   Delivery delivery(db, &streams, &service_metrics, log_effects);

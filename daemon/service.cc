@@ -896,7 +896,7 @@ void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> 
   const uint64_t ticket = effects.ticket;
   // Most reports' effects: nothing to send or count, only a ticket.
   if (!then && effects.messages.empty() && effects.checks.empty() && effects.incidents.empty() &&
-      effects.requests.empty() && effects.skipped_steps == 0) {
+      effects.requests.empty() && effects.skipped_steps == 0 && effects.expired_jobs.empty()) {
     if (Batch* batch = Batch::current_; batch != nullptr && batch->delivery_ == this) {
       batch->ticket_ = std::max(batch->ticket_, ticket);
     }

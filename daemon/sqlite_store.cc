@@ -715,6 +715,24 @@ core::Mutation SqliteStore::Coalesce(std::deque<std::pair<uint64_t, core::Mutati
       to.insert(to.end(), std::make_move_iterator(from.begin()),
                 std::make_move_iterator(from.end()));
     };
+    // A job dropped here drops what earlier mutations of the batch wrote
+    // for it (Write() removes jobs first).
+    for (const std::string& job : m.jobs_removed) {
+      auto of_job = [&job](const auto& r) { return r.job_id == job; };
+      out.jobs.erase(std::remove_if(out.jobs.begin(), out.jobs.end(), of_job), out.jobs.end());
+      out.groups.erase(std::remove_if(out.groups.begin(), out.groups.end(), of_job),
+                       out.groups.end());
+      out.plans.erase(std::remove_if(out.plans.begin(), out.plans.end(), of_job),
+                      out.plans.end());
+      out.step_verdicts.erase(
+          std::remove_if(out.step_verdicts.begin(), out.step_verdicts.end(), of_job),
+          out.step_verdicts.end());
+      out.checkpoint_decisions.erase(
+          std::remove_if(out.checkpoint_decisions.begin(), out.checkpoint_decisions.end(), of_job),
+          out.checkpoint_decisions.end());
+      latest.erase(job);
+    }
+    move_all(out.jobs_removed, m.jobs_removed);
     move_all(out.jobs, m.jobs);
     for (auto& r : m.ranks) keep(r, true);
     const bool carried_by_voided =
@@ -766,6 +784,20 @@ internal::SqliteStatement& SqliteStore::Prepared(const char* sql) {
 }
 
 absl::Status SqliteStore::Write(core::Mutation& m) {
+  for (const std::string& job : m.jobs_removed) {
+    for (const char* sql : {"DELETE FROM jobs WHERE job_id = ?1",
+                            "DELETE FROM ranks WHERE job_id = ?1",
+                            "DELETE FROM replica_groups WHERE job_id = ?1",
+                            "DELETE FROM plans WHERE job_id = ?1",
+                            "DELETE FROM step_verdicts WHERE job_id = ?1",
+                            "DELETE FROM checkpoint_decisions WHERE job_id = ?1",
+                            "DELETE FROM decided_checks WHERE job_id = ?1"}) {
+      Stmt& s = Prepared(sql);
+      s.Bind(1, job);
+      if (absl::Status st = s.Run("dropping an abandoned job"); !st.ok()) return st;
+    }
+    dirty_.erase(job);
+  }
   for (const auto& j : m.jobs) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO jobs VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
     s.Bind(1, j.job_id).Bind(2, j.world_size).Bind(3, j.audit_every);

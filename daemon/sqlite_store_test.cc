@@ -21,6 +21,7 @@ namespace sdc::daemon {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
@@ -249,6 +250,55 @@ TEST(SqliteStoreTest, RemovalsAndRollbacksApply) {
   EXPECT_THAT(snap->pending, SizeIs(0));
   EXPECT_THAT(snap->suspects, SizeIs(0));
   EXPECT_THAT(snap->step_verdicts, SizeIs(0));
+}
+
+// An expired job leaves with its ranks, groups, plans, verdicts and
+// checkpoint decisions, in the same batch as (and so despite) records an
+// earlier mutation wrote for it; its incidents, requests and suspects stay,
+// and the job may come back under its id.
+TEST(SqliteStoreTest, AnExpiredJobLeavesItsHistoryStays) {
+  const std::string path = TempDb("expired");
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Mutation everything = Everything();
+    everything.pending_added.clear();  // An expired job has no open check.
+    ASSERT_TRUE((*store)->Apply(everything).ok());
+    core::Mutation more;
+    more.step_verdicts.push_back({"job", 0, 100, core::CheckKind::kReplay, false, true, true,
+                                  "pass", 0});
+    more.jobs.push_back({"other", 2, 10, 10, absl::FromUnixMillis(1), 1});
+    ASSERT_TRUE((*store)->Apply(more).ok());
+    core::Mutation drop;
+    drop.jobs_removed.push_back("job");
+    auto ticket = (*store)->Apply(drop);
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_THAT(snap->jobs, SizeIs(1));
+  EXPECT_EQ(snap->jobs[0].job_id, "other");
+  EXPECT_THAT(snap->ranks, IsEmpty());
+  EXPECT_THAT(snap->groups, IsEmpty());
+  EXPECT_THAT(snap->plans, IsEmpty());
+  EXPECT_THAT(snap->step_verdicts, IsEmpty());
+  EXPECT_THAT(snap->checkpoint_decisions, IsEmpty());
+  EXPECT_THAT(snap->incidents, SizeIs(1));
+  EXPECT_THAT(snap->requests, SizeIs(1));
+  EXPECT_THAT(snap->suspects, SizeIs(1));
+  // Back under the same id, in the batch that drops it.
+  core::Mutation again;
+  again.jobs_removed.push_back("other");
+  again.jobs.push_back({"other", 4, 10, 10, absl::FromUnixMillis(2), 1});
+  auto ticket = (*store)->Apply(again);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  snap = (*store)->Load();
+  ASSERT_THAT(snap->jobs, SizeIs(1));
+  EXPECT_EQ(snap->jobs[0].world_size, 4u);
 }
 
 // A decided check's reports leave after its commit, when the writer is

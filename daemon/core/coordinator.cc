@@ -14,6 +14,23 @@ namespace {
 constexpr size_t kMaxJobIdLength = 128;
 constexpr uint32_t kMaxWorldSize = 1u << 20;
 constexpr size_t kMaxListedRanks = 8;
+constexpr size_t kMaxTensorNameLength = 1024;
+
+// A value an error message echoes: quoted, at most 64 characters of it, with
+// bytes outside printable ASCII escaped.
+std::string Echo(absl::string_view value) {
+  std::string out = "'";
+  for (char c : value.substr(0, 64)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += c;
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", static_cast<unsigned char>(c));
+    }
+  }
+  out += "'";
+  if (value.size() > 64) absl::StrAppend(&out, " (", value.size(), " characters)");
+  return out;
+}
 
 // A job id as an error message may echo it: as it came, when it could be a
 // valid one, else its first characters and its length (a 1 MB id must not
@@ -91,10 +108,25 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", h.placement.rank, " is not below the world size ", h.world_size));
   }
-  if (h.placement.node.empty()) return absl::InvalidArgumentError("node name is empty");
-  if (h.placement.gpu_uuid.empty()) return absl::InvalidArgumentError("GPU UUID is empty");
+  if (!IsSafeNodeName(h.placement.node)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node name ", Echo(h.placement.node),
+        " is not a node name ([A-Za-z0-9._-], 1 to 253 characters, not starting with '-')"));
+  }
+  if (!IsSafeGpuId(h.placement.gpu_uuid)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU id ", Echo(h.placement.gpu_uuid), " is not a GPU id ([A-Za-z0-9._:/-], 1 to ",
+        kMaxGpuIdLength, " characters, not starting with '-')"));
+  }
   if (h.weight_tensors.empty()) {
     return absl::InvalidArgumentError("the weight layout lists no tensors");
+  }
+  for (const std::string& name : h.weight_tensors) {
+    if (name.empty() || name.size() > kMaxTensorNameLength) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a weight tensor name ", Echo(name), " is not 1 to ", kMaxTensorNameLength,
+          " characters"));
+    }
   }
   if (h.parameter_count > h.weight_tensors.size()) {
     return absl::InvalidArgumentError(
@@ -152,13 +184,18 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   if (absl::Status s = ValidateHello(h); !s.ok()) return s;
   const absl::Time now = clock_->Now();
   Txn txn;
+  if (jobs_.find(h.job_id) == jobs_.end()) {
+    if (absl::Status s = MakeRoomForJob(h.world_size, txn); !s.ok()) return s;
+  }
   auto [it, new_job] = jobs_.try_emplace(h.job_id);
   JobState& job = it->second;
   if (new_job) {
     job.record = {h.job_id, h.world_size, h.audit_every, h.weight_check_every, now, 1};
     job.ranks.resize(h.world_size);
+    held_ranks_ += h.world_size;
     txn.mutation.jobs.push_back(job.record);
   }
+  job.last_seen = now;
   const uint32_t group_id = h.placement.replica_group;
   auto [git, new_group] = job.groups.try_emplace(group_id);
   GroupState& group = git->second;
@@ -225,6 +262,42 @@ void Coordinator::Detach(const std::string& job_id, Rank rank, uint64_t incarnat
   if (it == jobs_.end() || rank >= it->second.ranks.size()) return;
   auto& slot = it->second.ranks[rank];
   if (slot.has_value() && slot->record.incarnation == incarnation) slot->attached = false;
+  it->second.last_seen = clock_->Now();
+}
+
+absl::Status Coordinator::MakeRoomForJob(uint32_t world_size, Txn& txn) {
+  auto full = [&] {
+    return jobs_.size() >= options_.max_jobs || held_ranks_ + world_size > options_.max_ranks;
+  };
+  if (!full()) return absl::OkStatus();
+  ExpireJobs(txn);
+  if (!full()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "sdcd holds ", jobs_.size(), " jobs of ", held_ranks_, " ranks in all; a new job of ",
+      world_size, " ranks would pass its limits (--max_jobs ", options_.max_jobs,
+      ", --max_ranks ", options_.max_ranks, "); jobs expire ",
+      absl::FormatDuration(options_.job_expiry), " after their last rank leaves"));
+}
+
+void Coordinator::ExpireJobs(Txn& txn) {
+  const absl::Time now = clock_->Now();
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    const JobState& job = it->second;
+    const bool attached = std::any_of(job.ranks.begin(), job.ranks.end(), [](const auto& r) {
+      return r.has_value() && r->attached;
+    });
+    // Open checks finish at their deadline first (Tick), so an expired job
+    // leaves no pending report behind.
+    const bool open = !job.steps.empty() || !job.weights.empty() || !job.audits.empty();
+    if (attached || open || now - job.last_seen < options_.job_expiry) {
+      ++it;
+      continue;
+    }
+    held_ranks_ -= job.record.world_size;
+    txn.mutation.jobs_removed.push_back(it->first);
+    txn.effects.expired_jobs.push_back(it->first);
+    it = jobs_.erase(it);
+  }
 }
 
 RankRecord& Coordinator::RankOf(JobState& job, Rank rank) { return job.ranks[rank]->record; }
@@ -288,6 +361,7 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   }
   JobState& job = it->second;
   if (absl::Status s = ValidateReport(job, r); !s.ok()) return s;
+  job.last_seen = clock_->Now();
   RankRecord& rank = RankOf(job, r.rank);
   if (!replaying_ && r.sequence <= rank.acked_sequence) {
     Effects dup;
@@ -1355,6 +1429,7 @@ Effects Coordinator::Tick() {
     txn.mutation.requests.push_back(r);
     txn.effects.requests.push_back(std::move(r));
   }
+  ExpireJobs(txn);
   absl::StatusOr<Effects> effects = Commit(txn);
   return effects.ok() ? *std::move(effects) : Effects{};
 }
@@ -1564,6 +1639,8 @@ absl::Status Coordinator::Restore() {
     JobState& job = jobs_[j.job_id];
     job.record = j;
     job.ranks.resize(j.world_size);
+    job.last_seen = clock_->Now();  // A full expiry period from the restart.
+    held_ranks_ += j.world_size;
   }
   for (const GroupRecord& g : snap->groups) {
     auto it = jobs_.find(g.job_id);

@@ -47,6 +47,17 @@ struct CoordinatorOptions {
   // Finalized per-step verdicts kept per job for the checkpoint gate.
   // Default: 4096 steps.
   size_t ledger_steps = 4096;
+  // What one sdcd holds, whoever reaches its trainer port: at most this many
+  // jobs, and this many ranks over all of them (the sum of their world
+  // sizes). A Hello for a new job beyond either is refused
+  // (ResourceExhausted) after abandoned jobs expire. Defaults: 1024 jobs,
+  // 262,144 ranks.
+  size_t max_jobs = 1024;
+  uint64_t max_ranks = uint64_t{1} << 18;
+  // A job with no rank attached and no report for this long is abandoned: it
+  // is dropped from memory and from the store (its incidents, requests and
+  // suspects stay). Default: 72 hours.
+  absl::Duration job_expiry = absl::Hours(72);
   EscalationPolicy escalation;
 };
 
@@ -102,6 +113,7 @@ struct Effects {
   std::vector<ReplacementRequest> requests;
   std::vector<CheckEvent> checks;
   uint32_t skipped_steps = 0;  // Steps some rank reported as skipped.
+  std::vector<std::string> expired_jobs;  // Abandoned jobs dropped (Tick).
 };
 
 struct AttachResult {
@@ -280,6 +292,7 @@ class Coordinator {
     std::map<Step, LedgerEntry> ledger;
     uint32_t said_hello = 0;  // Ranks with a slot; all of them: groups are complete.
     CheckpointLedger checkpoints;
+    absl::Time last_seen;  // Last Hello, report or detach; restore time after one.
   };
   // A GPU attributed faulty that still blocks checkpoints of its job.
   struct FaultyGpu {
@@ -297,6 +310,10 @@ class Coordinator {
   };
 
   absl::Status ValidateHello(const Hello& h) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Room for a new job of `world_size` ranks, expiring abandoned jobs first.
+  absl::Status MakeRoomForJob(uint32_t world_size, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops abandoned jobs (see CoordinatorOptions::job_expiry).
+  void ExpireJobs(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateReport(const JobState& job, const Report& r) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Apply(JobState& job, const Report& r, Txn& txn)
@@ -361,6 +378,7 @@ class Coordinator {
   mutable absl::Mutex mu_;
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // Restore() re-ingesting.
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_ranks_ ABSL_GUARDED_BY(mu_) = 0;  // Sum of the jobs' world sizes.
   std::map<uint64_t, Incident> incidents_ ABSL_GUARDED_BY(mu_);
   uint64_t next_incident_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);  // By GPU.

@@ -225,6 +225,21 @@ TEST(CoordinatorTest, BadHellosAreRefusedWithSpecificCodes) {
        absl::StatusCode::kInvalidArgument, "not below the world size"},
       {"no node", [](Hello& h) { h.placement.node = ""; }, absl::StatusCode::kInvalidArgument,
        "node name"},
+      // Identities are bounded and plain (a 1 MB node name was stored before).
+      {"huge node", [](Hello& h) { h.placement.node = std::string(1 << 20, 'n'); },
+       absl::StatusCode::kInvalidArgument, "(1048576 characters) is not a node name"},
+      {"node with a newline", [](Hello& h) { h.placement.node = "node-a\nrm -rf"; },
+       absl::StatusCode::kInvalidArgument, "'node-a\\x0arm -rf' is not a node name"},
+      {"node like a flag", [](Hello& h) { h.placement.node = "--all"; },
+       absl::StatusCode::kInvalidArgument, "is not a node name"},
+      {"no GPU", [](Hello& h) { h.placement.gpu_uuid = ""; },
+       absl::StatusCode::kInvalidArgument, "is not a GPU id"},
+      {"huge GPU", [](Hello& h) { h.placement.gpu_uuid = std::string(5 << 20, 'g'); },
+       absl::StatusCode::kInvalidArgument, "is not a GPU id"},
+      {"GPU with bytes", [](Hello& h) { h.placement.gpu_uuid = std::string("GPU-\xff\x01", 6); },
+       absl::StatusCode::kInvalidArgument, "'GPU-\\xff\\x01' is not a GPU id"},
+      {"huge tensor name", [](Hello& h) { h.weight_tensors[0] = std::string(4096, 't'); },
+       absl::StatusCode::kInvalidArgument, "weight tensor name"},
       {"too many parameters", [](Hello& h) { h.parameter_count = 9; },
        absl::StatusCode::kInvalidArgument, "parameter count"},
       {"world size", [](Hello& h) { h.world_size = 12; h.placement.rank = 1; },
@@ -240,8 +255,14 @@ TEST(CoordinatorTest, BadHellosAreRefusedWithSpecificCodes) {
     Hello h = cl.HelloOf(1);
     c.mutate(h);
     absl::StatusOr<AttachResult> r = cl.c().Attach(h);
-    EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status();
+    EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status().code();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message)) << c.name;
+    EXPECT_LT(r.status().message().size(), 400u) << c.name << ": the echo is bounded";
+  }
+  // NVML's UUIDs and the CPU stand-in are GPU ids.
+  for (const char* gpu : {"GPU-5f0e7a2c-1d2b-4c3a-9e8f-0123456789ab", "MIG-GPU-5f0e7a2c/1/0",
+                          "cpu-node-a-1"}) {
+    EXPECT_TRUE(IsSafeGpuId(gpu)) << gpu;
   }
   // Nothing changed: the job still has the same shape and accepts reports.
   EXPECT_EQ(cl.c().ListJobs()[0].world_size, 6u);
@@ -433,6 +454,57 @@ TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_EQ(incidents[0].outcome, "all_ranks");
   EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+}
+
+// Whoever reaches the trainer port cannot make sdcd hold jobs without bound:
+// a new job beyond --max_jobs or --max_ranks is refused until abandoned jobs
+// expire, and an expired job leaves memory and the store (its incidents stay).
+TEST(CoordinatorTest, JobsAreBoundedAndAbandonedOnesExpire) {
+  CoordinatorOptions options;
+  options.max_jobs = 2;
+  options.max_ranks = 10;
+  options.job_expiry = absl::Hours(1);
+  Cluster cl(3, 2, 10, 10, options);
+  cl.AttachAll();  // job-a: 6 ranks.
+  cl.Audit(10, {}, {1});  // A lone mismatch: an incident to keep.
+  auto job_of = [&](const std::string& id, uint32_t world, Rank r) {
+    Hello h = cl.HelloOf(r);
+    h.job_id = id;
+    h.world_size = world;
+    return h;
+  };
+  ASSERT_TRUE(cl.c().Attach(job_of("job-b", 4, 0)).ok());
+  absl::StatusOr<AttachResult> refused = cl.c().Attach(job_of("job-c", 1, 0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--max_jobs 2"));
+  // job-b leaves; an hour later it is abandoned and job-c fits.
+  cl.c().Detach("job-b", 0, 1);
+  cl.clock().Advance(absl::Minutes(59));
+  EXPECT_EQ(cl.c().Attach(job_of("job-c", 1, 0)).status().code(),
+            absl::StatusCode::kResourceExhausted) << "not abandoned yet";
+  cl.clock().Advance(absl::Minutes(2));
+  ASSERT_TRUE(cl.c().Attach(job_of("job-c", 1, 0)).ok());
+  // The rank budget: 6 + 1 held, 4 more would pass 10.
+  EXPECT_THAT(std::string(cl.c().Attach(job_of("job-d", 4, 0)).status().message()),
+              HasSubstr("--max_ranks 10"));
+  absl::StatusOr<Snapshot> snap = cl.store().Load();
+  ASSERT_TRUE(snap.ok());
+  std::set<std::string> stored;
+  for (const JobRecord& j : snap->jobs) stored.insert(j.job_id);
+  EXPECT_THAT(stored, ElementsAre("job-a", "job-c"));
+  for (const RankRecord& r : snap->ranks) EXPECT_NE(r.job_id, "job-b");
+  // Attached jobs never expire; a detached one goes at the timer's tick,
+  // logged as an effect, and keeps its incidents.
+  cl.clock().Advance(absl::Hours(5));
+  EXPECT_THAT(cl.c().Tick().expired_jobs, IsEmpty());
+  for (Rank r = 0; r < 6; ++r) cl.c().Detach(kJob, r, 1);
+  cl.clock().Advance(absl::Hours(2));
+  EXPECT_THAT(cl.c().Tick().expired_jobs, ElementsAre(kJob));
+  EXPECT_THAT(cl.c().ListIncidents(kJob), SizeIs(1));
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  ASSERT_THAT(cl.c().ListJobs(), SizeIs(1));
+  EXPECT_EQ(cl.c().ListJobs()[0].job_id, "job-c");
 }
 
 // ---------------------------------------------------------------------------

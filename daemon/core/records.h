@@ -158,6 +158,10 @@ struct DecidedCheck {
 
 // One atomic change. A Store applies all of it or none of it.
 struct Mutation {
+  // Abandoned jobs to drop with their ranks, groups, plans, verdicts and
+  // checkpoint decisions (not their incidents); applied before `jobs`, so a
+  // job may come back under the same id in the same batch.
+  std::vector<std::string> jobs_removed;
   std::vector<JobRecord> jobs;
   std::vector<RankRecord> ranks;
   // Rank records whose change is only progress that pending reports carry
@@ -183,7 +187,7 @@ struct Mutation {
   std::vector<DecidedCheck> decided_cleared;
 
   bool empty() const {
-    return jobs.empty() && ranks.empty() && progress.empty() && groups.empty() &&
+    return jobs_removed.empty() && jobs.empty() && ranks.empty() && progress.empty() && groups.empty() &&
            pending_added.empty() &&
            pending_removed.empty() && incidents.empty() && requests.empty() &&
            suspects.empty() && suspects_removed.empty() && plans.empty() &&

@@ -3,6 +3,17 @@
 #include <algorithm>
 
 namespace sdc::core {
+namespace {
+
+// Erases the entries of `m` keyed (first) by job `job`.
+template <typename Map>
+void EraseJob(Map& m, const std::string& job) {
+  for (auto it = m.begin(); it != m.end();) {
+    it = std::get<0>(it->first) == job ? m.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<Snapshot> MemoryStore::Load() {
   absl::MutexLock lock(&mu_);
@@ -26,6 +37,18 @@ absl::StatusOr<Snapshot> MemoryStore::Load() {
 
 absl::StatusOr<uint64_t> MemoryStore::Apply(Mutation m) {
   absl::MutexLock lock(&mu_);
+  for (const std::string& job : m.jobs_removed) {
+    jobs_.erase(job);
+    EraseJob(ranks_, job);
+    EraseJob(groups_, job);
+    EraseJob(pending_, job);
+    EraseJob(plans_, job);
+    EraseJob(step_verdicts_, job);
+    checkpoint_decisions_.erase(
+        std::remove_if(checkpoint_decisions_.begin(), checkpoint_decisions_.end(),
+                       [&job](const CheckpointDecision& d) { return d.job_id == job; }),
+        checkpoint_decisions_.end());
+  }
   for (auto& r : m.jobs) jobs_[r.job_id] = std::move(r);
   for (auto& r : m.ranks) ranks_[{r.job_id, r.placement.rank}] = std::move(r);
   for (auto& r : m.progress) ranks_[{r.job_id, r.placement.rank}] = std::move(r);
