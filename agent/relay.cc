@@ -34,7 +34,12 @@ class TrainerRelay::Session
  public:
   explicit Session(TrainerRelay* relay);
 
-  void OnReadDone(bool ok) override {
+  void OnMalformed(grpc::Status status) override {
+    relay_->Close(id_);
+    RequestFinish(std::move(status));
+  }
+
+  void OnRead(bool ok) override {
     if (!ok) {  // The rank closed its side, or its call broke.
       relay_->Close(id_);
       RequestFinish(grpc::Status::OK);
@@ -209,7 +214,7 @@ TrainerRelay::TrainerRelay(std::shared_ptr<grpc::Channel> coordinator)
 
 TrainerRelay::~TrainerRelay() { Shutdown(); }
 
-grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* TrainerRelay::Attach(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TrainerRelay::Attach(
     grpc::CallbackServerContext* context) {
   return new Session(this);
 }

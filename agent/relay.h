@@ -29,12 +29,16 @@
 
 namespace sdc::agent {
 
-class TrainerRelay final : public v1::TrainerService::CallbackService {
+// Attach is a raw method: a session parses its own frames, so a malformed
+// one ends it with INVALID_ARGUMENT, not OK (daemon/stream.h).
+class TrainerRelay final
+    : public v1::TrainerService::WithRawCallbackMethod_Attach<
+          v1::TrainerService::WithCallbackMethod_MayCheckpoint<v1::TrainerService::Service>> {
  public:
   explicit TrainerRelay(std::shared_ptr<grpc::Channel> coordinator);
   ~TrainerRelay() override;  // Shutdown().
 
-  grpc::ServerBidiReactor<v1::TrainerMessage, v1::CoordinatorMessage>* Attach(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Attach(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
                                           const v1::CheckpointRequest* request,

@@ -397,7 +397,13 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
     StartRead(&in_);
   }
 
-  void OnReadDone(bool ok) override {
+  void OnMalformed(grpc::Status status) override {
+    service_->metrics_->Malformed("agent_connect");
+    service_->metrics_->Rejected(ReasonOf(absl::StatusCode::kInvalidArgument));
+    RequestFinish(std::move(status));
+  }
+
+  void OnRead(bool ok) override {
     if (!ok) {
       RequestFinish(grpc::Status::OK);
       return;
@@ -473,7 +479,7 @@ void AgentOutbox::End(absl::Status status) {
   WithReactor([&](AgentStreamReactor* r) { r->RequestFinish(ToGrpc(status)); });
 }
 
-grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorToAgent>* AgentService::Connect(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AgentService::Connect(
     grpc::CallbackServerContext* context) {
   return new AgentStreamReactor(this);
 }

@@ -134,11 +134,13 @@ class AgentHub : public NodeActionRunner {
 
 // One reactor per agent stream; thread-safe (gRPC runs reactions on its own
 // threads; the hub serializes what they share).
-class AgentService final : public v1::AgentService::CallbackService {
+// Connect is a raw method: the stream parses its own frames (daemon/stream.h).
+class AgentService final
+    : public v1::AgentService::WithRawCallbackMethod_Connect<v1::AgentService::Service> {
  public:
   AgentService(AgentHub* hub, ServiceMetrics* metrics) : hub_(hub), metrics_(metrics) {}
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorToAgent>* Connect(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
 
  private:

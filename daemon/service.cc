@@ -58,6 +58,11 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
                     .Name("sdc_rejected_inputs_total")
                     .Help("Inputs refused, by reason (gRPC status code).")
                     .Register(registry)),
+      malformed_(metrics::BuildCounter()
+                     .Name("sdc_malformed_messages_total")
+                     .Help("Stream frames that did not parse, by method; each ended its "
+                           "stream with INVALID_ARGUMENT.")
+                     .Register(registry)),
       checks_(metrics::BuildCounter()
                   .Name("sdc_checks_total")
                   .Help("Checks decided, by check and result.")
@@ -91,6 +96,7 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
     report_bytes_by_kind_[k] = &report_bytes_.Add({{"kind", kinds[k]}});
   }
   for (const char* d : {"allowed", "denied", "wait"}) checkpoints_.Add({{"decision", d}});
+  for (const char* m : {"attach", "relay", "agent_connect"}) malformed_.Add({{"method", m}});
   for (const char* check : {"nonfinite", "reduced_gradients", "replay", "weights"}) {
     checks_.Add({{"check", check}, {"result", "pass"}});
     latency_.Add({{"check", check}}, metrics::Histogram::BucketBoundaries{
@@ -106,6 +112,10 @@ void ServiceMetrics::Report(ReportKind kind, size_t bytes) {
 
 void ServiceMetrics::Rejected(const std::string& reason) {
   rejected_.Add({{"reason", reason}}).Increment();
+}
+
+void ServiceMetrics::Malformed(const std::string& method) {
+  malformed_.Add({{"method", method}}).Increment();
 }
 
 void ServiceMetrics::Checkpoint(const std::string& decision) {
@@ -210,6 +220,9 @@ class RankSession {
     }
     if (in.has_hello()) {
       return {grpc::StatusCode::INVALID_ARGUMENT, "a stream says Hello only once"};
+    }
+    if (!in.has_report()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "a message with neither a Hello nor a report"};
     }
     const v1::Report& report = in.report();
     if (report.job_id() != job_ || report.rank() != rank_) {
@@ -374,9 +387,12 @@ class StreamCall : public QueuedCall {
   TrainerService* const service_;
   grpc::ServerCompletionQueue* const queue_;
   grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<Out, In> stream_;
+  // Raw frames, parsed and serialized here (see daemon/stream.h).
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
   Tag request_tag_{this, Op::kRequest};
   In in_;  // The read path: the queue's thread, one read at a time.
+  // The method, for the malformed-message metric.
+  virtual const char* Method() const = 0;
 
  private:
   void DeferredPump() {
@@ -399,13 +415,19 @@ class StreamCall : public QueuedCall {
       absl::MutexLock lock(&mu_);
       ++pending_;
     }
-    if (!service_->Post([&] { stream_.Read(&in_, &read_tag_); })) Completed();
+    if (!service_->Post([&] { stream_.Read(&read_frame_, &read_tag_); })) Completed();
   }
 
   void OnReadDone(bool ok) {
     if (!ok) {
       // The client closed its side or the call broke: flush and finish.
       RequestFinish(grpc::Status::OK);
+      return;
+    }
+    if (grpc::Status parsed = ParseFrame(&read_frame_, &in_); !parsed.ok()) {
+      service_->metrics_->Malformed(Method());
+      service_->metrics_->Rejected(ReasonOf(absl::StatusCode::kInvalidArgument));
+      RequestFinish(std::move(parsed));
       return;
     }
     grpc::Status refused = Handle();
@@ -436,7 +458,9 @@ class StreamCall : public QueuedCall {
         return;
       case Outgoing<Out>::Start::kWrite:
         ++pending_;
-        posted = service_->Post([&] { stream_.Write(*write, &write_tag_); });
+        // One write in flight at a time: its frame is free again.
+        WriteFrame(*write, &write_frame_);
+        posted = service_->Post([&] { stream_.Write(write_frame_, &write_tag_); });
         if (!posted) out_.WriteNotStarted();
         break;
       case Outgoing<Out>::Start::kFinish:
@@ -450,6 +474,8 @@ class StreamCall : public QueuedCall {
 
   static constexpr size_t kKeepParsedBytes = 4096;
 
+  grpc::ByteBuffer read_frame_;   // The read path.
+  grpc::ByteBuffer write_frame_;  // The write in flight (under mu_).
   Tag read_tag_{this, Op::kRead};
   Tag write_tag_{this, Op::kWrite};
   Tag finish_tag_{this, Op::kFinish};
@@ -492,6 +518,8 @@ class AttachCall final : public StreamCall<v1::TrainerMessage, v1::CoordinatorMe
    private:
     std::weak_ptr<AttachCall> call_;
   };
+
+  const char* Method() const override { return "attach"; }
 
   void Request() override {
     service_->RequestAttach(&context_, &stream_, queue_, queue_, &request_tag_);
@@ -579,6 +607,8 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
     std::unique_ptr<RankSession> rank;
     std::shared_ptr<SessionOutbox> outbox;
   };
+
+  const char* Method() const override { return "relay"; }
 
   void Request() override {
     service_->RequestRelay(&context_, &stream_, queue_, queue_, &request_tag_);

@@ -52,6 +52,8 @@ class ServiceMetrics {
   enum class ReportKind { kStep, kAudit, kWeights };
   void Report(ReportKind kind, size_t bytes);
   void Rejected(const std::string& reason);
+  // A frame on a stream that did not parse as its message type.
+  void Malformed(const std::string& method);
   void Checkpoint(const std::string& decision);
   void Observe(const core::Effects& effects);
   void ActuatorRun(const std::string& actuator, const std::string& result);
@@ -61,6 +63,7 @@ class ServiceMetrics {
   metrics::Family<metrics::Counter>& reports_;
   metrics::Family<metrics::Counter>& report_bytes_;
   metrics::Family<metrics::Counter>& rejected_;
+  metrics::Family<metrics::Counter>& malformed_;
   metrics::Family<metrics::Counter>& checks_;
   metrics::Family<metrics::Counter>& incidents_;
   metrics::Counter& skipped_;
@@ -145,9 +148,11 @@ class Delivery {
   const std::function<void(const core::Effects&)> log_;
 };
 
-using TrainerServiceBase = v1::TrainerService::WithAsyncMethod_Attach<
+// Attach and Relay are raw: their streams parse their own frames, so that a
+// malformed one ends the stream with INVALID_ARGUMENT, not OK.
+using TrainerServiceBase = v1::TrainerService::WithRawMethod_Attach<
     v1::TrainerService::WithCallbackMethod_MayCheckpoint<
-        v1::TrainerService::WithAsyncMethod_Relay<v1::TrainerService::Service>>>;
+        v1::TrainerService::WithRawMethod_Relay<v1::TrainerService::Service>>>;
 
 // Attach and Relay (asynchronous, see the top of this file) and
 // MayCheckpoint (callback). Lifecycle: AddQueues before the server is built, Start after,

@@ -13,15 +13,42 @@
 // other threads keep: messages pushed after the stream ended are dropped,
 // and a reactor whose OnDone runs while a push is in progress is deleted by
 // that push when it returns.
+//
+// The streams carry raw frames (grpc::ByteBuffer) and parse them here: gRPC's
+// typed reads report a frame that fails to parse exactly like the client's
+// clean close, so a malformed message would end the stream with OK. A
+// stream that parses its own frames answers INVALID_ARGUMENT with the reason.
 
 #include <deque>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sdc::daemon {
+
+// Parses one received frame into `out`: OK, or INVALID_ARGUMENT naming the
+// message type. Consumes the frame.
+template <typename Message>
+grpc::Status ParseFrame(grpc::ByteBuffer* frame, Message* out) {
+  const grpc::Status s = grpc::SerializationTraits<Message>::Deserialize(frame, out);
+  if (s.ok()) return s;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("malformed message: not a ", Message::descriptor()->full_name(),
+                                   " (", s.error_message(), ")"));
+}
+
+// Serializes `m` into `frame` for a raw write.
+template <typename Message>
+void WriteFrame(const Message& m, grpc::ByteBuffer* frame) {
+  frame->Clear();  // The previous write's frame; gRPC holds its own reference.
+  bool own = false;
+  // Serializing a message the server built cannot fail short of memory.
+  (void)grpc::SerializationTraits<Message>::Serialize(m, frame, &own);
+}
 
 // The outgoing side's state, for any stream API: messages waiting, at most
 // one write in flight, a finish once the queue is empty. Not thread-safe:
@@ -91,8 +118,27 @@ class Outgoing {
 };
 
 template <typename In, typename Out>
-class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
+class QueuedStream : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
+  // Reads the next message into `into` (which stays valid until OnRead).
+  void StartRead(In* into) {
+    into_ = into;
+    ServerBidiReactor::StartRead(&read_frame_);
+  }
+
+  void OnReadDone(bool ok) final {
+    if (!ok) {
+      OnRead(false);
+      return;
+    }
+    grpc::Status parsed = ParseFrame(&read_frame_, into_);
+    if (!parsed.ok()) {
+      OnMalformed(std::move(parsed));
+      return;
+    }
+    OnRead(true);
+  }
+
   // Queues `m` (or folds it into the newest queued message, see Absorb).
   // Dropped once the stream is finishing.
   void Enqueue(Out m) {
@@ -125,6 +171,12 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
   // True when `next` was folded into `last`, the newest message still
   // queued, and needs no write of its own. Called with the queue locked.
   virtual bool Absorb(Out& last, Out& next) { return false; }
+  // A message arrived in the StartRead target (ok), or the client closed its
+  // side or the call broke (not ok).
+  virtual void OnRead(bool ok) = 0;
+  // A frame that is not an In: by default the stream ends with `status`
+  // (INVALID_ARGUMENT and the reason).
+  virtual void OnMalformed(grpc::Status status) { RequestFinish(std::move(status)); }
 
  private:
   // Starts the next write, or the finish once nothing is left to write.
@@ -138,7 +190,9 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
       start = out_.Next(&write, &finish);
     }
     if (start == Outgoing<Out>::Start::kWrite) {
-      this->StartWrite(write);
+      // One write in flight at a time: its frame is free again.
+      WriteFrame(*write, &write_frame_);
+      this->StartWrite(&write_frame_);
     } else if (start == Outgoing<Out>::Start::kFinish) {
       this->Finish(finish);
     }
@@ -146,6 +200,9 @@ class QueuedStream : public grpc::ServerBidiReactor<In, Out> {
 
   absl::Mutex mu_;
   Outgoing<Out> out_ ABSL_GUARDED_BY(mu_);
+  In* into_ = nullptr;             // The read path only.
+  grpc::ByteBuffer read_frame_;    // The read path only.
+  grpc::ByteBuffer write_frame_;   // The write in flight.
 };
 
 // Shared (by shared_ptr) between a reactor and whoever writes to it later.

@@ -130,6 +130,18 @@ core::WeightReport WeightsOf(bool wrong) {
   return w;
 }
 
+// Issue 27, item 4: a frame that does not parse ends the rank's relayed
+// stream with INVALID_ARGUMENT (it ended with OK), and the relay carries on.
+TEST_F(AgentRelayTest, AMalformedFrameEndsItsSessionWithInvalidArgument) {
+  const grpc::Status s = SendRawFrame(Channel(relay()), "/sdc.v1.TrainerService/Attach",
+                                      std::string("\xff\xff\xff\xff", 4));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("malformed message: not a sdc.v1.TrainerMessage"));
+  ScriptedRank fresh(Channel(relay()), TestHello("job-m", 0, 1, 1, kTensors));
+  ASSERT_TRUE(fresh.Connect().ok());
+  EXPECT_TRUE(fresh.WaitAcked(fresh.Send(1, core::StepReport{})).ok());
+}
+
 TEST_F(AgentRelayTest, WeightTensorsCrossTheRelayOncePerDigest) {
   absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-weights", kWorld, 2, kTensors);
   ASSERT_TRUE(connected.ok()) << connected.status();

@@ -177,6 +177,39 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   EXPECT_TRUE(fresh.WaitAcked(fresh.Send(1, core::StepReport{})).ok());
 }
 
+// Issue 27, item 4: a frame that does not parse ended Attach, Relay and
+// Connect with OK, exactly like a clean close (gRPC's typed reads cannot
+// tell them apart). Each now ends with INVALID_ARGUMENT and the reason, is
+// counted, and sdcd keeps serving.
+TEST_F(SdcdBadInputTest, MalformedFramesEndStreamsWithInvalidArgument) {
+  const std::string garbage("\xff\xff\xff\xff", 4);  // A truncated varint tag.
+  const struct {
+    const char* method;
+    const char* label;
+    const char* type;
+  } cases[] = {
+      {"/sdc.v1.TrainerService/Attach", "attach", "sdc.v1.TrainerMessage"},
+      {"/sdc.v1.TrainerService/Relay", "relay", "sdc.v1.RelayUp"},
+      {"/sdc.v1.AgentService/Connect", "agent_connect", "sdc.v1.AgentMessage"},
+  };
+  for (const auto& c : cases) {
+    const grpc::Status s = SendRawFrame(Channel(sdcd_->trainer_address()), c.method, garbage);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("malformed message: not a ", c.type)));
+    EXPECT_EQ(sdcd_->Counter("sdc_malformed_messages_total", "method", c.label), 1) << c.label;
+  }
+  // An empty frame parses (as an empty message) and is refused as one.
+  grpc::Status empty = SendRawFrame(Channel(sdcd_->trainer_address()),
+                                    "/sdc.v1.TrainerService/Attach", "");
+  EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty.error_message(), HasSubstr("must be a Hello"));
+  EXPECT_GE(sdcd_->Rejected("invalid_argument"), 4);
+  // Still serving.
+  ScriptedRank fresh(Channel(sdcd_->trainer_address()), TestHello("job-m", 0, 1, 1, kTensors));
+  ASSERT_TRUE(fresh.Connect().ok());
+  EXPECT_TRUE(fresh.WaitAcked(fresh.Send(1, core::StepReport{})).ok());
+}
+
 // TLS with client certificates: a trainer without one is refused.
 // Issue 27, item 3: an error that echoes its input must not grow with it. A
 // 1 MB job id made a 1 MB status message, which exceeds what a gRPC client

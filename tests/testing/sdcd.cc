@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "absl/strings/numbers.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "tests/testing/scripted_rank.h"
@@ -99,11 +100,54 @@ absl::Status WriteTestCertificates(const std::string& dir) {
 }
 
 double Sdcd::Rejected(const std::string& reason) const {
+  return Counter("sdc_rejected_inputs_total", "reason", reason);
+}
+
+double Sdcd::Counter(const std::string& name, const std::string& label,
+                     const std::string& value) const {
   absl::StatusOr<std::string> body = HttpGet(metrics_port_, "/metrics");
   if (!body.ok()) return -1;
-  const std::regex re("sdc_rejected_inputs_total\\{reason=\"" + reason + "\"\\} ([0-9.e+]+)");
+  const std::regex re(name + "\\{" + label + "=\"" + value + "\"\\} ([0-9.e+]+)");
   std::smatch m;
   return std::regex_search(*body, m, re) ? std::stod(m[1].str()) : 0;
+}
+
+grpc::Status SendRawFrame(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& frame) {
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, method, &cq);
+  // Each step waits for its own tag; a step that fails ends the exchange.
+  auto step = [&cq](intptr_t tag) {
+    void* got = nullptr;
+    bool ok = false;
+    return cq.Next(&got, &ok) && reinterpret_cast<intptr_t>(got) == tag && ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (step(1)) {
+    grpc::Slice slice(frame.data(), frame.size());
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    if (step(2)) {
+      grpc::ByteBuffer reply;
+      do {
+        call->Read(&reply, reinterpret_cast<void*>(3));
+      } while (step(3));
+    }
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  void* got = nullptr;
+  bool ok = false;
+  while (cq.Next(&got, &ok) && reinterpret_cast<intptr_t>(got) != 4) {
+  }
+  cq.Shutdown();
+  while (cq.Next(&got, &ok)) {
+  }
+  return status;
 }
 
 }  // namespace sdc::testing

@@ -43,6 +43,9 @@ class Sdcd {
   // sdc_rejected_inputs_total{reason} from a scrape of /metrics (0 when the
   // series is absent, -1 when the scrape failed).
   double Rejected(const std::string& reason) const;
+  // A counter's value name{label="value"} from a scrape, as Rejected.
+  double Counter(const std::string& name, const std::string& label,
+                 const std::string& value) const;
 
  private:
   std::string dir_;
@@ -51,6 +54,12 @@ class Sdcd {
   int admin_port_ = 0;
   int metrics_port_ = 0;
 };
+
+// Opens a bidirectional stream `method` ("/sdc.v1.TrainerService/Attach"),
+// writes `frame` as one raw message, reads until the server ends the call
+// and returns its status (10 s deadline).
+grpc::Status SendRawFrame(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& frame);
 
 // Writes a throwaway PKI into `dir` with the openssl CLI: ca.pem (and
 // ca.key), server.pem/server.key for localhost and 127.0.0.1, and
