@@ -344,6 +344,7 @@ int Main(int argc, char** argv) {
                        r.state == core::RequestState::kPending ? absl::StrCat(" (", ApproveHint(r), ")")
                                                                : ""));
     }
+    for (const std::string& line : e.notes) Log(line);
     for (const std::string& job : e.expired_jobs) {
       Log(absl::StrCat("job ", job, " expired: no rank attached and no report for ",
                        absl::FormatDuration(absl::GetFlag(FLAGS_job_expiry)),

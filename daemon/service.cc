@@ -238,7 +238,16 @@ class RankSession {
     absl::StatusOr<core::Report> converted = FromProto(report);
     if (!converted.ok()) return ToGrpc(converted.status());
     absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
-    if (!effects.ok()) return ToGrpc(effects.status());
+    if (!effects.ok()) {
+      // A rank contradicting what it said (a conflicting resend, a result
+      // after its verdict) is worth an operator's attention.
+      if (effects.status().code() == absl::StatusCode::kAlreadyExists) {
+        core::Effects note;
+        note.notes.push_back(absl::StrCat("refused: ", effects.status().message()));
+        service_->delivery_->Deliver(std::move(note));
+      }
+      return ToGrpc(effects.status());
+    }
     if (acked != nullptr) {
       *acked = effects->acked_sequence;
       service_->delivery_->Deliver(*std::move(effects));
@@ -926,7 +935,8 @@ void Delivery::Deliver(core::Effects effects, std::function<void(absl::Status)> 
   const uint64_t ticket = effects.ticket;
   // Most reports' effects: nothing to send or count, only a ticket.
   if (!then && effects.messages.empty() && effects.checks.empty() && effects.incidents.empty() &&
-      effects.requests.empty() && effects.skipped_steps == 0 && effects.expired_jobs.empty()) {
+      effects.requests.empty() && effects.skipped_steps == 0 && effects.expired_jobs.empty() &&
+      effects.notes.empty()) {
     if (Batch* batch = Batch::current_; batch != nullptr && batch->delivery_ == this) {
       batch->ticket_ = std::max(batch->ticket_, ticket);
     }

@@ -1,6 +1,8 @@
 #include "daemon/core/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@ constexpr size_t kMaxJobIdLength = 128;
 constexpr uint32_t kMaxWorldSize = 1u << 20;
 constexpr size_t kMaxListedRanks = 8;
 constexpr size_t kMaxTensorNameLength = 1024;
+constexpr Step kMaxStep = Step{1} << 48;
 
 // A value an error message echoes: quoted, at most 64 characters of it, with
 // bytes outside printable ASCII escaped.
@@ -349,8 +352,52 @@ absl::Status Coordinator::ValidateReport(const JobState& job, const Report& r) c
         slot->record.acked_sequence + 1));
   }
   if (r.sequence == 0) return absl::InvalidArgumentError("sequence numbers start at 1");
+  if (r.step > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", r.step, " from rank ", r.rank, " is implausible (above 2^48)"));
+  }
+  if (const auto* s = std::get_if<StepReport>(&r.body)) {
+    // A sum of squares is NaN or infinite only over non-finite gradients,
+    // and never negative.
+    const double sum = s->reduced_sum_squares;
+    if (sum < 0 || (s->reduced_nonfinite == 0 && !std::isfinite(sum))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step, " from rank ", r.rank, ": a sum of squares of ", sum,
+          " over ", s->reduced_nonfinite, " non-finite gradient values is implausible"));
+    }
+  }
   return absl::OkStatus();
 }
+
+namespace {
+
+// What a resent duplicate must repeat: its step, kind and the values the
+// checks use (not the per-parameter fingerprints).
+uint64_t ContentDigest(const Report& r) {
+  uint64_t h = kernels::Mix64(r.step ^ (uint64_t{r.body.index()} << 60));
+  auto add = [&h](uint64_t v) { h = kernels::Mix64(h ^ v) + 0x9e3779b97f4a7c15ull; };
+  if (const auto* s = std::get_if<StepReport>(&r.body)) {
+    uint64_t sum_bits;
+    std::memcpy(&sum_bits, &s->reduced_sum_squares, sizeof(sum_bits));
+    add(s->local_nonfinite);
+    add(s->reduced_nonfinite);
+    add(sum_bits);
+    add(s->reduced_digest);
+    add(s->applied);
+  } else if (const auto* a = std::get_if<AuditResult>(&r.body)) {
+    add(static_cast<uint64_t>(a->role));
+    add(a->subject);
+    add(a->plan_id);
+    add(a->loss_bits);
+    add(a->gradient_digest);
+  } else if (const auto* w = std::get_if<WeightReport>(&r.body)) {
+    add(w->digest);
+    add(w->checkpoint);
+  }
+  return h;
+}
+
+}  // namespace
 
 absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   absl::MutexLock lock(&mu_);
@@ -362,8 +409,18 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   JobState& job = it->second;
   if (absl::Status s = ValidateReport(job, r); !s.ok()) return s;
   job.last_seen = clock_->Now();
-  RankRecord& rank = RankOf(job, r.rank);
+  RankState& state = *job.ranks[r.rank];
+  RankRecord& rank = state.record;
+  const uint64_t digest = ContentDigest(r);
+  auto& recent = state.recent[r.sequence % state.recent.size()];
   if (!replaying_ && r.sequence <= rank.acked_sequence) {
+    if (recent.first == r.sequence && recent.second != digest) {
+      // Not a resend: the rank is confused (or lying) about what it said.
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rank ", r.rank, " of job ", r.job_id, " sent sequence ", r.sequence,
+          " again with different content (step ", r.step,
+          "): refused; a resent report must be identical"));
+    }
     Effects dup;
     dup.duplicate = true;
     dup.acked_sequence = rank.acked_sequence;
@@ -371,6 +428,7 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   }
   Txn txn;
   if (absl::Status s = Apply(job, r, txn); !s.ok()) return s;
+  recent = {r.sequence, digest};
   if (!replaying_) {
     rank.acked_sequence = r.sequence;
     // The report is pending in this mutation: the store may write this later.

@@ -10,6 +10,7 @@
 // Thread-safe: one mutex serializes every call (each is short; the vote of
 // 16,384 ranks is a few milliseconds).
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,6 +115,7 @@ struct Effects {
   std::vector<CheckEvent> checks;
   uint32_t skipped_steps = 0;  // Steps some rank reported as skipped.
   std::vector<std::string> expired_jobs;  // Abandoned jobs dropped (Tick).
+  std::vector<std::string> notes;         // Lines for the operator's log.
 };
 
 struct AttachResult {
@@ -223,6 +225,9 @@ class Coordinator {
   struct RankState {
     RankRecord record;
     bool attached = false;
+    // (sequence, ContentDigest) of the last acknowledged reports, by
+    // sequence % size: a resent duplicate must match what was acknowledged.
+    std::array<std::pair<uint64_t, uint64_t>, 8> recent{};
   };
   struct GroupState {
     GroupRecord record;

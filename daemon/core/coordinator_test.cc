@@ -456,6 +456,51 @@ TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
 }
 
+// Issue 27, item 5: values no healthy rank sends are refused, not stored.
+TEST(CoordinatorTest, ImplausibleValuesAreRefused) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  auto refused = cl.Send(0, UINT64_MAX, StepReport{});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is implausible (above 2^48)"));
+  for (double sum : {static_cast<double>(NAN), static_cast<double>(INFINITY), -1.0}) {
+    refused = cl.Send(0, 1, StepReport{0, 0, sum, 1, true, "", false});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << sum;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("sum of squares")) << sum;
+  }
+  // Over non-finite gradients a NaN sum is what a rank computes.
+  EXPECT_TRUE(cl.Send(0, 1, StepReport{0, 3, NAN, 1, false, "nonfinite", false}).ok());
+  EXPECT_EQ(cl.store().pending_count(), 1u) << "only the plausible report is stored";
+}
+
+// Issue 27, item 5: a resend must repeat what was acknowledged. The same
+// sequence number with other content was taken for a duplicate; it is
+// refused now (sdcd logs it), and a true resend is still acknowledged.
+TEST(CoordinatorTest, ASequenceResentWithOtherContentIsRefused) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  Report rep;
+  rep.job_id = kJob;
+  rep.rank = 1;
+  rep.incarnation = 1;
+  rep.sequence = 1;
+  rep.step = 1;
+  rep.body = StepReport{0, 0, 1.0, 1234, true, "", false};
+  ASSERT_TRUE(cl.c().Ingest(rep).ok());
+  absl::StatusOr<Effects> again = cl.c().Ingest(rep);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  Report other = rep;
+  other.body = StepReport{0, 0, 1.0, 4321, true, "", false};  // Another reduced digest.
+  absl::StatusOr<Effects> conflict = cl.c().Ingest(other);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(conflict.status().message()),
+              HasSubstr("rank 1 of job job-a sent sequence 1 again with different content"));
+  other = rep;
+  other.step = 2;
+  EXPECT_EQ(cl.c().Ingest(other).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
 // Whoever reaches the trainer port cannot make sdcd hold jobs without bound:
 // a new job beyond --max_jobs or --max_ranks is refused until abandoned jobs
 // expire, and an expired job leaves memory and the store (its incidents stay).
