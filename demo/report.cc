@@ -119,6 +119,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
     if (s.checkpoint == "allowed") f.checkpoints_allowed.push_back(step);
     if (s.checkpoint == "vetoed") f.checkpoints_vetoed.push_back(step);
     f.audits += s.audited ? 1 : 0;
+    f.audits_unverified += s.audited && s.unverified ? 1 : 0;
     f.weight_checks += config.weight_check_every > 0 && step % config.weight_check_every == 0;
   }
   if (!steps.empty()) {
@@ -167,6 +168,13 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   return f;
 }
 
+// "12 audits" or "12 audits (3 unverified: ...)".
+std::string AuditCount(const RunFacts& f) {
+  if (f.audits_unverified == 0) return absl::StrCat(f.audits, " audits");
+  return absl::StrCat(f.audits, " audits (", f.audits_unverified,
+                      " unverified: checked in-band only, no verdict from sdcd in time)");
+}
+
 std::string SummaryText(const RunFacts& f, const ClusterResult& r, const ClusterConfig& c,
                         const std::string& sdcctl) {
   std::string out;
@@ -174,9 +182,16 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                   "\n", c.nodes, " nodes x ", c.gpus_per_node, " GPUs (CPU ranks, Gloo), ", c.steps,
                   " steps, audit every ", c.audit_every, ", weight check every ",
                   c.weight_check_every, ", checkpoint every ", c.checkpoint_every, "\n");
-  absl::StrAppendFormat(&out, "loss %.3f -> %.3f; %d audits, %d weight checks; wall %s\n",
-                        f.first_loss, f.last_loss, f.audits, f.weight_checks,
+  absl::StrAppendFormat(&out, "loss %.3f -> %.3f; %s, %d weight checks; wall %s\n",
+                        f.first_loss, f.last_loss, AuditCount(f), f.weight_checks,
                         absl::FormatDuration(absl::Trunc(r.wall, absl::Seconds(1))));
+  if (r.coordinator_restarts > 0) {
+    absl::StrAppend(&out, "sdcd was killed (kill -9) and restarted ", r.coordinator_restarts,
+                    " time(s)", c.restart_coordinator_at >= 0
+                                    ? absl::StrCat(", after step ", c.restart_coordinator_at)
+                                    : "",
+                    "; what it had acknowledged came back from its database\n");
+  }
   absl::StrAppend(&out, "\nInjected:\n");
   if (f.injections.empty()) {
     absl::StrAppend(&out, f.fault_spec.empty() ? "  nothing\n"
@@ -329,10 +344,14 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   absl::StrAppendFormat(&html,
                         "<p>%d nodes &times; %d GPUs (CPU ranks, Gloo), %d steps; audit every %d "
                         "steps, weight check every %d, checkpoint every %d. Loss %.3f &rarr; %.3f. "
-                        "Wall time %s.</p>",
+                        "%s. Wall time %s.</p>",
                         c.nodes, c.gpus_per_node, c.steps, c.audit_every, c.weight_check_every,
-                        c.checkpoint_every, f.first_loss, f.last_loss,
+                        c.checkpoint_every, f.first_loss, f.last_loss, HtmlEscape(AuditCount(f)),
                         absl::FormatDuration(absl::Trunc(r.wall, absl::Seconds(1))));
+  if (r.coordinator_restarts > 0) {
+    absl::StrAppend(&html, "<p>sdcd was killed (kill -9) and restarted ", r.coordinator_restarts,
+                    " time(s) during the run.</p>");
+  }
   absl::StrAppend(&html, "<h2>Training loss</h2>", svg,
                   "<p class=\"legend\"><span style=\"color:#1565c0\">&#9644; mean loss</span>"
                   "<span style=\"color:#f0a\">&#9482; fault injected</span><span style=\"color:#d00\">"
@@ -416,6 +435,7 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   j["bad_checkpoints_revoked"] = f.bad_checkpoints_revoked;
   j["weights_identical"] = f.weights_identical;
   j["audits"] = f.audits;
+  j["audits_unverified"] = f.audits_unverified;
   j["weight_checks"] = f.weight_checks;
   j["first_loss"] = f.first_loss;
   j["last_loss"] = f.last_loss;

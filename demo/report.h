@@ -47,6 +47,7 @@ struct RunFacts {
   std::vector<int> bad_checkpoints_revoked;
   bool weights_identical = false;  // All replicas ended with the same digest.
   int audits = 0;
+  int audits_unverified = 0;  // Audited steps with no verdict from sdcd in time.
   int weight_checks = 0;
   double first_loss = 0;
   double last_loss = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/report.h"
@@ -76,6 +77,10 @@ TEST(ClusterScenarioTest, CoordinatorKilledMidRunLosesNoReport) {
   const RunFacts f = Analyze(*r, *FindScenario("coordinator-restart"), c, 3);
   EXPECT_TRUE(f.weights_identical);
   EXPECT_TRUE(f.bad_checkpoints.empty());
+  // The summary and report say so (issue 27, item 7: they never did).
+  EXPECT_THAT(SummaryText(f, *r, c, ""),
+              HasSubstr("sdcd was killed (kill -9) and restarted 1 time(s), after step 8"));
+  EXPECT_THAT(HtmlReport(f, *r, c), HasSubstr("restarted 1 time(s)"));
 }
 
 TEST(ClusterScenarioTest, DropoutAndBatchNormReplayBitExactlyForHundredsOfSteps) {
@@ -136,6 +141,11 @@ TEST(ClusterScenarioTest, UnreachableCoordinatorNeverStallsTraining) {
   const RunFacts f = Analyze(*r, *FindScenario("activation-x10000"), c, 3);
   EXPECT_THAT(f.skipped_steps, ElementsAre(15));
   EXPECT_TRUE(f.weights_identical);
+  // The demo's summary says the audits went unverified (issue 27, item 7).
+  EXPECT_EQ(f.audits_unverified, f.audits);
+  EXPECT_THAT(SummaryText(f, *r, c, ""),
+              HasSubstr(absl::StrCat(f.audits, " audits (", f.audits, " unverified: checked "
+                                     "in-band only, no verdict from sdcd in time)")));
   // And the rank says so in its summary.
   EXPECT_THAT(ReadFile(c.run_dir + "/trainer-0.log"), HasSubstr("coordinator=not connected"));
   EXPECT_THAT(ReadFile(c.run_dir + "/trainer-0.log"),
