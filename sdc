@@ -149,13 +149,32 @@ cmd_pytest() {
     "$VENV/bin/python3" -m pytest -q -p no:cacheprovider "$ROOT/tests/python" "$@"
 }
 
-# The coordinator's ingestion fuzz target, built with clang's libFuzzer and
-# sanitizers outside Bazel (Bazel's toolchain here is gcc). Runs for SECONDS.
+# Two fuzzers, SECONDS each: the coordinator's ingestion fuzz target, built
+# with clang's libFuzzer and sanitizers outside Bazel (Bazel's toolchain here
+# is gcc), then the stream fuzzer (tests/stream_fuzz_test.cc): malformed and
+# mutated frames on a real sdcd's Attach, Relay and Connect streams.
 cmd_fuzz() {
   local seconds=${1:-60}
   [[ "$seconds" =~ ^[0-9]+$ ]] || die "usage: ./sdc fuzz [SECONDS]"
+  fuzz_coordinator "$seconds"
+  fuzz_streams "$seconds"
+}
+
+fuzz_streams() {
+  local seconds=$1 seed=$((RANDOM * 32768 + RANDOM))
+  log "fuzzing sdcd's streams for ${seconds}s (seed $seed; replay with SDC_STREAM_FUZZ_SEED)"
+  bazel_run test //tests:stream_fuzz_test --nocache_test_results --test_output=errors \
+    --test_env=SDC_STREAM_FUZZ_SECONDS="$seconds" --test_env=SDC_STREAM_FUZZ_SEED="$seed" \
+    --test_timeout=$((seconds + 240)) >/dev/null 2>&1 ||
+    die "the stream fuzzer found a failure (seed $seed; log: bazel-testlogs/tests/stream_fuzz_test/test.log)"
+  grep -E "^stream fuzz: [0-9]+ streams" "$ROOT/bazel-testlogs/tests/stream_fuzz_test/test.log" |
+    sed 's/^/sdc: /' >&2 || true
+}
+
+fuzz_coordinator() {
+  local seconds=$1
   if ! command -v clang++ >/dev/null; then
-    log "clang++ is not installed: skipping the fuzz run"
+    log "clang++ is not installed: skipping the coordinator fuzz run"
     return 0
   fi
   local dir="${SDC_CACHE:-$HOME/.cache/sdc-guard}/fuzz"
@@ -266,7 +285,7 @@ usage: ./sdc COMMAND [ARGS]
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   pytest [ARGS]        only the Python package's tests (tests/python)
-  fuzz [SECONDS]       fuzz the coordinator's report ingestion (default 60 s)
+  fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
   gpu-bundle           build what tests/gpu/run.sh needs on a GPU machine (gpu-bundle/)
   setup                install the Debian packages and the pinned torch the project needs
 TXT

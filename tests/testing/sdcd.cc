@@ -114,35 +114,47 @@ double Sdcd::Counter(const std::string& name, const std::string& label,
 
 grpc::Status SendRawFrame(const std::shared_ptr<grpc::Channel>& channel,
                           const std::string& method, const std::string& frame) {
+  return SendRawFrames(channel, method, {frame});
+}
+
+grpc::Status SendRawFrames(const std::shared_ptr<grpc::Channel>& channel,
+                           const std::string& method, const std::vector<std::string>& frames) {
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
       stub.PrepareCall(&context, method, &cq);
-  // Each step waits for its own tag; a step that fails ends the exchange.
-  auto step = [&cq](intptr_t tag) {
+  // One operation at a time; each waits for its own tag, and one that fails
+  // (the server ended the call) ends the exchange.
+  intptr_t next_tag = 1;
+  auto wait = [&cq](intptr_t tag) {
     void* got = nullptr;
     bool ok = false;
     return cq.Next(&got, &ok) && reinterpret_cast<intptr_t>(got) == tag && ok;
   };
-  call->StartCall(reinterpret_cast<void*>(1));
-  if (step(1)) {
-    grpc::Slice slice(frame.data(), frame.size());
+  call->StartCall(reinterpret_cast<void*>(next_tag));
+  bool open = wait(next_tag++);
+  for (size_t i = 0; open && i < frames.size(); ++i) {
+    grpc::Slice slice(frames[i].data(), frames[i].size());
     grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(2));
-    if (step(2)) {
-      grpc::ByteBuffer reply;
-      do {
-        call->Read(&reply, reinterpret_cast<void*>(3));
-      } while (step(3));
-    }
+    call->Write(buffer, reinterpret_cast<void*>(next_tag));
+    open = wait(next_tag++);
   }
+  if (open) {
+    call->WritesDone(reinterpret_cast<void*>(next_tag));
+    open = wait(next_tag++);
+  }
+  grpc::ByteBuffer reply;
+  do {
+    call->Read(&reply, reinterpret_cast<void*>(next_tag));
+  } while (wait(next_tag++));
   grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(4));
+  const intptr_t finish = next_tag;
+  call->Finish(&status, reinterpret_cast<void*>(finish));
   void* got = nullptr;
   bool ok = false;
-  while (cq.Next(&got, &ok) && reinterpret_cast<intptr_t>(got) != 4) {
+  while (cq.Next(&got, &ok) && reinterpret_cast<intptr_t>(got) != finish) {
   }
   cq.Shutdown();
   while (cq.Next(&got, &ok)) {

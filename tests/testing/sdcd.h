@@ -60,6 +60,10 @@ class Sdcd {
 // and returns its status (10 s deadline).
 grpc::Status SendRawFrame(const std::shared_ptr<grpc::Channel>& channel,
                           const std::string& method, const std::string& frame);
+// The same with several frames, then a half-close: OK only when the server
+// took every frame and ended the call after the client's close.
+grpc::Status SendRawFrames(const std::shared_ptr<grpc::Channel>& channel,
+                           const std::string& method, const std::vector<std::string>& frames);
 
 // Writes a throwaway PKI into `dir` with the openssl CLI: ca.pem (and
 // ca.key), server.pem/server.key for localhost and 127.0.0.1, and
