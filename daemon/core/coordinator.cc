@@ -1293,12 +1293,18 @@ void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank s
       {job.record.job_id, group.members, PlanMessage{plan.plan_id, plan.assignments, plan.reason}});
 }
 
+void Coordinator::LedgerEntry::Add(const StepVerdict& v) {
+  if (v.check == CheckKind::kNonFinite) applied = applied || v.applied;
+  if (v.check == CheckKind::kWeights) weights[v.group] = v;
+  if (v.check == CheckKind::kReplay) {
+    audits.insert(v.group);
+    if (!v.complete && !v.failed) incomplete_audits[v.group] = v;
+  }
+  if (v.failed) failures.push_back(v);
+}
+
 void Coordinator::RecordVerdict(JobState& job, StepVerdict verdict, Txn& txn) {
-  LedgerEntry& entry = job.ledger[verdict.step];
-  if (verdict.check == CheckKind::kNonFinite) entry.applied = entry.applied || verdict.applied;
-  if (verdict.check == CheckKind::kWeights) entry.weights[verdict.group] = verdict;
-  if (verdict.check == CheckKind::kReplay) entry.audits.insert(verdict.group);
-  if (verdict.failed) entry.failures.push_back(verdict);
+  job.ledger[verdict.step].Add(verdict);
   while (job.ledger.size() > options_.ledger_steps) job.ledger.erase(job.ledger.begin());
   txn.mutation.step_verdicts.push_back(std::move(verdict));
 }
@@ -1392,6 +1398,21 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
       vetoes.push_back(absl::StrCat("weight check for step ", step, " ", w.summary));
     }
     // Failed weight checks are listed under 3.
+  }
+  // 4b. The group's last audit at or before `step` has every result: an
+  // audit some results never reached verified nothing, as an incomplete
+  // weight check.
+  for (const auto& [gid, group] : job.groups) {
+    for (auto it = job.ledger.upper_bound(step); it != job.ledger.begin();) {
+      --it;
+      if (it->second.audits.count(gid) == 0) continue;
+      auto incomplete = it->second.incomplete_audits.find(gid);
+      if (incomplete != it->second.incomplete_audits.end()) {
+        vetoes.push_back(absl::StrCat("the last replay audit before it (step ", it->first,
+                                      ") is unverified: ", incomplete->second.summary));
+      }
+      break;
+    }
   }
   // 5. A GPU attributed faulty is still in the job.
   for (const auto& slot : job.ranks) {
@@ -1725,11 +1746,7 @@ absl::Status Coordinator::Restore() {
   for (const StepVerdict& v : snap->step_verdicts) {
     auto it = jobs_.find(v.job_id);
     if (it == jobs_.end()) continue;
-    LedgerEntry& entry = it->second.ledger[v.step];
-    if (v.check == CheckKind::kNonFinite) entry.applied = entry.applied || v.applied;
-    if (v.check == CheckKind::kWeights) entry.weights[v.group] = v;
-    if (v.check == CheckKind::kReplay) entry.audits.insert(v.group);
-    if (v.failed) entry.failures.push_back(v);
+    it->second.ledger[v.step].Add(v);
   }
   escalation_.Restore(snap->requests);
   for (const Incident& inc : snap->incidents) {

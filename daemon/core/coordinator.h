@@ -283,8 +283,13 @@ class Coordinator {
   struct LedgerEntry {
     std::map<uint32_t, StepVerdict> weights;  // By group.
     std::set<uint32_t> audits;  // Groups whose audit of the step is decided.
+    // Groups whose audit of the step passed without every result (kIncomplete).
+    std::map<uint32_t, StepVerdict> incomplete_audits;
     std::vector<StepVerdict> failures;
     bool applied = false;
+
+    // Files a decided verdict of this step.
+    void Add(const StepVerdict& v);
   };
   struct JobState {
     JobRecord record;

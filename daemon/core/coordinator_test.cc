@@ -103,7 +103,8 @@ class Cluster {
   // The scheduled audit of `step`: `wrong_own` ranks compute their own batch
   // wrongly, `wrong_replay` ranks compute replays wrongly.
   void Audit(Step step, std::set<Rank> wrong_own, std::set<Rank> wrong_replay,
-             uint64_t plan_id = 0, std::vector<Assignment> assignments = {}) {
+             uint64_t plan_id = 0, std::vector<Assignment> assignments = {},
+             std::set<Rank> silent = {}) {
     if (assignments.empty()) {
       Topology t(Members());
       assignments = PlanFullAudit(t, step / audit_every_).assignments;
@@ -111,6 +112,7 @@ class Cluster {
     std::set<Rank> subjects;
     for (const Assignment& a : assignments) subjects.insert(a.subject);
     for (Rank s : subjects) {
+      if (silent.count(s)) continue;
       AuditResult o;
       o.role = AuditRole::kOriginal;
       o.plan_id = plan_id;
@@ -120,6 +122,7 @@ class Cluster {
       ASSERT_TRUE(Send(s, step, o).ok()) << "original " << s;
     }
     for (const Assignment& a : assignments) {
+      if (silent.count(a.replayer)) continue;
       AuditResult rp;
       rp.role = AuditRole::kReplay;
       rp.plan_id = plan_id;
@@ -817,6 +820,37 @@ TEST(CoordinatorTest, CheckpointGateGivesPreciseReasons) {
   d = cl.c().MayCheckpoint(kJob, 11);
   EXPECT_THAT(d->reason, HasSubstr("checks of step 11 not yet reported by ranks 0, 1, 2, 3, 4, 5"));
   EXPECT_EQ(cl.c().MayCheckpoint("nope", 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Issue 24, item 10: an audit whose results never all arrived verified
+// nothing; it passed as if complete and let the next checkpoint through. It
+// now vetoes that checkpoint, as an incomplete weight check does, until a
+// later complete audit.
+TEST(CoordinatorTest, AnIncompleteAuditVetoesTheCheckpointAfterIt) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  cl.Audit(10, {}, {}, 0, {}, /*silent=*/{4});
+  cl.AllWeights(10);
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  auto d = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable);
+  EXPECT_THAT(d->reason, HasSubstr("the last replay audit before it (step 10) is unverified: "
+                                   "no mismatch, but no results from ranks 4"));
+  // A complete audit later verifies again.
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  cl.Audit(20, {}, {});
+  cl.AllWeights(20);
+  d = cl.c().MayCheckpoint(kJob, 20);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->allowed) << d->reason;
+  // Also after a restart (the ledger comes back from the verdicts).
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  EXPECT_THAT(cl.c().MayCheckpoint(kJob, 10)->reason, HasSubstr("is unverified"));
 }
 
 TEST(CoordinatorTest, CheckpointVetoedWhileAFaultyGpuStaysAndClearedByDenial) {
