@@ -14,8 +14,10 @@ const std::vector<Scenario>& Scenarios() {
        "mantissa-bitflip:{rank}:step={step}"},
       {"weight-corruption", "one weight flipped on one GPU right after an optimizer step",
        "weight:{rank}:step={step}"},
-      {"reduced-gradient", "one GPU receives different reduced gradients from the all-reduce",
-       "reduced-gradient:{rank}:step={step}"},
+      {"reduced-gradient",
+       "one GPU receives different reduced gradients from the all-reduce: the step is skipped "
+       "and the GPU is a suspect (the bad data may come from elsewhere; targeted audits decide)",
+       "reduced-gradient:{rank}:step={step}", 0, false, true, false, false},
       {"faulty-replayer", "a GPU that is wrong only when it replays a peer's micro-batch",
        "replay:{rank}:from={step}", 0, false, true, true, true},
       {"intermittent",

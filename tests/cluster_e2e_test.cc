@@ -145,10 +145,16 @@ TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
   absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("reduced", "reduced-gradient:2:step=13"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
-  const v1::Incident* i = Blames(*r, 2);
-  ASSERT_NE(i, nullptr);
-  EXPECT_EQ(i->check(), v1::CHECK_REDUCED_GRADIENTS);
-  EXPECT_EQ(i->step(), 13u);
+  // The receiver is a suspect, not blamed: its own computation is sound, so
+  // the targeted audits that follow clear it and no request opens.
+  EXPECT_EQ(Blames(*r, 2), nullptr);
+  EXPECT_TRUE(r->requests.empty());
+  ASSERT_FALSE(r->incidents.empty());
+  const v1::Incident& i = r->incidents[0];
+  EXPECT_EQ(i.check(), v1::CHECK_REDUCED_GRADIENTS);
+  EXPECT_EQ(i.outcome(), "suspect");
+  EXPECT_THAT(i.ranks(), ElementsAre(2));
+  EXPECT_EQ(i.step(), 13u);
   EXPECT_FALSE(steps.at(13).apply);
   EXPECT_EQ(steps.at(13).reason, "ranks received different reduced gradients");
   ExpectIdenticalReplicas(*r);

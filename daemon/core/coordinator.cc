@@ -618,14 +618,18 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   const VoteResult reduced = Vote(group.members, BallotsOf(by_digest, {}));
   std::string reduced_result = "pass";
   if (reduced.outcome == VoteOutcome::kMinority) {
-    reduced_result = "faulty";
+    // The rank that received bad data need not hold the bad hardware (a
+    // sender, a link, a switch): the minority are suspects, and targeted
+    // audits of their own computation confirm or clear them.
+    reduced_result = "suspect";
     note(RecordIncident(
-        job, group, step, CheckKind::kReducedGradients, "faulty", reduced.minority,
-        /*confirmed=*/true,
+        job, group, step, CheckKind::kReducedGradients, "suspect", reduced.minority,
+        /*confirmed=*/false,
         absl::StrCat("rank(s) ", RankList(reduced.minority),
                      " received reduced gradients that differ from the majority's (",
                      by_digest[reduced.majority_digest].size(), " of ", group.members.size(),
-                     " ranks agree)"),
+                     " ranks agree); the bad data may come from elsewhere in the "
+                     "all-reduce, so targeted audits decide"),
         {}, txn));
   } else if (reduced.outcome == VoteOutcome::kNoMajority) {
     reduced_result = "no_majority";

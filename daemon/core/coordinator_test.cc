@@ -362,7 +362,11 @@ TEST(CoordinatorTest, CleanStepPassesAndFinalizes) {
   EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
 }
 
-TEST(CoordinatorTest, RankWithDifferentReducedGradientsIsAttributed) {
+// Issue 24, item 3: the rank that received different reduced gradients was
+// confirmed faulty and its node sent to replacement, though the bad data may
+// come from a sender or a link. It is a suspect now; a targeted audit of its
+// own computation decides.
+TEST(CoordinatorTest, RankWithDifferentReducedGradientsIsASuspectAuditedBeforeAnyRequest) {
   Cluster cl(3, 2);
   cl.AttachAll();
   for (Rank r = 0; r < 6; ++r) {
@@ -372,14 +376,28 @@ TEST(CoordinatorTest, RankWithDifferentReducedGradientsIsAttributed) {
   auto incidents = cl.c().ListIncidents(kJob);
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_EQ(incidents[0].check, CheckKind::kReducedGradients);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
   EXPECT_THAT(incidents[0].ranks, ElementsAre(4));
   EXPECT_EQ(incidents[0].nodes[0], "node-c");
-  EXPECT_TRUE(incidents[0].confirmed);
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  auto suspects = cl.c().ListSuspects();
+  ASSERT_THAT(suspects, SizeIs(1));
+  EXPECT_EQ(suspects[0].gpu, "GPU-4");
+  auto plans = cl.MessagesOf<PlanMessage>();
+  ASSERT_THAT(plans, SizeIs(1));
+  EXPECT_THAT(plans[0].reason, HasSubstr("targeted audit of suspect rank 4"));
+  // Its own computation is wrong: the targeted audit (and its tie-breaks)
+  // confirm it, and only then is a request opened.
+  cl.Audit(4, {4}, {4}, plans[0].plan_id, plans[0].assignments);
+  cl.SettleTieBreaks(4, plans[0].plan_id);
+  incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(2));
+  EXPECT_EQ(incidents[1].outcome, "faulty");
+  EXPECT_THAT(incidents[1].ranks, ElementsAre(4));
   auto requests = cl.c().ListRequests();
   ASSERT_THAT(requests, SizeIs(1));
   EXPECT_EQ(requests[0].node, "node-c");
-  EXPECT_EQ(requests[0].state, RequestState::kPending);
-  EXPECT_EQ(incidents[0].request_id, requests[0].id);
 }
 
 TEST(CoordinatorTest, LocalNanConfirmedByAFiniteReplayBlamesTheRank) {

@@ -59,7 +59,6 @@ ATTRIBUTED = {
     "activation-x10000": ([FAULT_RANK], FAULT_STEP),
     "mantissa-bitflip": ([FAULT_RANK], FAULT_STEP),
     "weight-corruption": ([FAULT_RANK], None),
-    "reduced-gradient": ([FAULT_RANK], FAULT_STEP),
     "faulty-replayer": ([FAULT_RANK], FAULT_STEP),
     "coordinator-restart": ([FAULT_RANK], FAULT_STEP),
 }
@@ -100,6 +99,20 @@ def test_fault_is_attributed_to_the_faulty_rank(tmp_path, scenario):
         assert f["coordinator_restarts"] == 1
     if scenario == "weight-corruption":
         assert any(line["repaired"] for step, line in steps.items() if step > FAULT_STEP)
+
+
+def test_reduced_gradient_receiver_is_a_suspect_not_blamed(tmp_path):
+    # The rank that received different reduced gradients need not hold the bad
+    # hardware: the step is skipped everywhere, the rank becomes a suspect, and
+    # targeted audits of its own (sound) computation open no request.
+    f, ranks, _ = run_demo(tmp_path, "reduced-gradient")
+    steps = same_decisions(ranks)
+    common(f)
+    assert f["detected"], f
+    assert f["blamed"] == [] and f["requests"] == [], f["incidents"]
+    first = f["incidents"][0]
+    assert first["outcome"] == "suspect" and first["ranks"] == [FAULT_RANK], first
+    assert not steps[FAULT_STEP]["apply"]
 
 
 def test_intermittent_fault_never_blames_a_healthy_rank(tmp_path):
