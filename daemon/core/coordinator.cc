@@ -790,11 +790,17 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
           : vote.uncompared  ? std::string("weights (not compared tensor by tensor: no report "
                                            "of one of the digests carried its tensors)")
                              : std::string("optimizer state");
+      const std::string majority =
+          vote.per_tensor
+              ? absl::StrCat("the majority of each tensor (no whole model is held by a majority "
+                             "of the ", group.members.size(), " replicas; rank ",
+                             vote.majority_source, " holds every tensor's majority value)")
+              : absl::StrCat("the majority (", pw.ballots[vote.majority_digest].ranks.size(),
+                             " of ", group.members.size(), " replicas)");
       const Incident& inc = RecordIncident(
           job, group, step, CheckKind::kWeights, "faulty", vote.minority, true,
-          absl::StrCat("rank(s) ", RankList(vote.minority), " differ from the majority (",
-                       pw.ballots[vote.majority_digest].ranks.size(), " of ",
-                       group.members.size(), " replicas) in ", what),
+          absl::StrCat("rank(s) ", RankList(vote.minority), " differ from ", majority, " in ",
+                       what),
           differing, txn);
       verdict.failed = true;
       verdict.incident_id = inc.id;

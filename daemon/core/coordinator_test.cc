@@ -747,6 +747,35 @@ TEST(CoordinatorTest, WeightMinorityIsNamedWithItsTensors) {
   EXPECT_THAT(incidents[0].explanation, HasSubstr("5 of 6 replicas"));
 }
 
+// Issue 24, item 9: two corrupt replicas of four ended 'no_majority' with
+// nobody named; the per-tensor vote names both and the healthy source.
+TEST(CoordinatorTest, TwoCorruptReplicasOfFourAreNamedByTheirTensors) {
+  Cluster cl(2, 2);
+  cl.AttachAll();
+  auto weights = [](size_t bad_tensor) {
+    WeightReport w = Cluster::Weights();
+    if (bad_tensor < w.tensors.size()) w.tensors[bad_tensor].s1 ^= 0xbad;
+    std::vector<kernels::NamedFingerprint> named;
+    for (size_t t = 0; t < kTensors.size(); ++t) named.push_back({kTensors[t], w.tensors[t]});
+    w.digest = kernels::ModelDigest(named);
+    return w;
+  };
+  for (Rank r = 0; r < 4; ++r) {
+    ASSERT_TRUE(cl.Send(r, 10, weights(r == 1 ? 1 : r == 2 ? 3 : 99)).ok());
+  }
+  auto verdicts = cl.MessagesOf<WeightVerdictMessage>();
+  ASSERT_THAT(verdicts, SizeIs(1));
+  EXPECT_FALSE(verdicts[0].pass);
+  EXPECT_THAT(verdicts[0].minority, ElementsAre(1, 2));
+  EXPECT_THAT(verdicts[0].differing_tensors, ElementsAre("layers.0.w", "norm.weight"));
+  EXPECT_EQ(verdicts[0].majority_source, 0u);
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(1, 2));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("the majority of each tensor"));
+}
+
 // A relay sends a digest's tensors once and the rest of its ranks'
 // reports of that digest as `tensors_elided` (agent/weight_elision.h).
 WeightReport Elided(const WeightReport& w) {

@@ -21,6 +21,67 @@ const char* VoteOutcomeName(VoteOutcome outcome) {
   return "unknown";
 }
 
+namespace {
+
+// No digest has a strict majority: vote tensor by tensor. Succeeds when every
+// tensor has a value held by a strict majority of the members and one ballot
+// holds all those values (the repair source); the ranks whose value differs
+// in some tensor are the minority. Two corrupt replicas of four (or of
+// three), wrong in different tensors, are named this way.
+bool VotePerTensor(size_t members, absl::Span<const DigestBallot> ballots, VoteResult* result) {
+  const std::vector<Fingerprint>* first = ballots.front().tensors;
+  for (const DigestBallot& b : ballots) {
+    if (b.tensors == nullptr || b.tensors->size() != first->size()) return false;
+  }
+  std::vector<std::vector<bool>> holds_majority(ballots.size(),
+                                                std::vector<bool>(first->size(), false));
+  for (uint32_t t = 0; t < first->size(); ++t) {
+    bool found = false;
+    for (size_t i = 0; i < ballots.size() && !found; ++i) {
+      size_t holders = 0;
+      for (const DigestBallot& b : ballots) {
+        if ((*b.tensors)[t] == (*ballots[i].tensors)[t]) holders += b.ranks.size();
+      }
+      if (2 * holders <= members) continue;
+      found = true;
+      for (size_t j = 0; j < ballots.size(); ++j) {
+        holds_majority[j][t] = (*ballots[j].tensors)[t] == (*ballots[i].tensors)[t];
+      }
+    }
+    if (!found) return false;
+  }
+  const DigestBallot* source = nullptr;
+  std::set<uint32_t> differing;
+  for (size_t j = 0; j < ballots.size(); ++j) {
+    const auto& held = holds_majority[j];
+    if (std::all_of(held.begin(), held.end(), [](bool h) { return h; })) {
+      source = &ballots[j];
+      continue;
+    }
+    result->minority.insert(result->minority.end(), ballots[j].ranks.begin(),
+                            ballots[j].ranks.end());
+    for (uint32_t t = 0; t < held.size(); ++t) {
+      if (!held[t]) differing.insert(t);
+    }
+  }
+  if (source == nullptr) {
+    result->minority.clear();
+    return false;
+  }
+  result->outcome = VoteOutcome::kMinority;
+  result->per_tensor = true;
+  result->majority_digest = source->digest;
+  result->majority_source = *std::min_element(source->ranks.begin(), source->ranks.end());
+  std::sort(result->minority.begin(), result->minority.end());
+  for (uint32_t t : differing) {
+    if (result->differing_tensors.size() == kMaxNamedTensors) break;
+    result->differing_tensors.push_back(t);
+  }
+  return true;
+}
+
+}  // namespace
+
 VoteResult Vote(absl::Span<const Rank> members, absl::Span<const DigestBallot> ballots) {
   VoteResult result;
   size_t voted = 0;
@@ -38,6 +99,9 @@ VoteResult Vote(absl::Span<const Rank> members, absl::Span<const DigestBallot> b
     std::sort(result.missing.begin(), result.missing.end());
   }
   const size_t distinct = ballots.size();
+  if (winner == nullptr && distinct >= 2 && VotePerTensor(members.size(), ballots, &result)) {
+    return result;
+  }
   if (winner == nullptr) {
     result.outcome = distinct <= 1 ? VoteOutcome::kIncomplete : VoteOutcome::kNoMajority;
     if (distinct == 1) {

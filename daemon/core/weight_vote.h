@@ -11,7 +11,12 @@
 //
 // The value held by more than half of the group's members wins (a strict
 // majority of the group, not of the ballots that arrived). Ranks holding
-// another value are the minority. No strict majority: inconclusive.
+// another value are the minority. When no digest has a strict majority and
+// every ballot carries tensors, the vote goes tensor by tensor: if every
+// tensor has a strict-majority value and one ballot holds all of them, the
+// ranks that differ in any tensor are the minority (two corrupt replicas of
+// three or four, wrong in different tensors, are named). Otherwise no
+// majority: inconclusive.
 
 #include <cstdint>
 #include <string>
@@ -52,6 +57,8 @@ struct VoteResult {
   // majority came without tensors): an empty `differing_tensors` then
   // says nothing about where they differ.
   bool uncompared = false;
+  // Decided tensor by tensor (no digest had a strict majority).
+  bool per_tensor = false;
 };
 
 inline constexpr size_t kMaxNamedTensors = 8;

@@ -223,6 +223,44 @@ TEST(VoteTest, NoMajorityNamesNoTensors) {
   EXPECT_THAT(r.differing_tensors, IsEmpty());
 }
 
+// Issue 24, item 9: with digests alone two corrupt replicas of four (or of
+// three) leave no digest a strict majority: 'no_majority', nobody named.
+// Tensor by tensor each tensor still has a majority, and the healthy replica
+// holds all of them.
+TEST(VoteTest, TwoCorruptReplicasAreNamedTensorByTensor) {
+  const std::vector<Fingerprint> good = Tensors(6), b = Tensors(6, {1}, 1), c = Tensors(6, {4}, 2);
+  VoteResult r = Vote(std::vector<Rank>{0, 1, 2, 3},
+                      std::vector<DigestBallot>{{0xa, {0, 3}, &good}, {0xb, {1}, &b}, {0xc, {2}, &c}});
+  EXPECT_EQ(r.outcome, VoteOutcome::kMinority);
+  EXPECT_TRUE(r.per_tensor);
+  EXPECT_EQ(r.majority_digest, 0xau);
+  EXPECT_EQ(r.majority_source, 0u);
+  EXPECT_THAT(r.minority, ElementsAre(1, 2));
+  EXPECT_THAT(r.differing_tensors, ElementsAre(1, 4));
+  // Three replicas, two of them corrupt: the healthy one alone.
+  r = Vote(std::vector<Rank>{0, 1, 2},
+           std::vector<DigestBallot>{{0xb, {0}, &b}, {0xc, {1}, &c}, {0xa, {2}, &good}});
+  EXPECT_EQ(r.outcome, VoteOutcome::kMinority);
+  EXPECT_EQ(r.majority_source, 2u);
+  EXPECT_THAT(r.minority, ElementsAre(0, 1));
+}
+
+TEST(VoteTest, PerTensorNeedsOneReplicaHoldingEveryMajority) {
+  // Every replica is wrong somewhere: each tensor has a majority, but no
+  // replica could repair the others.
+  const std::vector<Fingerprint> w = Tensors(4, {0}, 1), x = Tensors(4, {1}, 2),
+                                 y = Tensors(4, {2}, 3), z = Tensors(4, {3}, 4);
+  const VoteResult r =
+      Vote(std::vector<Rank>{0, 1, 2, 3},
+           std::vector<DigestBallot>{{1, {0}, &w}, {2, {1}, &x}, {3, {2}, &y}, {4, {3}, &z}});
+  EXPECT_EQ(r.outcome, VoteOutcome::kNoMajority);
+  EXPECT_THAT(r.minority, IsEmpty());
+  // Without tensors there is nothing to vote on.
+  const VoteResult digests_only = Vote(
+      std::vector<Rank>{0, 1, 2, 3}, std::vector<DigestBallot>{{1, {0, 3}}, {2, {1}}, {3, {2}}});
+  EXPECT_EQ(digests_only.outcome, VoteOutcome::kNoMajority);
+}
+
 // Random groups of 3..200 ranks (sparse ids, shuffled), a strict minority
 // (fewer than half) split over 1..3 corrupted values, and sometimes members
 // missing while the majority stays strict.
