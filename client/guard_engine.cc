@@ -260,6 +260,9 @@ class GuardEngine::Impl {
   uint64_t repaired_step_ = 0;
 
   GuardSummary summary_;
+  // The first skipped step since the last checkpoint decision ("step N:
+  // why"): the in-band checkpoint fallback vetoes the next checkpoint.
+  std::string failed_since_checkpoint_;
   core::CheckpointLedger checkpoints_;
 };
 
@@ -886,6 +889,11 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   if (!decision.apply) {
     ++summary_.skipped;
     Log(absl::StrCat("step ", step_, " skipped on every rank: ", decision.reason));
+    // Every rank took the same decision: the in-band checkpoint fallback
+    // vetoes the next checkpoint on all of them.
+    if (failed_since_checkpoint_.empty()) {
+      failed_since_checkpoint_ = absl::StrCat("step ", step_, ": ", decision.reason);
+    }
   }
   core::StepReport report;
   report.local_nonfinite = local_nonfinite;
@@ -934,6 +942,7 @@ absl::StatusOr<bool> GuardEngine::Impl::MayCheckpoint() {
         "MayCheckpoint needs AfterOptimizerStep(/*checkpoint=*/true) at this step");
   }
   bool allowed = false;
+  bool in_band = false;  // Decided here, not by the coordinator.
   std::string reason;
   if (link_ != nullptr) {
     absl::StatusOr<v1::CheckpointDecision> d = link_->MayCheckpoint(step_, options_.checkpoint_wait);
@@ -942,6 +951,7 @@ absl::StatusOr<bool> GuardEngine::Impl::MayCheckpoint() {
       reason = d->reason();
       Learn(checkpoints_, *d);
     } else if (options_.checkpoint_fallback == CheckpointFallback::kInBand) {
+      in_band = true;
       reason = "coordinator unreachable: in-band vote";
       allowed = true;  // Refined by the in-band digest vote below.
     } else {
@@ -953,6 +963,15 @@ absl::StatusOr<bool> GuardEngine::Impl::MayCheckpoint() {
                  ? "no coordinator: in-band vote"
                  : "no coordinator configured: checkpoints are vetoed by policy";
     allowed = options_.checkpoint_fallback == CheckpointFallback::kInBand;
+    in_band = allowed;
+  }
+  // In-band, equal digests are not enough: a check that failed since the
+  // last checkpoint (a skipped step) means some GPU computed wrong values,
+  // and without the coordinator nobody knows whether it is still here.
+  if (in_band && !failed_since_checkpoint_.empty()) {
+    allowed = false;
+    reason = absl::StrCat("in-band: a check failed since the last checkpoint (",
+                          failed_since_checkpoint_, ")");
   }
   // In-band: every rank must hold the same weights (digest equality).
   int64_t digest_hi = 0, digest_lo = 0;
@@ -975,6 +994,8 @@ absl::StatusOr<bool> GuardEngine::Impl::MayCheckpoint() {
     ++summary_.checkpoints_allowed;
     checkpoints_.Allowed(step_);
   }
+  // A failure vetoes the first checkpoint after it, not every later one.
+  failed_since_checkpoint_.clear();
   return all_allowed;
 }
 

@@ -112,5 +112,39 @@ TEST(GuardTest, InBandCheckpointsAreProvisionalUntilTheNext) {
   guard.Shutdown(absl::ZeroDuration());
 }
 
+// Issue 24, item 11: without a coordinator the fallback allowed a checkpoint
+// whenever the replicas' digests agreed, even right after a step some GPU got
+// wrong. A failed (skipped) step now vetoes the next checkpoint.
+TEST(GuardTest, InBandFallbackVetoesTheCheckpointAfterAFailedCheck) {
+  auto pg = OneRankGroup("inband-veto");
+  torch::manual_seed(7);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions options = InBandOptions();
+  options.faults = *client::ParseFaultSpecs("nan-gradient:0:step=5");
+  absl::StatusOr<std::unique_ptr<Guard>> g =
+      Guard::Create(options, pg, *model, sgd, MseOf(model));
+  ASSERT_TRUE(g.ok()) << g.status();
+  Guard& guard = **g;
+  for (uint64_t step = 1; step <= 20; ++step) {
+    const bool checkpoint = step % 10 == 0;
+    double loss = 0;
+    absl::StatusOr<StepDecision> d = guard.TrainStep(
+        step, {{torch::randn({8, 4}), torch::randn({8, 2})}}, checkpoint, &loss);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->apply, step != 5) << step << ": " << d->reason;
+    if (!checkpoint) continue;
+    absl::StatusOr<bool> may = guard.MayCheckpoint();
+    ASSERT_TRUE(may.ok()) << may.status();
+    EXPECT_EQ(*may, step == 20) << "step " << step;
+  }
+  EXPECT_NE(guard.Summary().last_veto.find("in-band: a check failed since the last checkpoint "
+                                           "(step 5: "),
+            std::string::npos)
+      << guard.Summary().last_veto;
+  EXPECT_EQ(guard.Summary().checkpoints_allowed, 1u);
+  guard.Shutdown(absl::ZeroDuration());
+}
+
 }  // namespace
 }  // namespace sdc
