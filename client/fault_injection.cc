@@ -22,6 +22,8 @@ const char* FaultKindName(FaultKind kind) {
       return "nan-gradient";
     case FaultKind::kWeight:
       return "weight";
+    case FaultKind::kFrozenWeight:
+      return "frozen-weight";
     case FaultKind::kReducedGradient:
       return "reduced-gradient";
     case FaultKind::kReplay:
@@ -60,6 +62,7 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"mantissa-bitflip", FaultKind::kMantissaBitflip},
       {"nan-gradient", FaultKind::kNanGradient},
       {"weight", FaultKind::kWeight},
+      {"frozen-weight", FaultKind::kFrozenWeight},
       {"reduced-gradient", FaultKind::kReducedGradient},
       {"replay", FaultKind::kReplay}};
   for (const auto& [name, kind] : kKinds) {

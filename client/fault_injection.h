@@ -14,6 +14,7 @@
 //             mantissa-bitflip    flip a low mantissa bit of one activation (a small finite error)
 //             nan-gradient        set one local gradient element to NaN
 //             weight              corrupt one weight element after optimizer.step()
+//             frozen-weight       the same in the first frozen parameter (requires_grad off)
 //             reduced-gradient    corrupt one element of the reduced gradients on RANK
 //             replay              corrupt only the replays RANK computes for peers
 //   RANK      the global rank that misbehaves
@@ -34,6 +35,7 @@ enum class FaultKind {
   kMantissaBitflip,
   kNanGradient,
   kWeight,
+  kFrozenWeight,
   kReducedGradient,
   kReplay,
 };

@@ -78,11 +78,11 @@ class Guard::Impl {
 };
 
 absl::Status Guard::Impl::Init() {
-  client::NamedTensors params, buffers;
+  client::NamedTensors params, buffers, frozen;
   for (const auto& item : model_.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    params.names.push_back(item.key());
-    params.tensors.push_back(item.value());
+    client::NamedTensors& to = item.value().requires_grad() ? params : frozen;
+    to.names.push_back(item.key());
+    to.tensors.push_back(item.value());
   }
   for (const auto& item : model_.named_buffers(/*recurse=*/true)) {
     buffers.names.push_back(item.key());
@@ -92,7 +92,7 @@ absl::Status Guard::Impl::Init() {
   buffers_ = buffers.tensors;
   absl::StatusOr<std::unique_ptr<client::GuardEngine>> engine = client::GuardEngine::Create(
       options_, pg_, std::move(params), std::move(buffers),
-      [this] { return OptimizerTensors(optimizer_, params_); }, loss_fn_);
+      [this] { return OptimizerTensors(optimizer_, params_); }, loss_fn_, std::move(frozen));
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
   return absl::OkStatus();

@@ -123,14 +123,17 @@ std::string GuardSummary::ToString() const {
 
 class GuardEngine::Impl {
  public:
+  // `state`: frozen parameters, then the last `buffer_count` are buffers.
   Impl(GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> pg, NamedTensors params,
-       NamedTensors buffers, OptimizerStateFn optimizer_state, LossFn loss_fn)
+       NamedTensors state, size_t buffer_count, OptimizerStateFn optimizer_state,
+       LossFn loss_fn)
       : options_(std::move(options)),
         pg_(std::move(pg)),
         param_names_(std::move(params.names)),
         params_(std::move(params.tensors)),
-        buffer_names_(std::move(buffers.names)),
-        buffers_(std::move(buffers.tensors)),
+        state_names_(std::move(state.names)),
+        state_(std::move(state.tensors)),
+        buffers_(state_.end() - std::min(buffer_count, state_.size()), state_.end()),
         optimizer_state_(std::move(optimizer_state)),
         loss_fn_(std::move(loss_fn)),
         rank_(static_cast<uint32_t>(pg_->getRank())),
@@ -139,7 +142,7 @@ class GuardEngine::Impl {
         small_collectives_(Resolve(options_.small_collectives, *pg_)),
         collective_device_(CollectiveDevice(*pg_)) {
     weight_names_ = param_names_;
-    weight_names_.insert(weight_names_.end(), buffer_names_.begin(), buffer_names_.end());
+    weight_names_.insert(weight_names_.end(), state_names_.begin(), state_names_.end());
   }
 
   absl::Status Init();
@@ -204,7 +207,7 @@ class GuardEngine::Impl {
   void Broadcast(std::vector<torch::Tensor> tensors, uint32_t root);
   std::vector<torch::Tensor> Weights() const {
     std::vector<torch::Tensor> all = params_;
-    all.insert(all.end(), buffers_.begin(), buffers_.end());
+    all.insert(all.end(), state_.begin(), state_.end());
     return all;
   }
 
@@ -212,9 +215,11 @@ class GuardEngine::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   const std::vector<std::string> param_names_;
   const std::vector<torch::Tensor> params_;
-  const std::vector<std::string> buffer_names_;
-  const std::vector<torch::Tensor> buffers_;
-  std::vector<std::string> weight_names_;  // Parameters, then buffers.
+  // Frozen parameters, then buffers: voted on, not trained.
+  const std::vector<std::string> state_names_;
+  const std::vector<torch::Tensor> state_;
+  const std::vector<torch::Tensor> buffers_;  // The tail of state_ (saved around replays).
+  std::vector<std::string> weight_names_;  // Parameters, frozen parameters, buffers.
   const OptimizerStateFn optimizer_state_;
   const LossFn loss_fn_;
   const uint32_t rank_;
@@ -268,7 +273,7 @@ class GuardEngine::Impl {
 
 absl::Status GuardEngine::Impl::Init() {
   if (params_.empty()) return absl::InvalidArgumentError("the model has no trainable parameters");
-  if (param_names_.size() != params_.size() || buffer_names_.size() != buffers_.size()) {
+  if (param_names_.size() != params_.size() || state_names_.size() != state_.size()) {
     return absl::InvalidArgumentError("a name for every parameter and buffer is required");
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -913,6 +918,12 @@ absl::StatusOr<double> GuardEngine::Impl::AfterOptimizerStep(bool checkpoint) {
     SDC_TORCH_TRY(FlipMantissaBit(params_.front(), 16));
     Log(absl::StrCat("INJECTED a bit flip into weight ", param_names_.front(), " after step ", step_));
   }
+  if (f.kind == FaultKind::kFrozenWeight && f.FiresAt(rank_, step_) &&
+      state_.size() > buffers_.size()) {
+    SDC_TORCH_TRY(FlipMantissaBit(state_.front(), 16));
+    Log(absl::StrCat("INJECTED a bit flip into frozen weight ", state_names_.front(),
+                     " after step ", step_));
+  }
   const bool scheduled = options_.weight_check_every > 0 && step_ % options_.weight_check_every == 0;
   if (!scheduled && !checkpoint) return 0.0;
   const absl::Time start = absl::Now();
@@ -1024,13 +1035,21 @@ GuardSummary GuardEngine::Impl::Summary() const {
 absl::StatusOr<std::unique_ptr<GuardEngine>> GuardEngine::Create(
     GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
     NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
-    LossFn loss_fn) {
+    LossFn loss_fn, NamedTensors frozen) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("options.job_id is empty");
   if (!loss_fn) return absl::InvalidArgumentError("a loss function is required");
   if (!process_group) return absl::InvalidArgumentError("a process group is required");
+  // Frozen parameters join the weight vote as state the step does not
+  // change (after the trainable parameters, before the buffers).
+  if (frozen.names.size() != frozen.tensors.size()) {
+    return absl::InvalidArgumentError("a name for every frozen parameter is required");
+  }
+  frozen.names.insert(frozen.names.end(), buffers.names.begin(), buffers.names.end());
+  frozen.tensors.insert(frozen.tensors.end(), buffers.tensors.begin(), buffers.tensors.end());
   auto impl = std::make_unique<Impl>(std::move(options), std::move(process_group),
-                                     std::move(parameters), std::move(buffers),
-                                     std::move(optimizer_state), std::move(loss_fn));
+                                     std::move(parameters), std::move(frozen),
+                                     buffers.tensors.size(), std::move(optimizer_state),
+                                     std::move(loss_fn));
   if (absl::Status s = impl->Init(); !s.ok()) return s;
   return std::unique_ptr<GuardEngine>(new GuardEngine(std::move(impl)));
 }

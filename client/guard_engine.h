@@ -102,14 +102,17 @@ class GuardEngine {
   // calls Create), says Hello to the coordinator (when configured) and
   // starts the link. `parameters` are the trainable parameters (their
   // gradients are checked, replayed and zeroed on skip), `buffers` the
-  // module buffers; both as the model holds them (not copies).
+  // module buffers, `frozen` the parameters that do not train
+  // (requires_grad false: a frozen backbone, LoRA's base weights); all as
+  // the model holds them (not copies). The weight vote fingerprints and
+  // repairs all three.
   // InvalidArgument for bad options, no parameters, a parameter of a dtype
   // the kernels do not read, or tensors on more than one device;
   // Unimplemented / FailedPrecondition when the device cannot be checked.
   static absl::StatusOr<std::unique_ptr<GuardEngine>> Create(
       GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
       NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
-      LossFn loss_fn);
+      LossFn loss_fn, NamedTensors frozen = {});
   ~GuardEngine();
 
   // Starts step `step`. `first_micro_batch` is the one a peer replays on

@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: rank on GPU LOCAL_RANK %% the GPUs visible (collectives stay on Gloo)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
+    p.add_argument("--freeze", action="store_true",
+                   help="freeze the first parameter (requires_grad off), as a frozen backbone")
     cluster_support.add_flags(p)
     a = p.parse_args()
     for name in ("steps", "first_step", "batch", "micro_batches"):
@@ -73,6 +75,8 @@ def main():
         def loss_fn(model, batch):
             return F.mse_loss(model(batch[0]), batch[1])
 
+    if args.freeze:
+        next(net.parameters()).requires_grad_(False)
     torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -80,7 +84,7 @@ def main():
         torch.cuda.set_device(device)
         torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
     model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
 
     guard = checkpoints = None
     if not args.unguarded:

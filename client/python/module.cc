@@ -103,7 +103,8 @@ class Engine {
   Engine(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<std::string> param_names,
          std::vector<at::Tensor> params, std::vector<std::string> buffer_names,
          std::vector<at::Tensor> buffers, py::object optimizer_state, py::object loss_fn,
-         std::map<std::string, std::string> variables)
+         std::map<std::string, std::string> variables, std::vector<std::string> frozen_names,
+         std::vector<at::Tensor> frozen)
       : optimizer_state_(std::make_shared<py::object>(std::move(optimizer_state))),
         loss_fn_(std::make_shared<py::object>(std::move(loss_fn))) {
     GuardOptions options = Value(OptionsFromVariables(variables));
@@ -126,7 +127,8 @@ class Engine {
       engine = GuardEngine::Create(std::move(options), std::move(group),
                                    {std::move(param_names), std::move(params)},
                                    {std::move(buffer_names), std::move(buffers)},
-                                   std::move(state_fn), std::move(loss_fn_cpp));
+                                   std::move(state_fn), std::move(loss_fn_cpp),
+                                   {std::move(frozen_names), std::move(frozen)});
     }
     engine_ = Value(std::move(engine));
   }
@@ -166,10 +168,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<std::string>,
                     std::vector<at::Tensor>, std::vector<std::string>, std::vector<at::Tensor>,
-                    py::object, py::object, std::map<std::string, std::string>>(),
+                    py::object, py::object, std::map<std::string, std::string>,
+                    std::vector<std::string>, std::vector<at::Tensor>>(),
            py::arg("process_group"), py::arg("param_names"), py::arg("params"),
            py::arg("buffer_names"), py::arg("buffers"), py::arg("optimizer_state"),
-           py::arg("loss_fn"), py::arg("variables"))
+           py::arg("loss_fn"), py::arg("variables"),
+           py::arg("frozen_names") = std::vector<std::string>{},
+           py::arg("frozen") = std::vector<at::Tensor>{})
       .def("begin_step",
            [](Engine& e, uint64_t step, std::vector<at::Tensor> batch, int64_t micro_batches) {
              Check(e.engine().BeginStep(step, std::move(batch), micro_batches));

@@ -26,3 +26,23 @@ def test_guarded_training_is_bit_identical_to_unguarded(tmp_path, sdcd, model, m
     digests = {f["weights_digest"] for f in guarded_final + plain_final}
     assert len(digests) == 1, digests
     assert all(f["guard"]["reports_dropped"] == 0 for f in guarded_final)
+
+
+def test_a_corrupted_frozen_parameter_is_caught_and_repaired(tmp_path, sdcd):
+    # Issue 24, item 6: parameters with requires_grad off (a frozen backbone,
+    # LoRA's base weights) were never fingerprinted, so most of what such a
+    # job stores went unchecked. A bit flipped in rank 1's frozen token embedding
+    # after step 3 is named by the weight vote and repaired from the majority.
+    flags = ["--steps=6", "--freeze"]
+    env = {"SDC_JOB_ID": "frozen", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_AUDIT_EVERY": "0", "SDC_WEIGHT_CHECK_EVERY": "1",
+           "SDC_INJECT_FAULT": "frozen-weight:1:step=3",
+           "SDC_ALLOW_FAULT_INJECTION": "yes-i-am-testing"}
+    steps, finals = run_job(str(tmp_path / "job"), 3, flags, env)
+    incidents = sdcd.sdcctl("get", "incidents", "--job=frozen")["incidents"]
+    weights = [i for i in incidents if i.get("check") == "CHECK_WEIGHTS"]
+    assert weights, incidents
+    assert weights[0]["ranks"] == [1], weights[0]
+    assert weights[0]["differing_tensors"] == ["token.weight"], weights[0]
+    assert any(s["repaired"] for s in steps[1]), "rank 1 restored its frozen weights"
+    assert len({f["weights_digest"] for f in finals}) == 1

@@ -251,6 +251,9 @@ class Guard:
         self.process_group = process_group if process_group is not None else model.process_group
         self._world = dist.get_world_size(self.process_group)
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        # Frozen parameters (a frozen backbone, LoRA's base weights) are most
+        # of what a checkpoint stores: the weight vote checks them too.
+        frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
         buffers = list(self.module.named_buffers())
         self._index = {id(p): i for i, (_, p) in enumerate(params)}
         self._current = None
@@ -265,7 +268,8 @@ class Guard:
             self.process_group,
             [n for n, _ in params], [p for _, p in params],
             [n for n, _ in buffers], [b for _, b in buffers],
-            self._optimizer_state, self._replay_loss, variables)
+            self._optimizer_state, self._replay_loss, variables,
+            [n for n, _ in frozen], [p for _, p in frozen])
         try:
             model.register_comm_hook(None, self._comm_hook)
         except Exception:
