@@ -2,34 +2,49 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <cstdio>
+#include <typeinfo>
+
 #include "absl/strings/str_cat.h"
 
 namespace sdc {
-namespace {
 
-// The tensors of a libtorch optimizer's per-parameter state, in parameter order.
 std::vector<torch::Tensor> OptimizerTensors(torch::optim::Optimizer& optimizer,
-                                            const std::vector<torch::Tensor>& params) {
+                                            const std::vector<torch::Tensor>& params,
+                                            std::string* unknown) {
   std::vector<torch::Tensor> out;
+  auto add = [&out](const torch::Tensor& t) {
+    if (t.defined()) out.push_back(t);
+  };
   auto& state = optimizer.state();
   for (const torch::Tensor& p : params) {
     auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end()) continue;
     torch::optim::OptimizerParamState* s = it->second.get();
     if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(s)) {
-      out.push_back(adam->exp_avg());
-      out.push_back(adam->exp_avg_sq());
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
     } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
-      out.push_back(adamw->exp_avg());
-      out.push_back(adamw->exp_avg_sq());
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
     } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(s)) {
-      if (sgd->momentum_buffer().defined()) out.push_back(sgd->momentum_buffer());
+      add(sgd->momentum_buffer());
+    } else if (auto* rms = dynamic_cast<torch::optim::RMSpropParamState*>(s)) {
+      add(rms->square_avg());
+      add(rms->momentum_buffer());
+      add(rms->grad_avg());
+    } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(s)) {
+      add(ada->sum());
+    } else if (unknown != nullptr && unknown->empty()) {
+      *unknown = typeid(*s).name();
     }
   }
   return out;
 }
 
-}  // namespace
+
 
 // The libtorch adapter: the model's parameters and buffers, the optimizer's
 // state and the gradient all-reduce (flat buckets over the process group);
@@ -75,6 +90,7 @@ class Guard::Impl {
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<client::GuardEngine> engine_;
   std::vector<std::vector<torch::Tensor>> batches_;
+  bool warned_unknown_optimizer_ = false;
 };
 
 absl::Status Guard::Impl::Init() {
@@ -92,7 +108,19 @@ absl::Status Guard::Impl::Init() {
   buffers_ = buffers.tensors;
   absl::StatusOr<std::unique_ptr<client::GuardEngine>> engine = client::GuardEngine::Create(
       options_, pg_, std::move(params), std::move(buffers),
-      [this] { return OptimizerTensors(optimizer_, params_); }, loss_fn_, std::move(frozen));
+      [this] {
+        std::string unknown;
+        std::vector<torch::Tensor> state = OptimizerTensors(optimizer_, params_, &unknown);
+        if (!unknown.empty() && !warned_unknown_optimizer_) {
+          warned_unknown_optimizer_ = true;
+          std::fprintf(stderr,
+                       "sdc-guard: the optimizer's state of type %s is not checked (only "
+                       "libtorch's Adam, AdamW, SGD, RMSprop and Adagrad states are read)\n",
+                       unknown.c_str());
+        }
+        return state;
+      },
+      loss_fn_, std::move(frozen));
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
   return absl::OkStatus();

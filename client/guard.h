@@ -50,6 +50,17 @@ using LossFn = client::LossFn;
 using StepDecision = client::StepDecision;
 using GuardSummary = client::GuardSummary;
 
+// Every tensor of `optimizer`'s per-parameter state for `params`, in
+// parameter order: libtorch's Adam and AdamW (exp_avg, exp_avg_sq and
+// amsgrad's max_exp_avg_sq), SGD (momentum), RMSprop (square_avg, momentum,
+// grad_avg) and Adagrad (sum); LBFGS keeps no per-parameter tensors. Step
+// counters are host integers in libtorch, not device memory. The state of
+// any other type (a custom optimizer) is not read, and `unknown` (when not
+// null and empty) gets its type's name, so the caller can say so.
+std::vector<torch::Tensor> OptimizerTensors(torch::optim::Optimizer& optimizer,
+                                            const std::vector<torch::Tensor>& params,
+                                            std::string* unknown = nullptr);
+
 class Guard {
  public:
   // Exchanges node names over `process_group` (a collective: every rank

@@ -146,5 +146,38 @@ TEST(GuardTest, InBandFallbackVetoesTheCheckpointAfterAFailedCheck) {
   guard.Shutdown(absl::ZeroDuration());
 }
 
+// Issue 24, item 8: only Adam's and AdamW's two moments and SGD's momentum
+// were read; amsgrad's max_exp_avg_sq, RMSprop and Adagrad gave nothing,
+// silently. Every libtorch optimizer's per-parameter tensors are read now,
+// and another state type is named rather than skipped in silence.
+TEST(OptimizerTensorsTest, EveryLibtorchOptimizerStateTensorIsRead) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(4, 2);  // weight and bias
+  const std::vector<torch::Tensor> params = model->parameters();
+  auto one_step = [&](torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    torch::mse_loss(model->forward(torch::randn({8, 4})), torch::randn({8, 2})).backward();
+    opt.step();
+  };
+  torch::optim::Adam amsgrad(params, torch::optim::AdamOptions(1e-3).amsgrad(true));
+  one_step(amsgrad);
+  EXPECT_EQ(OptimizerTensors(amsgrad, params).size(), 6u) << "exp_avg, exp_avg_sq, max_exp_avg_sq";
+  torch::optim::AdamW adamw(params, torch::optim::AdamWOptions(1e-3).amsgrad(true));
+  one_step(adamw);
+  EXPECT_EQ(OptimizerTensors(adamw, params).size(), 6u);
+  torch::optim::RMSprop rms(params,
+                            torch::optim::RMSpropOptions(1e-3).momentum(0.9).centered(true));
+  one_step(rms);
+  EXPECT_EQ(OptimizerTensors(rms, params).size(), 6u) << "square_avg, momentum, grad_avg";
+  torch::optim::Adagrad adagrad(params, torch::optim::AdagradOptions(1e-2));
+  one_step(adagrad);
+  EXPECT_EQ(OptimizerTensors(adagrad, params).size(), 2u) << "sum";
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  one_step(sgd);
+  std::string unknown;
+  EXPECT_EQ(OptimizerTensors(sgd, params, &unknown).size(), 2u);
+  EXPECT_TRUE(unknown.empty()) << unknown;
+}
+
 }  // namespace
 }  // namespace sdc

@@ -359,7 +359,10 @@ class Guard:
         return self.loss_fn(self.module, self._rebuild(tensors))
 
     def _optimizer_state(self):
-        """Every tensor of the optimizer's state, in parameter-group order."""
+        """Every tensor of the optimizer's state (any optimizer: its ``state``
+        holds them, amsgrad's ``max_exp_avg_sq`` included), in parameter-group
+        order. Tensors on another device than their parameter (Adam's CPU
+        ``step`` counters beside GPU weights) are host state and left out."""
         out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
