@@ -321,6 +321,9 @@ core::Incident FromProto(const v1::Incident& i) {
   out.differing_tensors.assign(i.differing_tensors().begin(), i.differing_tensors().end());
   out.created = FromUnixMillis(i.created_unix_ms());
   out.request_id = i.request_id();
+  out.resolved_by = i.resolved_by();
+  out.resolution = i.resolution();
+  if (!out.resolved_by.empty()) out.resolved = FromUnixMillis(i.resolved_unix_ms());
   return out;
 }
 
@@ -373,6 +376,11 @@ v1::Incident ToProto(const core::Incident& i) {
   for (const auto& t : i.differing_tensors) out.add_differing_tensors(t);
   out.set_created_unix_ms(UnixMillis(i.created));
   out.set_request_id(i.request_id);
+  if (!i.resolved_by.empty()) {
+    out.set_resolved_by(i.resolved_by);
+    out.set_resolution(i.resolution);
+    out.set_resolved_unix_ms(UnixMillis(i.resolved));
+  }
   return out;
 }
 

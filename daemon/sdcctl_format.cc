@@ -120,7 +120,10 @@ std::vector<Row> IncidentRows(const google::protobuf::RepeatedPtrField<v1::Incid
   rows.push_back(std::move(header));
   for (const v1::Incident& i : is) {
     Row row = {absl::StrCat(prefix, i.id()), Cell(i.job_id()),    absl::StrCat(i.step()),
-               CheckName(i.check()),         Cell(i.outcome()),   JoinCell(i.ranks()),
+               CheckName(i.check()),
+               Cell(i.resolved_by().empty() ? i.outcome()
+                                            : absl::StrCat(i.outcome(), " (resolved)")),
+               JoinCell(i.ranks()),
                JoinCell(i.node_names()),     YesNo(i.confirmed())};
     if (wide) {
       row.push_back(JoinCell(i.gpu_uuids()));

@@ -72,6 +72,10 @@ Commands:
                           run the agent's confirmation diagnostic and wait for it
   approve ID --reason=TEXT [--dry-run] [--force]
   deny ID --reason=TEXT [--dry-run] [--force]
+  resolve incident ID --reason=TEXT
+                          close an incident whose GPU was dealt with by hand (no
+                          request to deny: the open-request cap or a never-replace
+                          node suppressed it); it stops vetoing checkpoints
   history gpu UUID        every incident and request involving a GPU
   history node NAME       every incident and request involving a node
 
@@ -85,12 +89,12 @@ Global flags (accepted anywhere on the line):
   --tls_key=PATH        PEM private key of --tls_cert
   -o, --output=FORMAT   table (default), wide, json, yaml or name
   --timeout=DURATION    deadline of every call (default: 10s)
-  --as=NAME             who approves or denies (default: $USER)
+  --as=NAME             who approves, denies or resolves (default: $USER)
 
 Command flags:
   --state=STATE         get requests: only requests in STATE
   --job=ID              get incidents: only incidents of job ID
-  --reason=TEXT         approve, deny: why; required, kept in the request's history
+  --reason=TEXT         approve, deny, resolve: why; required, kept in the history
   --dry-run             approve, deny: validate and report, change nothing
   --force               approve, deny: decide a request already decided (not one
                         executing or done), or approve past the blast-radius cap
@@ -129,6 +133,7 @@ enum class Verb {
   kDescribeRequest,
   kApprove,
   kDeny,
+  kResolveIncident,
   kHistoryGpu,
   kHistoryNode,
   kGetNodes,
@@ -149,6 +154,8 @@ std::set<std::string> CommandFlags(Verb verb) {
     case Verb::kApprove:
     case Verb::kDeny:
       return {"reason", "dry_run", "force"};
+    case Verb::kResolveIncident:
+      return {"reason"};
     case Verb::kDiagnoseNode:
       return {"gpu", "size", "repetitions"};
     default:
@@ -383,6 +390,20 @@ absl::Status ParseCommand(const std::vector<std::string>& w, Config* c) {
     c->id = *id;
     return absl::OkStatus();
   }
+  if (command == "resolve") {
+    c->verb = Verb::kResolveIncident;
+    if (w.size() < 2 || w[1] != "incident") {
+      return absl::InvalidArgumentError("usage: sdcctl resolve incident ID --reason=TEXT");
+    }
+    if (absl::Status s = want(3, "resolve incident ID --reason=TEXT"); !s.ok()) return s;
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(w[2], &id) || id == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("incident ID must be a positive integer, got \"", w[2], "\""));
+    }
+    c->id = id;
+    return absl::OkStatus();
+  }
   if (command == "history") {
     if (w.size() >= 2 && w[1] == "gpu") {
       c->verb = Verb::kHistoryGpu;
@@ -410,7 +431,8 @@ absl::StatusOr<Config> ConfigFromFlags(const CommandLine& line, const Environmen
     if (IsCommandFlag(name) && allowed.count(name) == 0) {
       // "get jobs", "approve": the words that name the command.
       const bool two_words = line.words[0] == "get" || line.words[0] == "describe" ||
-                             line.words[0] == "history" || line.words[0] == "diagnose";
+                             line.words[0] == "history" || line.words[0] == "diagnose" ||
+                             line.words[0] == "resolve";
       const std::string command =
           two_words ? absl::StrCat(line.words[0], " ", line.words[1]) : line.words[0];
       return absl::InvalidArgumentError(
@@ -472,6 +494,15 @@ absl::Status Validate(const Config& c) {
     if (c.operator_name.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(verb, " needs --as=NAME (who decides) when $USER is not set"));
+    }
+  }
+  if (c.verb == Verb::kResolveIncident) {
+    if (absl::StripAsciiWhitespace(c.reason).empty()) {
+      return absl::InvalidArgumentError(
+          "resolve needs --reason=TEXT (why; it is kept with the incident)");
+    }
+    if (c.operator_name.empty()) {
+      return absl::InvalidArgumentError("resolve needs --as=NAME (who) when $USER is not set");
     }
   }
   if ((c.verb == Verb::kHistoryGpu || c.verb == Verb::kHistoryNode) && c.subject.empty()) {
@@ -697,6 +728,19 @@ int Execute(const Config& c, AdminClient& admin) {
           [&](auto& s, auto* ctx) { return approve ? s.Approve(ctx, q, &r) : s.Deny(ctx, q, &r); });
       if (!status.ok()) return failed();
       Print(FormatDecision(r, approve, c.dry_run, c.output));
+      return kExitOk;
+    }
+    case Verb::kResolveIncident: {
+      v1::ResolveIncidentRequest q;
+      q.set_id(c.id);
+      q.set_reason(c.reason);
+      q.set_operator_(c.operator_name);
+      v1::Incident r;
+      status = admin.Run([&](auto& s, auto* ctx) { return s.ResolveIncident(ctx, q, &r); });
+      if (!status.ok()) return failed();
+      v1::ListIncidentsResponse one;
+      *one.add_incidents() = r;
+      Print(FormatIncidents(one, c.output, absl::Now()));
       return kExitOk;
     }
     case Verb::kHistoryGpu:

@@ -1152,6 +1152,23 @@ grpc::ServerUnaryReactor* AdminService::Decide(grpc::CallbackServerContext* c,
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::ResolveIncident(grpc::CallbackServerContext* c,
+                                                        const v1::ResolveIncidentRequest* q,
+                                                        v1::Incident* r) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  SDC_AUTHORIZE(c, reactor);
+  auto result = coordinator_->ResolveIncident(q->id(), q->operator_(), q->reason());
+  if (!result.ok()) {
+    metrics_->Rejected(ReasonOf(result.status().code()));
+    reactor->Finish(ToGrpc(result.status()));
+    return reactor;
+  }
+  *r = ToProto(result->first);
+  delivery_->Deliver(std::move(result->second),
+                     [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AdminService::Approve(grpc::CallbackServerContext* c,
                                                 const v1::DecideRequest* q,
                                                 v1::ReplacementRequest* r) {

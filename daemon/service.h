@@ -256,6 +256,9 @@ class AdminService final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* History(grpc::CallbackServerContext* c,
                                     const v1::HistoryRequest* q,
                                     v1::HistoryResponse* r) override;
+  grpc::ServerUnaryReactor* ResolveIncident(grpc::CallbackServerContext* c,
+                                            const v1::ResolveIncidentRequest* q,
+                                            v1::Incident* r) override;
 
  private:
   // OK, or UNAUTHENTICATED / PERMISSION_DENIED with a reason (counted).

@@ -210,6 +210,34 @@ TEST_F(SdcdBadInputTest, MalformedFramesEndStreamsWithInvalidArgument) {
   EXPECT_TRUE(fresh.WaitAcked(fresh.Send(1, core::StepReport{})).ok());
 }
 
+// Issue 24, item 12, through the real CLI: a never-replace node's faulty GPU
+// gets no request, and `sdcctl resolve incident` is the operator's remedy
+// (audited: --reason and --as are kept).
+TEST(SdcctlResolveTest, AnIncidentWithoutARequestIsResolvedFromTheCli) {
+  const std::string dir = TestDir("resolve");
+  absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir, {"--never_replace=node-b"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<Sdcd> sdcd = *std::move(d);
+  absl::StatusOr<Ranks> ranks = ConnectRanks(sdcd->trainer_address(), "job-r", 6, 2, kTensors);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  ASSERT_TRUE(SendScheduledAudit(*ranks, 10, /*faulty=*/3).ok());
+  RunResult requests = sdcd->Sdcctl({"get", "requests"});
+  EXPECT_THAT(requests.output, HasSubstr("No resources found")) << requests.output;
+  RunResult usage = sdcd->Sdcctl({"resolve", "incident", "1"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.output;
+  EXPECT_THAT(usage.output, HasSubstr("resolve needs --reason=TEXT"));
+  RunResult resolved =
+      sdcd->Sdcctl({"resolve", "incident", "1", "--reason=drained by hand", "--as=alice"});
+  ASSERT_EQ(resolved.exit_code, 0) << resolved.output;
+  EXPECT_THAT(resolved.output, HasSubstr("faulty (resolved)"));
+  RunResult json = sdcd->Sdcctl({"get", "incidents", "-o", "json"});
+  EXPECT_THAT(json.output, HasSubstr("\"resolved_by\": \"alice\""));
+  EXPECT_THAT(json.output, HasSubstr("\"resolution\": \"drained by hand\""));
+  RunResult again = sdcd->Sdcctl({"resolve", "incident", "1", "--reason=again", "--as=bob"});
+  EXPECT_EQ(again.exit_code, 4) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("already resolved by alice"));
+}
+
 // TLS with client certificates: a trainer without one is refused.
 // Issue 27, item 3: an error that echoes its input must not grow with it. A
 // 1 MB job id made a 1 MB status message, which exceeds what a gRPC client

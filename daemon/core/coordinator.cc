@@ -1429,11 +1429,17 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
     if (!slot.has_value()) continue;
     auto f = faulty_gpus_.find(slot->record.placement.gpu_uuid);
     if (f == faulty_gpus_.end()) continue;
+    const auto inc = incidents_.find(f->second.incident_id);
+    const uint64_t request = inc == incidents_.end() ? 0 : inc->second.request_id;
     vetoes.push_back(absl::StrCat(
         Describe(job, slot->record.placement.rank), " was attributed faulty at step ",
-        f->second.step, " (incident ", f->second.incident_id,
-        ") and is still in the job; replace ", f->second.node,
-        " or deny its replacement request to clear it"));
+        f->second.step, " (incident ", f->second.incident_id, ") and is still in the job; ",
+        request != 0
+            ? absl::StrCat("replace ", f->second.node, " (approve request ", request,
+                           ") or deny that request to clear it")
+            : absl::StrCat("no replacement request was opened for it (see the incident); "
+                           "once the GPU is dealt with, `sdcctl resolve incident ",
+                           f->second.incident_id, " --reason=...` clears it")));
   }
   // 6. A checkpoint of this step was revoked: asking again changes nothing.
   if (job.checkpoints.Of(step) == CheckpointLedger::Standing::kRevoked) {
@@ -1521,6 +1527,40 @@ Effects Coordinator::Tick() {
   ExpireJobs(txn);
   absl::StatusOr<Effects> effects = Commit(txn);
   return effects.ok() ? *std::move(effects) : Effects{};
+}
+
+absl::StatusOr<std::pair<Incident, Effects>> Coordinator::ResolveIncident(
+    uint64_t id, const std::string& op, const std::string& reason) {
+  if (op.empty()) return absl::InvalidArgumentError("resolving an incident needs an operator");
+  if (reason.empty()) return absl::InvalidArgumentError("resolving an incident needs a reason");
+  absl::MutexLock lock(&mu_);
+  auto it = incidents_.find(id);
+  if (it == incidents_.end()) return absl::NotFoundError(absl::StrCat("no incident ", id));
+  Incident& inc = it->second;
+  if (!inc.resolved_by.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incident ", id, " was already resolved by ", inc.resolved_by, ": ", inc.resolution));
+  }
+  const ReplacementRequest* request = escalation_.Find(inc.request_id);
+  if (request != nullptr && IsOpen(request->state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incident ", id, " has replacement request ", request->id, " (",
+        RequestStateName(request->state), "): approve or deny it instead"));
+  }
+  Txn txn;
+  for (const std::string& gpu : inc.gpus) {
+    auto f = faulty_gpus_.find(gpu);
+    if (f != faulty_gpus_.end() && f->second.incident_id == id) faulty_gpus_.erase(f);
+    if (!inc.confirmed && suspects_.erase(gpu) > 0) txn.mutation.suspects_removed.push_back(gpu);
+  }
+  inc.resolved_by = op;
+  inc.resolution = reason;
+  inc.resolved = clock_->Now();
+  txn.mutation.incidents.push_back(inc);
+  txn.effects.notes.push_back(absl::StrCat("incident ", id, " resolved by ", op, ": ", reason));
+  absl::StatusOr<Effects> effects = Commit(txn);
+  if (!effects.ok()) return effects.status();
+  return std::make_pair(inc, *std::move(effects));
 }
 
 absl::StatusOr<std::pair<ReplacementRequest, Effects>> Coordinator::Approve(
@@ -1762,7 +1802,7 @@ absl::Status Coordinator::Restore() {
   for (const Incident& inc : snap->incidents) {
     next_incident_id_ = std::max(next_incident_id_, inc.id + 1);
     incidents_[inc.id] = inc;
-    if (!inc.confirmed) continue;
+    if (!inc.confirmed || !inc.resolved_by.empty()) continue;
     const ReplacementRequest* r = escalation_.Find(inc.request_id);
     if (r != nullptr && r->state == RequestState::kDenied) continue;
     for (size_t i = 0; i < inc.ranks.size(); ++i) {

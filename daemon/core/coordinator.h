@@ -192,6 +192,14 @@ class Coordinator {
   Effects Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Operators.
+  // Closes incident `id` (audited: who, why): a confirmed incident's GPUs
+  // stop vetoing their job's checkpoints, a suspect's GPUs stop being
+  // suspects. NotFound, InvalidArgument (no operator or reason),
+  // FailedPrecondition (already resolved, or nothing to clear: a request
+  // still open for it is the way, approve or deny it).
+  absl::StatusOr<std::pair<Incident, Effects>> ResolveIncident(uint64_t id, const std::string& op,
+                                                               const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::pair<ReplacementRequest, Effects>> Approve(
       uint64_t id, const std::string& op, const std::string& reason, bool force,
       bool dry_run) ABSL_LOCKS_EXCLUDED(mu_);

@@ -920,6 +920,68 @@ TEST(CoordinatorTest, CheckpointVetoedWhileAFaultyGpuStaysAndClearedByDenial) {
   EXPECT_TRUE(d->allowed) << d->reason;
 }
 
+// Issue 24, item 12: a faulty GPU whose request was suppressed (here its node
+// is never replaced) vetoed its job's checkpoints for good, and the veto told
+// the operator to deny a request that did not exist. The veto now says how to
+// clear it, and resolving the incident (audited, persisted) does.
+TEST(CoordinatorTest, ASuppressedRequestsIncidentIsResolvedByAnOperator) {
+  CoordinatorOptions options;
+  options.escalation.never_replace = {"node-c"};
+  Cluster cl(3, 2, 10, 10, options);
+  cl.AttachAll();
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  cl.AllWeights(10, /*corrupt=*/5);
+  ASSERT_THAT(cl.c().ListRequests(), IsEmpty());
+  const Incident inc = cl.c().ListIncidents(kJob).at(0);
+  EXPECT_TRUE(inc.confirmed);
+  EXPECT_THAT(inc.explanation, HasSubstr("no replacement request"));
+  for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+  cl.AllWeights(20);
+  auto d = cl.c().MayCheckpoint(kJob, 20);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_THAT(d->reason, HasSubstr(absl::StrCat("no replacement request was opened for it (see "
+                                                "the incident); once the GPU is dealt with, "
+                                                "`sdcctl resolve incident ", inc.id)));
+  EXPECT_THAT(d->reason, Not(HasSubstr("deny")));
+  // Who and why are required; then it clears, once.
+  EXPECT_EQ(cl.c().ResolveIncident(inc.id, "", "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cl.c().ResolveIncident(inc.id, "alice", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cl.c().ResolveIncident(999, "alice", "x").status().code(),
+            absl::StatusCode::kNotFound);
+  auto resolved = cl.c().ResolveIncident(inc.id, "alice", "GPU 5 of node-c drained by hand");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->first.resolved_by, "alice");
+  EXPECT_EQ(resolved->second.notes.size(), 1u);
+  EXPECT_EQ(cl.c().ResolveIncident(inc.id, "bob", "again").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (Step s = 21; s <= 30; ++s) cl.CleanStep(s);
+  cl.AllWeights(30);
+  d = cl.c().MayCheckpoint(kJob, 30);
+  EXPECT_TRUE(d->allowed) << d->reason;
+  // Persisted: a restart does not bring the veto back.
+  cl.Reset();
+  ASSERT_TRUE(cl.c().Restore().ok());
+  EXPECT_EQ(cl.c().ListIncidents(kJob).at(0).resolution, "GPU 5 of node-c drained by hand");
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Step s = 31; s <= 40; ++s) cl.CleanStep(s);
+  cl.AllWeights(40);
+  d = cl.c().MayCheckpoint(kJob, 40);
+  EXPECT_TRUE(d->allowed) << d->reason;
+}
+
+TEST(CoordinatorTest, AnIncidentWithAnOpenRequestIsDecidedThroughIt) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  cl.AllWeights(10, /*corrupt=*/5);
+  const Incident inc = cl.c().ListIncidents(kJob).at(0);
+  ASSERT_NE(inc.request_id, 0u);
+  auto refused = cl.c().ResolveIncident(inc.id, "alice", "x");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("approve or deny it instead"));
+}
+
 TEST(CoordinatorTest, AppliedFailureVetoesUntilRollback) {
   Cluster cl(3, 2, /*audit_every=*/10, /*weight_every=*/10);
   cl.AttachAll();

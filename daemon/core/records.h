@@ -60,6 +60,10 @@ struct Incident {
   std::vector<std::string> differing_tensors;
   absl::Time created;
   uint64_t request_id = 0;
+  // Closed by an operator (Coordinator::ResolveIncident): who, why, when.
+  std::string resolved_by;
+  std::string resolution;
+  absl::Time resolved;
 };
 
 struct Transition {
