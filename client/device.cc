@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda.h"
@@ -96,6 +97,28 @@ void SetState(at::Generator gen, const torch::Tensor& state) {
 }
 
 }  // namespace
+
+std::string GpuUuidString(const unsigned char bytes[16]) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(bytes[i], absl::kZeroPad2));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> DeviceUuid(const torch::Device& device) {
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(device.str(), " is not a GPU"));
+  }
+  cudaDeviceProp prop;
+  const cudaError_t e = cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index());
+  if (e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudaGetDeviceProperties: ", cudaGetErrorString(e)));
+  }
+  return GpuUuidString(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+}
 
 absl::Status CheckDevice(const torch::Device& device) {
   if (device.is_cpu()) return absl::OkStatus();

@@ -29,6 +29,15 @@ namespace sdc::client {
 // deterministic (CUBLAS_WORKSPACE_CONFIG), which audits need.
 absl::Status CheckDevice(const torch::Device& device);
 
+// A GPU's UUID as NVML prints it and DCGM labels its metrics (`UUID`):
+// "GPU-" and the 16 bytes as 8-4-4-4-12 lowercase hex digits.
+std::string GpuUuidString(const unsigned char bytes[16]);
+
+// The UUID (GpuUuidString) of CUDA device `device`, from the CUDA runtime (no
+// NVML needed: the runtime reports the same UUID). FailedPrecondition when
+// the device cannot be queried; InvalidArgument for a CPU device.
+absl::StatusOr<std::string> DeviceUuid(const torch::Device& device);
+
 // The kernels' element type for a floating-point tensor; InvalidArgument
 // for any other.
 absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t);

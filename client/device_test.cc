@@ -128,6 +128,23 @@ TEST_F(CudaDeviceTest, RestoredRngReplaysCudaDraws) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Issue 24, item 14: a GPU is named as NVML and DCGM name it, so incidents
+// and a GPU's history join DCGM's metrics and follow the physical device.
+TEST(DeviceTest, GpuUuidsAreFormattedAsNvmlPrintsThem) {
+  const unsigned char bytes[16] = {0x5f, 0x0e, 0x7a, 0x2c, 0x1d, 0x2b, 0x4c, 0x3a,
+                                   0x9e, 0x8f, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab};
+  EXPECT_EQ(GpuUuidString(bytes), "GPU-5f0e7a2c-1d2b-4c3a-9e8f-0123456789ab");
+  EXPECT_EQ(DeviceUuid(torch::Device(torch::kCPU)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaDeviceTest, TheDeviceUuidIsNvmlsFormat) {
+  absl::StatusOr<std::string> uuid = DeviceUuid(torch::Device(torch::kCUDA, 0));
+  ASSERT_TRUE(uuid.ok()) << uuid.status();
+  EXPECT_EQ(uuid->size(), 40u) << *uuid;
+  EXPECT_EQ(uuid->rfind("GPU-", 0), 0u) << *uuid;
+}
+
 TEST(DeviceTest, CudaIsRefusedWithTheReasonWhenNoGpuIsUsable) {
   if (kernels::CudaAvailable().ok()) GTEST_SKIP() << "a GPU is usable here: tests/gpu covers it";
   const absl::Status cuda = CheckDevice(torch::Device(torch::kCUDA, 0));

@@ -228,6 +228,7 @@ class GuardEngine::Impl {
   const SmallCollectives small_collectives_;  // Resolved: never kAuto.
   const torch::Device collective_device_;     // Where pg_ sends from.
   torch::Device device_ = torch::kCPU;        // The model's (Init).
+  std::string gpu_uuid_;                      // Reported (Init): see GuardOptions::gpu_uuid.
 
   std::unique_ptr<core::Topology> topology_;
   std::unique_ptr<CoordinatorLink> link_;
@@ -325,10 +326,20 @@ absl::Status GuardEngine::Impl::Init() {
     }
   }
   topology_ = std::make_unique<core::Topology>(std::move(members));
+  gpu_uuid_ = options_.gpu_uuid;
+  if (!options_.gpu_uuid_set && device_.is_cuda()) {
+    absl::StatusOr<std::string> uuid = DeviceUuid(device_);
+    if (uuid.ok()) {
+      gpu_uuid_ = *uuid;
+    } else {
+      Log(absl::StrCat("GPU UUID unknown (", uuid.status().message(), "): reporting ", gpu_uuid_,
+                       "; set SDC_GPU_UUID"));
+    }
+  }
   if (!options_.coordinator.empty()) {
     core::Hello hello;
     hello.job_id = options_.job_id;
-    hello.placement = {rank_, options_.node_name, options_.local_rank, options_.gpu_uuid,
+    hello.placement = {rank_, options_.node_name, options_.local_rank, gpu_uuid_,
                        options_.replica_group};
     hello.world_size = world_;
     hello.incarnation = options_.incarnation;

@@ -97,6 +97,7 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   }
   if (const char* v = vars.Get("SDC_GPU_UUID")) {
     o.gpu_uuid = v;
+    o.gpu_uuid_set = true;
   } else {
     o.gpu_uuid = absl::StrCat("cpu-", o.node_name, "-", o.local_rank);
   }

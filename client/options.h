@@ -36,7 +36,12 @@ struct GuardOptions {
   std::string coordinator;
   std::string job_id;         // Env: SDC_JOB_ID. Required.
   std::string node_name;      // Env: SDC_NODE_NAME, else the host name.
-  std::string gpu_uuid;       // Env: SDC_GPU_UUID, else "cpu-<node>-<local_rank>".
+  // Env: SDC_GPU_UUID. Unset (gpu_uuid_set false): the guard takes the
+  // model's CUDA device's UUID ("GPU-...", as NVML and DCGM's `UUID` label
+  // print it) at start, so incidents follow the physical GPU across jobs and
+  // node names; a model on the CPU keeps "cpu-<node>-<local_rank>".
+  std::string gpu_uuid;
+  bool gpu_uuid_set = false;
   uint32_t local_rank = 0;    // Env: LOCAL_RANK.
   uint32_t replica_group = 0; // Env: SDC_REPLICA_GROUP. Default: 0 (pure data parallel).
   // Incarnation of this process; grows on every restart. Env: SDC_INCARNATION,

@@ -39,6 +39,7 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(o->node_name, "node-a");
   EXPECT_EQ(o->local_rank, 3u);
   EXPECT_EQ(o->gpu_uuid, "cpu-node-a-3");
+  EXPECT_FALSE(o->gpu_uuid_set) << "a model on a GPU reports its CUDA UUID instead";
   EXPECT_EQ(o->audit_every, 50u);
   EXPECT_EQ(o->weight_check_every, 10u);
   EXPECT_EQ(o->verdict_wait, absl::Milliseconds(250));
