@@ -849,7 +849,20 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   decision.reason = d.reason;
 
   // A lone local NaN/Inf: one rank of another domain replays that micro-batch.
-  if (a.any_local_nonfinite && !a.all_local_nonfinite && a.highest_local_nonfinite_rank >= 0) {
+  // Only a step of one micro-batch can be replayed as it ran (its batch and
+  // RNG state): with accumulation the NaN may come from a later micro-batch
+  // nobody holds, and a finite replay of the first would wrongly confirm the
+  // GPU. Then no replay runs and the coordinator keeps the rank a suspect
+  // (targeted audits decide). Every rank of a DDP job accumulates alike, so
+  // all take the same branch.
+  const bool replayable = micro_batches_ == 1;
+  if (a.any_local_nonfinite && !a.all_local_nonfinite && a.highest_local_nonfinite_rank >= 0 &&
+      !replayable && rank_ == static_cast<uint32_t>(a.highest_local_nonfinite_rank)) {
+    Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step_, " (", micro_batches_,
+                     " micro-batches): not replayable as it ran, so not confirmed; a suspect"));
+  }
+  if (a.any_local_nonfinite && !a.all_local_nonfinite && a.highest_local_nonfinite_rank >= 0 &&
+      replayable) {
     const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
     std::optional<core::Rank> confirmer = core::ChooseConfirmer(*topology_, subject, step_);
     if (confirmer.has_value()) {

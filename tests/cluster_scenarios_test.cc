@@ -123,6 +123,28 @@ TEST(ClusterScenarioTest, GradientAccumulationAuditsTheFirstMicroBatch) {
   }
 }
 
+// Issue 24, item 1: a NaN in a rank's accumulated gradients was "confirmed"
+// by replaying its first micro-batch, which a NaN from a later micro-batch
+// never reaches: a finite replay blamed the GPU and asked to replace its
+// node. A step of several micro-batches is not replayed as it ran, so the
+// rank stays a suspect and targeted audits decide.
+TEST(ClusterScenarioTest, ANanUnderAccumulationLeavesASuspectNotABlame) {
+  ClusterConfig c = FastCluster("accumulated-nan", "nan-gradient:3:step=12");
+  c.micro_batches = 2;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->incidents.empty());
+  for (const v1::Incident& i : r->incidents) {
+    EXPECT_FALSE(i.confirmed()) << i.outcome() << ": " << i.explanation();
+  }
+  EXPECT_EQ(r->incidents[0].outcome(), "suspect");
+  EXPECT_THAT(r->incidents[0].ranks(), ElementsAre(3));
+  EXPECT_TRUE(r->requests.empty());
+  const RunFacts f = Analyze(*r, *FindScenario("nan-gradient"), c, 3);
+  EXPECT_THAT(f.skipped_steps, ElementsAre(12));
+  EXPECT_TRUE(f.weights_identical);
+}
+
 TEST(ClusterScenarioTest, UnreachableCoordinatorNeverStallsTraining) {
   ClusterConfig c = FastCluster("unreachable", "activation-scale:3:step=15:10000");
   c.coordinator_unreachable = true;
