@@ -399,7 +399,6 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
 
   void OnMalformed(grpc::Status status) override {
     service_->metrics_->Malformed("agent_connect");
-    service_->metrics_->Rejected(ReasonOf(absl::StatusCode::kInvalidArgument));
     RequestFinish(std::move(status));
   }
 

@@ -116,6 +116,7 @@ void ServiceMetrics::Rejected(const std::string& reason) {
 
 void ServiceMetrics::Malformed(const std::string& method) {
   malformed_.Add({{"method", method}}).Increment();
+  Rejected(ReasonOf(absl::StatusCode::kInvalidArgument));
 }
 
 void ServiceMetrics::Checkpoint(const std::string& decision) {
@@ -435,7 +436,6 @@ class StreamCall : public QueuedCall {
     }
     if (grpc::Status parsed = ParseFrame(&read_frame_, &in_); !parsed.ok()) {
       service_->metrics_->Malformed(Method());
-      service_->metrics_->Rejected(ReasonOf(absl::StatusCode::kInvalidArgument));
       RequestFinish(std::move(parsed));
       return;
     }

@@ -52,7 +52,8 @@ class ServiceMetrics {
   enum class ReportKind { kStep, kAudit, kWeights };
   void Report(ReportKind kind, size_t bytes);
   void Rejected(const std::string& reason);
-  // A frame on a stream that did not parse as its message type.
+  // A frame on a stream that did not parse as its message type (also counted
+  // as a rejected input, reason invalid_argument).
   void Malformed(const std::string& method);
   void Checkpoint(const std::string& decision);
   void Observe(const core::Effects& effects);
