@@ -32,11 +32,43 @@ void Learn(core::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
                absl::MakeConstSpan(d.revoked_steps().data(), d.revoked_steps().size()));
 }
 
-// A micro-batch's header: 3 words, then per tensor its dtype, device, number
-// of dimensions and up to kMaxDims sizes (so at most 6 tensors).
+// A micro-batch's header: kLeadSlots words (tensors, micro-batches, RNG
+// bytes, buffer bytes, loss scale bits), then per tensor its dtype, device,
+// number of dimensions and up to kMaxDims sizes (so at most 6 tensors).
 constexpr size_t kHeaderSlots = 64;
+constexpr size_t kLeadSlots = 5;
 constexpr int64_t kMaxDims = 6;
 constexpr int64_t kSlotsPerTensor = 3 + kMaxDims;
+
+// Tensors as one byte tensor (each one's bytes in order), for the peer
+// exchange; Unpack copies such bytes back into tensors of the same shapes.
+torch::Tensor PackBytes(const std::vector<torch::Tensor>& tensors, torch::Device device) {
+  std::vector<torch::Tensor> bytes;
+  for (const torch::Tensor& t : tensors) {
+    bytes.push_back(t.detach().contiguous().reshape({-1}).view(torch::kUInt8));
+  }
+  if (bytes.empty()) return torch::empty({0}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  return torch::cat(bytes);
+}
+
+int64_t ByteSize(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const torch::Tensor& t : tensors) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+void UnpackBytes(const torch::Tensor& bytes, const std::vector<torch::Tensor>& into) {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const torch::Tensor& t : into) {
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    torch::Tensor staged = torch::empty(t.sizes(), t.options());
+    staged.reshape({-1}).view(torch::kUInt8).copy_(bytes.narrow(0, offset, n));
+    torch::Tensor target = t;
+    target.copy_(staged);
+    offset += n;
+  }
+}
 
 // Every library error inside a step becomes a Status at this boundary.
 #define SDC_TORCH_TRY(expr)                                                   \
@@ -134,6 +166,8 @@ class GuardEngine::Impl {
         state_names_(std::move(state.names)),
         state_(std::move(state.tensors)),
         buffers_(state_.end() - std::min(buffer_count, state_.size()), state_.end()),
+        buffer_names_(state_names_.end() - std::min(buffer_count, state_names_.size()),
+                      state_names_.end()),
         optimizer_state_(std::move(optimizer_state)),
         loss_fn_(std::move(loss_fn)),
         rank_(static_cast<uint32_t>(pg_->getRank())),
@@ -142,12 +176,14 @@ class GuardEngine::Impl {
         small_collectives_(Resolve(options_.small_collectives, *pg_)),
         collective_device_(CollectiveDevice(*pg_)) {
     weight_names_ = param_names_;
-    weight_names_.insert(weight_names_.end(), state_names_.begin(), state_names_.end());
+    weight_names_.insert(weight_names_.end(), state_names_.begin(),
+                         state_names_.end() - (options_.vote_buffers ? 0 : buffers_.size()));
   }
 
   absl::Status Init();
   absl::Status BeginStep(uint64_t step, std::vector<torch::Tensor> batch, int64_t micro_batches);
-  void RecordFirstMicroBatch(const torch::Tensor& loss);
+  void RecordFirstMicroBatch(const torch::Tensor& loss, const torch::Tensor& loss_scale);
+  void CaptureForwardBuffers();
   bool WantsOriginalGradients() const {
     absl::MutexLock lock(&mu_);
     return audit_ && !original_recorded_;
@@ -180,6 +216,15 @@ class GuardEngine::Impl {
     uint64_t digest = 0;
     uint64_t nonfinite = 0;
   };
+  // What a subject sends its replayer: the first micro-batch and everything
+  // its forward read besides the parameters.
+  struct PeerBatch {
+    std::vector<torch::Tensor> tensors;
+    int64_t micro_batches = 1;
+    torch::Tensor rng_state;
+    torch::Tensor buffers;  // Packed (PackBytes); undefined when the model has none.
+    double loss_scale = 1;
+  };
 
   void Log(const std::string& line) const {
     std::fprintf(stderr, "sdc-guard rank %u: %s\n", rank_, line.c_str());
@@ -190,10 +235,17 @@ class GuardEngine::Impl {
   // reducer filled it with zeros.
   std::vector<kernels::Fingerprint> GradientFingerprints(const std::vector<torch::Tensor>& grads);
   void SendBatch(uint32_t dst, int tag, std::vector<c10::intrusive_ptr<c10d::Work>>& pending);
-  absl::StatusOr<std::pair<std::vector<torch::Tensor>, std::pair<int64_t, torch::Tensor>>>
-  RecvBatch(uint32_t src, int tag);
-  Replayed Replay(const std::vector<torch::Tensor>& batch, int64_t micro_batches,
-                  const torch::Tensor& rng_state);
+  absl::StatusOr<PeerBatch> RecvBatch(uint32_t src, int tag);
+  Replayed Replay(const PeerBatch& batch);
+  // The digest an audit compares: the first micro-batch's gradients, then
+  // the buffers as its forward left them (running statistics).
+  uint64_t AuditDigest(const std::vector<kernels::Fingerprint>& gradients,
+                       const std::vector<kernels::Fingerprint>& buffers) const {
+    kernels::ModelDigestBuilder d;
+    for (size_t i = 0; i < gradients.size(); ++i) d.Add(param_names_[i], gradients[i]);
+    for (size_t i = 0; i < buffers.size(); ++i) d.Add(buffer_names_[i], buffers[i]);
+    return d.Finish();
+  }
   // Peers exchange micro-batches along `pairs` (replayer, subject) and each
   // replayer replays what it received: returns its result, if it replayed.
   absl::StatusOr<std::optional<std::pair<uint32_t, Replayed>>> ExchangeAndReplay(
@@ -205,9 +257,17 @@ class GuardEngine::Impl {
     if (link_ != nullptr) link_->Send(step_, std::move(body));
   }
   void Broadcast(std::vector<torch::Tensor> tensors, uint32_t root);
-  std::vector<torch::Tensor> Weights() const {
+  // What the weight vote fingerprints (in weight_names_' order): the
+  // parameters, the frozen ones, and the buffers as this step's forward
+  // read them (when voted). `live`: the buffers as they are now instead (a
+  // repair restores those).
+  std::vector<torch::Tensor> Weights(bool live = false) const {
     std::vector<torch::Tensor> all = params_;
-    all.insert(all.end(), state_.begin(), state_.end());
+    all.insert(all.end(), state_.begin(), state_.end() - buffers_.size());
+    if (options_.vote_buffers) {
+      const auto& buffers = live ? buffers_ : forward_buffers_;
+      all.insert(all.end(), buffers.begin(), buffers.end());
+    }
     return all;
   }
 
@@ -219,6 +279,13 @@ class GuardEngine::Impl {
   const std::vector<std::string> state_names_;
   const std::vector<torch::Tensor> state_;
   const std::vector<torch::Tensor> buffers_;  // The tail of state_ (saved around replays).
+  const std::vector<std::string> buffer_names_;
+  // The buffers as this step's forward read them: copied at BeginStep and
+  // again by CaptureForwardBuffers (after DDP's buffer broadcast). A replay
+  // of this rank's micro-batch starts from them; the weight vote sees them.
+  std::vector<torch::Tensor> forward_buffers_;
+  // The buffers after the first micro-batch's forward, on audit steps.
+  std::vector<kernels::Fingerprint> original_buffers_;
   std::vector<std::string> weight_names_;  // Parameters, frozen parameters, buffers.
   const OptimizerStateFn optimizer_state_;
   const LossFn loss_fn_;
@@ -243,6 +310,7 @@ class GuardEngine::Impl {
   core::ReplayPlan plan_;
   bool deterministic_before_ = false;
   uint64_t original_loss_bits_ = 0;
+  torch::Tensor loss_scale_;  // The first micro-batch's loss scale (undefined: 1).
   bool replaying_ = false;
   bool checkpoint_weights_sent_ = false;
 
@@ -289,17 +357,24 @@ absl::Status GuardEngine::Impl::Init() {
   // tensor's pointer is device memory: with no usable GPU it is refused,
   // never read; see ARCHITECTURE.md, "The CUDA path").
   device_ = params_.front().device();
-  const std::vector<torch::Tensor> weights = Weights();
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (!weights[i].defined()) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer ", weight_names_[i], " is undefined"));
+  std::vector<std::string> names = param_names_;
+  names.insert(names.end(), state_names_.begin(), state_names_.end());
+  std::vector<torch::Tensor> all = params_;
+  all.insert(all.end(), state_.begin(), state_.end());
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", names[i], " is undefined"));
     }
-    if (weights[i].device() != device_) {
+    if (all[i].device() != device_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          weight_names_[i], " is on ", weights[i].device().str(), ", ", weight_names_.front(),
-          " on ", device_.str(), ": the guard needs the model on one device"));
+          names[i], " is on ", all[i].device().str(), ", ", names.front(), " on ",
+          device_.str(), ": the guard needs the model on one device"));
     }
   }
+  SDC_TORCH_TRY({
+    for (const torch::Tensor& b : buffers_) forward_buffers_.push_back(b.detach().clone());
+  });
+  const std::vector<torch::Tensor> weights = Weights();
   if (absl::Status s = CheckDevice(device_); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(weight_names_.front(), " is on ", device_.str(),
                                                ": ", s.message()));
@@ -409,6 +484,8 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   first_batch_ = std::move(batch);
   micro_batches_ = micro_batches;
   original_loss_bits_ = 0;
+  loss_scale_ = torch::Tensor();
+  original_buffers_.assign(buffers_.size(), kernels::Fingerprint{});
   checkpoint_weights_sent_ = false;
   {
     absl::MutexLock lock(&mu_);
@@ -439,14 +516,25 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
       param.mutable_grad() = torch::Tensor();
     }
     rng_state_ = CaptureRng(device_);
+    CaptureForwardBuffers();
   });
   deterministic_before_ = at::globalContext().deterministicAlgorithms();
   if (audit_) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   return absl::OkStatus();
 }
 
-void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss) {
+void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss,
+                                              const torch::Tensor& loss_scale) {
   original_loss_bits_ = LossBits(loss);
+  loss_scale_ = loss_scale.defined() ? loss_scale.detach() : torch::Tensor();
+  // The buffers as the first micro-batch's forward left them (backward
+  // does not touch them): what a replay must reproduce.
+  if (audit_) original_buffers_ = Fingerprints(buffers_);
+}
+
+void GuardEngine::Impl::CaptureForwardBuffers() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) forward_buffers_[i].copy_(buffers_[i]);
 }
 
 std::vector<kernels::Fingerprint> GuardEngine::Impl::GradientFingerprints(
@@ -538,11 +626,16 @@ void GuardEngine::Impl::SendBatch(uint32_t dst, int tag,
   const std::vector<torch::Tensor>& batch = first_batch_;
   torch::Tensor header = torch::zeros({static_cast<int64_t>(kHeaderSlots)}, torch::kInt64);
   auto h = header.accessor<int64_t, 1>();
+  const torch::Tensor buffers = PackBytes(forward_buffers_, device_);
+  const double scale = loss_scale_.defined() ? loss_scale_.item<double>() : 1.0;
   h[0] = static_cast<int64_t>(batch.size());
   h[1] = micro_batches_;
   h[2] = rng_state_.numel();
-  for (size_t i = 0; i < batch.size() && 3 + (i + 1) * kSlotsPerTensor <= kHeaderSlots; ++i) {
-    const size_t at = 3 + i * kSlotsPerTensor;
+  h[3] = buffers.numel();
+  std::memcpy(&h[4], &scale, sizeof(scale));
+  for (size_t i = 0; i < batch.size() && kLeadSlots + (i + 1) * kSlotsPerTensor <= kHeaderSlots;
+       ++i) {
+    const size_t at = kLeadSlots + i * kSlotsPerTensor;
     h[at] = static_cast<int64_t>(batch[i].scalar_type());
     h[at + 1] = batch[i].device().is_cpu() ? 0 : 1;  // 1: on the model's device.
     h[at + 2] = batch[i].dim();
@@ -552,14 +645,14 @@ void GuardEngine::Impl::SendBatch(uint32_t dst, int tag,
   std::vector<torch::Tensor> messages = {header.to(collective_device_)};
   for (const torch::Tensor& t : batch) messages.push_back(t.contiguous().to(collective_device_));
   messages.push_back(rng_state_.to(collective_device_));
+  if (buffers.numel() > 0) messages.push_back(buffers.to(collective_device_));
   for (size_t i = 0; i < messages.size(); ++i) {
     std::vector<torch::Tensor> one = {messages[i]};
     pending.push_back(pg_->send(one, static_cast<int>(dst), tag + static_cast<int>(i)));
   }
 }
 
-absl::StatusOr<std::pair<std::vector<torch::Tensor>, std::pair<int64_t, torch::Tensor>>>
-GuardEngine::Impl::RecvBatch(uint32_t src, int tag) {
+absl::StatusOr<GuardEngine::Impl::PeerBatch> GuardEngine::Impl::RecvBatch(uint32_t src, int tag) {
   const torch::TensorOptions there = torch::TensorOptions().device(collective_device_);
   std::vector<torch::Tensor> header = {
       torch::zeros({static_cast<int64_t>(kHeaderSlots)}, there.dtype(torch::kInt64))};
@@ -569,12 +662,22 @@ GuardEngine::Impl::RecvBatch(uint32_t src, int tag) {
   });
   auto h = header[0].accessor<int64_t, 1>();
   const int64_t n = h[0];
-  if (n < 0 || 3 + n * kSlotsPerTensor > static_cast<int64_t>(kHeaderSlots)) {
+  if (n < 0 || static_cast<int64_t>(kLeadSlots) + n * kSlotsPerTensor >
+                   static_cast<int64_t>(kHeaderSlots)) {
     return absl::InternalError(absl::StrCat("micro-batch from rank ", src, " has ", n, " tensors"));
   }
-  std::vector<torch::Tensor> batch;
+  // The same model everywhere: the subject's buffers are this rank's size.
+  if (h[3] != ByteSize(buffers_)) {
+    return absl::InternalError(absl::StrCat("rank ", src, " sent ", h[3],
+                                            " bytes of module buffers, this rank holds ",
+                                            ByteSize(buffers_)));
+  }
+  PeerBatch out;
+  out.micro_batches = h[1];
+  std::memcpy(&out.loss_scale, &h[4], sizeof(out.loss_scale));
+  std::vector<torch::Tensor>& batch = out.tensors;
   for (int64_t i = 0; i < n; ++i) {
-    const size_t at = 3 + i * kSlotsPerTensor;
+    const size_t at = kLeadSlots + i * kSlotsPerTensor;
     std::vector<int64_t> shape;
     for (int64_t d = 0; d < std::min(h[at + 2], kMaxDims); ++d) shape.push_back(h[at + 3 + d]);
     std::vector<torch::Tensor> one;
@@ -589,19 +692,24 @@ GuardEngine::Impl::RecvBatch(uint32_t src, int tag) {
   SDC_TORCH_TRY({
     rng.push_back(torch::empty({h[2]}, there.dtype(torch::kUInt8)));
     pg_->recv(rng, static_cast<int>(src), tag + 1 + static_cast<int>(n))->wait();
-    rng[0] = rng[0].cpu();
+    out.rng_state = rng[0].cpu();
+    if (h[3] > 0) {
+      std::vector<torch::Tensor> buffers = {torch::empty({h[3]}, there.dtype(torch::kUInt8))};
+      pg_->recv(buffers, static_cast<int>(src), tag + 2 + static_cast<int>(n))->wait();
+      out.buffers = buffers[0].to(device_);
+    }
   });
-  return std::make_pair(std::move(batch), std::make_pair(h[1], rng[0]));
+  return out;
 }
 
-GuardEngine::Impl::Replayed GuardEngine::Impl::Replay(const std::vector<torch::Tensor>& batch,
-                                          int64_t micro_batches, const torch::Tensor& rng_state) {
-  // Module buffers (BatchNorm statistics) and the RNG are restored after:
-  // the replay must leave no trace on this rank's own training.
+GuardEngine::Impl::Replayed GuardEngine::Impl::Replay(const PeerBatch& batch) {
+  // The replay starts from the subject's RNG state and buffers as its
+  // forward read them; this rank's own are restored after: the replay must
+  // leave no trace on this rank's own training.
   std::vector<torch::Tensor> saved_buffers;
   for (const torch::Tensor& b : buffers_) saved_buffers.push_back(b.detach().clone());
   const torch::Tensor own_rng = CaptureRng(device_);
-  ThrowIfFailed(RestoreRng(device_, rng_state));  // Checked before anything is set.
+  ThrowIfFailed(RestoreRng(device_, batch.rng_state));  // Checked before anything is set.
   // Whatever happens in the replay (a libtorch error propagates to the
   // caller), the rank leaves it with its own RNG, buffers and mode.
   struct Restore {
@@ -620,9 +728,14 @@ GuardEngine::Impl::Replayed GuardEngine::Impl::Replay(const std::vector<torch::T
       }
     }
   } restore{this, own_rng, saved_buffers};
+  if (batch.buffers.defined()) UnpackBytes(batch.buffers, buffers_);
   replaying_ = true;
   Replayed out;
-  torch::Tensor loss = loss_fn_(batch) / static_cast<double>(micro_batches);
+  torch::Tensor loss = loss_fn_(batch.tensors) / static_cast<double>(batch.micro_batches);
+  // As a loss scaler multiplies it (torch.amp.GradScaler: by a float32 scale).
+  if (batch.loss_scale != 1.0) {
+    loss = loss * torch::scalar_tensor(batch.loss_scale, loss.options().dtype(torch::kFloat));
+  }
   out.loss_bits = LossBits(loss);
   // torch::autograd::grad leaves every parameter's .grad untouched.
   std::vector<torch::Tensor> grads = torch::autograd::grad(
@@ -630,7 +743,7 @@ GuardEngine::Impl::Replayed GuardEngine::Impl::Replay(const std::vector<torch::T
       /*allow_unused=*/true);
   replaying_ = false;
   out.gradients = GradientFingerprints(grads);
-  out.digest = Digest(param_names_, out.gradients);
+  out.digest = AuditDigest(out.gradients, Fingerprints(buffers_));
   out.nonfinite = NonFinite(grads);
   return out;
 }
@@ -671,7 +784,7 @@ GuardEngine::Impl::ExchangeAndReplay(const std::vector<core::Assignment>& pairs,
       if (absl::Status s = send_all(); !s.ok()) return s;
     }
     Replayed r;
-    SDC_TORCH_TRY(r = Replay(received->first, received->second.first, received->second.second));
+    SDC_TORCH_TRY(r = Replay(*received));
     result = std::make_pair(*subject, std::move(r));
   }
   for (auto& w : pending) SDC_TORCH_TRY(w->wait());
@@ -710,7 +823,7 @@ absl::Status GuardEngine::Impl::Audit(StepDecision& decision, LocalView& view) {
   if (subject && has_original) {
     mine.has_original = true;
     mine.original_loss_bits = original_loss_bits_;
-    mine.original_digest = Digest(param_names_, original);
+    mine.original_digest = AuditDigest(original, original_buffers_);
     core::AuditResult a;
     a.role = core::AuditRole::kOriginal;
     a.plan_id = plan_id_;
@@ -881,7 +994,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
 
   // Repair a weight minority once every rank holds the verdict.
   if (a.repair_step_known_by_all > repaired_step_ && a.repair_step_known_by_all == repair_step_) {
-    std::vector<torch::Tensor> all = Weights();
+    std::vector<torch::Tensor> all = Weights(/*live=*/true);
     SDC_TORCH_TRY({
       if (optimizer_state_) {
         for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
@@ -1085,9 +1198,10 @@ absl::Status GuardEngine::BeginStep(uint64_t step, std::vector<torch::Tensor> fi
                                     int64_t micro_batches) {
   return impl_->BeginStep(step, std::move(first_micro_batch), micro_batches);
 }
-void GuardEngine::RecordFirstMicroBatch(const torch::Tensor& loss) {
-  impl_->RecordFirstMicroBatch(loss);
+void GuardEngine::RecordFirstMicroBatch(const torch::Tensor& loss, const torch::Tensor& loss_scale) {
+  impl_->RecordFirstMicroBatch(loss, loss_scale);
 }
+void GuardEngine::CaptureForwardBuffers() { impl_->CaptureForwardBuffers(); }
 bool GuardEngine::WantsOriginalGradients() const { return impl_->WantsOriginalGradients(); }
 void GuardEngine::RecordOriginalGradients(const std::vector<size_t>& parameter_indices,
                                           const std::vector<torch::Tensor>& gradients) {

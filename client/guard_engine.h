@@ -126,9 +126,21 @@ class GuardEngine {
   absl::Status BeginStep(uint64_t step, std::vector<torch::Tensor> first_micro_batch,
                          int64_t micro_batches);
 
-  // After the first micro-batch's backward: its loss (as backpropagated,
-  // i.e. divided by the number of micro-batches).
-  void RecordFirstMicroBatch(const torch::Tensor& loss);
+  // After the first micro-batch's backward: its loss as backpropagated,
+  // i.e. divided by the number of micro-batches and, under a loss scaler,
+  // multiplied by `loss_scale` (a float32 scalar, torch.amp.GradScaler's
+  // scale; undefined: 1). A replay of this micro-batch computes
+  // loss_fn(batch) / micro_batches * loss_scale, bit for bit.
+  void RecordFirstMicroBatch(const torch::Tensor& loss,
+                             const torch::Tensor& loss_scale = torch::Tensor());
+
+  // The module buffers as the first micro-batch's forward will read them.
+  // BeginStep takes them; a trainer whose wrapper overwrites buffers
+  // between BeginStep and the forward (DDP's broadcast_buffers) calls this
+  // after that, right before the module's forward. A replay of this rank's
+  // micro-batch starts from these buffers, and the weight vote sees them:
+  // on a healthy job every replica holds the same values there.
+  void CaptureForwardBuffers();
 
   // True on audit steps until the first micro-batch's local gradients are
   // recorded: then the caller passes them to RecordOriginalGradients.

@@ -142,12 +142,14 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
           absl::StrCat("SDC_MAX_GRAD_NORM: expected a non-negative number, got '", v, "'"));
     }
   }
-  if (const char* v = vars.Get("SDC_PARAMETER_FINGERPRINTS")) {
-    const std::string f = v;
-    if (f != "0" && f != "1") {
-      return absl::InvalidArgumentError("SDC_PARAMETER_FINGERPRINTS: expected 0 or 1");
+  for (const auto& [name, flag] : {std::pair<const char*, bool*>{"SDC_PARAMETER_FINGERPRINTS",
+                                                                  &o.parameter_fingerprints},
+                                   {"SDC_VOTE_BUFFERS", &o.vote_buffers}}) {
+    if (const char* v = vars.Get(name)) {
+      const std::string f = v;
+      if (f != "0" && f != "1") return absl::InvalidArgumentError(absl::StrCat(name, ": expected 0 or 1"));
+      *flag = f == "1";
     }
-    o.parameter_fingerprints = f == "1";
   }
   if (const char* v = vars.Get("SDC_TLS_CA")) o.tls_ca = v;
   if (const char* v = vars.Get("SDC_TLS_CERT")) o.tls_cert = v;

@@ -77,6 +77,12 @@ struct GuardOptions {
   // differing parameters; costs the coordinator memory on large jobs).
   // Env: SDC_PARAMETER_FINGERPRINTS=0|1. Default: on.
   bool parameter_fingerprints = true;
+  // Module buffers join the weight vote, as the step's forward read them
+  // (after any buffer broadcast). Off when each replica keeps buffers of its
+  // own (DDP's broadcast_buffers=False: running statistics differ by rank);
+  // the replay audit still checks how a forward updates them.
+  // Env: SDC_VOTE_BUFFERS=0|1. Default: on.
+  bool vote_buffers = true;
   std::string tls_ca;    // Env: SDC_TLS_CA (PEM): use TLS.
   std::string tls_cert;  // Env: SDC_TLS_CERT: client certificate.
   std::string tls_key;   // Env: SDC_TLS_KEY.

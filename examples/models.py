@@ -52,17 +52,42 @@ class TinyTransformer(nn.Module):
         return self.head(self.final_norm(x))
 
 
+class RunningCenter(nn.Module):
+    """Subtracts a running mean it keeps in a buffer, then updates that mean
+    with the batch: a forward that reads the buffer it also writes (as some
+    normalisers and EMA layers do). A replay must start from the buffer as
+    the subject's forward read it."""
+
+    def __init__(self, width, momentum=0.1):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running_mean", torch.zeros(width))
+
+    def forward(self, x):
+        out = x - self.running_mean
+        if self.training:
+            with torch.no_grad():
+                self.running_mean.mul_(1 - self.momentum).add_(x.mean(0), alpha=self.momentum)
+        return out
+
+
 class BnMlp(nn.Module):
-    def __init__(self):
+    """The BatchNorm MLP; ``center=True`` adds a RunningCenter before it."""
+
+    def __init__(self, center=False):
         super().__init__()
         self.fc1 = nn.Linear(16, 32)
+        self.center = RunningCenter(32) if center else None
         self.bn = nn.BatchNorm1d(32)
         self.fc2 = nn.Linear(32, 1)
         self.dropout = nn.Dropout(0.2)
         self.fault_hook = None
 
     def forward(self, x):
-        h = self.dropout(torch.relu(self.bn(self.fc1(x))))
+        h = self.fc1(x)
+        if self.center is not None:
+            h = self.center(h)
+        h = self.dropout(torch.relu(self.bn(h)))
         if self.fault_hook is not None:
             h = self.fault_hook(h)  # After dropout: an injected error always counts.
         return self.fc2(h)

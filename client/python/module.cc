@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,7 +181,11 @@ PYBIND11_MODULE(_C, m) {
              Check(e.engine().BeginStep(step, std::move(batch), micro_batches));
            })
       .def("record_first_micro_batch",
-           [](Engine& e, const at::Tensor& loss) { e.engine().RecordFirstMicroBatch(loss); })
+           [](Engine& e, const at::Tensor& loss, std::optional<at::Tensor> loss_scale) {
+             e.engine().RecordFirstMicroBatch(loss, loss_scale.value_or(at::Tensor()));
+           },
+           py::arg("loss"), py::arg("loss_scale") = py::none())
+      .def("capture_forward_buffers", [](Engine& e) { e.engine().CaptureForwardBuffers(); })
       .def("record_original_gradients",
            [](Engine& e, const std::vector<size_t>& indices, const std::vector<at::Tensor>& grads) {
              e.engine().RecordOriginalGradients(indices, grads);

@@ -13,6 +13,7 @@ The decisions, kernels and reports are the engine's (client/guard_engine.h).
 
 import math
 import numbers
+import os
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ _OPTIONS = {
     "small_collectives": ("SDC_SMALL_COLLECTIVES", "text"),
     "max_grad_norm": ("SDC_MAX_GRAD_NORM", "number"),
     "parameter_fingerprints": ("SDC_PARAMETER_FINGERPRINTS", "flag"),
+    "vote_buffers": ("SDC_VOTE_BUFFERS", "flag"),
 }
 
 # What the peer exchange carries: at most this many tensors of at most this
@@ -130,6 +132,7 @@ class Step:
         self._tensors, self._rebuild = _flatten(batch)
         self.micro_batches = micro_batches
         self._backwards = 0
+        self._forward_seen = False
         self._deterministic_before = None
         # Set after the block:
         self.apply = True
@@ -174,7 +177,7 @@ class Step:
         if first:
             self.loss = loss.detach()
             engine = g._engine()
-            engine.record_first_micro_batch(self.loss)
+            engine.record_first_micro_batch(self.loss, g._loss_scale())
             if engine.auditing and not g._original_from_hook:
                 # Accumulated locally (no_sync): .grad holds this micro-batch's own gradients.
                 engine.record_original_gradients_from_parameters()
@@ -223,9 +226,18 @@ class Guard:
     that is not DDP, RuntimeError when torch.distributed is not initialised,
     ValueError for options out of range; nothing is registered on the model
     unless the guard is fully created.
+
+    With mixed precision under ``torch.amp.GradScaler``, pass it as
+    ``grad_scaler`` and call ``s.backward(scaler.scale(loss))``: a peer's
+    replay then multiplies the loss by the same scale. Module buffers join
+    the weight vote as each step's forward reads them (after DDP's buffer
+    broadcast); with ``broadcast_buffers=False`` every replica keeps its own
+    running statistics, so they are left out of the vote (``vote_buffers``
+    overrides) and only the replay audit checks how a forward updates them.
     """
 
-    def __init__(self, model, optimizer, loss_fn, *, process_group=None, **options):
+    def __init__(self, model, optimizer, loss_fn, *, process_group=None, grad_scaler=None,
+                 **options):
         if not isinstance(model, DistributedDataParallel):
             raise TypeError(
                 "sdc_guard.Guard needs the model wrapped in "
@@ -243,7 +255,13 @@ class Guard:
             raise RuntimeError(
                 "torch.distributed is not initialised: call torch.distributed.init_process_group() "
                 "before creating the guard (torchrun sets the environment it needs)")
+        if grad_scaler is not None and not hasattr(grad_scaler, "get_scale"):
+            raise TypeError(
+                f"grad_scaler: expected a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
         variables = _variables(options)
+        if options.get("vote_buffers") is None and "SDC_VOTE_BUFFERS" not in os.environ:
+            variables["SDC_VOTE_BUFFERS"] = "1" if model.broadcast_buffers else "0"
+        self.grad_scaler = grad_scaler
         self.model = model
         self.module = model.module
         self.optimizer = optimizer
@@ -272,6 +290,8 @@ class Guard:
             [n for n, _ in frozen], [p for _, p in frozen])
         try:
             model.register_comm_hook(None, self._comm_hook)
+            # After DDP's buffer broadcast, before the module's own forward.
+            self._forward_hook = self.module.register_forward_pre_hook(self._before_forward)
         except Exception:
             self._core.shutdown(0.0)
             self._closed = True
@@ -354,6 +374,25 @@ class Guard:
 
     def _engine(self):
         return self._core
+
+    def _before_forward(self, module, args):
+        """The buffers as the first micro-batch's forward reads them (a replay of
+        this rank's batch starts from them). Replays run outside a step."""
+        s = self._current
+        if s is not None and not s._forward_seen:
+            s._forward_seen = True
+            self._engine().capture_forward_buffers()
+
+    def _loss_scale(self):
+        """The grad scaler's current scale as a float32 tensor, or None."""
+        scaler = self.grad_scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        get = getattr(scaler, "_get_scale_async", None)
+        scale = get() if get is not None else None
+        if scale is None:  # Not initialised yet, or an older torch.
+            scale = torch.tensor(float(scaler.get_scale()), dtype=torch.float32)
+        return scale
 
     def _replay_loss(self, tensors):
         return self.loss_fn(self.module, self._rebuild(tensors))
