@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: rank on GPU LOCAL_RANK %% the GPUs visible (collectives stay on Gloo)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
+    p.add_argument("--grad_scaler", type=float, default=0,
+                   help="train under torch.amp.GradScaler with this initial scale (0: off)")
     p.add_argument("--freeze", action="store_true",
                    help="freeze the first parameter (requires_grad off), as a frozen backbone")
     cluster_support.add_flags(p)
@@ -86,11 +88,24 @@ def main():
     model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
 
+    scaler = None
+    if args.grad_scaler > 0:
+        scaler = torch.amp.GradScaler(device.type, init_scale=args.grad_scaler)
+    scaled = (lambda loss: scaler.scale(loss)) if scaler is not None else (lambda loss: loss)
+
+    def optimizer_step():
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
     guard = checkpoints = None
     if not args.unguarded:
         import sdc_guard  # sdc-guard
 
-        guard = sdc_guard.Guard(model, optimizer, loss_fn)  # sdc-guard (SDC_* settings)
+        # sdc-guard (SDC_* settings); a GradScaler's scale travels with replays.
+        guard = sdc_guard.Guard(model, optimizer, loss_fn, grad_scaler=scaler)
         net.fault_hook = guard.fault_point  # Tests and demos inject faults here.
         if args.checkpoint_dir and rank == 0:
             checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)
@@ -111,10 +126,10 @@ def main():
                     last = i == len(batches) - 1
                     with contextlib.nullcontext() if last else model.no_sync():
                         loss = loss_fn(model, mb) / args.micro_batches
-                        s.backward(loss)  # sdc-guard: in place of loss.backward()
+                        s.backward(scaled(loss))  # sdc-guard: in place of loss.backward()
                     total += loss.item()
             if s.apply:  # sdc-guard: the same decision on every rank
-                optimizer.step()
+                optimizer_step()
             weight_ms = guard.after_optimizer_step(checkpoint=checkpoint)  # sdc-guard
         else:
             optimizer.zero_grad(set_to_none=True)
@@ -122,10 +137,10 @@ def main():
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else model.no_sync():
                     loss = loss_fn(model, mb) / args.micro_batches
-                    loss.backward()
+                    scaled(loss).backward()
                 total += loss.item()
             cluster_support.extra_collective(args)
-            optimizer.step()
+            optimizer_step()
             weight_ms = 0.0
         outcome = "none"
         if checkpoint and guard is not None:

@@ -13,10 +13,14 @@ from conftest import run_job
 # and called every weight check no_majority, vetoing every checkpoint.
 # center-mlp: a forward that reads the buffer it updates; a replay from the
 # replayer's own buffers mismatched on healthy ranks (issue 24, items 5, 7).
-@pytest.mark.parametrize("model,micro_batches",
-                         [("transformer", 2), ("bn-mlp", 1), ("center-mlp", 2)])
-def test_guarded_training_is_bit_identical_to_unguarded(tmp_path, sdcd, model, micro_batches):
-    flags = ["--steps=12", f"--model={model}", f"--micro_batches={micro_batches}"]
+# center-mlp trains under a GradScaler: a replay that left out the loss
+# scale mismatched at every audit (issue 24, item 1).
+@pytest.mark.parametrize("model,micro_batches,extra",
+                         [("transformer", 2, []), ("bn-mlp", 1, []),
+                          ("center-mlp", 2, ["--grad_scaler=1024"])])
+def test_guarded_training_is_bit_identical_to_unguarded(tmp_path, sdcd, model, micro_batches,
+                                                        extra):
+    flags = ["--steps=12", f"--model={model}", f"--micro_batches={micro_batches}", *extra]
     env = {"SDC_JOB_ID": f"unchanged-{model}", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_AUDIT_EVERY": "4", "SDC_WEIGHT_CHECK_EVERY": "3"}
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), 6, flags, env)
