@@ -1,6 +1,7 @@
 #include "client/guard_engine.h"
 
 #include <ATen/Context.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
@@ -141,16 +142,55 @@ void FlipMantissaBit(torch::Tensor t, int bit) {
   flat[0].fill_(v);
 }
 
+constexpr char kNoDeterministic[] = " does not have a deterministic implementation";
+
 }  // namespace
+
+// On audit steps, libtorch runs with deterministic algorithms in warn-only
+// mode: an op without a deterministic implementation warns instead of
+// throwing. This handler, the training thread's while such a step runs,
+// notes those warnings and passes every other one on. (Ops called from
+// Python report to Python's warnings instead: sdc_guard notes them.)
+class DeterminismAlerts : public c10::WarningHandler {
+ public:
+  void Install() {
+    if (installed_) return;
+    previous_ = c10::WarningUtils::get_warning_handler();
+    c10::WarningUtils::set_warning_handler(this);
+    installed_ = true;
+  }
+  void Uninstall() {
+    if (!installed_) return;
+    c10::WarningUtils::set_warning_handler(previous_);
+    installed_ = false;
+  }
+  void process(const c10::Warning& warning) override {
+    const std::string& msg = warning.msg();
+    if (const size_t at = msg.find(kNoDeterministic); at != std::string::npos) {
+      if (first_.empty()) first_ = absl::StrCat(msg.substr(0, std::min<size_t>(at, 48)),
+                                                " has no deterministic implementation");
+      return;
+    }
+    if (previous_ != nullptr) previous_->process(warning);
+  }
+  // The first alert since the last Take, or empty.
+  std::string Take() { return std::exchange(first_, std::string()); }
+
+ private:
+  bool installed_ = false;
+  c10::WarningHandler* previous_ = nullptr;
+  std::string first_;
+};
 
 std::string GuardSummary::ToString() const {
   return absl::StrFormat(
       "steps=%d skipped=%d audits=%d (unverified %d, mismatches %d) weight_checks=%d "
       "repairs=%d checkpoints allowed=%d vetoed=%d reports sent=%d acked=%d dropped=%d "
-      "coordinator=%s",
+      "coordinator=%s%s",
       steps, skipped, audits, audits_unverified, audit_mismatches, weight_checks, repairs,
       checkpoints_allowed, checkpoints_vetoed, reports_sent, reports_acked, reports_dropped,
-      coordinator_connected ? "connected" : "not connected");
+      coordinator_connected ? "connected" : "not connected",
+      audits_off.empty() ? "" : absl::StrCat(" audits=off (", audits_off, ")"));
 }
 
 class GuardEngine::Impl {
@@ -201,6 +241,10 @@ class GuardEngine::Impl {
   GuardSummary Summary() const;
   void Shutdown(absl::Duration flush) {
     if (link_ != nullptr) link_->Stop(flush);
+  }
+  ~Impl() { alerts_.Uninstall(); }
+  void NoteNondeterministic(const std::string& what) {
+    if (nondeterministic_.empty()) nondeterministic_ = what.substr(0, 200);
   }
   uint32_t rank() const { return rank_; }
   uint32_t world() const { return world_; }
@@ -309,6 +353,17 @@ class GuardEngine::Impl {
   uint64_t plan_id_ = 0;
   core::ReplayPlan plan_;
   bool deterministic_before_ = false;
+  bool deterministic_warn_only_before_ = false;
+  void RestoreDeterminism() {
+    alerts_.Uninstall();
+    at::globalContext().setDeterministicAlgorithms(deterministic_before_,
+                                                   deterministic_warn_only_before_);
+  }
+  // Replay audits, until an op without a deterministic implementation is
+  // seen on an audit step (then why they are off, for good).
+  DeterminismAlerts alerts_;
+  std::string nondeterministic_;  // This step's first alert, from either path.
+  std::string audits_off_;
   uint64_t original_loss_bits_ = 0;
   torch::Tensor loss_scale_;  // The first micro-batch's loss scale (undefined: 1).
   bool replaying_ = false;
@@ -499,7 +554,8 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   // A targeted plan every rank holds runs at the first step that is not a
   // scheduled audit.
   const uint64_t next_plan = last_plan_run_ < plans_held_by_all_ ? last_plan_run_ + 1 : 0;
-  const StepPlan sp = PlanStep(step, options_.audit_every, options_.weight_check_every, next_plan);
+  StepPlan sp = PlanStep(step, options_.audit_every, options_.weight_check_every, next_plan);
+  if (!audits_off_.empty()) sp.scheduled_audit = false, sp.targeted_plan = 0;
   audit_ = sp.scheduled_audit || sp.targeted_plan != 0;
   plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
   if (sp.scheduled_audit) {
@@ -519,7 +575,16 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
     CaptureForwardBuffers();
   });
   deterministic_before_ = at::globalContext().deterministicAlgorithms();
-  if (audit_) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  deterministic_warn_only_before_ = at::globalContext().deterministicAlgorithmsWarnOnly();
+  nondeterministic_.clear();
+  alerts_.Uninstall();  // A step that ended in an exception left it installed.
+  (void)alerts_.Take();
+  if (audit_) {
+    // Warn-only: an op with no deterministic implementation must not stop
+    // training; Finish turns audits off instead.
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    alerts_.Install();
+  }
   return absl::OkStatus();
 }
 
@@ -877,11 +942,15 @@ absl::Status GuardEngine::Impl::Audit(StepDecision& decision, LocalView& view) {
     }
   }
   if (link_ != nullptr) {
+    // The in-band verdict decides the step; sdcd's own changes nothing on
+    // this rank, so by default it is taken only when already here.
     std::optional<v1::AuditVerdict> v = link_->WaitAuditVerdict(step_, options_.verdict_wait);
-    if (!v.has_value()) {
+    const bool unverified =
+        !v.has_value() && (options_.verdict_wait > absl::ZeroDuration() || !link_->stats().connected);
+    if (unverified) {
       decision.audit_unverified = true;
       ++summary_.audits_unverified;
-    } else {
+    } else if (v.has_value()) {
       // The coordinator's final word (after any tie-break) names the outcome.
       decision.audit_outcome = absl::AsciiStrToLower(v1::VerdictOutcome_Name(v->outcome()));
       if (v->outcome() != v1::PASS) {
@@ -909,7 +978,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
     decision.check1_ms = check1_ms_;
   }
   if (reduced.empty()) {
-    at::globalContext().setDeterministicAlgorithms(deterministic_before_, /*warn_only=*/false);
+    RestoreDeterminism();
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", step_, ": no gradients were all-reduced (run the backward pass between "
         "BeginStep and Finish)"));
@@ -939,6 +1008,28 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   view.local_nonfinite = local_nonfinite > 0;
   view.reduced_nonfinite = reduced_nonfinite > 0;
   decision.grad_norm = std::sqrt(sum_squares);
+
+  // An op without a deterministic implementation ran on some rank's audit
+  // step: no replay can reproduce its gradients, so audits stop for the
+  // job, on every rank alike (a replay's mismatch would blame healthy GPUs).
+  std::string audits_off_now;
+  if (audit_) {
+    const std::string alert = alerts_.Take();
+    if (!alert.empty()) NoteNondeterministic(alert);
+    std::vector<int64_t> seen = {nondeterministic_.empty() ? 0 : 1};
+    SDC_TORCH_TRY(AllReduceMax(*pg_, small_collectives_, seen));
+    if (seen[0] != 0) {
+      audits_off_ = nondeterministic_.empty() ? "another rank ran an op with no deterministic "
+                                                "implementation"
+                                              : nondeterministic_;
+      audits_off_now = audits_off_;
+      audit_ = false;
+      decision.audited = false;
+      decision.audit_outcome = "audits_off";
+      Log(absl::StrCat("replay audits are off for this job from step ", step_, ": ",
+                       audits_off_, " (non-finite checks and weight votes go on)"));
+    }
+  }
 
   // Check 2: replay audit, compared in-band so every rank decides alike.
   if (audit_) {
@@ -1026,7 +1117,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
   }
-  at::globalContext().setDeterministicAlgorithms(deterministic_before_, /*warn_only=*/false);
+  RestoreDeterminism();
   ++summary_.steps;
   if (!decision.apply) {
     ++summary_.skipped;
@@ -1045,6 +1136,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   report.applied = decision.apply;
   report.skip_reason = decision.reason;
   report.audit_unverified = decision.audit_unverified;
+  report.audits_off = audits_off_now;
   Send(std::move(report));
   return decision;
 }
@@ -1157,6 +1249,7 @@ absl::StatusOr<core::CheckpointLedger> GuardEngine::Impl::RefreshCheckpoints(abs
 
 GuardSummary GuardEngine::Impl::Summary() const {
   GuardSummary s = summary_;
+  s.audits_off = audits_off_;
   if (link_ != nullptr) {
     const CoordinatorLink::Stats l = link_->stats();
     s.reports_sent = l.sent;
@@ -1202,6 +1295,9 @@ void GuardEngine::RecordFirstMicroBatch(const torch::Tensor& loss, const torch::
   impl_->RecordFirstMicroBatch(loss, loss_scale);
 }
 void GuardEngine::CaptureForwardBuffers() { impl_->CaptureForwardBuffers(); }
+void GuardEngine::NoteNondeterministic(const std::string& what) {
+  impl_->NoteNondeterministic(what);
+}
 bool GuardEngine::WantsOriginalGradients() const { return impl_->WantsOriginalGradients(); }
 void GuardEngine::RecordOriginalGradients(const std::vector<size_t>& parameter_indices,
                                           const std::vector<torch::Tensor>& gradients) {

@@ -68,7 +68,9 @@ struct StepDecision {
   double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
   double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
   bool audited = false;    // A replay audit ran on this step.
-  bool audit_unverified = false;  // The coordinator's verdict did not arrive in time.
+  // No coordinator verdict: with verdict_wait 0 (the default) when sdcd was
+  // not connected (the results wait in the link); else none arrived in time.
+  bool audit_unverified = false;
   std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
   bool repaired = false;   // Weights were restored from the majority this step.
   // Time spent in the guard's own work this step, in milliseconds:
@@ -93,6 +95,7 @@ struct GuardSummary {
   uint64_t reports_dropped = 0;
   bool coordinator_connected = false;
   std::string last_veto;
+  std::string audits_off;  // Why replay audits are off for the job; empty while on.
   std::string ToString() const;
 };
 
@@ -187,6 +190,15 @@ class GuardEngine {
   // Asks the coordinator (not a collective). Unavailable when it cannot be
   // reached within `timeout`; FailedPrecondition without a coordinator.
   absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+
+  // An op with no deterministic implementation ran on this rank during an
+  // audit step (`what` names it). Ops run from C++ are noticed by the
+  // engine itself; sdc_guard reports those Python's warnings saw. At the
+  // step's Finish every rank turns replay audits off for the job (one
+  // small collective on audit steps): training goes on with non-finite
+  // checks and weight votes, sdcd records why, and no replay blames a GPU
+  // for an op's own nondeterminism.
+  void NoteNondeterministic(const std::string& what);
 
   // A point in the model's forward where activation faults are injected
   // (tests and demos only; returns `activation` unless fault injection is

@@ -5,6 +5,8 @@
 
 #include "client/guard.h"
 
+#include <ATen/Context.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -150,6 +152,40 @@ TEST(GuardTest, InBandFallbackVetoesTheCheckpointAfterAFailedCheck) {
 // were read; amsgrad's max_exp_avg_sq, RMSprop and Adagrad gave nothing,
 // silently. Every libtorch optimizer's per-parameter tensors are read now,
 // and another state type is named rather than skipped in silence.
+// Issue 24, item 13: audit steps ran deterministic algorithms with
+// warn_only off, so a model using an op without a deterministic
+// implementation (put_ here) failed its first audit step ("libtorch: put_
+// does not have a deterministic implementation"). Now the step trains, and
+// audits are off for the job from then on.
+TEST(GuardTest, AnOpWithoutADeterministicImplementationTurnsAuditsOff) {
+  auto pg = OneRankGroup("nondeterministic");
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.audit_every = 2;
+  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
+    torch::Tensor mask = torch::ones({2});
+    mask.put_(torch::zeros({1}, torch::kLong), torch::ones({1}));
+    return torch::mse_loss(model->forward(b[0]) * mask, b[1]);
+  };
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const bool deterministic_before = at::globalContext().deterministicAlgorithms();
+  for (uint64_t step = 1; step <= 4; ++step) {
+    std::vector<std::vector<torch::Tensor>> batches = {{torch::ones({3, 4}), torch::zeros({3, 2})}};
+    absl::StatusOr<StepDecision> d = (*g)->TrainStep(step, std::move(batches), false, nullptr);
+    ASSERT_TRUE(d.ok()) << "step " << step << ": " << d.status();
+    EXPECT_TRUE(d->apply) << step;
+    EXPECT_FALSE(d->audited) << step;
+    EXPECT_EQ(d->audit_outcome, step == 2 ? "audits_off" : "") << step;
+    EXPECT_EQ(at::globalContext().deterministicAlgorithms(), deterministic_before) << step;
+  }
+  EXPECT_NE((*g)->Summary().audits_off.find("put_ has no deterministic implementation"),
+            std::string::npos)
+      << (*g)->Summary().audits_off;
+  EXPECT_EQ((*g)->Summary().audits, 0u);
+}
+
 TEST(OptimizerTensorsTest, EveryLibtorchOptimizerStateTensorIsRead) {
   torch::manual_seed(3);
   torch::nn::Linear model(4, 2);  // weight and bias

@@ -49,8 +49,12 @@ struct GuardOptions {
   uint64_t incarnation = 0;
   uint32_t audit_every = 100;        // Env: SDC_AUDIT_EVERY. 0 = no scheduled audits.
   uint32_t weight_check_every = 10;  // Env: SDC_WEIGHT_CHECK_EVERY. 0 = only at checkpoints.
-  // Bounded wait for the coordinator's audit verdict. Env: SDC_VERDICT_WAIT_MS.
-  absl::Duration verdict_wait = absl::Seconds(2);
+  // How long an audit step waits for sdcd's verdict. The in-band verdict
+  // decides the step and sdcd's changes nothing on the rank, so by default
+  // a rank does not wait (it takes a verdict already here); a wait puts
+  // sdcd's word into the step's record (the demo uses 3 s).
+  // Env: SDC_VERDICT_WAIT_MS. Default: 0.
+  absl::Duration verdict_wait = absl::ZeroDuration();
   // Bounded wait for a checkpoint decision. Env: SDC_CHECKPOINT_WAIT_MS.
   absl::Duration checkpoint_wait = absl::Seconds(30);
   CheckpointFallback checkpoint_fallback = CheckpointFallback::kVeto;  // Env: SDC_CHECKPOINT_FALLBACK=veto|in-band.

@@ -98,7 +98,8 @@ class Progress:
         if summary is not None:
             guard = {k: summary[k] for k in (
                 "steps", "skipped", "audits", "weight_checks", "repairs", "checkpoints_allowed",
-                "checkpoints_vetoed", "reports_sent", "reports_acked", "reports_dropped")}
+                "checkpoints_vetoed", "reports_sent", "reports_acked", "reports_dropped",
+                "audits_off")}
             guard["unverified"] = summary["audits_unverified"]
             guard["mismatches"] = summary["audit_mismatches"]
         self.out.write(json.dumps({"final": True, "rank": self.rank,

@@ -32,7 +32,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--first_step", type=int, default=1)
-    p.add_argument("--model", choices=["transformer", "bn-mlp", "center-mlp"], default="transformer")
+    p.add_argument("--model", choices=["transformer", "bn-mlp", "center-mlp", "put-mlp", "frozen-mlp"], default="transformer")
     p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
     p.add_argument("--micro_batches", type=int, default=1, help="gradient accumulation")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -71,13 +71,13 @@ def main():
             inputs, targets = batch
             return F.cross_entropy(model(inputs).reshape(-1, net.vocab), targets.reshape(-1))
     else:
-        net = BnMlp(center=args.model == "center-mlp")
+        net = BnMlp(center=args.model == "center-mlp", nondeterministic=args.model == "put-mlp")
         batch_of = lambda seed: regression_batch(args.batch, seed)  # noqa: E731
 
         def loss_fn(model, batch):
             return F.mse_loss(model(batch[0]), batch[1])
 
-    if args.freeze:
+    if args.freeze or args.model == "frozen-mlp":
         next(net.parameters()).requires_grad_(False)
     torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
     device = torch.device("cpu")

@@ -72,10 +72,13 @@ class RunningCenter(nn.Module):
 
 
 class BnMlp(nn.Module):
-    """The BatchNorm MLP; ``center=True`` adds a RunningCenter before it."""
+    """The BatchNorm MLP; ``center=True`` adds a RunningCenter before it;
+    ``nondeterministic=True`` builds a mask with ``put_``, an op that has no
+    deterministic implementation (the values are the same either way)."""
 
-    def __init__(self, center=False):
+    def __init__(self, center=False, nondeterministic=False):
         super().__init__()
+        self.nondeterministic = nondeterministic
         self.fc1 = nn.Linear(16, 32)
         self.center = RunningCenter(32) if center else None
         self.bn = nn.BatchNorm1d(32)
@@ -87,6 +90,11 @@ class BnMlp(nn.Module):
         h = self.fc1(x)
         if self.center is not None:
             h = self.center(h)
+        if self.nondeterministic:
+            mask = torch.ones(h.shape[1], device=h.device)
+            mask.put_(torch.zeros(1, dtype=torch.long, device=h.device),
+                      torch.ones(1, device=h.device))
+            h = h * mask
         h = self.dropout(torch.relu(self.bn(h)))
         if self.fault_hook is not None:
             h = self.fault_hook(h)  # After dropout: an injected error always counts.

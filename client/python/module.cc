@@ -82,6 +82,7 @@ py::dict SummaryDict(const GuardSummary& s) {
   out["reports_dropped"] = s.reports_dropped;
   out["coordinator_connected"] = s.coordinator_connected;
   out["last_veto"] = s.last_veto;
+  out["audits_off"] = s.audits_off;
   return out;
 }
 
@@ -186,6 +187,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("loss"), py::arg("loss_scale") = py::none())
       .def("capture_forward_buffers", [](Engine& e) { e.engine().CaptureForwardBuffers(); })
+      .def("note_nondeterministic",
+           [](Engine& e, const std::string& what) { e.engine().NoteNondeterministic(what); })
       .def("record_original_gradients",
            [](Engine& e, const std::vector<size_t>& indices, const std::vector<at::Tensor>& grads) {
              e.engine().RecordOriginalGradients(indices, grads);

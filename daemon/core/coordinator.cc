@@ -575,7 +575,24 @@ void Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report
   if (s.reduced_nonfinite > 0) ps.reduced_nonfinite.insert(r.rank);
   (s.applied ? ps.applied : ps.skipped).insert(r.rank);
   ps.keys.push_back(KeyOf(r));
+  if (!s.audits_off.empty() && !replaying_) NoteAuditsOff(job, group, r.step, s.audits_off, txn);
   MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
+}
+
+// Every rank of a job that turns its audits off says so on the same step:
+// one incident for the job (no GPU is named), so operators see that check 2
+// no longer runs and why.
+void Coordinator::NoteAuditsOff(JobState& job, GroupState& group, Step step,
+                                const std::string& reason, Txn& txn) {
+  for (const auto& [id, inc] : incidents_) {
+    if (inc.job_id == job.record.job_id && inc.outcome == kAuditsOff) return;
+  }
+  const std::string explanation = absl::StrCat(
+      "replay audits are off for this job from step ", step, ": ", Echo(reason),
+      "; non-finite checks and weight votes go on");
+  RecordIncident(job, group, step, CheckKind::kReplay, kAuditsOff, {}, /*confirmed=*/false,
+                 explanation, {}, txn);
+  txn.effects.notes.push_back(absl::StrCat("job ", EchoJobId(job.record.job_id), ": ", explanation));
 }
 
 void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
@@ -1233,7 +1250,8 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
   // alike) say nothing about the weights before; every other incident means
   // some hardware produced wrong values, maybe silently on unaudited steps
   // before the provisional checkpoint too: it is not trusted any more.
-  const bool software = outcome == "systemic" || outcome == "all_ranks" || outcome == "reproduced";
+  const bool software = outcome == "systemic" || outcome == "all_ranks" ||
+                        outcome == "reproduced" || outcome == kAuditsOff;
   if (const std::optional<Step> revoked =
           software ? std::nullopt : job.checkpoints.RevokeProvisional()) {
     txn.mutation.checkpoint_decisions.push_back(

@@ -336,6 +336,9 @@ class Coordinator {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Apply(JobState& job, const Report& r, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr char kAuditsOff[] = "audits_off";
+  void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
+                     Txn& txn);
   void ApplyStepReport(JobState& job, GroupState& group, const Report& r,
                        const StepReport& s, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyAudit(JobState& job, GroupState& group, const Report& r,

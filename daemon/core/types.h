@@ -52,6 +52,7 @@ struct StepReport {
   bool applied = true;
   std::string skip_reason;
   bool audit_unverified = false;
+  std::string audits_off;  // Why the job turned replay audits off at this step.
 };
 
 enum class AuditRole {

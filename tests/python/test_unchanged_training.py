@@ -59,3 +59,27 @@ def test_a_corrupted_frozen_parameter_is_caught_and_repaired(tmp_path, sdcd):
     assert weights[0]["differing_tensors"] == ["token.weight"], weights[0]
     assert any(s["repaired"] for s in steps[1]), "rank 1 restored its frozen weights"
     assert len({f["weights_digest"] for f in finals}) == 1
+
+
+def test_an_op_without_a_deterministic_implementation_turns_audits_off(tmp_path, sdcd):
+    # Issue 24, item 13: audit steps forced deterministic algorithms with
+    # warn_only=False, so a model using such an op (put_ here) raised at the
+    # first audit step and training stopped. Now the first audit step notices
+    # it on every rank, turns audits off for the job and trains on; sdcd
+    # records why (one incident naming no GPU) and vetoes nothing for it.
+    flags = ["--steps=8", "--model=put-mlp", "--checkpoint_every=4"]
+    env = {"SDC_JOB_ID": "put", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_AUDIT_EVERY": "2", "SDC_WEIGHT_CHECK_EVERY": "2"}
+    steps, finals = run_job(str(tmp_path / "job"), 3, flags, env)
+    for rank in range(3):
+        assert [s["step"] for s in steps[rank]] == list(range(1, 9))
+        assert all(s["apply"] for s in steps[rank])
+        assert steps[rank][1]["outcome"] == "audits_off", steps[rank][1]
+        assert not any(s["audited"] for s in steps[rank]), "no audit runs from step 2 on"
+        assert [s["checkpoint"] for s in steps[rank] if s["step"] % 4 == 0] == ["allowed"] * 2
+        assert "put_ has no deterministic implementation" in finals[rank]["guard"]["audits_off"]
+    incidents = sdcd.sdcctl("get", "incidents", "--job=put")["incidents"]
+    assert len(incidents) == 1, incidents
+    assert incidents[0]["outcome"] == "audits_off" and incidents[0].get("ranks", []) == []
+    assert "put_ has no deterministic implementation" in incidents[0]["explanation"]
+    assert sdcd.sdcctl("get", "requests").get("requests", []) == []

@@ -14,6 +14,7 @@ The decisions, kernels and reports are the engine's (client/guard_engine.h).
 import math
 import numbers
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,9 @@ _OPTIONS = {
     "parameter_fingerprints": ("SDC_PARAMETER_FINGERPRINTS", "flag"),
     "vote_buffers": ("SDC_VOTE_BUFFERS", "flag"),
 }
+
+# How libtorch words a warn-only deterministic-algorithms alert.
+_NO_DETERMINISTIC = " does not have a deterministic implementation"
 
 # What the peer exchange carries: at most this many tensors of at most this
 # many dimensions (the engine's header, client/guard_engine.cc).
@@ -134,6 +138,7 @@ class Step:
         self._backwards = 0
         self._forward_seen = False
         self._deterministic_before = None
+        self._warnings = None  # On audit steps: (catch_warnings, its record list).
         # Set after the block:
         self.apply = True
         self.reason = ""
@@ -153,7 +158,15 @@ class Step:
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
-        g._engine().begin_step(self.step, self._tensors, self.micro_batches)
+        engine = g._engine()
+        engine.begin_step(self.step, self._tensors, self.micro_batches)
+        if engine.auditing:
+            # Deterministic algorithms run warn-only on audit steps: an op
+            # without a deterministic implementation warns, and the engine
+            # turns audits off for the job instead of training stopping.
+            catcher = warnings.catch_warnings(record=True)
+            self._warnings = (catcher, catcher.__enter__())
+            warnings.simplefilter("always")
         g._current = self
         g._rebuild = self._rebuild
         g._hook_calls_this_step = 0
@@ -183,9 +196,28 @@ class Step:
                 engine.record_original_gradients_from_parameters()
         return loss
 
+    def _end_warnings(self):
+        """Stops recording warnings: a deterministic-algorithms alert goes to the
+        engine, every other warning on to the trainer's own filters."""
+        if self._warnings is None:
+            return
+        catcher, records = self._warnings
+        self._warnings = None
+        catcher.__exit__(None, None, None)
+        for w in records:
+            text = str(w.message)
+            at = text.find(_NO_DETERMINISTIC)
+            if at >= 0:
+                self._guard._engine().note_nondeterministic(
+                    text[:min(at, 48)] + " has no deterministic implementation")
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                       source=w.source)
+
     def __exit__(self, exc_type, exc, tb):
         g = self._guard
         g._current = None
+        self._end_warnings()
         if exc_type is not None:
             torch.use_deterministic_algorithms(
                 self._deterministic_before[0], warn_only=self._deterministic_before[1])
