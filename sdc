@@ -30,7 +30,7 @@ PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0")
 SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
 VENV="$SDC_CACHE/venv"
 
-BENCHMARKS="kernels core daemon overhead detection"
+BENCHMARKS="kernels core daemon overhead detection soak"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -243,6 +243,11 @@ cmd_bench() {
       fi
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
       ;;
+    soak)
+      # The detection bench's long clean soak (about 40 minutes here; not in CI).
+      build_targets //bench:detection_bench
+      exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
+      ;;
     daemon)
       build_targets //bench:daemon_bench //daemon:sdcd
       TEST_SRCDIR="$ROOT/bazel-bin/bench/daemon_bench.runfiles" TEST_WORKSPACE=sdc_guard \
@@ -282,7 +287,7 @@ usage: ./sdc COMMAND [ARGS]
   demo [FLAGS]         run the local cluster demo with injected faults (--help for flags)
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection
+  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)

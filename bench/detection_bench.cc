@@ -30,6 +30,14 @@
 // scenario, default 3), --soak_steps N (default 2000), --out_dir DIR (default
 // a temporary folder; one run folder per run under it), --keep (keep the run
 // folders; they are deleted at the end otherwise).
+//
+// --soak_only (./sdc bench soak): only a long clean soak, every step audited
+// and weight-checked, in runs of 500 steps alternating the BatchNorm MLP and
+// the running-mean model (center-mlp, whose forward reads the buffer it
+// updates), until at least --min_audits (default 15,320) audits and
+// --min_weight_checks (default 3,080) weight checks ran: AWS's published
+// sample. Prints one JSON line: audits, weight_checks, false_alarms, wall_s,
+// and the 95% upper bound on the false-alarm rate per audit (rule of three).
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -91,13 +99,16 @@ struct Flags {
   int transformer_steps = 60;
   std::string out_dir;
   bool keep = false;
+  bool soak_only = false;
+  int min_audits = 15320;
+  int min_weight_checks = 3080;
 };
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "detection_bench: %s\n", error.c_str());
   std::fprintf(stderr,
                "usage: detection_bench [--quick] [--runs N] [--soak_steps N] [--out_dir DIR] "
-               "[--keep]\n");
+               "[--keep] [--soak_only [--min_audits N] [--min_weight_checks N]]\n");
   std::exit(2);
 }
 
@@ -113,7 +124,10 @@ Flags ParseFlags(int argc, char** argv) {
           "  --runs N         runs per scenario (default 3)\n"
           "  --soak_steps N   clean bn-mlp soak steps in total (default 2000)\n"
           "  --out_dir DIR    where the run folders go (default: a temporary folder)\n"
-          "  --keep           keep the run folders\n");
+          "  --keep           keep the run folders\n"
+          "  --soak_only      only a long clean soak, every step audited and weight-checked\n"
+          "  --min_audits N   (soak_only) audits to reach (default 15320)\n"
+          "  --min_weight_checks N  (soak_only) weight checks to reach (default 3080)\n");
       std::exit(0);
     } else if (arg == "--quick") {
       f.quick = true;
@@ -127,6 +141,12 @@ Flags ParseFlags(int argc, char** argv) {
       f.out_dir = flag.Value();
     } else if (arg == "--keep") {
       f.keep = true;
+    } else if (arg == "--soak_only") {
+      f.soak_only = true;
+    } else if (arg == "--min_audits") {
+      f.min_audits = flag.Number(1);
+    } else if (arg == "--min_weight_checks") {
+      f.min_weight_checks = flag.Number(1);
     } else {
       flag.Unknown();
     }
@@ -240,6 +260,7 @@ class Bench {
   int Main() {
     const absl::Time start = absl::Now();
     if (!PrepareOutDir()) return 1;
+    if (flags_.soak_only) return LongSoak(start);
     PlanRuns();
     for (const Scenario& s : demo::Scenarios()) {
       if (s.fault.empty()) continue;  // clean: the soak below.
@@ -335,6 +356,8 @@ class Bench {
     c.weight_check_every = kWeightCheckEvery;
     c.checkpoint_every = kCheckpointEvery;
     c.fault = run.fault;
+    if (!s.model.empty()) c.model = s.model;
+    if (s.micro_batches > 0) c.micro_batches = s.micro_batches;
     c.restart_coordinator_at = s.restart_coordinator ? kRestartCoordinatorAt : -1;
     c.job_id = absl::StrCat("bench-", s.name, "-", i);
     c.timeout = absl::Minutes(10);
@@ -519,6 +542,54 @@ class Bench {
     }
     soak_.push_back(RunClean("transformer", flags_.transformer_steps, kAuditEvery,
                              kWeightCheckEvery, kCheckpointEvery, 0));
+  }
+
+  // ./sdc bench soak: clean runs until the sample is as large as AWS's.
+  int LongSoak(absl::Time start) {
+    const int goal = std::max(flags_.min_audits, flags_.min_weight_checks);
+    total_runs_ = (goal + kSoakRunSteps - 1) / kSoakRunSteps;
+    for (int i = 0;; ++i) {
+      const SoakTotals t = Totals("");
+      if (t.audits >= flags_.min_audits && t.weight_checks >= flags_.min_weight_checks) break;
+      if (t.errors > 2) {
+        std::fprintf(stderr, "detection_bench: %d soak runs failed; stopping\n", t.errors);
+        break;
+      }
+      total_runs_ = std::max(total_runs_, i + 1);
+      soak_.push_back(RunClean(i % 2 == 0 ? "bn-mlp" : "center-mlp", kSoakRunSteps, 1, 1, 50, i));
+    }
+    const absl::Duration wall = absl::Now() - start;
+    const SoakTotals t = Totals("");
+    std::vector<std::string> missed = SoakMissed(t);
+    if (t.audits < flags_.min_audits) missed.push_back(absl::StrCat("only ", t.audits, " audits"));
+    if (t.weight_checks < flags_.min_weight_checks) {
+      missed.push_back(absl::StrCat("only ", t.weight_checks, " weight checks"));
+    }
+    // Rule of three: 0 events in n trials bounds the rate by 3/n at 95%.
+    const double upper95 = t.audits > 0 ? 3.0 / t.audits : 1.0;
+    absl::PrintF("clean soak: %d runs, %d steps (bn-mlp %d, center-mlp %d): %d audits, %d weight "
+                 "checks, %d false alarms, %d audits not passed, %d skipped, checkpoints %d "
+                 "written / %d vetoed, %.0f s  %s\n",
+                 t.runs, t.steps, Totals("bn-mlp").steps, Totals("center-mlp").steps, t.audits,
+                 t.weight_checks, t.false_alarms, t.audits_failed, t.skipped,
+                 t.checkpoints_allowed, t.checkpoints_vetoed, Seconds(wall),
+                 missed.empty() ? "ok" : absl::StrCat("MISSED: ", absl::StrJoin(missed, "; ")).c_str());
+    if (t.false_alarms == 0 && t.audits > 0) {
+      absl::PrintF("  0 alarms in %d audits: at 95%% confidence at most 1 false alarm per %d "
+                   "audits (AWS: 1 per 5,100)\n",
+                   t.audits, t.audits / 3);
+    }
+    absl::PrintF(
+        "{\"audits\":%d,\"weight_checks\":%d,\"false_alarms\":%d,\"wall_s\":%.1f,"
+        "\"steps\":%d,\"runs\":%d,\"errors\":%d,\"audits_not_passed\":%d,\"suspects\":%d,"
+        "\"requests\":%d,\"skipped_steps\":%d,\"checkpoints_allowed\":%d,"
+        "\"checkpoints_vetoed\":%d,\"false_alarm_rate_upper95\":%.3g,\"goals_met\":%s}\n",
+        t.audits, t.weight_checks, t.false_alarms, Seconds(wall), t.steps, t.runs, t.errors,
+        t.audits_failed, t.suspects, t.requests, t.skipped, t.checkpoints_allowed,
+        t.checkpoints_vetoed, upper95, missed.empty() ? "true" : "false");
+    std::fflush(stdout);
+    Cleanup();
+    return missed.empty() ? 0 : 1;
   }
 
   struct SoakTotals {

@@ -24,6 +24,8 @@ const char* FaultKindName(FaultKind kind) {
       return "weight";
     case FaultKind::kFrozenWeight:
       return "frozen-weight";
+    case FaultKind::kOptimizerState:
+      return "optimizer-state";
     case FaultKind::kReducedGradient:
       return "reduced-gradient";
     case FaultKind::kReplay:
@@ -63,6 +65,7 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"nan-gradient", FaultKind::kNanGradient},
       {"weight", FaultKind::kWeight},
       {"frozen-weight", FaultKind::kFrozenWeight},
+      {"optimizer-state", FaultKind::kOptimizerState},
       {"reduced-gradient", FaultKind::kReducedGradient},
       {"replay", FaultKind::kReplay}};
   for (const auto& [name, kind] : kKinds) {

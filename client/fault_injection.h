@@ -15,6 +15,7 @@
 //             nan-gradient        set one local gradient element to NaN
 //             weight              corrupt one weight element after optimizer.step()
 //             frozen-weight       the same in the first frozen parameter (requires_grad off)
+//             optimizer-state     the same in the optimizer's first floating-point state tensor
 //             reduced-gradient    corrupt one element of the reduced gradients on RANK
 //             replay              corrupt only the replays RANK computes for peers
 //   RANK      the global rank that misbehaves
@@ -36,6 +37,7 @@ enum class FaultKind {
   kNanGradient,
   kWeight,
   kFrozenWeight,
+  kOptimizerState,
   kReducedGradient,
   kReplay,
 };

@@ -1153,6 +1153,16 @@ absl::StatusOr<double> GuardEngine::Impl::AfterOptimizerStep(bool checkpoint) {
     Log(absl::StrCat("INJECTED a bit flip into frozen weight ", state_names_.front(),
                      " after step ", step_));
   }
+  if (f.kind == FaultKind::kOptimizerState && f.FiresAt(rank_, step_) && optimizer_state_) {
+    SDC_TORCH_TRY({
+      for (torch::Tensor& t : optimizer_state_()) {
+        if (!t.is_floating_point() || t.numel() == 0) continue;
+        FlipMantissaBit(t, 16);
+        Log(absl::StrCat("INJECTED a bit flip into optimizer state after step ", step_));
+        break;
+      }
+    });
+  }
   const bool scheduled = options_.weight_check_every > 0 && step_ % options_.weight_check_every == 0;
   if (!scheduled && !checkpoint) return 0.0;
   const absl::Time start = absl::Now();

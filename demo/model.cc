@@ -53,15 +53,35 @@ torch::Tensor TinyTransformerImpl::forward(const torch::Tensor& tokens) {
   return head_->forward(final_norm_->forward(x));
 }
 
-BnMlpImpl::BnMlpImpl() {
+BnMlpImpl::BnMlpImpl(bool center, bool nondeterministic) : nondeterministic_(nondeterministic) {
   fc1_ = register_module("fc1", torch::nn::Linear(16, 32));
+  if (center) center_ = register_buffer("center_mean", torch::zeros({32}));
   bn_ = register_module("bn", torch::nn::BatchNorm1d(32));
   fc2_ = register_module("fc2", torch::nn::Linear(32, 1));
   dropout_ = register_module("dropout", torch::nn::Dropout(0.2));
 }
 
+void BnMlpImpl::Freeze() {
+  for (torch::Tensor& p : fc1_->parameters()) p.set_requires_grad(false);
+}
+
 torch::Tensor BnMlpImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = dropout_->forward(torch::relu(bn_->forward(fc1_->forward(x))));
+  torch::Tensor h = fc1_->forward(x);
+  if (center_.defined()) {
+    torch::Tensor centered = h - center_;
+    if (is_training()) {
+      torch::NoGradGuard no_grad;
+      center_.mul_(0.9).add_(h.mean(0), 0.1);
+    }
+    h = centered;
+  }
+  if (nondeterministic_) {
+    torch::Tensor mask = torch::ones({h.size(1)}, h.options().requires_grad(false));
+    mask.put_(torch::zeros({1}, torch::dtype(torch::kLong).device(h.device())),
+              torch::ones({1}, mask.options()));
+    h = h * mask;
+  }
+  h = dropout_->forward(torch::relu(bn_->forward(h)));
   if (hook_) h = hook_(h);  // After dropout: an injected error always counts.
   return fc2_->forward(h);
 }

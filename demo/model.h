@@ -46,13 +46,22 @@ class TinyTransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TinyTransformer);
 
+// The BatchNorm MLP. `center`: a running mean, kept in a buffer, is
+// subtracted before the BatchNorm and then updated with the batch (a forward
+// that reads the buffer it writes; "center-mlp"). `nondeterministic`: a mask
+// is built with put_, an op with no deterministic implementation (the values
+// are the same either way; "put-mlp").
 class BnMlpImpl : public torch::nn::Module {
  public:
-  BnMlpImpl();
+  explicit BnMlpImpl(bool center = false, bool nondeterministic = false);
+  // fc1 frozen (requires_grad off), as a frozen backbone ("frozen-mlp").
+  void Freeze();
   torch::Tensor forward(const torch::Tensor& x);
   void set_fault_hook(FaultHook hook) { hook_ = std::move(hook); }
 
  private:
+  bool nondeterministic_ = false;
+  torch::Tensor center_;  // The running mean (center-mlp), else undefined.
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
   torch::nn::BatchNorm1d bn_{nullptr};
   torch::nn::Dropout dropout_{nullptr};

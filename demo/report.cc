@@ -91,7 +91,12 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   }
   f.incidents = result.incidents;
   std::set<int> blamed;
+  int notices = 0;  // audits_off: the job's audits stopped; nothing was detected.
   for (const v1::Incident& i : f.incidents) {
+    if (i.outcome() == "audits_off") {
+      ++notices;
+      continue;
+    }
     if (f.first_detection_step < 0 || static_cast<int>(i.step()) < f.first_detection_step) {
       f.first_detection_step = static_cast<int>(i.step());
     }
@@ -99,11 +104,12 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
       for (uint32_t r : i.ranks()) blamed.insert(static_cast<int>(r));
     }
   }
+  const int findings = static_cast<int>(f.incidents.size()) - notices;
   if (f.fault_rank < 0) {
-    f.false_alarms = static_cast<int>(f.incidents.size());
+    f.false_alarms = findings;
   } else {
     for (int r : blamed) f.false_alarms += r != f.fault_rank ? 1 : 0;
-    f.detected = !f.incidents.empty() && !f.injections.empty();
+    f.detected = findings > 0 && !f.injections.empty();
     f.attributed_correctly = blamed.count(f.fault_rank) > 0 && blamed.size() == 1;
     if (f.detected && f.first_injection_step >= 0) {
       f.latency_steps = f.first_detection_step - f.first_injection_step;

@@ -29,6 +29,32 @@ const std::vector<Scenario>& Scenarios() {
       {"coordinator-restart",
        "sdcd is killed (kill -9) and restarted mid-run; a fault after the restart is still caught",
        "activation-scale:{rank}:step={step}:10000", 0, true},
+      // Issue 24's cases.
+      {"nan-micro-batch",
+       "NaN in a step of 2 accumulated micro-batches: not replayable as it ran (a later "
+       "micro-batch nobody holds), so the GPU is a suspect, not blamed",
+       "nan-gradient:{rank}:step={step}", 0, false, true, false, false, "", 2},
+      {"small-world-systemic",
+       "4 ranks whose every replay differs (a non-deterministic model): systemic, nobody blamed",
+       "replay:0:from={step},replay:1:from={step},replay:2:from={step},replay:3:from={step}", 2,
+       false, true, false, false},
+      {"buffer-model",
+       "a model whose forward reads the running mean it updates; an activation fault there is "
+       "named by replays that start from the subject's buffers",
+       "activation-scale:{rank}:step={step}:10000", 0, false, true, true, false, "center-mlp"},
+      {"frozen-weight",
+       "a frozen parameter (requires_grad off) flipped on one GPU: the weight vote names and "
+       "repairs it",
+       "frozen-weight:{rank}:step={step}", 0, false, true, true, false, "frozen-mlp"},
+      {"optimizer-state",
+       "one GPU's optimizer state (Adam's moments) flipped after a step: named by the "
+       "checkpoint's vote on the optimizer state, or by the weights it corrupts at the next "
+       "optimizer step, before any checkpoint holds it",
+       "optimizer-state:{rank}:step={step}", 0, false, true, true, false, "bn-mlp"},
+      {"nondeterministic-op",
+       "a model with an op that has no deterministic implementation: audits turn off at the "
+       "first audit step, training goes on, and a NaN is still caught and named",
+       "nan-gradient:{rank}:step={step}", 0, false, true, true, false, "put-mlp"},
   };
   return *kScenarios;
 }

@@ -21,6 +21,8 @@ struct Scenario {
   bool detectable = true;      // A check should fire.
   bool attributable = true;    // With >= 3 nodes, the faulty rank can be named.
   bool persistent = false;     // The GPU stays faulty (tie-breaks, targeted audits).
+  std::string model;           // Override of the model (empty: keep).
+  int micro_batches = 0;       // Override of the micro-batches per step (0: keep).
 };
 
 const std::vector<Scenario>& Scenarios();

@@ -195,7 +195,8 @@ int Main(int argc, char** argv) {
   c.audit_every = f.audit_every;
   c.weight_check_every = f.weight_check_every;
   c.checkpoint_every = f.checkpoint_every;
-  c.model = f.model;
+  c.model = scenario->model.empty() ? f.model : scenario->model;
+  if (scenario->micro_batches > 0) c.micro_batches = scenario->micro_batches;
   c.trainer = f.trainer;
   c.fault = absl::StrReplaceAll(scenario->fault, {{"{rank}", absl::StrCat(f.fault_rank)},
                                                   {"{step}", absl::StrCat(f.fault_step)}});

@@ -36,7 +36,8 @@ ABSL_FLAG(int, world_size, -1, "Number of ranks.");
 ABSL_FLAG(std::string, rendezvous, "", "c10d FileStore path shared by every rank.");
 ABSL_FLAG(int, steps, 100, "Training steps.");
 ABSL_FLAG(int, first_step, 1, "Number of the first step (resuming).");
-ABSL_FLAG(std::string, model, "transformer", "transformer or bn-mlp.");
+ABSL_FLAG(std::string, model, "transformer",
+          "transformer, bn-mlp, center-mlp, put-mlp or frozen-mlp.");
 ABSL_FLAG(int, batch, 8, "Sequences per micro-batch.");
 ABSL_FLAG(int, micro_batches, 1, "Micro-batches per step (gradient accumulation).");
 ABSL_FLAG(int, checkpoint_every, 0, "Ask for a checkpoint every N steps (0 = never).");
@@ -224,7 +225,10 @@ int Main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_turn_steps) < 1) Die("--turn_steps: must be at least 1");
   const std::string model_kind = absl::GetFlag(FLAGS_model);
-  if (model_kind != "transformer" && model_kind != "bn-mlp") Die("--model: transformer or bn-mlp");
+  if (model_kind != "transformer" && model_kind != "bn-mlp" && model_kind != "center-mlp" &&
+      model_kind != "put-mlp" && model_kind != "frozen-mlp") {
+    Die("--model: transformer, bn-mlp, center-mlp, put-mlp or frozen-mlp");
+  }
   torch::set_num_threads(1);  // Ranks share the CPUs; one thread keeps them deterministic.
 
   std::string corpus;
@@ -259,7 +263,8 @@ int Main(int argc, char** argv) {
       return torch::nn::functional::cross_entropy(logits.view({-1, config.vocab}), b[1].view({-1}));
     };
   } else {
-    mlp = BnMlp();
+    mlp = BnMlp(model_kind == "center-mlp", model_kind == "put-mlp");
+    if (model_kind == "frozen-mlp") mlp->Freeze();
     model = mlp.ptr();
     loss_fn = [mlp](const std::vector<torch::Tensor>& b) mutable {
       return torch::mse_loss(mlp->forward(b[0]), b[1]);
