@@ -731,11 +731,8 @@ absl::StatusOr<GuardEngine::Impl::PeerBatch> GuardEngine::Impl::RecvBatch(uint32
                    static_cast<int64_t>(kHeaderSlots)) {
     return absl::InternalError(absl::StrCat("micro-batch from rank ", src, " has ", n, " tensors"));
   }
-  // The same model everywhere: the subject's buffers are this rank's size.
-  if (h[3] != ByteSize(buffers_)) {
-    return absl::InternalError(absl::StrCat("rank ", src, " sent ", h[3],
-                                            " bytes of module buffers, this rank holds ",
-                                            ByteSize(buffers_)));
+  if (h[3] < 0) {
+    return absl::InternalError(absl::StrCat("rank ", src, " sends ", h[3], " bytes of buffers"));
   }
   PeerBatch out;
   out.micro_batches = h[1];
@@ -764,6 +761,13 @@ absl::StatusOr<GuardEngine::Impl::PeerBatch> GuardEngine::Impl::RecvBatch(uint32
       out.buffers = buffers[0].to(device_);
     }
   });
+  // The same model everywhere: the subject's buffers are this rank's size
+  // (checked after every message is received, so the subject never waits).
+  if (h[3] != ByteSize(buffers_)) {
+    return absl::InternalError(absl::StrCat("rank ", src, " sent ", h[3],
+                                            " bytes of module buffers, this rank holds ",
+                                            ByteSize(buffers_)));
+  }
   return out;
 }
 
