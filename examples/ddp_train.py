@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: rank on GPU LOCAL_RANK %% the GPUs visible (collectives stay on Gloo)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
+    p.add_argument("--no_broadcast_buffers", action="store_true",
+                   help="DDP(broadcast_buffers=False): every replica keeps its own buffers")
     p.add_argument("--grad_scaler", type=float, default=0,
                    help="train under torch.amp.GradScaler with this initial scale (0: off)")
     p.add_argument("--freeze", action="store_true",
@@ -85,7 +87,8 @@ def main():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
-    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None,
+                broadcast_buffers=not args.no_broadcast_buffers)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
 
     scaler = None

@@ -15,9 +15,14 @@ from conftest import run_job
 # replayer's own buffers mismatched on healthy ranks (issue 24, items 5, 7).
 # center-mlp trains under a GradScaler: a replay that left out the loss
 # scale mismatched at every audit (issue 24, item 1).
+# bn-mlp without DDP's buffer broadcast: each replica's running statistics
+# are its own, so buffers leave the weight vote (the replay still checks them).
 @pytest.mark.parametrize("model,micro_batches,extra",
                          [("transformer", 2, []), ("bn-mlp", 1, []),
-                          ("center-mlp", 2, ["--grad_scaler=1024"])])
+                          ("center-mlp", 2, ["--grad_scaler=1024"]),
+                          ("bn-mlp", 2, ["--no_broadcast_buffers"])],
+                         ids=["transformer", "bn-mlp", "center-mlp-grad-scaler",
+                              "bn-mlp-no-broadcast"])
 def test_guarded_training_is_bit_identical_to_unguarded(tmp_path, sdcd, model, micro_batches,
                                                         extra):
     flags = ["--steps=12", f"--model={model}", f"--micro_batches={micro_batches}", *extra]
