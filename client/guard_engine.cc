@@ -42,7 +42,7 @@ constexpr int64_t kMaxDims = 6;
 constexpr int64_t kSlotsPerTensor = 3 + kMaxDims;
 
 // Tensors as one byte tensor (each one's bytes in order), for the peer
-// exchange; Unpack copies such bytes back into tensors of the same shapes.
+// exchange; UnpackBytes copies such bytes back into tensors of the same shapes.
 torch::Tensor PackBytes(const std::vector<torch::Tensor>& tensors, torch::Device device) {
   std::vector<torch::Tensor> bytes;
   for (const torch::Tensor& t : tensors) {
@@ -521,10 +521,10 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   }
   // What a replay peer can be sent (SendBatch's header), checked at every
   // step on every rank: refused at an audit, the job would wait on this rank.
-  if (3 + batch.size() * kSlotsPerTensor > kHeaderSlots) {
+  if (kLeadSlots + batch.size() * kSlotsPerTensor > kHeaderSlots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a micro-batch of ", batch.size(), " tensors: replay audits send at most ",
-        (kHeaderSlots - 3) / kSlotsPerTensor));
+        (kHeaderSlots - kLeadSlots) / kSlotsPerTensor));
   }
   for (const torch::Tensor& t : batch) {
     if (!t.defined()) return absl::InvalidArgumentError("a micro-batch tensor is undefined");
