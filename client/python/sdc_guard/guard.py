@@ -322,8 +322,10 @@ class Guard:
             [n for n, _ in frozen], [p for _, p in frozen])
         try:
             model.register_comm_hook(None, self._comm_hook)
-            # After DDP's buffer broadcast, before the module's own forward.
-            self._forward_hook = self.module.register_forward_pre_hook(self._before_forward)
+            # After DDP's buffer broadcast, before the module's own forward
+            # (BeginStep's copy serves a model without buffers: no hook).
+            self._forward_hook = (self.module.register_forward_pre_hook(self._before_forward)
+                                  if buffers else None)
         except Exception:
             self._core.shutdown(0.0)
             self._closed = True
