@@ -13,7 +13,7 @@ PACKAGES=(
   g++ clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
-  libgtest-dev libgmock-dev nlohmann-json3-dev patchelf
+  libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev patchelf
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev libgoogle-perftools-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
   python3-venv python3-dev python3-pip
