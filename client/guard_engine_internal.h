@@ -219,6 +219,33 @@ class GuardEngine::Impl {
   // The in-band audit of this step (check 2): exchanges, replays, reports,
   // the in-band verdict and the coordinator's. Fills `decision`.
   absl::Status Audit(StepDecision& decision, LocalView& view);
+  // Finish's parts, in the order it runs them (each collective in the same
+  // order on every rank).
+  struct ReducedCheck {
+    uint64_t nonfinite = 0;
+    double sum_squares = 0;
+    uint64_t digest = 0;  // Over the buckets in index order.
+    double ms = 0;
+  };
+  // Check 1 on the all-reduced buckets: non-finite count, squared norm, digest.
+  absl::StatusOr<ReducedCheck> CheckReduced(std::vector<std::pair<size_t, torch::Tensor>> reduced);
+  // On an audit step: an op without a deterministic implementation ran on
+  // some rank (one all-reduce tells all), so no replay can reproduce its
+  // gradients: audits stop for the job, on every rank alike. Returns why
+  // when they stop at this step, else empty.
+  absl::StatusOr<std::string> TurnAuditsOffIfNondeterministic(StepDecision& decision);
+  // A lone local NaN/Inf: one rank of another domain replays that
+  // micro-batch. Only a step of one micro-batch can be replayed as it ran:
+  // with accumulation the NaN may come from a later micro-batch nobody
+  // holds, and a finite replay of the first would wrongly clear the GPU;
+  // then no replay runs and sdcd keeps the rank a suspect.
+  absl::Status ConfirmLoneNonFinite(const Agreement& a);
+  // Restores a weight minority from the majority's source once every rank
+  // holds the verdict.
+  absl::Status RepairIfAgreed(const Agreement& a, StepDecision& decision);
+  // Applies the step (clipped when asked) or skips it (zeroed gradients),
+  // identically on every rank.
+  absl::Status ApplyOrSkip(StepDecision& decision);
   void Send(decltype(core::Report::body) body) {
     if (link_ != nullptr) link_->Send(step_, std::move(body));
   }

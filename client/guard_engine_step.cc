@@ -194,8 +194,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   StepDecision decision;
   decision.audited = audit_;
   LocalView view;
-  uint64_t local_nonfinite = 0, reduced_nonfinite = 0;
-  double sum_squares = 0;
+  uint64_t local_nonfinite = 0;
   std::vector<std::pair<size_t, torch::Tensor>> reduced;
   {
     absl::MutexLock lock(&mu_);
@@ -209,53 +208,16 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
         "step ", step_, ": no gradients were all-reduced (run the backward pass between "
         "BeginStep and Finish)"));
   }
-  std::sort(reduced.begin(), reduced.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  try {
-    // Check 1 after the all-reduce, and the digest every rank compares.
-    const absl::Time start = absl::Now();
-    std::vector<torch::Tensor> flats;
-    for (const auto& [index, t] : reduced) flats.push_back(t.detach().contiguous());
-    std::vector<kernels::ScanResult> scans;
-    ThrowIfFailed(ScanOnDevice(flats, &scans));
-    for (const auto& r : scans) {
-      reduced_nonfinite += r.nonfinite;
-      sum_squares += r.sum_squares;
-    }
-    std::vector<kernels::Fingerprint> fps;
-    ThrowIfFailed(FingerprintOnDevice(flats, &fps));
-    kernels::ModelDigestBuilder digest;
-    for (size_t i = 0; i < fps.size(); ++i) digest.Add(absl::StrCat("bucket.", reduced[i].first), fps[i]);
-    view.reduced_digest = digest.Finish();
-    decision.check1_ms += MsSince(start);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
-  }
+  absl::StatusOr<ReducedCheck> check = CheckReduced(std::move(reduced));
+  if (!check.ok()) return check.status();
+  decision.check1_ms += check->ms;
+  view.reduced_digest = check->digest;
   view.local_nonfinite = local_nonfinite > 0;
-  view.reduced_nonfinite = reduced_nonfinite > 0;
-  decision.grad_norm = std::sqrt(sum_squares);
+  view.reduced_nonfinite = check->nonfinite > 0;
+  decision.grad_norm = std::sqrt(check->sum_squares);
 
-  // An op without a deterministic implementation ran on some rank's audit
-  // step: no replay can reproduce its gradients, so audits stop for the
-  // job, on every rank alike (a replay's mismatch would blame healthy GPUs).
-  std::string audits_off_now;
-  if (audit_) {
-    const std::string alert = alerts_.Take();
-    if (!alert.empty()) NoteNondeterministic(alert);
-    std::vector<int64_t> seen = {nondeterministic_.empty() ? 0 : 1};
-    SDC_TORCH_TRY(AllReduceMax(*pg_, small_collectives_, seen));
-    if (seen[0] != 0) {
-      audits_off_ = nondeterministic_.empty() ? "another rank ran an op with no deterministic "
-                                                "implementation"
-                                              : nondeterministic_;
-      audits_off_now = audits_off_;
-      audit_ = false;
-      decision.audited = false;
-      decision.audit_outcome = "audits_off";
-      Log(absl::StrCat("replay audits are off for this job from step ", step_, ": ",
-                       audits_off_, " (non-finite checks and weight votes go on)"));
-    }
-  }
+  absl::StatusOr<std::string> audits_off_now = TurnAuditsOffIfNondeterministic(decision);
+  if (!audits_off_now.ok()) return audits_off_now.status();
 
   // Check 2: replay audit, compared in-band so every rank decides alike.
   if (audit_) {
@@ -278,71 +240,9 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   decision.apply = d.apply;
   decision.reason = d.reason;
 
-  // A lone local NaN/Inf: one rank of another domain replays that micro-batch.
-  // Only a step of one micro-batch can be replayed as it ran (its batch and
-  // RNG state): with accumulation the NaN may come from a later micro-batch
-  // nobody holds, and a finite replay of the first would wrongly confirm the
-  // GPU. Then no replay runs and the coordinator keeps the rank a suspect
-  // (targeted audits decide). Every rank of a DDP job accumulates alike, so
-  // all take the same branch.
-  const bool replayable = micro_batches_ == 1;
-  if (a.any_local_nonfinite && !a.all_local_nonfinite && a.highest_local_nonfinite_rank >= 0 &&
-      !replayable && rank_ == static_cast<uint32_t>(a.highest_local_nonfinite_rank)) {
-    Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step_, " (", micro_batches_,
-                     " micro-batches): not replayable as it ran, so not confirmed; a suspect"));
-  }
-  if (a.any_local_nonfinite && !a.all_local_nonfinite && a.highest_local_nonfinite_rank >= 0 &&
-      replayable) {
-    const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
-    std::optional<core::Rank> confirmer = core::ChooseConfirmer(*topology_, subject, step_);
-    if (confirmer.has_value()) {
-      auto confirmed = ExchangeAndReplay({{*confirmer, subject}}, 5000);
-      if (!confirmed.ok()) return confirmed.status();
-      if (confirmed->has_value()) {
-        core::AuditResult c;
-        c.role = core::AuditRole::kConfirm;
-        c.subject = subject;
-        c.loss_bits = (*confirmed)->second.loss_bits;
-        c.nonfinite = (*confirmed)->second.nonfinite;
-        Send(std::move(c));
-      }
-    }
-  }
-
-  // Repair a weight minority once every rank holds the verdict.
-  if (a.repair_step_known_by_all > repaired_step_ && a.repair_step_known_by_all == repair_step_) {
-    std::vector<torch::Tensor> all = Weights(/*live=*/true);
-    SDC_TORCH_TRY({
-      if (optimizer_state_) {
-        for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
-      }
-      Broadcast(all, repair_source_);
-    });
-    repaired_step_ = repair_step_;
-    decision.repaired = true;
-    ++summary_.repairs;
-    Log(absl::StrCat("weights, buffers and optimizer state restored from rank ", repair_source_));
-  }
-
-  // Apply (clipped, when asked) or skip (zeroed), identically everywhere.
-  try {
-    torch::NoGradGuard no_grad;
-    if (decision.apply && options_.max_grad_norm > 0 &&
-        decision.grad_norm > options_.max_grad_norm) {
-      decision.clip_coef = options_.max_grad_norm / (decision.grad_norm + 1e-6);
-    }
-    for (const torch::Tensor& p : params_) {
-      torch::Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (!decision.apply) {
-        g.zero_();
-      } else if (decision.clip_coef < 1) {
-        g.mul_(decision.clip_coef);
-      }
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
-  }
+  if (absl::Status s = ConfirmLoneNonFinite(a); !s.ok()) return s;
+  if (absl::Status s = RepairIfAgreed(a, decision); !s.ok()) return s;
+  if (absl::Status s = ApplyOrSkip(decision); !s.ok()) return s;
   RestoreDeterminism();
   ++summary_.steps;
   if (!decision.apply) {
@@ -356,15 +256,126 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   }
   core::StepReport report;
   report.local_nonfinite = local_nonfinite;
-  report.reduced_nonfinite = reduced_nonfinite;
-  report.reduced_sum_squares = sum_squares;
+  report.reduced_nonfinite = check->nonfinite;
+  report.reduced_sum_squares = check->sum_squares;
   report.reduced_digest = view.reduced_digest;
   report.applied = decision.apply;
   report.skip_reason = decision.reason;
   report.audit_unverified = decision.audit_unverified;
-  report.audits_off = audits_off_now;
+  report.audits_off = *audits_off_now;
   Send(std::move(report));
   return decision;
+}
+
+absl::StatusOr<GuardEngine::Impl::ReducedCheck> GuardEngine::Impl::CheckReduced(
+    std::vector<std::pair<size_t, torch::Tensor>> reduced) {
+  std::sort(reduced.begin(), reduced.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  ReducedCheck out;
+  const absl::Time start = absl::Now();
+  std::vector<torch::Tensor> flats;
+  std::vector<kernels::ScanResult> scans;
+  std::vector<kernels::Fingerprint> fps;
+  SDC_TORCH_TRY({
+    for (const auto& [index, t] : reduced) flats.push_back(t.detach().contiguous());
+    ThrowIfFailed(ScanOnDevice(flats, &scans));
+    ThrowIfFailed(FingerprintOnDevice(flats, &fps));
+  });
+  for (const auto& r : scans) {
+    out.nonfinite += r.nonfinite;
+    out.sum_squares += r.sum_squares;
+  }
+  kernels::ModelDigestBuilder digest;
+  for (size_t i = 0; i < fps.size(); ++i) digest.Add(absl::StrCat("bucket.", reduced[i].first), fps[i]);
+  out.digest = digest.Finish();
+  out.ms = MsSince(start);
+  return out;
+}
+
+absl::StatusOr<std::string> GuardEngine::Impl::TurnAuditsOffIfNondeterministic(
+    StepDecision& decision) {
+  if (!audit_) return std::string();
+  const std::string alert = alerts_.Take();
+  if (!alert.empty()) NoteNondeterministic(alert);
+  std::vector<int64_t> seen = {nondeterministic_.empty() ? 0 : 1};
+  SDC_TORCH_TRY(AllReduceMax(*pg_, small_collectives_, seen));
+  if (seen[0] == 0) return std::string();
+  audits_off_ = nondeterministic_.empty()
+                    ? "another rank ran an op with no deterministic implementation"
+                    : nondeterministic_;
+  audit_ = false;
+  decision.audited = false;
+  decision.audit_outcome = "audits_off";
+  Log(absl::StrCat("replay audits are off for this job from step ", step_, ": ", audits_off_,
+                   " (non-finite checks and weight votes go on)"));
+  return audits_off_;
+}
+
+absl::Status GuardEngine::Impl::ConfirmLoneNonFinite(const Agreement& a) {
+  if (!a.any_local_nonfinite || a.all_local_nonfinite || a.highest_local_nonfinite_rank < 0) {
+    return absl::OkStatus();
+  }
+  const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
+  // Every rank of a DDP job accumulates alike, so all take the same branch.
+  if (micro_batches_ != 1) {
+    if (rank_ == subject) {
+      Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step_, " (",
+                       micro_batches_,
+                       " micro-batches): not replayable as it ran, so not confirmed; a suspect"));
+    }
+    return absl::OkStatus();
+  }
+  std::optional<core::Rank> confirmer = core::ChooseConfirmer(*topology_, subject, step_);
+  if (!confirmer.has_value()) return absl::OkStatus();
+  auto confirmed = ExchangeAndReplay({{*confirmer, subject}}, 5000);
+  if (!confirmed.ok()) return confirmed.status();
+  if (confirmed->has_value()) {
+    core::AuditResult c;
+    c.role = core::AuditRole::kConfirm;
+    c.subject = subject;
+    c.loss_bits = (*confirmed)->second.loss_bits;
+    c.nonfinite = (*confirmed)->second.nonfinite;
+    Send(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GuardEngine::Impl::RepairIfAgreed(const Agreement& a, StepDecision& decision) {
+  if (a.repair_step_known_by_all <= repaired_step_ || a.repair_step_known_by_all != repair_step_) {
+    return absl::OkStatus();
+  }
+  std::vector<torch::Tensor> all = Weights(/*live=*/true);
+  SDC_TORCH_TRY({
+    if (optimizer_state_) {
+      for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
+    }
+    Broadcast(all, repair_source_);
+  });
+  repaired_step_ = repair_step_;
+  decision.repaired = true;
+  ++summary_.repairs;
+  Log(absl::StrCat("weights, buffers and optimizer state restored from rank ", repair_source_));
+  return absl::OkStatus();
+}
+
+absl::Status GuardEngine::Impl::ApplyOrSkip(StepDecision& decision) {
+  torch::NoGradGuard no_grad;
+  if (decision.apply && options_.max_grad_norm > 0 &&
+      decision.grad_norm > options_.max_grad_norm) {
+    decision.clip_coef = options_.max_grad_norm / (decision.grad_norm + 1e-6);
+  }
+  SDC_TORCH_TRY({
+    for (const torch::Tensor& p : params_) {
+      torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (!decision.apply) {
+        g.zero_();
+      } else if (decision.clip_coef < 1) {
+        g.mul_(decision.clip_coef);
+      }
+    }
+  });
+  return absl::OkStatus();
 }
 
 }  // namespace sdc::client
