@@ -148,15 +148,9 @@ TEST(GuardTest, InBandFallbackVetoesTheCheckpointAfterAFailedCheck) {
   guard.Shutdown(absl::ZeroDuration());
 }
 
-// Issue 24, item 8: only Adam's and AdamW's two moments and SGD's momentum
-// were read; amsgrad's max_exp_avg_sq, RMSprop and Adagrad gave nothing,
-// silently. Every libtorch optimizer's per-parameter tensors are read now,
-// and another state type is named rather than skipped in silence.
-// Issue 24, item 13: audit steps ran deterministic algorithms with
-// warn_only off, so a model using an op without a deterministic
-// implementation (put_ here) failed its first audit step ("libtorch: put_
-// does not have a deterministic implementation"). Now the step trains, and
-// audits are off for the job from then on.
+// A model using an op without a deterministic implementation (put_ here)
+// trains through its first audit step (deterministic algorithms run
+// warn-only), and audits are off for the job from then on.
 TEST(GuardTest, AnOpWithoutADeterministicImplementationTurnsAuditsOff) {
   auto pg = OneRankGroup("nondeterministic");
   torch::nn::Linear model(4, 2);

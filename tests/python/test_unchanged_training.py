@@ -67,10 +67,8 @@ def test_a_corrupted_frozen_parameter_is_caught_and_repaired(tmp_path, sdcd):
 
 
 def test_an_op_without_a_deterministic_implementation_turns_audits_off(tmp_path, sdcd):
-    # Issue 24, item 13: audit steps forced deterministic algorithms with
-    # warn_only=False, so a model using such an op (put_ here) raised at the
-    # first audit step and training stopped. Now the first audit step notices
-    # it on every rank, turns audits off for the job and trains on; sdcd
+    # A model using such an op (put_ here): the first audit step notices it
+    # on every rank, turns audits off for the job and trains on; sdcd
     # records why (one incident naming no GPU) and vetoes nothing for it.
     flags = ["--steps=8", "--model=put-mlp", "--checkpoint_every=4"]
     env = {"SDC_JOB_ID": "put", "SDC_COORDINATOR": sdcd.trainer_address,
