@@ -186,56 +186,14 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
 }
 
 absl::Status Coordinator::Apply(JobState& job, const Report& r, Txn& txn) {
-  const uint32_t group_id = RankOf(job, r.rank).placement.replica_group;
-  GroupState& group = job.groups[group_id];
+  GroupState& group = job.groups[RankOf(job, r.rank).placement.replica_group];
   if (const auto* s = std::get_if<StepReport>(&r.body)) {
-    const RankRecord& rank = RankOf(job, r.rank);
-    if (!replaying_ && rank.has_last_step && r.step <= rank.last_step) {
-      if (r.step == rank.last_step) {
-        return absl::AlreadyExistsError(absl::StrCat("step report for step ", r.step,
-                                                     " from rank ", r.rank, " already received"));
-      }
-      return absl::InvalidArgumentError(
-          absl::StrCat("out-of-order step: rank ", r.rank, " reported step ", r.step,
-                       " after step ", rank.last_step));
-    }
-    if (!replaying_) txn.mutation.pending_added.push_back(r);
-    ApplyStepReport(job, group, r, *s, txn);
-    return absl::OkStatus();
+    return ApplyStepReport(job, group, r, *s, txn);
   }
   if (const auto* a = std::get_if<AuditResult>(&r.body)) {
     return ApplyAudit(job, group, r, *a, txn);
   }
-  const auto& w = std::get<WeightReport>(r.body);
-  if (w.tensors_elided && !w.tensors.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight report from rank ", r.rank, " says a relay elided its tensors but carries ",
-        w.tensors.size()));
-  }
-  // Stored copies keep tensors only for the first report of each digest,
-  // and a relay elides those of a digest it already carried.
-  const bool digest_only = (replaying_ || w.tensors_elided) && w.tensors.empty();
-  if (!digest_only && w.tensors.size() != group.record.weight_tensors.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight report from rank ", r.rank, " has ", w.tensors.size(),
-        " tensors; the layout of replica group ", group_id, " has ",
-        group.record.weight_tensors.size()));
-  }
-  auto pending = job.weights.find({group_id, r.step});
-  if (pending != job.weights.end() && pending->second.voted.count(r.rank) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "weight report for step ", r.step, " from rank ", r.rank, " already received"));
-  }
-  if (pending == job.weights.end()) {
-    auto verdict = job.ledger.find(r.step);
-    if (verdict != job.ledger.end() && verdict->second.weights.count(group_id) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "the weight check of step ", r.step, " is already decided; rank ", r.rank,
-          "'s report is late"));
-    }
-  }
-  ApplyWeights(job, group, r, w, txn);
-  return absl::OkStatus();
+  return ApplyWeights(job, group, r, std::get<WeightReport>(r.body), txn);
 }
 
 Effects Coordinator::Tick() {

@@ -59,35 +59,15 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
         " parameters"));
   }
   if (a.subject >= job.record.world_size ||
-      // Ascending: a linear search here was O(world) per audit result.
+      // members is ascending: O(log world) per audit result.
       !std::binary_search(group.members.begin(), group.members.end(), a.subject)) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", a.subject,
                                                    " is not in rank ", r.rank,
                                                    "'s replica group"));
   }
+  // Check 1's in-band replay of a lone NaN/Inf (see step_checks.cc).
+  if (a.role == AuditRole::kConfirm) return ApplyConfirmation(job, group, r, a, txn);
   Evidence evidence{a.loss_bits, a.gradient_digest, a.gradients};
-  if (a.role == AuditRole::kConfirm) {
-    if (a.subject == r.rank) {
-      return absl::InvalidArgumentError("a confirmation replay must be of another rank");
-    }
-    auto ps = job.steps.find({group.record.group, r.step});
-    if (ps != job.steps.end() && ps->second.confirms.count(a.subject) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "confirmation of rank ", a.subject, "'s micro-batch at step ", r.step,
-          " already received"));
-    }
-    if (!replaying_) txn.mutation.pending_added.push_back(r);
-    if (ps == job.steps.end()) {
-      // The step was decided without it (deadline): nothing left to confirm.
-      if (!replaying_) txn.mutation.pending_removed.push_back(KeyOf(r));
-      return absl::OkStatus();
-    }
-    ps->second.confirms[a.subject] = {r.rank, a.nonfinite};
-    ps->second.keys.push_back(KeyOf(r));
-    MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
-    return absl::OkStatus();
-  }
-
   const std::tuple<uint32_t, Step, uint64_t> key{group.record.group, r.step, a.plan_id};
   auto existing = job.audits.find(key);
   PendingAudit* pa = existing == job.audits.end() ? nullptr : &existing->second;

@@ -36,9 +36,19 @@ std::vector<DigestBallot> BallotsOf(const std::map<uint64_t, std::vector<Rank>>&
 
 }  // namespace
 
-void Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report& r,
-                                  const StepReport& s, Txn& txn) {
+absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report& r,
+                                          const StepReport& s, Txn& txn) {
   RankRecord& rank = RankOf(job, r.rank);
+  if (!replaying_ && rank.has_last_step && r.step <= rank.last_step) {
+    if (r.step == rank.last_step) {
+      return absl::AlreadyExistsError(absl::StrCat("step report for step ", r.step,
+                                                   " from rank ", r.rank, " already received"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("out-of-order step: rank ", r.rank, " reported step ", r.step,
+                     " after step ", rank.last_step));
+  }
+  if (!replaying_) txn.mutation.pending_added.push_back(r);
   if (!replaying_ && rank.resumed && r.step <= rank.last_step) {
     // A restarted rank resumes at or below its last step: the job rolled
     // back to a checkpoint, and the verdicts of the abandoned steps are void.
@@ -65,6 +75,30 @@ void Coordinator::ApplyStepReport(JobState& job, GroupState& group, const Report
   ps.keys.push_back(KeyOf(r));
   if (!s.audits_off.empty() && !replaying_) NoteAuditsOff(job, group, r.step, s.audits_off, txn);
   MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::ApplyConfirmation(JobState& job, GroupState& group, const Report& r,
+                                            const AuditResult& a, Txn& txn) {
+  if (a.subject == r.rank) {
+    return absl::InvalidArgumentError("a confirmation replay must be of another rank");
+  }
+  auto ps = job.steps.find({group.record.group, r.step});
+  if (ps != job.steps.end() && ps->second.confirms.count(a.subject) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "confirmation of rank ", a.subject, "'s micro-batch at step ", r.step,
+        " already received"));
+  }
+  if (!replaying_) txn.mutation.pending_added.push_back(r);
+  if (ps == job.steps.end()) {
+    // The step was decided without it (deadline): nothing left to confirm.
+    if (!replaying_) txn.mutation.pending_removed.push_back(KeyOf(r));
+    return absl::OkStatus();
+  }
+  ps->second.confirms[a.subject] = {r.rank, a.nonfinite};
+  ps->second.keys.push_back(KeyOf(r));
+  MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
+  return absl::OkStatus();
 }
 
 // Every rank of a job that turns its audits off says so on the same step:

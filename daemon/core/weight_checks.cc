@@ -28,8 +28,36 @@ uint64_t WeightVoteDigest(const WeightReport& w) {
 
 }  // namespace
 
-void Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r,
-                               const WeightReport& w, Txn& txn) {
+absl::Status Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r,
+                                       const WeightReport& w, Txn& txn) {
+  const uint32_t group_id = RankOf(job, r.rank).placement.replica_group;
+  if (w.tensors_elided && !w.tensors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight report from rank ", r.rank, " says a relay elided its tensors but carries ",
+        w.tensors.size()));
+  }
+  // Stored copies keep tensors only for the first report of each digest,
+  // and a relay elides those of a digest it already carried.
+  const bool digest_only = (replaying_ || w.tensors_elided) && w.tensors.empty();
+  if (!digest_only && w.tensors.size() != group.record.weight_tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight report from rank ", r.rank, " has ", w.tensors.size(),
+        " tensors; the layout of replica group ", group_id, " has ",
+        group.record.weight_tensors.size()));
+  }
+  auto pending = job.weights.find({group_id, r.step});
+  if (pending != job.weights.end() && pending->second.voted.count(r.rank) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "weight report for step ", r.step, " from rank ", r.rank, " already received"));
+  }
+  if (pending == job.weights.end()) {
+    auto verdict = job.ledger.find(r.step);
+    if (verdict != job.ledger.end() && verdict->second.weights.count(group_id) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "the weight check of step ", r.step, " is already decided; rank ", r.rank,
+          "'s report is late"));
+    }
+  }
   auto [it, fresh] = job.weights.try_emplace({group.record.group, r.step});
   PendingWeights& pw = it->second;
   if (fresh) {
@@ -65,6 +93,7 @@ void Coordinator::ApplyWeights(JobState& job, GroupState& group, const Report& r
   pw.voted.insert(r.rank);
   pw.keys.push_back(KeyOf(r));
   MaybeFinalizeWeights(job, group, r.step, /*deadline=*/false, txn);
+  return absl::OkStatus();
 }
 
 void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step step,
