@@ -414,6 +414,30 @@ class Coordinator {
   void MaybeFinalizeAudit(JobState& job, GroupState& group,
                           const std::tuple<uint32_t, Step, uint64_t>& key, bool deadline,
                           Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs Attribute over the audit's results. When attribution needs
+  // tie-breaks, sends them and, unless `deadline`, an interim verdict.
+  // Returns true when the audit now waits for tie-break results.
+  // REQUIRES: pa.verdict is unset.
+  bool AttributeAudit(JobState& job, GroupState& group, PendingAudit& pa, Step step,
+                      bool deterministic, bool deadline, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The final outcome, faulty ranks, suspects and notes of an audit.
+  struct AuditFindings;
+  // Settles an attributed audit's tie-breaks: each names the subject or the
+  // replayer faulty, or leaves both suspect (as does a result that never
+  // arrived). Pure. REQUIRES: pa.verdict is set.
+  static AuditFindings SettleAudit(const PendingAudit& pa, bool deterministic);
+  // Records the incidents of a decided audit; returns the one its verdict
+  // names (the first faulty rank's), 0 for none.
+  uint64_t RecordAuditIncidents(JobState& job, GroupState& group, Step step,
+                                const AuditFindings& findings, const std::string& explanation,
+                                const std::vector<std::string>& differing, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks targeted plan `plan_id` done and, while its suspect has chances
+  // left and was not found faulty, schedules the next.
+  void FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
+                           const std::set<Rank>& faulty, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends a targeted audit plan for `suspect`, using one of its chances;
   // nothing when it has none left. REQUIRES: `suspect` is in suspects_.
   void ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,

@@ -167,6 +167,13 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   return absl::OkStatus();
 }
 
+struct Coordinator::AuditFindings {
+  AuditOutcome outcome = AuditOutcome::kPass;
+  std::set<Rank> faulty;
+  std::set<Rank> suspects;
+  std::vector<std::string> notes;  // Attribution's explanation, then the tie-breaks'.
+};
+
 void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
                                      const std::tuple<uint32_t, Step, uint64_t>& key,
                                      bool deadline, Txn& txn) {
@@ -187,33 +194,9 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   bool deterministic = true;
   for (Rank r : group.members) deterministic = deterministic && RankOf(job, r).deterministic;
 
-  if (!pa.verdict.has_value()) {
-    AuditInput input;
-    input.plan = &pa.plan;
-    input.topology = &TopologyOf(job, group);
-    input.originals = &pa.originals;
-    input.replays = &pa.replays;
-    input.compare_gradients = deterministic;
-    input.salt = step;
-    pa.verdict = Attribute(input);
-    if (pa.verdict->outcome == AuditOutcome::kTieBreakPending) {
-      for (const TieBreak& t : pa.verdict->tiebreaks) {
-        pa.tiebreaks.push_back({t, std::nullopt});
-        txn.effects.messages.push_back(
-            {job.record.job_id, group.members, TieBreakMessage{step, t.subject, t.tiebreaker}});
-      }
-      if (!deadline) {
-        AuditVerdictMessage interim;
-        interim.step = step;
-        interim.outcome = AuditOutcome::kTieBreakPending;
-        interim.faulty = pa.verdict->faulty;
-        interim.suspects = pa.verdict->suspects;
-        interim.differing_tensors = TensorNames(group, pa.verdict->differing_parameters);
-        interim.explanation = pa.verdict->explanation;
-        txn.effects.messages.push_back({job.record.job_id, group.members, std::move(interim)});
-        return;
-      }
-    }
+  if (!pa.verdict.has_value() &&
+      AttributeAudit(job, group, pa, step, deterministic, deadline, txn)) {
+    return;  // Tie-breaks were sent.
   }
   bool resolved = true;
   for (const PendingTieBreak& t : pa.tiebreaks) resolved = resolved && t.result.has_value();
@@ -221,9 +204,82 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
 
   // Final verdict.
   const AuditVerdict& v = *pa.verdict;
-  std::set<Rank> faulty(v.faulty.begin(), v.faulty.end());
-  std::set<Rank> suspects;
-  std::vector<std::string> notes = {v.explanation};
+  const AuditFindings findings = SettleAudit(pa, deterministic);
+  const AuditOutcome outcome = findings.outcome;
+  const std::set<Rank>& faulty = findings.faulty;
+  const std::set<Rank>& suspects = findings.suspects;
+  const std::vector<std::string> differing = TensorNames(group, v.differing_parameters);
+  const std::string explanation = absl::StrJoin(findings.notes, "; ");
+
+  StepVerdict verdict;
+  verdict.job_id = job.record.job_id;
+  verdict.group = group.record.group;
+  verdict.step = step;
+  verdict.check = CheckKind::kReplay;
+  verdict.complete = v.missing.empty();
+  verdict.failed = IsFailure(outcome);
+  verdict.incident_id =
+      RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
+  verdict.summary = verdict.failed
+                        ? absl::StrCat(AuditOutcomeName(outcome), ": ", explanation,
+                                       verdict.incident_id != 0
+                                           ? absl::StrCat(" (incident ", verdict.incident_id, ")")
+                                           : "")
+                        : v.explanation;
+  AuditVerdictMessage msg;
+  msg.step = step;
+  msg.outcome = outcome;
+  msg.faulty = {faulty.begin(), faulty.end()};
+  msg.suspects = ToVector(suspects);
+  msg.differing_tensors = differing;
+  msg.explanation = explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
+  txn.effects.checks.push_back(
+      {CheckKind::kReplay, AuditOutcomeName(outcome), clock_->Now() - pa.first_seen});
+  RecordVerdict(job, std::move(verdict), txn);
+
+  if (pa.plan_id != 0) FinishTargetedAudit(job, group, pa.plan_id, faulty, txn);
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
+  job.audits.erase(it);
+}
+
+bool Coordinator::AttributeAudit(JobState& job, GroupState& group, PendingAudit& pa, Step step,
+                                 bool deterministic, bool deadline, Txn& txn) {
+  AuditInput input;
+  input.plan = &pa.plan;
+  input.topology = &TopologyOf(job, group);
+  input.originals = &pa.originals;
+  input.replays = &pa.replays;
+  input.compare_gradients = deterministic;
+  input.salt = step;
+  pa.verdict = Attribute(input);
+  if (pa.verdict->outcome != AuditOutcome::kTieBreakPending) return false;
+  for (const TieBreak& t : pa.verdict->tiebreaks) {
+    pa.tiebreaks.push_back({t, std::nullopt});
+    txn.effects.messages.push_back(
+        {job.record.job_id, group.members, TieBreakMessage{step, t.subject, t.tiebreaker}});
+  }
+  if (deadline) return false;
+  AuditVerdictMessage interim;
+  interim.step = step;
+  interim.outcome = AuditOutcome::kTieBreakPending;
+  interim.faulty = pa.verdict->faulty;
+  interim.suspects = pa.verdict->suspects;
+  interim.differing_tensors = TensorNames(group, pa.verdict->differing_parameters);
+  interim.explanation = pa.verdict->explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(interim)});
+  return true;
+}
+
+Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool deterministic) {
+  const AuditVerdict& v = *pa.verdict;
+  AuditFindings out;
+  std::set<Rank>& faulty = out.faulty;
+  std::set<Rank>& suspects = out.suspects;
+  std::vector<std::string>& notes = out.notes;
+  faulty.insert(v.faulty.begin(), v.faulty.end());
+  notes.push_back(v.explanation);
   AuditOutcome outcome = v.outcome;
   if (outcome == AuditOutcome::kTieBreakPending || outcome == AuditOutcome::kInconclusive ||
       outcome == AuditOutcome::kFaulty) {
@@ -272,23 +328,25 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   } else if (outcome == AuditOutcome::kAttributionImpossible) {
     suspects.insert(v.suspects.begin(), v.suspects.end());
   }
-  const std::vector<std::string> differing = TensorNames(group, v.differing_parameters);
-  const std::string explanation = absl::StrJoin(notes, "; ");
+  out.outcome = outcome;
+  return out;
+}
 
-  StepVerdict verdict;
-  verdict.job_id = job.record.job_id;
-  verdict.group = group.record.group;
-  verdict.step = step;
-  verdict.check = CheckKind::kReplay;
-  verdict.complete = v.missing.empty();
-  verdict.failed = IsFailure(outcome);
+uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Step step,
+                                           const AuditFindings& findings,
+                                           const std::string& explanation,
+                                           const std::vector<std::string>& differing, Txn& txn) {
+  const AuditOutcome outcome = findings.outcome;
+  const std::set<Rank>& faulty = findings.faulty;
+  const std::set<Rank>& suspects = findings.suspects;
+  uint64_t incident_id = 0;
   switch (outcome) {
     case AuditOutcome::kFaulty: {
       for (Rank r : faulty) {
         const Incident& inc = RecordIncident(
             job, group, step, CheckKind::kReplay, "faulty", {r}, true,
             absl::StrCat(Describe(job, r), " is faulty: ", explanation), differing, txn);
-        if (verdict.incident_id == 0) verdict.incident_id = inc.id;
+        if (incident_id == 0) incident_id = inc.id;
       }
       if (!suspects.empty()) {
         RecordIncident(job, group, step, CheckKind::kReplay, "suspect", ToVector(suspects),
@@ -302,13 +360,13 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
           job, group, step, CheckKind::kReplay,
           outcome == AuditOutcome::kInconclusive ? "inconclusive" : "attribution_impossible",
           ToVector(suspects), false, explanation, differing, txn);
-      verdict.incident_id = inc.id;
+      incident_id = inc.id;
       break;
     }
     case AuditOutcome::kSystemic: {
       const Incident& inc = RecordIncident(job, group, step, CheckKind::kReplay, "systemic",
                                            {}, false, explanation, differing, txn);
-      verdict.incident_id = inc.id;
+      incident_id = inc.id;
       break;
     }
     case AuditOutcome::kPass:
@@ -316,40 +374,22 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
     case AuditOutcome::kTieBreakPending:
       break;
   }
-  verdict.summary = verdict.failed
-                        ? absl::StrCat(AuditOutcomeName(outcome), ": ", explanation,
-                                       verdict.incident_id != 0
-                                           ? absl::StrCat(" (incident ", verdict.incident_id, ")")
-                                           : "")
-                        : v.explanation;
-  AuditVerdictMessage msg;
-  msg.step = step;
-  msg.outcome = outcome;
-  msg.faulty = {faulty.begin(), faulty.end()};
-  msg.suspects = ToVector(suspects);
-  msg.differing_tensors = differing;
-  msg.explanation = explanation;
-  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
-  txn.effects.checks.push_back(
-      {CheckKind::kReplay, AuditOutcomeName(outcome), clock_->Now() - pa.first_seen});
-  RecordVerdict(job, std::move(verdict), txn);
+  return incident_id;
+}
 
-  // A targeted audit is one of the suspect's chances to be cleared or
-  // confirmed; schedule the next while chances remain.
-  if (pa.plan_id != 0) {
-    PlanRecord& plan = job.plans[pa.plan_id];
-    plan.done = true;
-    txn.mutation.plans.push_back(plan);
-    const Rank suspect = plan.suspect;
-    const std::string& gpu = RankOf(job, suspect).placement.gpu_uuid;
-    auto s = suspects_.find(gpu);
-    if (s != suspects_.end() && !faulty.count(suspect) && s->second.targeted_audits_left > 0) {
-      ScheduleTargetedAudit(job, group, suspect, s->second.reason, txn);
-    }
+// A targeted audit is one of the suspect's chances to be cleared or
+// confirmed; schedule the next while chances remain.
+void Coordinator::FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
+                                      const std::set<Rank>& faulty, Txn& txn) {
+  PlanRecord& plan = job.plans[plan_id];
+  plan.done = true;
+  txn.mutation.plans.push_back(plan);
+  const Rank suspect = plan.suspect;
+  const std::string& gpu = RankOf(job, suspect).placement.gpu_uuid;
+  auto s = suspects_.find(gpu);
+  if (s != suspects_.end() && !faulty.count(suspect) && s->second.targeted_audits_left > 0) {
+    ScheduleTargetedAudit(job, group, suspect, s->second.reason, txn);
   }
-  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
-                                  CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
-  job.audits.erase(it);
 }
 
 void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,
