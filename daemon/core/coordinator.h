@@ -394,6 +394,23 @@ class Coordinator {
   // NaN/Inf was replayed), or when `deadline` with what arrived; else waits.
   void MaybeFinalizeStep(JobState& job, GroupState& group, Step step, bool deadline,
                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The failures a step's checks found: explanations, first incident.
+  struct StepFailures;
+  // Check 1's cross-rank part: did every member receive the same reduced
+  // gradients? Records a minority as suspects (the bad data may come from
+  // elsewhere in the all-reduce); returns the vote's outcome.
+  VoteOutcome CheckReducedGradients(JobState& job, GroupState& group, Step step,
+                                    const PendingStep& ps, absl::Duration latency,
+                                    StepFailures& found, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Check 1's local part: whose NaN/Inf a replay confirmed (faulty), whose
+  // it reproduced (data or software), whose nobody replayed (suspect); and
+  // NaN/Inf that only the all-reduce produced. `local`: ranks with local
+  // NaN/Inf, ascending; `reduced`: CheckReducedGradients' outcome.
+  void CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
+                      const std::vector<Rank>& local, VoteOutcome reduced,
+                      absl::Duration latency, StepFailures& found, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // replay_audits.cc: check 2 (replay audits, attribution, tie-breaks).
   //

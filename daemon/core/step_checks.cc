@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/core/coordinator_internal.h"
@@ -32,6 +33,16 @@ std::vector<DigestBallot> BallotsOf(const std::map<uint64_t, std::vector<Rank>>&
     out.push_back({digest, rs, t == tensors.end() ? nullptr : t->second});
   }
   return out;
+}
+
+// The members, in order, that are not in `reported`.
+std::vector<Rank> Unreported(const std::vector<Rank>& members,
+                             const absl::flat_hash_set<Rank>& reported) {
+  std::vector<Rank> m;
+  for (Rank r : members) {
+    if (!reported.count(r)) m.push_back(r);
+  }
+  return m;
 }
 
 }  // namespace
@@ -117,6 +128,17 @@ void Coordinator::NoteAuditsOff(JobState& job, GroupState& group, Step step,
   txn.effects.notes.push_back(absl::StrCat("job ", EchoJobId(job.record.job_id), ": ", explanation));
 }
 
+// The failures one step's checks found, as its verdict lists them.
+struct Coordinator::StepFailures {
+  std::vector<std::string> failures;
+  uint64_t first_incident = 0;
+
+  void Note(const Incident& inc) {
+    failures.push_back(absl::StrCat(inc.explanation, " (incident ", inc.id, ")"));
+    if (first_incident == 0) first_incident = inc.id;
+  }
+};
+
 void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
                                     bool deadline, Txn& txn) {
   auto it = job.steps.find({group.record.group, step});
@@ -142,16 +164,28 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   verdict.check = CheckKind::kNonFinite;
   verdict.complete = complete;
   verdict.applied = !ps.applied.empty();
-  std::vector<std::string> failures;
-  uint64_t first_incident = 0;
-  auto note = [&](const Incident& inc) {
-    failures.push_back(absl::StrCat(inc.explanation, " (incident ", inc.id, ")"));
-    if (first_incident == 0) first_incident = inc.id;
-  };
+  StepFailures found;
   const absl::Duration latency = clock_->Now() - ps.first_seen;
+  const VoteOutcome reduced = CheckReducedGradients(job, group, step, ps, latency, found, txn);
+  CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
+  if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
 
-  // Check 1, cross-rank part: did every rank receive the same reduced
-  // gradients?
+  verdict.failed = !found.failures.empty();
+  verdict.incident_id = found.first_incident;
+  verdict.summary = !found.failures.empty() ? absl::StrJoin(found.failures, "; ")
+                    : complete              ? "pass"
+                                            : absl::StrCat("missing ranks ",
+                                                           RankList(Unreported(group.members,
+                                                                               ps.reported)));
+  RecordVerdict(job, std::move(verdict), txn);
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kNonFinite, 0, std::move(ps.keys)});
+  job.steps.erase(it);
+}
+
+VoteOutcome Coordinator::CheckReducedGradients(JobState& job, GroupState& group, Step step,
+                                               const PendingStep& ps, absl::Duration latency,
+                                               StepFailures& found, Txn& txn) {
   std::map<uint64_t, std::vector<Rank>> by_digest;
   for (const auto& [digest, ballot] : ps.reduced) by_digest[digest] = ballot.ranks;
   const VoteResult reduced = Vote(group.members, BallotsOf(by_digest, {}));
@@ -161,7 +195,7 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
     // sender, a link, a switch): the minority are suspects, and targeted
     // audits of their own computation confirm or clear them.
     reduced_result = "suspect";
-    note(RecordIncident(
+    found.Note(RecordIncident(
         job, group, step, CheckKind::kReducedGradients, "suspect", reduced.minority,
         /*confirmed=*/false,
         absl::StrCat("rank(s) ", RankList(reduced.minority),
@@ -172,31 +206,36 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
         {}, txn));
   } else if (reduced.outcome == VoteOutcome::kNoMajority) {
     reduced_result = "no_majority";
-    note(RecordIncident(job, group, step, CheckKind::kReducedGradients, "no_majority", {},
-                        false,
-                        absl::StrCat("reduced gradients differ across ranks and no value has a "
-                                     "strict majority of ",
-                                     group.members.size()),
-                        {}, txn));
+    found.Note(RecordIncident(job, group, step, CheckKind::kReducedGradients, "no_majority", {},
+                              false,
+                              absl::StrCat("reduced gradients differ across ranks and no value "
+                                           "has a strict majority of ",
+                                           group.members.size()),
+                              {}, txn));
   } else if (reduced.outcome == VoteOutcome::kIncomplete) {
     reduced_result = "incomplete";
   }
   txn.effects.checks.push_back({CheckKind::kReducedGradients, reduced_result, latency});
+  return reduced.outcome;
+}
 
-  // Check 1, local part.
+void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
+                                 const PendingStep& ps, const std::vector<Rank>& local,
+                                 VoteOutcome reduced, absl::Duration latency,
+                                 StepFailures& found, Txn& txn) {
   std::string nonfinite_result = "pass";
   if (!local.empty() && local.size() == group.members.size()) {
     nonfinite_result = "all_ranks";
-    note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
-                        "every rank's local gradients had NaN/Inf: the model or its data, "
-                        "not one GPU",
-                        {}, txn));
+    found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
+                              "every rank's local gradients had NaN/Inf: the model or its "
+                              "data, not one GPU",
+                              {}, txn));
   } else {
     for (Rank r : local) {
       auto c = ps.confirms.find(r);
       if (c != ps.confirms.end() && c->second.second == 0) {
         nonfinite_result = "faulty";
-        note(RecordIncident(
+        found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "faulty", {r}, true,
             absl::StrCat(Describe(job, r), " had NaN/Inf in its local gradients; ",
                          Describe(job, c->second.first),
@@ -204,55 +243,38 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
             {}, txn));
       } else if (c != ps.confirms.end()) {
         if (nonfinite_result == "pass") nonfinite_result = "reproduced";
-        note(RecordIncident(
+        found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "reproduced", {}, false,
             absl::StrCat(Describe(job, c->second.first), " reproduced the NaN/Inf of rank ", r,
                          "'s micro-batch: the data or the software, not the GPU"),
             {}, txn));
       } else {
         if (nonfinite_result == "pass") nonfinite_result = "suspect";
-        note(RecordIncident(job, group, step, CheckKind::kNonFinite, "suspect", {r}, false,
-                            absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
-                                         " only; no replay confirmed it"),
-                            {}, txn));
+        found.Note(RecordIncident(
+            job, group, step, CheckKind::kNonFinite, "suspect", {r}, false,
+            absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
+                         " only; no replay confirmed it"),
+            {}, txn));
       }
     }
   }
   if (local.empty() && !ps.reduced_nonfinite.empty()) {
     if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
-      note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,
-                          "every rank's reduced gradients had NaN/Inf but no rank's local "
-                          "gradients did: the all-reduce produced them",
-                          {}, txn));
-    } else if (reduced.outcome != VoteOutcome::kMinority) {
+      found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,
+                                "every rank's reduced gradients had NaN/Inf but no rank's "
+                                "local gradients did: the all-reduce produced them",
+                                {}, txn));
+    } else if (reduced != VoteOutcome::kMinority) {
       nonfinite_result = "suspect";
       const std::vector<Rank> ranks = ToVector(ps.reduced_nonfinite);
-      note(RecordIncident(job, group, step, CheckKind::kNonFinite, "suspect", ranks, false,
-                          absl::StrCat("only rank(s) ", RankList(ranks),
-                                       " received NaN/Inf from the all-reduce"),
-                          {}, txn));
+      found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "suspect", ranks, false,
+                                absl::StrCat("only rank(s) ", RankList(ranks),
+                                             " received NaN/Inf from the all-reduce"),
+                                {}, txn));
     }
   }
   txn.effects.checks.push_back({CheckKind::kNonFinite, nonfinite_result, latency});
-  if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
-
-  verdict.failed = !failures.empty();
-  verdict.incident_id = first_incident;
-  verdict.summary = failures.empty() ? (complete ? "pass"
-                                                 : absl::StrCat("missing ranks ",
-                                                                RankList([&] {
-                                                                  std::vector<Rank> m;
-                                                                  for (Rank r : group.members)
-                                                                    if (!ps.reported.count(r))
-                                                                      m.push_back(r);
-                                                                  return m;
-                                                                }())))
-                                     : absl::StrJoin(failures, "; ");
-  RecordVerdict(job, std::move(verdict), txn);
-  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
-                                  CheckKind::kNonFinite, 0, std::move(ps.keys)});
-  job.steps.erase(it);
 }
 
 }  // namespace sdc::core
