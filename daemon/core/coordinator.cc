@@ -21,8 +21,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/model_digest.h"
 #include "daemon/core/coordinator_internal.h"
+#include "kernels/model_digest.h"
 
 namespace sdc::core {
 

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/model_digest.h"
 #include "daemon/core/coordinator_internal.h"
+#include "kernels/model_digest.h"
 
 namespace sdc::core {
 
