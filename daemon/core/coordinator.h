@@ -254,8 +254,8 @@ class Coordinator {
   struct PendingStep {
     absl::Time first_seen;
     std::map<uint64_t, Ballot> reduced;  // By reduced-gradient digest.
-    // Hash sets where only membership counts: 16,384 ranks a step made
-    // ordered sets' node allocations and rebalancing show in profiles.
+    // Hash sets where only membership counts: at 16,384 ranks a step,
+    // ordered sets' node allocations and rebalancing are measurable.
     absl::flat_hash_set<Rank> reported;
     std::set<Rank> local_nonfinite;    // Ordered: named in verdicts.
     std::set<Rank> reduced_nonfinite;
@@ -327,70 +327,181 @@ class Coordinator {
     Effects effects;
   };
 
+  // Every private member below REQUIRES mu_ (annotated where the analysis
+  // can check it); each groups under the file that defines it.
+
+  // coordinator.cc: routing, persistence and lookups the checks share.
+  //
+  // OK, or why `r` cannot be taken (the codes Ingest documents), judged
+  // without reading the check it feeds.
+  absl::Status ValidateReport(const JobState& job, const Report& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Hands a validated report to the check it feeds. On error nothing of the
+  // state or `txn` changed.
+  absl::Status Apply(JobState& job, const Report& r, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persists and returns the effects; the store's error if it refused.
+  absl::StatusOr<Effects> Commit(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: `rank` said Hello.
+  RankRecord& RankOf(JobState& job, Rank rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the job said Hello at least once (so groups are complete).
+  static bool AllAttached(const JobState& job);
+  // The group's failure domains. Exclusive: it may fill the group's cached
+  // topology. REQUIRES: every member said Hello.
+  const Topology& TopologyOf(const JobState& job, const GroupState& group) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "rank 3 (GPU-... on node-1)", or "rank 3" for a rank without a Hello.
+  std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The layout's names of tensors `indices` ("#i" past the layout's end).
+  std::vector<std::string> TensorNames(const GroupState& group,
+                                       const std::vector<uint32_t>& indices) const;
+
+  // registry.cc: Hellos, detaches, room for jobs, expiry.
+  //
+  // InvalidArgument for a malformed hello; FailedPrecondition when it
+  // contradicts its job (world size, cadence, layout) or is stale.
   absl::Status ValidateHello(const Hello& h) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Room for a new job of `world_size` ranks, expiring abandoned jobs first.
+  // Room for a new job of `world_size` ranks, expiring abandoned jobs first;
+  // ResourceExhausted when there is none.
   absl::Status MakeRoomForJob(uint32_t world_size, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops abandoned jobs (see CoordinatorOptions::job_expiry).
   void ExpireJobs(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ValidateReport(const JobState& job, const Report& r) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status Apply(JobState& job, const Report& r, Txn& txn)
+  // Forgets what a rank's incarnations up to `incarnation` contributed to
+  // checks still open (a decided audit keeps its results).
+  void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static constexpr char kAuditsOff[] = "audits_off";
-  void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
-                     Txn& txn);
-  void ApplyStepReport(JobState& job, GroupState& group, const Report& r,
-                       const StepReport& s, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyAudit(JobState& job, GroupState& group, const Report& r,
-                          const AuditResult& a, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyWeights(JobState& job, GroupState& group, const Report& r,
-                    const WeightReport& w, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // step_checks.cc: check 1 (non-finite values, reduced gradients).
+  //
+  // AlreadyExists for a step reported twice, InvalidArgument for one below
+  // the rank's last step (a restarted rank's first report may go back: that
+  // rolls the ledger back).
+  absl::Status ApplyStepReport(JobState& job, GroupState& group, const Report& r,
+                               const StepReport& s, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Another rank's in-band replay of a subject's micro-batch whose local
+  // gradients had NaN/Inf. AlreadyExists for a second one; a confirmation
+  // after the step was decided is stored and dropped.
+  // REQUIRES: a.role is kConfirm, validated by ApplyAudit.
+  absl::Status ApplyConfirmation(JobState& job, GroupState& group, const Report& r,
+                                 const AuditResult& a, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The outcome of the incident that says a job's replay audits are off.
+  static constexpr char kAuditsOff[] = "audits_off";
+  // Records, once per job, that its ranks turned replay audits off.
+  void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
+                     Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides check 1 of `step` once every member reported (and a lone rank's
+  // NaN/Inf was replayed), or when `deadline` with what arrived; else waits.
   void MaybeFinalizeStep(JobState& job, GroupState& group, Step step, bool deadline,
                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeFinalizeWeights(JobState& job, GroupState& group, Step step, bool deadline,
-                            Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeFinalizeAudit(JobState& job, GroupState& group,
-                          const std::tuple<uint32_t, Step, uint64_t>& key, bool deadline,
-                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The failures a step's checks found: explanations, first incident.
+  struct StepFailures;
+  // Check 1's cross-rank part: did every member receive the same reduced
+  // gradients? Records a minority as suspects (the bad data may come from
+  // elsewhere in the all-reduce); returns the vote's outcome.
+  VoteOutcome CheckReducedGradients(JobState& job, GroupState& group, Step step,
+                                    const PendingStep& ps, absl::Duration latency,
+                                    StepFailures& found, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Check 1's local part: whose NaN/Inf a replay confirmed (faulty), whose
+  // it reproduced (data or software), whose nobody replayed (suspect); and
+  // NaN/Inf that only the all-reduce produced. `local`: ranks with local
+  // NaN/Inf, ascending; `reduced`: CheckReducedGradients' outcome.
+  void CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
+                      const std::vector<Rank>& local, VoteOutcome reduced,
+                      absl::Duration latency, StepFailures& found, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The plan of an audit result; InvalidArgument when none applies.
+  // replay_audits.cc: check 2 (replay audits, attribution, tie-breaks).
+  //
+  // The plan of an audit result: the scheduled one (plan_id 0) or a targeted
+  // one. FailedPrecondition before every rank said Hello; InvalidArgument
+  // when no plan applies.
   absl::StatusOr<ReplayPlan> PlanFor(const JobState& job, const GroupState& group,
                                      Step step, uint64_t plan_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One audit result (original, replay, tie-break or confirmation), checked
+  // against its plan: InvalidArgument for a role the plan does not give,
+  // AlreadyExists for a repeat or a result after the audit's verdict.
+  absl::Status ApplyAudit(JobState& job, GroupState& group, const Report& r,
+                          const AuditResult& a, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Attributes the audit `key` once its results are in (or at `deadline`),
+  // sends tie-breaks when attribution needs them, and decides it once they
+  // are in (or at `deadline`); else waits.
+  void MaybeFinalizeAudit(JobState& job, GroupState& group,
+                          const std::tuple<uint32_t, Step, uint64_t>& key, bool deadline,
+                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs Attribute over the audit's results. When attribution needs
+  // tie-breaks, sends them and, unless `deadline`, an interim verdict.
+  // Returns true when the audit now waits for tie-break results.
+  // REQUIRES: pa.verdict is unset.
+  bool AttributeAudit(JobState& job, GroupState& group, PendingAudit& pa, Step step,
+                      bool deterministic, bool deadline, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The final outcome, faulty ranks, suspects and notes of an audit.
+  struct AuditFindings;
+  // Settles an attributed audit's tie-breaks: each names the subject or the
+  // replayer faulty, or leaves both suspect (as does a result that never
+  // arrived). Pure. REQUIRES: pa.verdict is set.
+  static AuditFindings SettleAudit(const PendingAudit& pa, bool deterministic);
+  // Records the incidents of a decided audit; returns the one its verdict
+  // names (the first faulty rank's), 0 for none.
+  uint64_t RecordAuditIncidents(JobState& job, GroupState& group, Step step,
+                                const AuditFindings& findings, const std::string& explanation,
+                                const std::vector<std::string>& differing, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks targeted plan `plan_id` done and, while its suspect has chances
+  // left and was not found faulty, schedules the next.
+  void FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
+                           const std::set<Rank>& faulty, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a targeted audit plan for `suspect`, using one of its chances;
+  // nothing when it has none left. REQUIRES: `suspect` is in suspects_.
+  void ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,
+                             const std::string& reason, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // weight_checks.cc: check 3 (the weight vote).
+  //
+  // InvalidArgument for a tensor count that is not the layout's (or tensors
+  // a relay said it elided); AlreadyExists for a repeat or a late report.
+  absl::Status ApplyWeights(JobState& job, GroupState& group, const Report& r,
+                            const WeightReport& w, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides the vote of `step` once every member voted, or at `deadline`.
+  void MaybeFinalizeWeights(JobState& job, GroupState& group, Step step, bool deadline,
+                            Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // incidents.cc: what failed checks record.
+  //
   // Records an incident; confirmed ones open (or join) a request and block
-  // checkpoints while the GPU stays; unconfirmed ones make suspects.
+  // checkpoints while the GPU stays; unconfirmed ones make suspects. Any
+  // outcome that does not point at the model, data or software revokes the
+  // provisional checkpoint. Returns the incident as incidents_ holds it
+  // (which never erases one).
   Incident& RecordIncident(JobState& job, GroupState& group, Step step, CheckKind check,
                            const std::string& outcome, std::vector<Rank> ranks,
                            bool confirmed, const std::string& explanation,
                            std::vector<std::string> differing, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `rank`'s GPU a suspect (nothing if it is attributed faulty) and
+  // schedules a targeted audit when none is outstanding and the group's
+  // topology can attribute.
   void AddSuspect(JobState& job, GroupState& group, Rank rank, const std::string& reason,
                   Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,
-                             const std::string& reason, Txn& txn)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // checkpoint_gate.cc: the verdict ledger and the gate.
+  //
+  // Files a decided check in the job's ledger (keeping the last
+  // options_.ledger_steps steps) and persists it.
   void RecordVerdict(JobState& job, StepVerdict verdict, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the ledger's verdicts of steps `from` onward (the job went back
+  // to a checkpoint).
   void Rollback(JobState& job, Step from, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets what a rank's previous incarnation contributed to open checks.
-  void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Exclusive: it may fill the group's cached topology.
-  const Topology& TopologyOf(const JobState& job, const GroupState& group) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Empty when allowed; else the reasons, and whether they are all waits.
+  // Empty when a checkpoint at `step` is allowed; else at most three reasons
+  // (and how many more), with *retryable true when all of them are waits.
   std::string CheckpointVeto(const JobState& job, Step step, bool* retryable) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> TensorNames(const GroupState& group,
-                                       const std::vector<uint32_t>& indices) const;
-  // Persists and returns the effects; the store's error if it refused.
-  absl::StatusOr<Effects> Commit(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  RankRecord& RankOf(JobState& job, Rank rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank of the job said Hello at least once (so groups are complete).
-  static bool AllAttached(const JobState& job);
 
   const CoordinatorOptions options_;
   const Clock* const clock_;

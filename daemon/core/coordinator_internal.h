@@ -1,0 +1,41 @@
+#ifndef SDC_DAEMON_CORE_COORDINATOR_INTERNAL_H_
+#define SDC_DAEMON_CORE_COORDINATOR_INTERNAL_H_
+
+// Helpers shared by the files that define Coordinator's members (private to
+// //daemon/core:coordinator): how messages quote values and list ranks, and
+// the key a pending report is stored under.
+
+#include <cstddef>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "daemon/core/records.h"
+#include "daemon/core/types.h"
+
+namespace sdc::core::internal {
+
+inline constexpr size_t kMaxJobIdLength = 128;
+
+// A value an error message echoes: quoted, at most 64 characters of it, with
+// bytes outside printable ASCII escaped.
+std::string Echo(absl::string_view value);
+
+// A job id as an error message may echo it: as it came, when it could be a
+// valid one (at most kMaxJobIdLength characters), else its first characters
+// and its length (a 1 MB id must not make a 1 MB message).
+std::string EchoJobId(const std::string& id);
+
+// "3, 7, 9" or "3, 7, ... (12 ranks)": at most 8 ranks are named.
+std::string RankList(const std::vector<Rank>& ranks);
+
+// The ranks of `s`, ascending.
+std::vector<Rank> ToVector(const std::set<Rank>& s);
+
+// The key under which report `r` is stored while its check is open.
+PendingKey KeyOf(const Report& r);
+
+}  // namespace sdc::core::internal
+
+#endif  // SDC_DAEMON_CORE_COORDINATOR_INTERNAL_H_

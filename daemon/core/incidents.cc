@@ -1,0 +1,111 @@
+// What a failed check records: an incident, which for a confirmed fault opens
+// (or joins) a replacement request through Escalation, blocks the job's
+// checkpoints while the GPU stays and revokes a provisional checkpoint; an
+// unconfirmed one makes its GPUs suspects, whose audit rate rises.
+
+#include "daemon/core/coordinator.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace sdc::core {
+
+Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step step,
+                                      CheckKind check, const std::string& outcome,
+                                      std::vector<Rank> ranks, bool confirmed,
+                                      const std::string& explanation,
+                                      std::vector<std::string> differing, Txn& txn) {
+  const absl::Time now = clock_->Now();
+  Incident inc;
+  inc.id = next_incident_id_++;
+  inc.job_id = job.record.job_id;
+  inc.step = step;
+  inc.check = check;
+  inc.outcome = outcome;
+  inc.ranks = std::move(ranks);
+  for (Rank r : inc.ranks) {
+    inc.nodes.push_back(RankOf(job, r).placement.node);
+    inc.gpus.push_back(RankOf(job, r).placement.gpu_uuid);
+  }
+  inc.confirmed = confirmed && !inc.ranks.empty();
+  inc.explanation = explanation;
+  inc.differing_tensors = std::move(differing);
+  inc.created = now;
+  if (inc.confirmed) {
+    for (size_t i = 0; i < inc.ranks.size(); ++i) {
+      Escalation::OpenResult opened = escalation_.Open(
+          inc.nodes[i], inc.gpus[i], inc.id,
+          absl::StrCat(CheckKindName(check), " check, step ", step, ": ", explanation), now);
+      if (opened.request.has_value()) {
+        if (inc.request_id == 0) inc.request_id = opened.request->id;
+        txn.mutation.requests.push_back(*opened.request);
+        txn.effects.requests.push_back(*opened.request);
+      } else {
+        inc.explanation += absl::StrCat(" (no replacement request: ", opened.suppressed, ")");
+      }
+      faulty_gpus_[inc.gpus[i]] = {job.record.job_id, inc.ranks[i], inc.nodes[i], step, inc.id};
+      if (suspects_.erase(inc.gpus[i]) > 0) {
+        txn.mutation.suspects_removed.push_back(inc.gpus[i]);
+      }
+    }
+  }
+  // Outcomes that point at the model, the data or the software (every rank
+  // alike) say nothing about the weights before; every other incident means
+  // some hardware produced wrong values, maybe silently on unaudited steps
+  // before the provisional checkpoint too: it is not trusted any more.
+  const bool software = outcome == "systemic" || outcome == "all_ranks" ||
+                        outcome == "reproduced" || outcome == kAuditsOff;
+  if (const std::optional<Step> revoked =
+          software ? std::nullopt : job.checkpoints.RevokeProvisional()) {
+    txn.mutation.checkpoint_decisions.push_back(
+        {job.record.job_id, *revoked, false,
+         absl::StrCat("revoked by incident ", inc.id, " (", CheckKindName(check), " check, step ",
+                      step, ", ", outcome, ") before a later checkpoint confirmed it"),
+         now, /*revocation=*/true});
+  }
+  auto [it, inserted] = incidents_.emplace(inc.id, inc);
+  txn.mutation.incidents.push_back(inc);
+  txn.effects.incidents.push_back(inc);
+  if (!inc.confirmed && outcome != "systemic") {
+    for (Rank r : inc.ranks) AddSuspect(job, group, r, explanation, txn);
+  }
+  return it->second;
+}
+
+void Coordinator::AddSuspect(JobState& job, GroupState& group, Rank rank,
+                             const std::string& reason, Txn& txn) {
+  const Placement& p = RankOf(job, rank).placement;
+  if (faulty_gpus_.count(p.gpu_uuid) > 0) return;  // Already attributed.
+  auto [it, fresh] = suspects_.try_emplace(p.gpu_uuid);
+  Suspect& s = it->second;
+  if (fresh) {
+    s.gpu = p.gpu_uuid;
+    s.since = clock_->Now();
+  }
+  s.node = p.node;
+  s.job_id = job.record.job_id;
+  s.rank = rank;
+  s.reason = reason;
+  ++s.incidents;
+  // Faults recur intermittently: suspicion raises the rank's audit rate
+  // instead of being forgotten.
+  const bool had_chances = s.targeted_audits_left > 0;
+  s.targeted_audits_left = std::max(s.targeted_audits_left, options_.targeted_audits_per_suspect);
+  bool outstanding = false;
+  for (const auto& [id, plan] : job.plans) {
+    outstanding = outstanding || (!plan.done && plan.suspect == rank);
+  }
+  txn.mutation.suspects.push_back(s);
+  if (!outstanding && (!had_chances || fresh) &&
+      TopologyOf(job, group).capability() != AttributionCapability::kDetectOnly &&
+      TopologyOf(job, group).capability() != AttributionCapability::kNone) {
+    ScheduleTargetedAudit(job, group, rank, reason, txn);
+  }
+}
+
+}  // namespace sdc::core

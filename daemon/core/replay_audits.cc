@@ -1,0 +1,416 @@
+// Check 2, what happens when a replay mismatches: a replay audit's results
+// are checked against its plan (ApplyAudit), attributed once every original
+// and replay is in or the deadline passes (MaybeFinalizeAudit, with
+// Attribute in attribution.cc), tie-breaks are sent and resolved, incidents
+// are recorded, and suspects get targeted audits (ScheduleTargetedAudit).
+
+#include "daemon/core/coordinator.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/core/coordinator_internal.h"
+
+namespace sdc::core {
+
+using internal::KeyOf;
+using internal::ToVector;
+
+absl::StatusOr<ReplayPlan> Coordinator::PlanFor(const JobState& job, const GroupState& group,
+                                                Step step, uint64_t plan_id) const {
+  if (!AllAttached(job)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.record.job_id,
+                     " has ranks that never said Hello; audit plans need every rank"));
+  }
+  if (plan_id == 0) {
+    if (job.record.audit_every == 0 || step % job.record.audit_every != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step, " is not a scheduled audit step (audits every ",
+                       job.record.audit_every, " steps)"));
+    }
+    return PlanFullAudit(TopologyOf(job, group), step / job.record.audit_every);
+  }
+  auto it = job.plans.find(plan_id);
+  if (it == job.plans.end() || it->second.group != group.record.group) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown audit plan ", plan_id,
+                                                   " for replica group ", group.record.group));
+  }
+  ReplayPlan plan;
+  plan.assignments = it->second.assignments;
+  plan.capability = TopologyOf(job, group).capability();
+  plan.cross_domain = true;
+  return plan;
+}
+
+absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Report& r,
+                                     const AuditResult& a, Txn& txn) {
+  if (!a.gradients.empty() && a.gradients.size() != group.record.parameter_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "audit result from rank ", r.rank, " has ", a.gradients.size(),
+        " gradient fingerprints; the layout has ", group.record.parameter_count,
+        " parameters"));
+  }
+  if (a.subject >= job.record.world_size ||
+      // members is ascending: O(log world) per audit result.
+      !std::binary_search(group.members.begin(), group.members.end(), a.subject)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", a.subject,
+                                                   " is not in rank ", r.rank,
+                                                   "'s replica group"));
+  }
+  // Check 1's in-band replay of a lone NaN/Inf (see step_checks.cc).
+  if (a.role == AuditRole::kConfirm) return ApplyConfirmation(job, group, r, a, txn);
+  Evidence evidence{a.loss_bits, a.gradient_digest, a.gradients};
+  const std::tuple<uint32_t, Step, uint64_t> key{group.record.group, r.step, a.plan_id};
+  auto existing = job.audits.find(key);
+  PendingAudit* pa = existing == job.audits.end() ? nullptr : &existing->second;
+  // The plan is derived once per audit, on its first result.
+  std::optional<PendingAudit> fresh;
+  if (pa == nullptr && a.role != AuditRole::kTieBreak) {
+    // A step runs one audit (a targeted plan waits for a step without the
+    // scheduled one): a result after its verdict, say one resent after a
+    // deadline decided without it, must not open the audit again.
+    auto decided = job.ledger.find(r.step);
+    if (decided != job.ledger.end() && decided->second.audits.count(group.record.group) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "the audit of step ", r.step, " is already decided; rank ", r.rank,
+          "'s result is late"));
+    }
+    absl::StatusOr<ReplayPlan> plan = PlanFor(job, group, r.step, a.plan_id);
+    if (!plan.ok()) return plan.status();
+    fresh.emplace();
+    fresh->plan = *std::move(plan);
+    fresh->subject_of.reserve(fresh->plan.assignments.size());
+    fresh->subjects.reserve(fresh->plan.assignments.size());
+    for (const Assignment& x : fresh->plan.assignments) {
+      fresh->subject_of[x.replayer] = x.subject;
+      fresh->subjects.insert(x.subject);
+    }
+    // One original per subject and one replay per replayer are coming.
+    fresh->originals.reserve(fresh->subjects.size());
+    fresh->replays.reserve(fresh->subject_of.size());
+    fresh->keys.reserve(fresh->subjects.size() + fresh->subject_of.size());
+  }
+  const PendingAudit& view = pa != nullptr ? *pa : *fresh;
+  switch (a.role) {
+    case AuditRole::kOriginal: {
+      if (a.subject != r.rank || !view.subjects.contains(r.rank)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r.rank, " sent an original result for rank ", a.subject,
+            "; the plan of step ", r.step, " expects none from it"));
+      }
+      if (view.originals.contains(r.rank)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "original result of rank ", r.rank, " at step ", r.step, " already received"));
+      }
+      break;
+    }
+    case AuditRole::kReplay: {
+      auto assigned = view.subject_of.find(r.rank);
+      if (assigned == view.subject_of.end() || assigned->second != a.subject) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
+            r.step, " does not assign that pair"));
+      }
+      if (view.replays.contains(r.rank)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "replay result of rank ", r.rank, " at step ", r.step, " already received"));
+      }
+      break;
+    }
+    case AuditRole::kTieBreak: {
+      PendingTieBreak* tb = nullptr;
+      if (pa != nullptr) {
+        for (PendingTieBreak& t : pa->tiebreaks) {
+          if (t.tiebreak.tiebreaker == r.rank && t.tiebreak.subject == a.subject) tb = &t;
+        }
+      }
+      if (tb == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "no tie-break of rank ", a.subject, "'s micro-batch is assigned to rank ", r.rank,
+            " at step ", r.step));
+      }
+      if (tb->result.has_value()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "tie-break result of rank ", r.rank, " at step ", r.step, " already received"));
+      }
+      tb->result = evidence;
+      if (!replaying_) txn.mutation.pending_added.push_back(r);
+      pa->keys.push_back(KeyOf(r));
+      MaybeFinalizeAudit(job, group, key, /*deadline=*/false, txn);
+      return absl::OkStatus();
+    }
+    case AuditRole::kConfirm:
+      break;  // Handled above.
+  }
+  if (pa == nullptr) {
+    pa = &job.audits.emplace(key, *std::move(fresh)).first->second;
+    pa->first_seen = clock_->Now();
+    pa->plan_id = a.plan_id;
+    if (a.plan_id != 0) pa->suspect = job.plans[a.plan_id].suspect;
+  }
+  if (a.role == AuditRole::kOriginal) {
+    pa->originals[r.rank] = std::move(evidence);
+  } else {
+    pa->replays[r.rank] = std::move(evidence);
+  }
+  if (!replaying_) txn.mutation.pending_added.push_back(r);
+  pa->keys.push_back(KeyOf(r));
+  MaybeFinalizeAudit(job, group, key, /*deadline=*/false, txn);
+  return absl::OkStatus();
+}
+
+struct Coordinator::AuditFindings {
+  AuditOutcome outcome = AuditOutcome::kPass;
+  std::set<Rank> faulty;
+  std::set<Rank> suspects;
+  std::vector<std::string> notes;  // Attribution's explanation, then the tie-breaks'.
+};
+
+void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
+                                     const std::tuple<uint32_t, Step, uint64_t>& key,
+                                     bool deadline, Txn& txn) {
+  auto it = job.audits.find(key);
+  if (it == job.audits.end()) return;
+  PendingAudit& pa = it->second;
+  const Step step = std::get<1>(key);
+  if (!pa.verdict.has_value()) {
+    // Results are validated against the plan, so counts tell completeness.
+    const bool all_in = pa.originals.size() == pa.subjects.size() &&
+                        pa.replays.size() == pa.subject_of.size();
+    if (!all_in && !deadline) return;
+  } else {
+    bool resolved = true;
+    for (const PendingTieBreak& t : pa.tiebreaks) resolved = resolved && t.result.has_value();
+    if (!resolved && !deadline) return;
+  }
+  bool deterministic = true;
+  for (Rank r : group.members) deterministic = deterministic && RankOf(job, r).deterministic;
+
+  if (!pa.verdict.has_value() &&
+      AttributeAudit(job, group, pa, step, deterministic, deadline, txn)) {
+    return;  // Tie-breaks were sent.
+  }
+  bool resolved = true;
+  for (const PendingTieBreak& t : pa.tiebreaks) resolved = resolved && t.result.has_value();
+  if (!resolved && !deadline) return;
+
+  // Final verdict.
+  const AuditVerdict& v = *pa.verdict;
+  const AuditFindings findings = SettleAudit(pa, deterministic);
+  const AuditOutcome outcome = findings.outcome;
+  const std::set<Rank>& faulty = findings.faulty;
+  const std::set<Rank>& suspects = findings.suspects;
+  const std::vector<std::string> differing = TensorNames(group, v.differing_parameters);
+  const std::string explanation = absl::StrJoin(findings.notes, "; ");
+
+  StepVerdict verdict;
+  verdict.job_id = job.record.job_id;
+  verdict.group = group.record.group;
+  verdict.step = step;
+  verdict.check = CheckKind::kReplay;
+  verdict.complete = v.missing.empty();
+  verdict.failed = IsFailure(outcome);
+  verdict.incident_id =
+      RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
+  verdict.summary = verdict.failed
+                        ? absl::StrCat(AuditOutcomeName(outcome), ": ", explanation,
+                                       verdict.incident_id != 0
+                                           ? absl::StrCat(" (incident ", verdict.incident_id, ")")
+                                           : "")
+                        : v.explanation;
+  AuditVerdictMessage msg;
+  msg.step = step;
+  msg.outcome = outcome;
+  msg.faulty = {faulty.begin(), faulty.end()};
+  msg.suspects = ToVector(suspects);
+  msg.differing_tensors = differing;
+  msg.explanation = explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
+  txn.effects.checks.push_back(
+      {CheckKind::kReplay, AuditOutcomeName(outcome), clock_->Now() - pa.first_seen});
+  RecordVerdict(job, std::move(verdict), txn);
+
+  if (pa.plan_id != 0) FinishTargetedAudit(job, group, pa.plan_id, faulty, txn);
+  txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
+                                  CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
+  job.audits.erase(it);
+}
+
+bool Coordinator::AttributeAudit(JobState& job, GroupState& group, PendingAudit& pa, Step step,
+                                 bool deterministic, bool deadline, Txn& txn) {
+  AuditInput input;
+  input.plan = &pa.plan;
+  input.topology = &TopologyOf(job, group);
+  input.originals = &pa.originals;
+  input.replays = &pa.replays;
+  input.compare_gradients = deterministic;
+  input.salt = step;
+  pa.verdict = Attribute(input);
+  if (pa.verdict->outcome != AuditOutcome::kTieBreakPending) return false;
+  for (const TieBreak& t : pa.verdict->tiebreaks) {
+    pa.tiebreaks.push_back({t, std::nullopt});
+    txn.effects.messages.push_back(
+        {job.record.job_id, group.members, TieBreakMessage{step, t.subject, t.tiebreaker}});
+  }
+  if (deadline) return false;
+  AuditVerdictMessage interim;
+  interim.step = step;
+  interim.outcome = AuditOutcome::kTieBreakPending;
+  interim.faulty = pa.verdict->faulty;
+  interim.suspects = pa.verdict->suspects;
+  interim.differing_tensors = TensorNames(group, pa.verdict->differing_parameters);
+  interim.explanation = pa.verdict->explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(interim)});
+  return true;
+}
+
+Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool deterministic) {
+  const AuditVerdict& v = *pa.verdict;
+  AuditFindings out;
+  std::set<Rank>& faulty = out.faulty;
+  std::set<Rank>& suspects = out.suspects;
+  std::vector<std::string>& notes = out.notes;
+  faulty.insert(v.faulty.begin(), v.faulty.end());
+  notes.push_back(v.explanation);
+  AuditOutcome outcome = v.outcome;
+  if (outcome == AuditOutcome::kTieBreakPending || outcome == AuditOutcome::kInconclusive ||
+      outcome == AuditOutcome::kFaulty) {
+    // Suspects left by rule 4 without a tie-break (no third domain).
+    std::set<Rank> tiebroken;
+    for (const PendingTieBreak& t : pa.tiebreaks) {
+      tiebroken.insert(t.tiebreak.subject);
+      tiebroken.insert(t.tiebreak.disputed);
+    }
+    for (Rank r : v.suspects) {
+      if (!tiebroken.count(r)) suspects.insert(r);
+    }
+    for (const PendingTieBreak& t : pa.tiebreaks) {
+      const TieBreak& tb = t.tiebreak;
+      if (!t.result.has_value()) {
+        suspects.insert(tb.subject);
+        suspects.insert(tb.disputed);
+        notes.push_back(absl::StrCat("tie-break result from rank ", tb.tiebreaker,
+                                     " never arrived"));
+        continue;
+      }
+      switch (ResolveTieBreak(pa.originals.at(tb.subject), pa.replays.at(tb.disputed),
+                              *t.result, deterministic)) {
+        case TieBreakOutcome::kSubjectFaulty:
+          faulty.insert(tb.subject);
+          notes.push_back(absl::StrCat("rank ", tb.tiebreaker, " agrees with rank ",
+                                       tb.disputed, "'s replay: rank ", tb.subject,
+                                       "'s own result was wrong"));
+          break;
+        case TieBreakOutcome::kReplayerFaulty:
+          faulty.insert(tb.disputed);
+          notes.push_back(absl::StrCat("rank ", tb.tiebreaker, " agrees with rank ",
+                                       tb.subject, "'s original: rank ", tb.disputed,
+                                       "'s replay was wrong"));
+          break;
+        case TieBreakOutcome::kInconclusive:
+          suspects.insert(tb.subject);
+          suspects.insert(tb.disputed);
+          notes.push_back(absl::StrCat("rank ", tb.tiebreaker, " agrees with neither rank ",
+                                       tb.subject, " nor rank ", tb.disputed));
+          break;
+      }
+    }
+    for (Rank r : faulty) suspects.erase(r);
+    outcome = !faulty.empty() ? AuditOutcome::kFaulty : AuditOutcome::kInconclusive;
+  } else if (outcome == AuditOutcome::kAttributionImpossible) {
+    suspects.insert(v.suspects.begin(), v.suspects.end());
+  }
+  out.outcome = outcome;
+  return out;
+}
+
+uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Step step,
+                                           const AuditFindings& findings,
+                                           const std::string& explanation,
+                                           const std::vector<std::string>& differing, Txn& txn) {
+  const AuditOutcome outcome = findings.outcome;
+  const std::set<Rank>& faulty = findings.faulty;
+  const std::set<Rank>& suspects = findings.suspects;
+  uint64_t incident_id = 0;
+  switch (outcome) {
+    case AuditOutcome::kFaulty: {
+      for (Rank r : faulty) {
+        const Incident& inc = RecordIncident(
+            job, group, step, CheckKind::kReplay, "faulty", {r}, true,
+            absl::StrCat(Describe(job, r), " is faulty: ", explanation), differing, txn);
+        if (incident_id == 0) incident_id = inc.id;
+      }
+      if (!suspects.empty()) {
+        RecordIncident(job, group, step, CheckKind::kReplay, "suspect", ToVector(suspects),
+                       false, explanation, differing, txn);
+      }
+      break;
+    }
+    case AuditOutcome::kInconclusive:
+    case AuditOutcome::kAttributionImpossible: {
+      const Incident& inc = RecordIncident(
+          job, group, step, CheckKind::kReplay,
+          outcome == AuditOutcome::kInconclusive ? "inconclusive" : "attribution_impossible",
+          ToVector(suspects), false, explanation, differing, txn);
+      incident_id = inc.id;
+      break;
+    }
+    case AuditOutcome::kSystemic: {
+      const Incident& inc = RecordIncident(job, group, step, CheckKind::kReplay, "systemic",
+                                           {}, false, explanation, differing, txn);
+      incident_id = inc.id;
+      break;
+    }
+    case AuditOutcome::kPass:
+    case AuditOutcome::kIncomplete:
+    case AuditOutcome::kTieBreakPending:
+      break;
+  }
+  return incident_id;
+}
+
+// A targeted audit is one of the suspect's chances to be cleared or
+// confirmed; schedule the next while chances remain.
+void Coordinator::FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
+                                      const std::set<Rank>& faulty, Txn& txn) {
+  PlanRecord& plan = job.plans[plan_id];
+  plan.done = true;
+  txn.mutation.plans.push_back(plan);
+  const Rank suspect = plan.suspect;
+  const std::string& gpu = RankOf(job, suspect).placement.gpu_uuid;
+  auto s = suspects_.find(gpu);
+  if (s != suspects_.end() && !faulty.count(suspect) && s->second.targeted_audits_left > 0) {
+    ScheduleTargetedAudit(job, group, suspect, s->second.reason, txn);
+  }
+}
+
+void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,
+                                        const std::string& reason, Txn& txn) {
+  const std::string& gpu = RankOf(job, suspect).placement.gpu_uuid;
+  Suspect& s = suspects_[gpu];
+  if (s.targeted_audits_left == 0) return;
+  --s.targeted_audits_left;
+  txn.mutation.suspects.push_back(s);
+  PlanRecord plan;
+  plan.job_id = job.record.job_id;
+  plan.group = group.record.group;
+  plan.plan_id = job.record.next_plan_id++;
+  plan.assignments = PlanTargetedAudit(TopologyOf(job, group), suspect, plan.plan_id).assignments;
+  plan.reason = absl::StrCat("targeted audit of suspect ", Describe(job, suspect), ": ", reason);
+  plan.suspect = suspect;
+  job.plans[plan.plan_id] = plan;
+  txn.mutation.plans.push_back(plan);
+  txn.mutation.jobs.push_back(job.record);
+  txn.effects.messages.push_back(
+      {job.record.job_id, group.members, PlanMessage{plan.plan_id, plan.assignments, plan.reason}});
+}
+
+}  // namespace sdc::core
