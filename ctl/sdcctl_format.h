@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_SDCCTL_FORMAT_H_
-#define SDC_DAEMON_SDCCTL_FORMAT_H_
+#ifndef SDC_CTL_SDCCTL_FORMAT_H_
+#define SDC_CTL_SDCCTL_FORMAT_H_
 
 // What sdcctl prints, as pure functions of the admin API's messages and an
 // injected "now": no I/O, no flags, no clock, so every byte of the CLI's
@@ -152,4 +152,4 @@ std::string YamlString(absl::string_view text);
 
 }  // namespace sdc::sdcctl
 
-#endif  // SDC_DAEMON_SDCCTL_FORMAT_H_
+#endif  // SDC_CTL_SDCCTL_FORMAT_H_

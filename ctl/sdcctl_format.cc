@@ -1,4 +1,4 @@
-#include "daemon/sdcctl_format.h"
+#include "ctl/sdcctl_format.h"
 
 #include <algorithm>
 #include <cmath>
