@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/core/action_command.h"
-#include "agent/core/identity.h"
+#include "common/identity.h"
 #include "daemon/actuator.h"
 
 namespace sdc::agent {
@@ -52,7 +52,7 @@ absl::Status Validate(const Config& c) {
                                          "characters, not starting with '-'); set --node_name "
                                          "or $NODE_NAME"));
   }
-  if (!c.instance_id.empty() && !core::IsInstanceId(c.instance_id)) {
+  if (!c.instance_id.empty() && !common::IsInstanceId(c.instance_id)) {
     return Bad("instance_id", absl::StrCat("expected i- and 8 to 17 hex digits, got '",
                                            c.instance_id, "'"));
   }

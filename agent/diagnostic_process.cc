@@ -38,7 +38,7 @@ std::string LastLine(const std::string& output) {
   return last;
 }
 
-DeviceOutcome Failed(const core::Shape& shape, const core::PlannedDevice& device,
+DeviceOutcome Failed(const common::Shape& shape, const common::PlannedDevice& device,
                      const std::string& error) {
   DeviceOutcome out;
   out.gpu = device.label;
@@ -84,8 +84,8 @@ v1::DiagnosticResult ToProto(const DeviceOutcome& o) {
   return r;
 }
 
-void RunDiagnosticProcesses(const core::Shape& shape,
-                            const std::vector<core::PlannedDevice>& devices,
+void RunDiagnosticProcesses(const common::Shape& shape,
+                            const std::vector<common::PlannedDevice>& devices,
                             const DiagnosticProcessOptions& options,
                             absl::FunctionRef<void(v1::DiagnosticResult)> each) {
   const std::string dir = MakeTempDir();
@@ -101,7 +101,7 @@ void RunDiagnosticProcesses(const core::Shape& shape,
     if (!written.ok()) setup_error = std::string(written.message());
   }
   for (size_t i = 0; i < devices.size(); ++i) {
-    const core::PlannedDevice& device = devices[i];
+    const common::PlannedDevice& device = devices[i];
     if (!setup_error.empty()) {
       each(ToProto(Failed(shape, device, setup_error)));
       continue;
@@ -135,8 +135,8 @@ int DiagnosticChildMain(const std::vector<std::string>& args) {
   if (args.size() != 7) {
     return fail("want SIZE REPETITIONS LABEL CUDA_INDEX inject|no-inject REFERENCE RESULT");
   }
-  core::Shape shape;
-  core::PlannedDevice device;
+  common::Shape shape;
+  common::PlannedDevice device;
   device.label = args[2];
   if (!absl::SimpleAtoi(args[0], &shape.size) || !absl::SimpleAtoi(args[1], &shape.repetitions) ||
       !absl::SimpleAtoi(args[3], &device.cuda_index)) {

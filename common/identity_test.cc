@@ -1,8 +1,8 @@
-#include "agent/core/identity.h"
+#include "common/identity.h"
 
 #include "gtest/gtest.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 namespace {
 
 TEST(IdentityTest, InstanceIds) {
@@ -24,4 +24,4 @@ TEST(IdentityTest, FromHyperPodNodeNames) {
 }
 
 }  // namespace
-}  // namespace sdc::agent::core
+}  // namespace sdc::common

@@ -1,9 +1,9 @@
-#include "agent/core/identity.h"
+#include "common/identity.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 
 bool IsInstanceId(absl::string_view text) {
   if (!absl::ConsumePrefix(&text, "i-")) return false;
@@ -19,4 +19,4 @@ std::string InstanceIdFromNodeName(absl::string_view node_name) {
   return IsInstanceId(node_name) ? std::string(node_name) : "";
 }
 
-}  // namespace sdc::agent::core
+}  // namespace sdc::common

@@ -1,5 +1,5 @@
-#ifndef SDC_AGENT_CORE_IDENTITY_H_
-#define SDC_AGENT_CORE_IDENTITY_H_
+#ifndef SDC_COMMON_IDENTITY_H_
+#define SDC_COMMON_IDENTITY_H_
 
 // HyperPod instance ids and the node names that embed them. Pure functions;
 // thread-safe.
@@ -8,7 +8,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 
 // "i-" followed by 8 to 17 lowercase hex digits (EC2's two id formats).
 bool IsInstanceId(absl::string_view text);
@@ -18,6 +18,6 @@ bool IsInstanceId(absl::string_view text);
 // nothing else. "" for any other name.
 std::string InstanceIdFromNodeName(absl::string_view node_name);
 
-}  // namespace sdc::agent::core
+}  // namespace sdc::common
 
-#endif  // SDC_AGENT_CORE_IDENTITY_H_
+#endif  // SDC_COMMON_IDENTITY_H_
