@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "agent/core/action_command.h"
 #include "common/identity.h"
-#include "daemon/actuator.h"
 
 namespace sdc::agent {
 namespace {
@@ -46,7 +45,7 @@ absl::Status Validate(const Config& c) {
     return Bad("coordinator", absl::StrCat("expected HOST:PORT, got '", c.coordinator, "'"));
   }
   // The rule sdcd and its actuators apply to node names.
-  if (!daemon::IsSafeNodeName(c.node_name)) {
+  if (!common::IsSafeNodeName(c.node_name)) {
     return Bad("node_name", absl::StrCat("'", c.node_name,
                                          "' is not a node name ([A-Za-z0-9._-], 1 to 253 "
                                          "characters, not starting with '-'); set --node_name "

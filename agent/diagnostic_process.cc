@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "daemon/subprocess.h"
+#include "common/subprocess.h"
 
 namespace sdc::agent {
 namespace {
@@ -51,7 +51,7 @@ DeviceOutcome Failed(const common::Shape& shape, const common::PlannedDevice& de
 }
 
 // Why a child gave no result, from how it ended.
-std::string ChildFailure(const daemon::CommandResult& r, absl::Duration timeout) {
+std::string ChildFailure(const common::CommandResult& r, absl::Duration timeout) {
   if (!r.started) return absl::StrCat("diagnostic process did not start: ", LastLine(r.output));
   if (r.timed_out) {
     return absl::StrCat("diagnostic process still running after ", absl::FormatDuration(timeout),
@@ -107,7 +107,7 @@ void RunDiagnosticProcesses(const common::Shape& shape,
       continue;
     }
     const std::string result_path = absl::StrCat(dir, "/result-", i, ".pb");
-    const daemon::CommandResult r = daemon::RunCommand(
+    const common::CommandResult r = common::RunCommand(
         {options.agent_binary, kDiagnosticChildCommand, absl::StrCat(shape.size),
          absl::StrCat(shape.repetitions), device.label, absl::StrCat(device.cuda_index),
          options.inject_fault ? "inject" : "no-inject", reference_path, result_path},
