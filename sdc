@@ -142,7 +142,7 @@ cmd_build() {
 # The pytest suite: the sdc_guard package in real torch.distributed Gloo
 # groups against a real sdcd (tests/python).
 cmd_pytest() {
-  build_targets //demo:sdc-demo //daemon:sdcd //daemon:sdcctl
+  build_targets //demo:sdc-demo //daemon:sdcd //ctl:sdcctl
   build_python >/dev/null
   log "pytest: the Python package under torch.distributed (tests/python)"
   SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
@@ -260,7 +260,7 @@ cmd_bench() {
 cmd_demo() {
   setup
   log "building the demo (the first build on a fresh machine takes several minutes)"
-  build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //daemon:sdcctl
+  build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //ctl:sdcctl
   if [[ " $* " == *" --trainer python "* || " $* " == *" --trainer=python "* ]]; then
     build_python >/dev/null
   fi
@@ -269,15 +269,15 @@ cmd_demo() {
 
 # The operator CLI, built on demand: ./sdc ctl get requests ...
 cmd_ctl() {
-  build_targets //daemon:sdcctl >/dev/null 2>&1 || build_targets //daemon:sdcctl
-  exec "$ROOT/bazel-bin/daemon/sdcctl" "$@"
+  build_targets //ctl:sdcctl >/dev/null 2>&1 || build_targets //ctl:sdcctl
+  exec "$ROOT/bazel-bin/ctl/sdcctl" "$@"
 }
 
 # What tests/gpu/run.sh needs on a GPU machine, into gpu-bundle/ (see
 # tests/gpu/README.md).
 cmd_gpu_bundle() {
   build_targets //tests/gpu:gpu_bench //kernels:cuda_test //client:device_test \
-    //client:guard_engine_test //daemon:sdcd //daemon:sdcctl
+    //client:guard_engine_test //daemon:sdcd //ctl:sdcctl
   "$ROOT/tests/gpu/prepare.sh"
 }
 

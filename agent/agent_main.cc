@@ -22,8 +22,8 @@
 #include "agent.pb.h"
 #include "agent/config.h"
 #include "agent/core/action_command.h"
-#include "agent/core/diagnostic_plan.h"
-#include "agent/core/identity.h"
+#include "common/diagnostic_plan.h"
+#include "common/identity.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
 #include "agent/diagnostic_process.h"
@@ -98,7 +98,7 @@ Config ConfigFromFlags(const Environment& env) {
   c.node_name = absl::GetFlag(FLAGS_node_name);
   if (c.node_name.empty()) c.node_name = !env.node_name.empty() ? env.node_name : env.hostname;
   c.instance_id = absl::GetFlag(FLAGS_instance_id);
-  if (c.instance_id.empty()) c.instance_id = core::InstanceIdFromNodeName(c.node_name);
+  if (c.instance_id.empty()) c.instance_id = common::InstanceIdFromNodeName(c.node_name);
   c.heartbeat = absl::GetFlag(FLAGS_heartbeat);
   c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -144,7 +144,7 @@ int Main(int argc, char** argv) {
   identity.set_agent_version(kVersion);
   identity.set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config.heartbeat)));
-  std::vector<core::GpuRef> gpu_refs;
+  std::vector<common::GpuRef> gpu_refs;
   absl::StatusOr<std::vector<Gpu>> gpus = ListGpus(config.nvml_library);
   if (gpus.ok()) {
     for (const Gpu& g : *gpus) {
@@ -184,13 +184,13 @@ int Main(int argc, char** argv) {
         *m.mutable_diagnostic_result() = r;
         link->Send(session, std::move(m));
       };
-      absl::StatusOr<core::Shape> shape = core::ResolveShape(request.size(), request.repetitions());
-      absl::StatusOr<std::vector<core::PlannedDevice>> devices =
-          shape.ok() ? core::PlanDevices(request.gpu_uuid(), gpu_refs)
-                     : absl::StatusOr<std::vector<core::PlannedDevice>>(shape.status());
+      absl::StatusOr<common::Shape> shape = common::ResolveShape(request.size(), request.repetitions());
+      absl::StatusOr<std::vector<common::PlannedDevice>> devices =
+          shape.ok() ? common::PlanDevices(request.gpu_uuid(), gpu_refs)
+                     : absl::StatusOr<std::vector<common::PlannedDevice>>(shape.status());
       if (!devices.ok()) {
         DeviceOutcome refused;
-        refused.gpu = request.gpu_uuid().empty() ? core::kCpuDevice : request.gpu_uuid();
+        refused.gpu = request.gpu_uuid().empty() ? common::kCpuDevice : request.gpu_uuid();
         refused.error = std::string(devices.status().message());
         refused.detail = absl::StrCat("refused: ", refused.error);
         Log(absl::StrCat("diagnostic ", request.id(), " ", refused.detail));
@@ -253,7 +253,7 @@ int Main(int argc, char** argv) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(config.relay_listen, grpc::InsecureServerCredentials(), &port);
-    // The ranks' channel settings (client/channel.h), as sdcd accepts them.
+    // The ranks' channel settings (common/channel.h), as sdcd accepts them.
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);

@@ -5,8 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/core/action_command.h"
-#include "agent/core/identity.h"
-#include "daemon/actuator.h"
+#include "common/identity.h"
 
 namespace sdc::agent {
 namespace {
@@ -46,13 +45,13 @@ absl::Status Validate(const Config& c) {
     return Bad("coordinator", absl::StrCat("expected HOST:PORT, got '", c.coordinator, "'"));
   }
   // The rule sdcd and its actuators apply to node names.
-  if (!daemon::IsSafeNodeName(c.node_name)) {
+  if (!common::IsSafeNodeName(c.node_name)) {
     return Bad("node_name", absl::StrCat("'", c.node_name,
                                          "' is not a node name ([A-Za-z0-9._-], 1 to 253 "
                                          "characters, not starting with '-'); set --node_name "
                                          "or $NODE_NAME"));
   }
-  if (!c.instance_id.empty() && !core::IsInstanceId(c.instance_id)) {
+  if (!c.instance_id.empty() && !common::IsInstanceId(c.instance_id)) {
     return Bad("instance_id", absl::StrCat("expected i- and 8 to 17 hex digits, got '",
                                            c.instance_id, "'"));
   }

@@ -36,10 +36,10 @@ absl::StatusOr<std::vector<int8_t>> Integers(const Matrix& m, const char* name) 
   std::vector<int8_t> out(m.values.size());
   for (size_t i = 0; i < m.values.size(); ++i) {
     const float v = m.values[i];
-    if (!(v >= core::kMinEntry && v <= core::kMaxEntry) || v != std::nearbyint(v)) {
+    if (!(v >= common::kMinEntry && v <= common::kMaxEntry) || v != std::nearbyint(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, "[", i / m.n, "][", i % m.n, "] = ", v, " is not an integer in [",
-          core::kMinEntry, ", ", core::kMaxEntry, "]"));
+          common::kMinEntry, ", ", common::kMaxEntry, "]"));
     }
     out[i] = static_cast<int8_t>(v);
   }
@@ -56,10 +56,10 @@ Matrix FillMatrix(uint32_t n, uint64_t seed) {
   Matrix m;
   m.n = n;
   m.values.resize(static_cast<size_t>(n) * n);
-  const uint64_t span = core::kMaxEntry - core::kMinEntry + 1;
+  const uint64_t span = common::kMaxEntry - common::kMinEntry + 1;
   for (size_t k = 0; k < m.values.size(); ++k) {
     m.values[k] = static_cast<float>(static_cast<int>(SplitMix64(seed + k + 1) % span) +
-                                     core::kMinEntry);
+                                     common::kMinEntry);
   }
   return m;
 }
@@ -70,7 +70,7 @@ absl::StatusOr<Matrix> ReferenceProduct(const Matrix& a, const Matrix& b) {
     return absl::InvalidArgumentError(
         absl::StrCat("shapes differ: ", a.n, "x", a.n, " and ", b.n, "x", b.n));
   }
-  if (!core::ExactInFp32(a.n)) {
+  if (!common::ExactInFp32(a.n)) {
     return absl::InvalidArgumentError(absl::StrCat("n = ", a.n, " is too large to be exact in fp32"));
   }
   absl::StatusOr<std::vector<int8_t>> ai = Integers(a, "A");
@@ -244,7 +244,7 @@ absl::StatusOr<Matrix> ReadMatrix(const std::string& path, uint32_t n) {
   return m;
 }
 
-DeviceOutcome ConfirmationDiagnostic::Run(const core::PlannedDevice& device,
+DeviceOutcome ConfirmationDiagnostic::Run(const common::PlannedDevice& device,
                                           const DiagnosticOptions& options) {
   DeviceOutcome out;
   out.gpu = device.label;

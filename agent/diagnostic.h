@@ -27,7 +27,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/core/diagnostic_plan.h"
+#include "common/diagnostic_plan.h"
 
 namespace sdc::agent {
 
@@ -48,7 +48,7 @@ Matrix FillMatrix(uint32_t n, uint64_t seed);
 // A x B in 32-bit integer arithmetic on the host, rows split over
 // kernels::ThreadPool::Default(). InvalidArgument when the sizes differ or
 // an entry is not an integer in [kMinEntry, kMaxEntry], or n exceeds what
-// fp32 holds exactly (core::ExactInFp32).
+// fp32 holds exactly (common::ExactInFp32).
 absl::StatusOr<Matrix> ReferenceProduct(const Matrix& a, const Matrix& b);
 
 struct Comparison {
@@ -111,11 +111,11 @@ struct DeviceOutcome {
 // the devices it tests. Not thread-safe (one worker runs a request).
 class ConfirmationDiagnostic {
  public:
-  explicit ConfirmationDiagnostic(const core::Shape& shape) : shape_(shape) {}
+  explicit ConfirmationDiagnostic(const common::Shape& shape) : shape_(shape) {}
 
   // Runs the diagnostic on `device`. Never fails: a problem is the
   // outcome's `error`.
-  DeviceOutcome Run(const core::PlannedDevice& device, const DiagnosticOptions& options);
+  DeviceOutcome Run(const common::PlannedDevice& device, const DiagnosticOptions& options);
 
   // The reference product, computed on first use (host CPU, integers only).
   absl::StatusOr<const Matrix*> Reference();
@@ -127,7 +127,7 @@ class ConfirmationDiagnostic {
  private:
   absl::Status Prepare();
 
-  const core::Shape shape_;
+  const common::Shape shape_;
   bool prepared_ = false;
   absl::Status prepare_status_;
   Matrix a_, b_, reference_;

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "daemon/subprocess.h"
+#include "common/subprocess.h"
 
 namespace sdc::agent {
 namespace {
@@ -38,7 +38,7 @@ std::string LastLine(const std::string& output) {
   return last;
 }
 
-DeviceOutcome Failed(const core::Shape& shape, const core::PlannedDevice& device,
+DeviceOutcome Failed(const common::Shape& shape, const common::PlannedDevice& device,
                      const std::string& error) {
   DeviceOutcome out;
   out.gpu = device.label;
@@ -51,7 +51,7 @@ DeviceOutcome Failed(const core::Shape& shape, const core::PlannedDevice& device
 }
 
 // Why a child gave no result, from how it ended.
-std::string ChildFailure(const daemon::CommandResult& r, absl::Duration timeout) {
+std::string ChildFailure(const common::CommandResult& r, absl::Duration timeout) {
   if (!r.started) return absl::StrCat("diagnostic process did not start: ", LastLine(r.output));
   if (r.timed_out) {
     return absl::StrCat("diagnostic process still running after ", absl::FormatDuration(timeout),
@@ -84,8 +84,8 @@ v1::DiagnosticResult ToProto(const DeviceOutcome& o) {
   return r;
 }
 
-void RunDiagnosticProcesses(const core::Shape& shape,
-                            const std::vector<core::PlannedDevice>& devices,
+void RunDiagnosticProcesses(const common::Shape& shape,
+                            const std::vector<common::PlannedDevice>& devices,
                             const DiagnosticProcessOptions& options,
                             absl::FunctionRef<void(v1::DiagnosticResult)> each) {
   const std::string dir = MakeTempDir();
@@ -101,13 +101,13 @@ void RunDiagnosticProcesses(const core::Shape& shape,
     if (!written.ok()) setup_error = std::string(written.message());
   }
   for (size_t i = 0; i < devices.size(); ++i) {
-    const core::PlannedDevice& device = devices[i];
+    const common::PlannedDevice& device = devices[i];
     if (!setup_error.empty()) {
       each(ToProto(Failed(shape, device, setup_error)));
       continue;
     }
     const std::string result_path = absl::StrCat(dir, "/result-", i, ".pb");
-    const daemon::CommandResult r = daemon::RunCommand(
+    const common::CommandResult r = common::RunCommand(
         {options.agent_binary, kDiagnosticChildCommand, absl::StrCat(shape.size),
          absl::StrCat(shape.repetitions), device.label, absl::StrCat(device.cuda_index),
          options.inject_fault ? "inject" : "no-inject", reference_path, result_path},
@@ -135,8 +135,8 @@ int DiagnosticChildMain(const std::vector<std::string>& args) {
   if (args.size() != 7) {
     return fail("want SIZE REPETITIONS LABEL CUDA_INDEX inject|no-inject REFERENCE RESULT");
   }
-  core::Shape shape;
-  core::PlannedDevice device;
+  common::Shape shape;
+  common::PlannedDevice device;
   device.label = args[2];
   if (!absl::SimpleAtoi(args[0], &shape.size) || !absl::SimpleAtoi(args[1], &shape.repetitions) ||
       !absl::SimpleAtoi(args[3], &device.cuda_index)) {

@@ -20,7 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "agent.pb.h"
-#include "agent/core/diagnostic_plan.h"
+#include "common/diagnostic_plan.h"
 #include "agent/diagnostic.h"
 
 namespace sdc::agent {
@@ -41,8 +41,8 @@ v1::DiagnosticResult ToProto(const DeviceOutcome& outcome);
 // and calls `each` with each device's result as soon as it is known. Never
 // fails: a child that could not start, timed out, died or wrote no result
 // yields a result whose `error` says so.
-void RunDiagnosticProcesses(const core::Shape& shape,
-                            const std::vector<core::PlannedDevice>& devices,
+void RunDiagnosticProcesses(const common::Shape& shape,
+                            const std::vector<common::PlannedDevice>& devices,
                             const DiagnosticProcessOptions& options,
                             absl::FunctionRef<void(v1::DiagnosticResult)> each);
 

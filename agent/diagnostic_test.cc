@@ -17,7 +17,7 @@ using ::testing::StartsWith;
 
 Matrix Make(uint32_t n, std::vector<float> values) { return Matrix{n, std::move(values)}; }
 
-const core::PlannedDevice kCpu{"cpu", -1};
+const common::PlannedDevice kCpu{"cpu", -1};
 
 // A product small enough to check by hand:
 // [1 2; 3 4] x [5 6; 7 8] = [19 22; 43 50].
@@ -122,7 +122,7 @@ TEST(ConfirmationDiagnosticTest, InjectedFaultIsDetectedExactly) {
 
 // The largest sums of the default size are far from 2^24, and still exact.
 TEST(ConfirmationDiagnosticTest, DefaultSizeIsExactOnTheCpu) {
-  ConfirmationDiagnostic d({core::kDefaultSize, 1});
+  ConfirmationDiagnostic d({common::kDefaultSize, 1});
   const DeviceOutcome out = d.Run(kCpu, {});
   EXPECT_TRUE(out.pass) << out.detail << out.error;
   std::printf("%s\n", out.detail.c_str());

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/log.h"
-#include "client/channel.h"
+#include "common/channel.h"
 
 namespace sdc::agent {
 namespace {
@@ -21,21 +21,21 @@ std::function<double()> Jitter() {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeAgentChannel(const LinkOptions& options) {
-  grpc::ChannelArguments args = client::KeepaliveArguments();
+  grpc::ChannelArguments args = common::KeepaliveArguments();
   // Reconnect attempts are paced by LinkMachine, not by gRPC's own backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1'000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5'000);
   args.SetUserAgentPrefix("sdc-agent");
-  return client::MakeClientChannel(
+  return common::MakeClientChannel(
       {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 
 std::shared_ptr<grpc::Channel> MakeRelayChannel(const LinkOptions& options) {
-  grpc::ChannelArguments args = client::KeepaliveArguments();
+  grpc::ChannelArguments args = common::KeepaliveArguments();
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
   args.SetUserAgentPrefix("sdc-agent-relay");
-  return client::MakeClientChannel(
+  return common::MakeClientChannel(
       {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "agent/core/action_command.h"
-#include "daemon/subprocess.h"
+#include "common/subprocess.h"
 
 namespace sdc::agent {
 namespace {
@@ -33,7 +33,7 @@ ActionOutcome RunNodeAction(const std::vector<std::string>& words, const std::st
   absl::StatusOr<std::vector<std::string>> argv =
       core::ExpandAction(words, action, request_id, node);
   if (!argv.ok()) return {false, std::string(argv.status().message())};
-  const daemon::CommandResult r = daemon::RunCommand(*argv, timeout);
+  const common::CommandResult r = common::RunCommand(*argv, timeout);
   const std::string what = absl::StrJoin(*argv, " ");
   if (!r.started) return {false, absl::StrCat(what, ": ", OneLine(r.output))};
   if (r.timed_out) {

@@ -11,8 +11,8 @@
 #include "absl/time/time.h"
 #include "agent/log.h"
 #include "agent/weight_elision.h"
-#include "daemon/ack.h"
-#include "daemon/stream.h"
+#include "common/ack.h"
+#include "common/stream.h"
 
 namespace sdc::agent {
 
@@ -30,7 +30,7 @@ constexpr absl::Duration kCheckpointDeadline = absl::Seconds(30);
 // One rank's Attach stream, relayed.
 
 class TrainerRelay::Session
-    : public daemon::QueuedStream<v1::TrainerMessage, v1::CoordinatorMessage> {
+    : public common::QueuedStream<v1::TrainerMessage, v1::CoordinatorMessage> {
  public:
   explicit Session(TrainerRelay* relay);
 
@@ -64,7 +64,7 @@ class TrainerRelay::Session
 
  private:
   bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override {
-    return daemon::FoldAck(last, next);
+    return common::FoldAck(last, next);
   }
 
   TrainerRelay* const relay_;
@@ -75,7 +75,7 @@ class TrainerRelay::Session
 
 // What the relay keeps of a session: pushes after the stream ended are
 // dropped (daemon/stream.h).
-class TrainerRelay::SessionHandle : public daemon::StreamHandle<Session> {
+class TrainerRelay::SessionHandle : public common::StreamHandle<Session> {
  public:
   using StreamHandle::StreamHandle;
   void Push(v1::CoordinatorMessage m) {

@@ -7,7 +7,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "client/channel.h"
+#include "common/channel.h"
 #include "daemon/convert.h"
 
 namespace sdc::client {
@@ -31,7 +31,7 @@ bool CanWait(const decltype(core::Report::body)& body) {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
-  grpc::ChannelArguments args = KeepaliveArguments();
+  grpc::ChannelArguments args = common::KeepaliveArguments();
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
   // The channel's own reconnect backoff (gRPC's default grows to 120 s)
@@ -42,8 +42,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
               static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_max)));
-  return MakeClientChannel({options.coordinator, options.tls_ca, options.tls_cert, options.tls_key},
-                           args);
+  return common::MakeClientChannel(
+      {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 
 CoordinatorLink::CoordinatorLink(const GuardOptions& options, core::Hello hello)

@@ -8,8 +8,13 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/subprocess.h"
 
 namespace sdc::daemon {
+
+using common::CommandResult;
+using common::RunCommand;
+
 namespace {
 
 constexpr size_t kHyperPodBatch = 25;

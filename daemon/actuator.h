@@ -24,7 +24,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/core/records.h"
-#include "daemon/subprocess.h"
 
 namespace sdc::daemon {
 

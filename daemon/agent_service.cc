@@ -5,9 +5,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/stream.h"
+#include "common/stream.h"
 
 namespace sdc::daemon {
+
+using common::QueuedStream;
+using common::StreamHandle;
+
 namespace {
 
 int64_t UnixMillis(absl::Time t) {

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/core/diagnostic_plan.h"
-#include "agent/core/identity.h"
+#include "common/diagnostic_plan.h"
+#include "common/identity.h"
 #include "daemon/actuator.h"
 
 namespace sdc::daemon {
@@ -95,7 +95,7 @@ absl::StatusOr<AgentRegistry::Registration> AgentRegistry::Register(
         absl::StrCat("node_name '", identity.node_name,
                      "' is not a node name ([A-Za-z0-9._-], 1 to 253 characters)"));
   }
-  if (!identity.instance_id.empty() && !agent::core::IsInstanceId(identity.instance_id)) {
+  if (!identity.instance_id.empty() && !common::IsInstanceId(identity.instance_id)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "instance_id '", identity.instance_id, "' is not i- and 8 to 17 hex digits"));
   }
@@ -161,7 +161,7 @@ AgentEvents AgentRegistry::Disconnect(const std::string& node, uint64_t session)
 absl::StatusOr<Diagnostic> AgentRegistry::StartDiagnostic(const std::string& node,
                                                           const std::string& gpu_uuid,
                                                           uint32_t size, uint32_t repetitions) {
-  absl::StatusOr<agent::core::Shape> shape = agent::core::ResolveShape(size, repetitions);
+  absl::StatusOr<common::Shape> shape = common::ResolveShape(size, repetitions);
   if (!shape.ok()) return shape.status();
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
@@ -176,7 +176,7 @@ absl::StatusOr<Diagnostic> AgentRegistry::StartDiagnostic(const std::string& nod
         "the agent of node ", node, " is not connected (last heartbeat ",
         Ago(now - n.last_heartbeat), ")"));
   }
-  if (!gpu_uuid.empty() && gpu_uuid != agent::core::kCpuDevice) {
+  if (!gpu_uuid.empty() && gpu_uuid != common::kCpuDevice) {
     const bool known = std::any_of(n.identity.gpus.begin(), n.identity.gpus.end(),
                                    [&](const AgentGpu& g) { return g.uuid == gpu_uuid; });
     if (!known) {

@@ -167,7 +167,7 @@ class AgentRegistry {
   // repetitions, the session to send it on). NotFound: no agent ever
   // registered the node, or the node has no GPU `gpu_uuid`;
   // FailedPrecondition: its agent is not connected; InvalidArgument: size
-  // or repetitions out of range (agent/core/diagnostic_plan.h);
+  // or repetitions out of range (common/diagnostic_plan.h);
   // ResourceExhausted: too many running there.
   absl::StatusOr<Diagnostic> StartDiagnostic(const std::string& node,
                                              const std::string& gpu_uuid, uint32_t size,

@@ -9,12 +9,17 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/ack.h"
+#include "common/ack.h"
+#include "common/stream.h"
 #include "daemon/batch_scope.h"
 #include "daemon/convert.h"
-#include "daemon/stream.h"
 
 namespace sdc::daemon {
+
+using common::FoldAck;
+using common::Outgoing;
+using common::ParseFrame;
+using common::WriteFrame;
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;

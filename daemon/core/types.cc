@@ -55,26 +55,4 @@ bool IsOpen(RequestState state) {
          state == RequestState::kExecuting;
 }
 
-namespace {
-
-bool OnlyFrom(absl::string_view s, absl::string_view punctuation) {
-  for (char c : s) {
-    const bool alnum =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    if (!alnum && punctuation.find(c) == absl::string_view::npos) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-bool IsSafeNodeName(absl::string_view node) {
-  return !node.empty() && node.size() <= 253 && node[0] != '-' && OnlyFrom(node, "._-");
-}
-
-bool IsSafeGpuId(absl::string_view gpu) {
-  return !gpu.empty() && gpu.size() <= kMaxGpuIdLength && gpu[0] != '-' &&
-         OnlyFrom(gpu, "._:/-");
-}
-
 }  // namespace sdc::core

@@ -12,6 +12,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/identity.h"
 #include "kernels/fingerprint.h"
 
 namespace sdc::core {
@@ -121,14 +122,10 @@ const char* RequestStateName(RequestState state);
 bool IsOpen(RequestState state);
 
 // Identities that trainers and agents send, and that reach actuators, logs
-// and the database. A node name: [A-Za-z0-9._-], 1 to 253 characters, not
-// starting with '-' (a Kubernetes or Slurm node name; safe as an argument).
-bool IsSafeNodeName(absl::string_view node);
-// A GPU id: NVML's UUID ("GPU-" and hex, "MIG-..."), or a stand-in such as
-// "cpu-<node>-<local_rank>": [A-Za-z0-9._:/-], 1 to kMaxGpuIdLength
-// characters, not starting with '-'.
-inline constexpr size_t kMaxGpuIdLength = 300;
-bool IsSafeGpuId(absl::string_view gpu);
+// and the database: the rules sdc-agent applies too (common/identity.h).
+using common::IsSafeGpuId;
+using common::IsSafeNodeName;
+using common::kMaxGpuIdLength;
 
 }  // namespace sdc::core
 

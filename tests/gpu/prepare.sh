@@ -18,7 +18,7 @@ mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/include"
 # against one shared library per target) are what the extension module is
 # linked with on the GPU machine.
 BINARIES=(tests/gpu/gpu_bench kernels/cuda_test client/device_test client/guard_engine_test
-  daemon/sdcd daemon/sdcctl)
+  daemon/sdcd ctl/sdcctl)
 for b in "${BINARIES[@]}"; do
   install -m 755 "$BIN/$b" "$OUT/bin/"
 done

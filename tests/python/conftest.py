@@ -68,7 +68,7 @@ class Sdcd:
     def sdcctl(self, *args):
         """sdcctl's JSON output (-o json) of a command."""
         out = subprocess.run(
-            [binary("daemon/sdcctl"), f"--server={self.admin_address}",
+            [binary("ctl/sdcctl"), f"--server={self.admin_address}",
              f"--token_file={self.token_file}", *args, "-o", "json"],
             capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stdout + out.stderr

@@ -70,7 +70,7 @@ std::unique_ptr<grpc::ClientContext> Sdcd::AdminContext() const {
 }
 
 RunResult Sdcd::Sdcctl(const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {BinaryPath("daemon/sdcctl"),
+  std::vector<std::string> argv = {BinaryPath("ctl/sdcctl"),
                                    absl::StrCat("--server=", admin_address()),
                                    absl::StrCat("--token_file=", token_file())};
   argv.insert(argv.end(), args.begin(), args.end());

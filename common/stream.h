@@ -1,9 +1,9 @@
-#ifndef SDC_DAEMON_STREAM_H_
-#define SDC_DAEMON_STREAM_H_
+#ifndef SDC_COMMON_STREAM_H_
+#define SDC_COMMON_STREAM_H_
 
-// The outgoing side of sdcd's long-lived server streams (trainers' Attach on
-// the asynchronous API, agents' Connect on the callback API), which any
-// thread may write to.
+// The outgoing side of long-lived server streams (sdcd's: trainers' Attach on
+// the asynchronous API, agents' Connect on the callback API; sdc-agent's
+// relayed trainer streams), which any thread may write to.
 //
 // gRPC allows one write in flight per stream. Outgoing keeps the queue and
 // decides what starts next for both APIs. The callback API may run a
@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 
-namespace sdc::daemon {
+namespace sdc::common {
 
 // Parses one received frame into `out`: OK, or INVALID_ARGUMENT naming the
 // message type. Consumes the frame.
@@ -250,6 +250,6 @@ class StreamHandle {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace sdc::daemon
+}  // namespace sdc::common
 
-#endif  // SDC_DAEMON_STREAM_H_
+#endif  // SDC_COMMON_STREAM_H_

@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_ACK_H_
-#define SDC_DAEMON_ACK_H_
+#ifndef SDC_COMMON_ACK_H_
+#define SDC_COMMON_ACK_H_
 
 // Acknowledgements are watermarks ("everything up to sequence N is
 // durable"): one still waiting in a stream's queue absorbs the next, so a
@@ -10,7 +10,7 @@
 
 #include "trainer.pb.h"
 
-namespace sdc::daemon {
+namespace sdc::common {
 
 // True when `next` was folded into `waiting` (both acknowledgements).
 inline bool FoldAck(v1::CoordinatorMessage& waiting, const v1::CoordinatorMessage& next) {
@@ -20,6 +20,6 @@ inline bool FoldAck(v1::CoordinatorMessage& waiting, const v1::CoordinatorMessag
   return true;
 }
 
-}  // namespace sdc::daemon
+}  // namespace sdc::common
 
-#endif  // SDC_DAEMON_ACK_H_
+#endif  // SDC_COMMON_ACK_H_

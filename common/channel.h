@@ -1,5 +1,5 @@
-#ifndef SDC_CLIENT_CHANNEL_H_
-#define SDC_CLIENT_CHANNEL_H_
+#ifndef SDC_COMMON_CHANNEL_H_
+#define SDC_COMMON_CHANNEL_H_
 
 // The channel every sdcd client dials with (trainer ranks, node agents):
 // keepalive that sdcd's server settings accept (pings every 10 s or more)
@@ -10,7 +10,7 @@
 
 #include "grpcpp/grpcpp.h"
 
-namespace sdc::client {
+namespace sdc::common {
 
 struct ChannelOptions {
   std::string address;  // host:port
@@ -26,6 +26,6 @@ grpc::ChannelArguments KeepaliveArguments();
 std::shared_ptr<grpc::Channel> MakeClientChannel(const ChannelOptions& options,
                                                  const grpc::ChannelArguments& args);
 
-}  // namespace sdc::client
+}  // namespace sdc::common
 
-#endif  // SDC_CLIENT_CHANNEL_H_
+#endif  // SDC_COMMON_CHANNEL_H_

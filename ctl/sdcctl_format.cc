@@ -1,4 +1,4 @@
-#include "daemon/sdcctl_format.h"
+#include "ctl/sdcctl_format.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "yaml-cpp/yaml.h"
 
 namespace sdc::sdcctl {
 namespace {
@@ -144,14 +145,11 @@ std::string NameLines(absl::string_view kind, const std::vector<std::string>& na
 }
 
 // ---------------------------------------------------------------------------
-// YAML
-
-bool IsYamlIndicator(char c) {
-  return absl::string_view("-?:,[]{}#&*!|>'\"%@`").find(c) != absl::string_view::npos;
-}
+// YAML (written with yaml-cpp's emitter)
 
 // Words that YAML 1.1 or 1.2 reads as a bool or null, or that PyYAML
-// refuses as a plain value ("=", the merge key "<<").
+// refuses as a plain value ("=", the merge key "<<"). yaml-cpp 0.7 writes
+// most of them plain, so they are quoted here.
 bool IsYamlKeyword(absl::string_view text) {
   static const char* const kWords[] = {"true", "false", "yes",  "no", "on", "off",
                                        "y",    "n",     "null", "~",  "=",  "<<"};
@@ -161,9 +159,12 @@ bool IsYamlKeyword(absl::string_view text) {
   return false;
 }
 
-// Anything that might read as a number, a timestamp or .inf/.nan. Errs on the
-// side of quoting ("3d-node" is quoted although it would read back fine).
+// Anything that might read as a number, a timestamp, a YAML 1.1 sexagesimal
+// ("12:30") or .inf/.nan. yaml-cpp writes these plain, so a string like
+// "123" would read back as an int. Errs on the side of quoting ("3d-node" is
+// quoted although it would read back fine).
 bool MightReadAsNumber(absl::string_view text) {
+  if (text.empty()) return false;
   if (absl::ascii_isdigit(text[0])) return true;
   if (text.size() > 1 && (text[0] == '+' || text[0] == '-' || text[0] == '.')) {
     return absl::ascii_isdigit(text[1]) || text[1] == '.' ||
@@ -173,19 +174,27 @@ bool MightReadAsNumber(absl::string_view text) {
   return false;
 }
 
-bool NeedsQuotes(absl::string_view text) {
-  if (text.empty()) return true;
-  if (text.front() == ' ' || text.back() == ' ') return true;
-  if (IsYamlIndicator(text.front())) return true;
-  if (IsYamlKeyword(text) || MightReadAsNumber(text)) return true;
-  if (absl::StrContains(text, ": ") || absl::StrContains(text, " #") || text.back() == ':') {
-    return true;
-  }
+// yaml-cpp 0.7 writes a carriage return (and DEL) raw in a plain scalar;
+// double quotes make it escape them.
+bool HasControlCharacter(absl::string_view text) {
   for (char c : text) {
     const unsigned char u = static_cast<unsigned char>(c);
     if (u < 0x20 || u == 0x7f) return true;
   }
   return false;
+}
+
+// A string as a YAML scalar that reads back as that same string: yaml-cpp
+// decides what its syntax requires (indicators, ": ", " #", leading or
+// trailing spaces, line breaks); strings that would read as another type are
+// double-quoted here.
+void EmitString(YAML::Emitter& out, absl::string_view text) {
+  // yaml-cpp escapes DEL only together with every non-ASCII character.
+  if (absl::StrContains(text, '\x7f')) out << YAML::EscapeNonAscii;
+  if (IsYamlKeyword(text) || MightReadAsNumber(text) || HasControlCharacter(text)) {
+    out << YAML::DoubleQuoted;
+  }
+  out << std::string(text);
 }
 
 std::string ShortestDouble(double d) {
@@ -199,97 +208,113 @@ std::string ShortestDouble(double d) {
   return s;
 }
 
+// A number's text: yaml-cpp writes it plain, as it does for the numbers it
+// formats itself (its own doubles carry 17 digits: "0.10000000000000001").
+void EmitNumber(YAML::Emitter& out, const std::string& text) { out << text; }
+
+// ShortestDouble as YAML 1.1 (PyYAML) reads it as a float too: 1.1 wants a
+// dot before an exponent, so "1e+300" becomes "1.0e+300".
+std::string YamlDouble(double d) {
+  std::string text = ShortestDouble(d);
+  const size_t e = text.find('e');
+  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+  return text;
+}
+
 // Element `index` of a repeated field, or the singular field when index < 0.
-std::string YamlScalar(const Message& m, const FieldDescriptor* f, int index) {
+void EmitScalar(YAML::Emitter& out, const Message& m, const FieldDescriptor* f, int index) {
   const Reflection* r = m.GetReflection();
   const bool rep = index >= 0;
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
-      return absl::StrCat(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
+      return EmitNumber(out,
+                        absl::StrCat(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f)));
     case FieldDescriptor::CPPTYPE_INT64:
-      return absl::StrCat(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
+      return EmitNumber(out,
+                        absl::StrCat(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f)));
     case FieldDescriptor::CPPTYPE_UINT32:
-      return absl::StrCat(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
+      return EmitNumber(
+          out, absl::StrCat(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f)));
     case FieldDescriptor::CPPTYPE_UINT64:
-      return absl::StrCat(rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
+      return EmitNumber(
+          out, absl::StrCat(rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f)));
     case FieldDescriptor::CPPTYPE_DOUBLE:
-      return ShortestDouble(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
+      return EmitNumber(
+          out, YamlDouble(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f)));
     case FieldDescriptor::CPPTYPE_FLOAT:
-      return ShortestDouble(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+      return EmitNumber(
+          out, YamlDouble(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f)));
     case FieldDescriptor::CPPTYPE_BOOL:
-      return (rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f)) ? "true" : "false";
+      out << (rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f));
+      return;
     case FieldDescriptor::CPPTYPE_ENUM: {
       const int number = rep ? r->GetRepeatedEnumValue(m, f, index) : r->GetEnumValue(m, f);
       const google::protobuf::EnumValueDescriptor* v = f->enum_type()->FindValueByNumber(number);
-      return v != nullptr ? v->name() : absl::StrCat(number);
+      if (v == nullptr) return EmitNumber(out, absl::StrCat(number));
+      return EmitString(out, v->name());
     }
     case FieldDescriptor::CPPTYPE_STRING: {
       std::string scratch;
       const std::string& s = rep ? r->GetRepeatedStringReference(m, f, index, &scratch)
                                  : r->GetStringReference(m, f, &scratch);
-      return YamlString(f->type() == FieldDescriptor::TYPE_BYTES ? absl::Base64Escape(s) : s);
+      return EmitString(out, f->type() == FieldDescriptor::TYPE_BYTES ? absl::Base64Escape(s) : s);
     }
     case FieldDescriptor::CPPTYPE_MESSAGE:
       break;  // Not a scalar; the caller handles messages.
   }
-  return "";
 }
 
-std::vector<std::string> MappingLines(const Message& m);
-
-// A mapping as the value of a key or a list item: its lines, or {} when it
-// has no fields to show.
-void AppendNested(const std::vector<std::string>& lines, absl::string_view first_prefix,
-                  absl::string_view key_line, std::vector<std::string>* out) {
-  if (lines.empty()) {
-    out->push_back(absl::StrCat(key_line, first_prefix.empty() ? " {}" : "{}"));
-    return;
+// Unset message fields and unset members of a oneof are left out; every
+// other field is shown, defaults included, as ToJson does.
+bool IsShown(const Message& m, const FieldDescriptor* f) {
+  if (f->is_repeated()) return true;
+  if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE || f->has_presence()) {
+    return m.GetReflection()->HasField(m, f);
   }
-  if (first_prefix.empty()) {
-    // "key:" then the mapping indented under it.
-    out->push_back(std::string(key_line));
-    for (const std::string& l : lines) out->push_back(absl::StrCat("  ", l));
-  } else {
-    // "- first: line" then the rest aligned with it.
-    out->push_back(absl::StrCat(first_prefix, lines[0]));
-    for (size_t i = 1; i < lines.size(); ++i) out->push_back(absl::StrCat("  ", lines[i]));
-  }
+  return true;
 }
 
-// Field order is declaration order. Unset message fields and unset members of
-// a oneof are left out; every other field is shown, defaults included, as
-// ToJson does. (Map fields would show as lists of key/value entries; the
-// admin API has none.)
-std::vector<std::string> MappingLines(const Message& m) {
-  std::vector<std::string> out;
+// The message as a block mapping in declaration order, or {} when it has no
+// fields to show; empty lists are written []. (Map fields would show as lists
+// of key/value entries; the admin API has none.)
+void EmitMessage(YAML::Emitter& out, const Message& m) {
   const Reflection* r = m.GetReflection();
   const google::protobuf::Descriptor* d = m.GetDescriptor();
+  std::vector<const FieldDescriptor*> fields;
   for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    const std::string& key = f->name();
+    if (IsShown(m, d->field(i))) fields.push_back(d->field(i));
+  }
+  if (fields.empty()) {
+    out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
+    return;
+  }
+  out << YAML::BeginMap;
+  for (const FieldDescriptor* f : fields) {
+    out << YAML::Key;
+    EmitString(out, f->name());
+    out << YAML::Value;
     if (f->is_repeated()) {
       const int n = r->FieldSize(m, f);
       if (n == 0) {
-        out.push_back(absl::StrCat(key, ": []"));
+        out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
         continue;
       }
-      out.push_back(absl::StrCat(key, ":"));
+      out << YAML::BeginSeq;
       for (int j = 0; j < n; ++j) {
         if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-          AppendNested(MappingLines(r->GetRepeatedMessage(m, f, j)), "- ", "- ", &out);
+          EmitMessage(out, r->GetRepeatedMessage(m, f, j));
         } else {
-          out.push_back(absl::StrCat("- ", YamlScalar(m, f, j)));
+          EmitScalar(out, m, f, j);
         }
       }
+      out << YAML::EndSeq;
     } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (!r->HasField(m, f)) continue;
-      AppendNested(MappingLines(r->GetMessage(m, f)), "", absl::StrCat(key, ":"), &out);
+      EmitMessage(out, r->GetMessage(m, f));
     } else {
-      if (f->has_presence() && !r->HasField(m, f)) continue;
-      out.push_back(absl::StrCat(key, ": ", YamlScalar(m, f, -1)));
+      EmitScalar(out, m, f, -1);
     }
   }
-  return out;
+  out << YAML::EndMap;
 }
 
 // ---------------------------------------------------------------------------
@@ -842,42 +867,19 @@ std::string ToJson(const google::protobuf::Message& message) {
 }
 
 std::string ToYaml(const google::protobuf::Message& message) {
-  const std::vector<std::string> lines = MappingLines(message);
-  if (lines.empty()) return "{}\n";
-  return absl::StrCat(absl::StrJoin(lines, "\n"), "\n");
+  YAML::Emitter out;
+  out.SetIndent(2);
+  EmitMessage(out, message);
+  // The emitter fails only on misuse (an unbalanced map or list), a bug
+  // here; fall back to an empty mapping rather than half a document.
+  if (!out.good()) return "{}\n";
+  return absl::StrCat(out.c_str(), "\n");
 }
 
 std::string YamlString(absl::string_view text) {
-  if (!NeedsQuotes(text)) return std::string(text);
-  std::string out = "\"";
-  for (char c : text) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (u < 0x20 || u == 0x7f) {
-          absl::StrAppendFormat(&out, "\\x%02x", u);
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-  return out;
+  YAML::Emitter out;
+  EmitString(out, text);
+  return out.c_str();
 }
 
 }  // namespace sdc::sdcctl

@@ -1,7 +1,7 @@
 // sdcctl: the operator's command line over sdcd's AdminService. This file is
 // the edge: flags and environment into a validated Config, the channel and
 // its credentials, one deadline per call, and exit codes. What is printed is
-// decided by the pure functions of daemon/sdcctl_format.h.
+// decided by the pure functions of ctl/sdcctl_format.h.
 
 #include <algorithm>
 #include <cerrno>
@@ -28,7 +28,7 @@
 #include "absl/time/time.h"
 #include "admin.grpc.pb.h"
 #include "agent.pb.h"
-#include "daemon/sdcctl_format.h"
+#include "ctl/sdcctl_format.h"
 #include "grpcpp/grpcpp.h"
 
 // Empty defaults are resolved from the environment in ConfigFromFlags.

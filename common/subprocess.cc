@@ -1,4 +1,4 @@
-#include "daemon/subprocess.h"
+#include "common/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-namespace sdc::daemon {
+namespace sdc::common {
 
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   CommandResult result;
@@ -90,4 +90,4 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
   return result;
 }
 
-}  // namespace sdc::daemon
+}  // namespace sdc::common

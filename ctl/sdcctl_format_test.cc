@@ -1,5 +1,7 @@
-#include "daemon/sdcctl_format.h"
+#include "ctl/sdcctl_format.h"
 
+#include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "yaml-cpp/yaml.h"
 
 namespace sdc::sdcctl {
 namespace {
@@ -616,25 +619,25 @@ TEST_F(ToYamlTest, EveryKindOfField) {
             "inner:\n"
             "  label: \"\"\n"
             "  values:\n"
-            "  - 1\n"
-            "  - 2\n"
+            "    - 1\n"
+            "    - 2\n"
             "items:\n"
-            "- label: \"a: b\"\n"
-            "  values: []\n"
-            "- label: \"\"\n"
-            "  values: []\n"
+            "  - label: \"a: b\"\n"
+            "    values: []\n"
+            "  - label: \"\"\n"
+            "    values: []\n"
             "tags:\n"
-            "- x\n"
-            "- \"\"\n"
+            "  - x\n"
+            "  - \"\"\n"
             "empty: {}\n"
             "empties:\n"
-            "- {}\n"
+            "  - {}\n"
             "by_id: 3\n"  // The oneof's other member is left out.
             "doubles:\n"
-            "- 1e+300\n"
-            "- -0.25\n"
-            "- .inf\n"
-            "- .nan\n");
+            "  - 1.0e+300\n"  // YAML 1.1 (PyYAML) wants the dot.
+            "  - -0.25\n"
+            "  - .inf\n"
+            "  - .nan\n");
 }
 
 TEST_F(ToYamlTest, DefaultsShownUnsetMessagesAndOneofsLeftOut) {
@@ -665,6 +668,100 @@ TEST_F(ToYamlTest, EmptyMessage) {
   EXPECT_EQ(ToYaml(v1::ListJobsResponse()), "jobs: []\n");
 }
 
+// Strings that YAML would misread unless quoted, and the parser's view of
+// them: yaml-cpp gives a quoted scalar the tag "!" (a string whatever it
+// looks like) and a plain one "?" (resolved by its text: bool, number, ...).
+const std::vector<std::string>& TrickyStrings() {
+  static const auto* const kStrings = new std::vector<std::string>{
+      "a: b",        "key:",      "x #y",     " lead",      "trail ",      "yes",
+      "No",          "off",       "null",     "~",          "123",         "-1",
+      "0x1F",        "1e3",       ".inf",     "12:30",      "2027-01-15",  "line\nbreak",
+      "two\nlines\n", "tab\there", "cr\r",     "- x",        "[x]",         "{x}",
+      "*alias",      "&anchor",   "!tag",     "#comment",   "'q",          "\"q",
+      "back\\slash", "",          "jöb",      "del\x7f",    "quote\" and \\ with: colon"};
+  return *kStrings;
+}
+
+TEST_F(ToYamlTest, ParsesBackToTheSameValues) {
+  auto m = Outer(R"pb(
+    i32: -5
+    i64: -9000000000
+    u64: 18446744073709551615
+    d: 0.1
+    f: 1.5
+    b: true
+    color: RED
+    inner { label: "yes" values: [ 1, -2 ] }
+    items { label: "123" }
+    doubles: [ 1e300, -0.25, inf, nan, 2.5e-7 ]
+  )pb");
+  const google::protobuf::Reflection* r = m->GetReflection();
+  for (const std::string& t : TrickyStrings()) {
+    r->AddString(m.get(), outer_->FindFieldByName("tags"), t);
+  }
+  const std::string text = ToYaml(*m);
+  YAML::Node y;
+  ASSERT_NO_THROW(y = YAML::Load(text)) << text;
+  EXPECT_EQ(y["i32"].as<int32_t>(), -5);
+  EXPECT_EQ(y["i64"].as<int64_t>(), -9000000000);
+  EXPECT_EQ(y["u64"].as<uint64_t>(), 18446744073709551615u);
+  EXPECT_EQ(y["d"].as<double>(), 0.1);
+  EXPECT_EQ(y["f"].as<double>(), 1.5);
+  EXPECT_TRUE(y["b"].as<bool>());
+  EXPECT_EQ(y["s"].as<std::string>(), "");
+  EXPECT_EQ(y["color"].as<std::string>(), "RED");
+  for (const char* key : {"i32", "i64", "u64", "d", "f", "b", "color"}) {
+    EXPECT_EQ(y[key].Tag(), "?") << key << " should be plain";
+  }
+  EXPECT_EQ(y["inner"]["label"].as<std::string>(), "yes");
+  EXPECT_EQ(y["inner"]["label"].Tag(), "!");
+  EXPECT_EQ(y["inner"]["values"][1].as<int>(), -2);
+  ASSERT_TRUE(y["items"].IsSequence());
+  ASSERT_EQ(y["items"].size(), 1u);
+  EXPECT_EQ(y["items"][0]["label"].as<std::string>(), "123");
+  EXPECT_EQ(y["items"][0]["label"].Tag(), "!");
+  EXPECT_TRUE(y["items"][0]["values"].IsSequence());
+  EXPECT_EQ(y["items"][0]["values"].size(), 0u);
+  EXPECT_TRUE(y["empties"].IsSequence());
+  EXPECT_EQ(y["doubles"][0].as<double>(), 1e300);
+  EXPECT_EQ(y["doubles"][1].as<double>(), -0.25);
+  EXPECT_TRUE(std::isinf(y["doubles"][2].as<double>()));
+  EXPECT_TRUE(std::isnan(y["doubles"][3].as<double>()));
+  EXPECT_EQ(y["doubles"][4].as<double>(), 2.5e-7);
+  const YAML::Node tags = y["tags"];
+  ASSERT_TRUE(tags.IsSequence());
+  ASSERT_EQ(tags.size(), TrickyStrings().size());
+  for (size_t i = 0; i < tags.size(); ++i) {
+    const std::string& want = TrickyStrings()[i];
+    EXPECT_EQ(tags[i].as<std::string>(), want) << "in\n" << text;
+    // Plain only where the text is a string whatever the resolver does.
+    if (tags[i].Tag() == "?") {
+      EXPECT_THAT(want, ::testing::AnyOf("jöb", "back\\slash")) << "left plain";
+    }
+  }
+}
+
+TEST(ToYamlAdminTest, RequestParsesBack) {
+  v1::ReplacementRequest r = PendingRequest();
+  r.set_node_name("123");
+  r.set_reason("replay: rank 3\n  diagnostic: FAILED # see node-b");
+  r.mutable_transitions(0)->set_actor("no");
+  r.mutable_transitions(0)->set_reason(" leading space");
+  const YAML::Node y = YAML::Load(ToYaml(r));
+  EXPECT_EQ(y["id"].as<uint64_t>(), 7u);
+  EXPECT_EQ(y["node_name"].as<std::string>(), "123");
+  EXPECT_EQ(y["node_name"].Tag(), "!");
+  EXPECT_EQ(y["state"].as<std::string>(), "PENDING");
+  EXPECT_EQ(y["reason"].as<std::string>(), "replay: rank 3\n  diagnostic: FAILED # see node-b");
+  EXPECT_EQ(y["gpu_uuids"][0].as<std::string>(), "GPU-3");
+  EXPECT_EQ(y["incident_ids"][0].as<uint64_t>(), 4u);
+  ASSERT_EQ(y["transitions"].size(), 1u);
+  EXPECT_EQ(y["transitions"][0]["actor"].as<std::string>(), "no");
+  EXPECT_EQ(y["transitions"][0]["actor"].Tag(), "!");
+  EXPECT_EQ(y["transitions"][0]["reason"].as<std::string>(), " leading space");
+  EXPECT_EQ(y["created_unix_ms"].as<int64_t>(), 1799999700000);
+}
+
 TEST(ToYamlAdminTest, RequestWithTransitionsAndEvidence) {
   v1::ReplacementRequest r = PendingRequest();
   r.set_reason("replay: rank 3");
@@ -677,69 +774,69 @@ TEST(ToYamlAdminTest, RequestWithTransitionsAndEvidence) {
                                "node_name: node-b\n"
                                "state: PENDING\n"
                                "gpu_uuids:\n"
-                               "- GPU-3\n"
+                               "  - GPU-3\n"
                                "incident_ids:\n"
-                               "- 4\n"
+                               "  - 4\n"
                                "reason: \"replay: rank 3\"\n"
                                "created_unix_ms: 1799999700000\n"));
   EXPECT_THAT(yaml, HasSubstr("\ntransitions:\n"
-                              "- from: PENDING\n"
-                              "  to: PENDING\n"
-                              "  at_unix_ms: 1799999700000\n"
-                              "  actor: sdcd\n"
-                              "  reason: \"replay: rank 3\"\n"));
+                              "  - from: PENDING\n"
+                              "    to: PENDING\n"
+                              "    at_unix_ms: 1799999700000\n"
+                              "    actor: sdcd\n"
+                              "    reason: \"replay: rank 3\"\n"));
   EXPECT_THAT(yaml, HasSubstr("\nevidence:\n"
-                              "- id: 4\n"
-                              "  job_id: job-a\n"
-                              "  step: 120\n"
-                              "  check: CHECK_REPLAY\n"
-                              "  outcome: faulty\n"
-                              "  ranks:\n"
-                              "  - 3\n"
-                              "  node_names:\n"
-                              "  - node-b\n"
-                              "  gpu_uuids:\n"
-                              "  - GPU-3\n"
-                              "  confirmed: true\n"
-                              "  explanation: \"\"\n"
-                              "  differing_tensors: []\n"
-                              "  created_unix_ms: 1799999941000\n"
-                              "  request_id: 7\n"));
+                              "  - id: 4\n"
+                              "    job_id: job-a\n"
+                              "    step: 120\n"
+                              "    check: CHECK_REPLAY\n"
+                              "    outcome: faulty\n"
+                              "    ranks:\n"
+                              "      - 3\n"
+                              "    node_names:\n"
+                              "      - node-b\n"
+                              "    gpu_uuids:\n"
+                              "      - GPU-3\n"
+                              "    confirmed: true\n"
+                              "    explanation: \"\"\n"
+                              "    differing_tensors: []\n"
+                              "    created_unix_ms: 1799999941000\n"
+                              "    request_id: 7\n"));
   EXPECT_THAT(yaml, HasSubstr("\naction: replace\n"));
   EXPECT_THAT(yaml, HasSubstr("\nactuator: \"\"\n"));
 }
 
 TEST(ToYamlAdminTest, ListsOfEachKind) {
   const std::string jobs = FormatJobs(TwoJobs(), OutputFormat::kYaml, kNow);
-  EXPECT_THAT(jobs, StartsWith("jobs:\n- job_id: job-a\n"));
-  EXPECT_THAT(jobs, HasSubstr("\n- job_id: job-a\n"
-                              "  world_size: 8\n"
-                              "  attached_ranks: 8\n"
-                              "  last_step: 120\n"
-                              "  created_unix_ms: 1799999280000\n"
-                              "  open_incidents: 1\n"
-                              "  nodes: 2\n"));
-  EXPECT_THAT(jobs, HasSubstr("\n- job_id: job-b\n"
-                              "  world_size: 16\n"
-                              "  attached_ranks: 12\n"
-                              "  last_step: 7\n"
-                              "  created_unix_ms: 1799740800000\n"
-                              "  open_incidents: 0\n"));
+  EXPECT_THAT(jobs, StartsWith("jobs:\n  - job_id: job-a\n"));
+  EXPECT_THAT(jobs, HasSubstr("\n  - job_id: job-a\n"
+                              "    world_size: 8\n"
+                              "    attached_ranks: 8\n"
+                              "    last_step: 120\n"
+                              "    created_unix_ms: 1799999280000\n"
+                              "    open_incidents: 1\n"
+                              "    nodes: 2\n"));
+  EXPECT_THAT(jobs, HasSubstr("\n  - job_id: job-b\n"
+                              "    world_size: 16\n"
+                              "    attached_ranks: 12\n"
+                              "    last_step: 7\n"
+                              "    created_unix_ms: 1799740800000\n"
+                              "    open_incidents: 0\n"));
   const std::string suspects = FormatSuspects(TwoSuspects(), OutputFormat::kYaml, kNow);
-  EXPECT_THAT(suspects, StartsWith("suspects:\n- gpu_uuid: GPU-3\n"));
-  EXPECT_THAT(suspects, HasSubstr("\n- gpu_uuid: GPU-5\n"
-                                  "  node_name: node-c\n"
-                                  "  job_id: job-b\n"
-                                  "  rank: 5\n"
-                                  "  reason: \"\"\n"
-                                  "  incidents: 1\n"
-                                  "  targeted_audits_left: 3\n"
-                                  "  since_unix_ms: 0\n"));
+  EXPECT_THAT(suspects, StartsWith("suspects:\n  - gpu_uuid: GPU-3\n"));
+  EXPECT_THAT(suspects, HasSubstr("\n  - gpu_uuid: GPU-5\n"
+                                  "    node_name: node-c\n"
+                                  "    job_id: job-b\n"
+                                  "    rank: 5\n"
+                                  "    reason: \"\"\n"
+                                  "    incidents: 1\n"
+                                  "    targeted_audits_left: 3\n"
+                                  "    since_unix_ms: 0\n"));
   const std::string incidents = FormatIncidents(TwoIncidents(), OutputFormat::kYaml, kNow);
-  EXPECT_THAT(incidents, StartsWith("incidents:\n- id: 4\n  job_id: job-a\n"));
-  EXPECT_THAT(incidents, HasSubstr("\n- id: 9\n  job_id: job-b\n  step: 7\n"
-                                   "  check: CHECK_WEIGHTS\n  outcome: suspect\n"
-                                   "  ranks:\n  - 5\n  - 6\n"));
+  EXPECT_THAT(incidents, StartsWith("incidents:\n  - id: 4\n    job_id: job-a\n"));
+  EXPECT_THAT(incidents, HasSubstr("\n  - id: 9\n    job_id: job-b\n    step: 7\n"
+                                   "    check: CHECK_WEIGHTS\n    outcome: suspect\n"
+                                   "    ranks:\n      - 5\n      - 6\n"));
   v1::HistoryRequest by_gpu;
   by_gpu.set_gpu_uuid("GPU-3");
   EXPECT_EQ(ToYaml(by_gpu), "gpu_uuid: GPU-3\n");
@@ -776,7 +873,12 @@ TEST(YamlStringTest, QuotesOnlyWhatYamlWouldMisread) {
       {"key:", "\"key:\""},
       {"x #y", "\"x #y\""},
       {"- x", "\"- x\""},
-      {"-x", "\"-x\""},
+      {"-x", "-x"},  // '-' not followed by a space starts a plain scalar.
+      {"?x", "?x"},
+      {"? x", "\"? x\""},
+      {"12:30", "\"12:30\""},  // YAML 1.1 reads a sexagesimal int.
+      {"yes", "\"yes\""},
+      {"Y", "\"Y\""},
       {"*alias", "\"*alias\""},
       {"&anchor", "\"&anchor\""},
       {"!tag", "\"!tag\""},
@@ -796,6 +898,7 @@ TEST(YamlStringTest, QuotesOnlyWhatYamlWouldMisread) {
       {"cr\r", "\"cr\\r\""},
       {std::string("nul\0x", 5), "\"nul\\x00x\""},
       {"esc\x1b", "\"esc\\x1b\""},
+      {"del\x7f", "\"del\\x7f\""},
       {"quote\" and \\ with: colon", "\"quote\\\" and \\\\ with: colon\""},
   };
   for (const auto& [text, want] : cases) {

@@ -1,12 +1,12 @@
-#ifndef SDC_DAEMON_SUBPROCESS_H_
-#define SDC_DAEMON_SUBPROCESS_H_
+#ifndef SDC_COMMON_SUBPROCESS_H_
+#define SDC_COMMON_SUBPROCESS_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 
-namespace sdc::daemon {
+namespace sdc::common {
 
 struct CommandResult {
   bool started = false;    // False: the program could not be run (see output).
@@ -21,6 +21,6 @@ struct CommandResult {
 // /dev/null, and kills its process group at `timeout`. Thread-safe.
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
 
-}  // namespace sdc::daemon
+}  // namespace sdc::common
 
-#endif  // SDC_DAEMON_SUBPROCESS_H_
+#endif  // SDC_COMMON_SUBPROCESS_H_

@@ -1,9 +1,9 @@
-#include "agent/core/diagnostic_plan.h"
+#include "common/diagnostic_plan.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 
 absl::StatusOr<Shape> ResolveShape(uint32_t size, uint32_t repetitions) {
   Shape shape;
@@ -42,4 +42,4 @@ absl::StatusOr<std::vector<PlannedDevice>> PlanDevices(const std::string& gpu_uu
   return devices;
 }
 
-}  // namespace sdc::agent::core
+}  // namespace sdc::common

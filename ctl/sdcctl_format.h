@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_SDCCTL_FORMAT_H_
-#define SDC_DAEMON_SDCCTL_FORMAT_H_
+#ifndef SDC_CTL_SDCCTL_FORMAT_H_
+#define SDC_CTL_SDCCTL_FORMAT_H_
 
 // What sdcctl prints, as pure functions of the admin API's messages and an
 // injected "now": no I/O, no flags, no clock, so every byte of the CLI's
@@ -139,17 +139,21 @@ std::string FormatDecision(const v1::ReplacementRequest& request, bool approved,
 // strings, as the proto3 JSON mapping says.
 std::string ToJson(const google::protobuf::Message& message);
 
-// The same data as YAML (block style; a list's "- " at its key's
-// indentation, as kubectl writes it; strings quoted only when needed). Unlike
-// ToJson, 64-bit integers are plain numbers. Ends with a newline.
+// The same data as YAML, written by yaml-cpp's emitter: block style with
+// two-space indentation (a list's "- " indented under its key), empty lists
+// and messages as [] and {}, strings quoted only when needed. Field order and
+// presence are ToJson's. Unlike ToJson, 64-bit integers are plain numbers.
+// Ends with a newline.
 std::string ToYaml(const google::protobuf::Message& message);
 
-// A string as a YAML scalar: plain when YAML would read it back as the same
-// string, otherwise double-quoted with escapes (empty strings, leading or
-// trailing spaces, indicator characters, ": " or " #", control characters,
-// and anything that would read as a bool, null or number).
+// A string as a YAML scalar that any YAML 1.1 or 1.2 reader (PyYAML,
+// yaml-cpp, kubectl's) reads back as the same string: plain when possible,
+// otherwise double-quoted with escapes. yaml-cpp quotes what YAML's syntax
+// requires (empty strings, leading or trailing spaces, a leading indicator,
+// ": " or " #", line breaks); this adds anything that would read as a bool,
+// null or number, and control characters.
 std::string YamlString(absl::string_view text);
 
 }  // namespace sdc::sdcctl
 
-#endif  // SDC_DAEMON_SDCCTL_FORMAT_H_
+#endif  // SDC_CTL_SDCCTL_FORMAT_H_

@@ -1,5 +1,5 @@
-#ifndef SDC_AGENT_CORE_DIAGNOSTIC_PLAN_H_
-#define SDC_AGENT_CORE_DIAGNOSTIC_PLAN_H_
+#ifndef SDC_COMMON_DIAGNOSTIC_PLAN_H_
+#define SDC_COMMON_DIAGNOSTIC_PLAN_H_
 
 // What a confirmation diagnostic runs: its shape (n, repetitions) and the
 // devices it tests. Shared by the agent (which runs it) and sdcd (which
@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 
 inline constexpr int kMinEntry = -8;
 inline constexpr int kMaxEntry = 8;
@@ -66,6 +66,6 @@ struct PlannedDevice {
 absl::StatusOr<std::vector<PlannedDevice>> PlanDevices(const std::string& gpu_uuid,
                                                        const std::vector<GpuRef>& gpus);
 
-}  // namespace sdc::agent::core
+}  // namespace sdc::common
 
-#endif  // SDC_AGENT_CORE_DIAGNOSTIC_PLAN_H_
+#endif  // SDC_COMMON_DIAGNOSTIC_PLAN_H_

@@ -1,9 +1,9 @@
-#include "client/channel.h"
+#include "common/channel.h"
 
 #include <fstream>
 #include <sstream>
 
-namespace sdc::client {
+namespace sdc::common {
 namespace {
 
 std::string ReadFile(const std::string& path) {
@@ -39,4 +39,4 @@ std::shared_ptr<grpc::Channel> MakeClientChannel(const ChannelOptions& options,
   return grpc::CreateCustomChannel(options.address, creds, args);
 }
 
-}  // namespace sdc::client
+}  // namespace sdc::common

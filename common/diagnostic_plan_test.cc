@@ -1,8 +1,8 @@
-#include "agent/core/diagnostic_plan.h"
+#include "common/diagnostic_plan.h"
 
 #include "gtest/gtest.h"
 
-namespace sdc::agent::core {
+namespace sdc::common {
 namespace {
 
 TEST(ResolveShapeTest, DefaultsAndLimits) {
@@ -62,4 +62,4 @@ TEST(PlanDevicesTest, UnknownGpuIsNotFound) {
 }
 
 }  // namespace
-}  // namespace sdc::agent::core
+}  // namespace sdc::common
