@@ -18,6 +18,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -201,7 +204,20 @@ uint64_t WeightsDigest(torch::nn::Module& model) {
 }
 
 int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "one rank of the demo's data-parallel training job (CPU, Gloo), guarded by sdc::Guard; "
+      "sdc-guard's settings come from SDC_* environment variables.\n"
+      "  sdc-trainer --rank=R --world_size=N --rendezvous=FILE [--steps=N] [--progress=FILE] ...");
+  // --help lists the flags of the main file, which Abseil looks for by the
+  // binary's name: sdc-trainer's are in trainer_main.cc.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "demo/trainer_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) Die(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   // Abseil here is built with mutex deadlock detection on: a graph walk on
   // every lock. Production code does not pay for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
