@@ -11,15 +11,19 @@ namespace sdc::demo {
 namespace {
 
 using Json = nlohmann::json;
+// Written lines keep their keys in the order given (step and rank first),
+// as the Python trainer's json.dumps does, for people reading the files.
+using OrderedJson = nlohmann::ordered_json;
 
 // JSON has no NaN or infinity; null stands for them (the Python trainer's
 // json.dumps(allow_nan=False) side does the same).
-Json Number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+OrderedJson Number(double v) { return std::isfinite(v) ? OrderedJson(v) : OrderedJson(nullptr); }
 
-std::string Dump(const Json& j) {
+template <typename J>
+std::string Dump(const J& j) {
   // Replace, not throw, on invalid UTF-8: a reason is text from the guard
   // (tensor names included), and a progress line must always be written.
-  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, J::error_handler_t::replace);
 }
 
 // Typed access to one object's keys, remembering the first error.
@@ -139,7 +143,7 @@ absl::StatusOr<ProgressLine> ParseStep(const Json& j) {
 }  // namespace
 
 std::string StepLine(const StepRecord& r) {
-  Json j = {
+  const OrderedJson j = {
       {"step", r.step},
       {"rank", r.rank},
       {"loss", Number(r.loss)},
@@ -162,12 +166,13 @@ std::string StepLine(const StepRecord& r) {
 }
 
 std::string FinalLine(const FinalRecord& r) {
-  Json guard = Json::object();
+  OrderedJson guard = OrderedJson::object();
   for (const auto& [name, value] : r.guard) guard[name] = value;
-  return Dump({{"final", true},
-               {"rank", r.rank},
-               {"weights_digest", r.weights_digest},
-               {"guard", std::move(guard)}});
+  const OrderedJson j = {{"final", true},
+                         {"rank", r.rank},
+                         {"weights_digest", r.weights_digest},
+                         {"guard", std::move(guard)}};
+  return Dump(j);
 }
 
 absl::StatusOr<ProgressLine> ParseProgressLine(std::string_view line) {

@@ -71,6 +71,7 @@ TEST(ProgressLineTest, StepRoundTripsEveryField) {
   const StepRecord r = SomeStep();
   const std::string line = StepLine(r);
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_EQ(line.rfind(R"({"step":15,"rank":3,"loss":2.25,"apply":false,)", 0), 0u) << line;
   ExpectSameStep(ParseStep(line), r);
 }
 
@@ -168,7 +169,7 @@ TEST(ProgressLineTest, FinalRoundTrips) {
   FinalRecord unguarded;
   unguarded.weights_digest = "0000000000000001";
   EXPECT_EQ(FinalLine(unguarded),
-            R"({"final":true,"guard":{},"rank":0,"weights_digest":"0000000000000001"})");
+            R"({"final":true,"rank":0,"weights_digest":"0000000000000001","guard":{}})");
 }
 
 std::string StepWith(const std::string& key, const std::string& value) {
