@@ -179,7 +179,8 @@ absl::StatusOr<ProgressLine> ParseProgressLine(std::string_view line) {
   Json j;
   try {
     j = Json::parse(line.begin(), line.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // Not only parse_error: a number too large for a double is out_of_range.
     // e.what() reads "[json.exception.parse_error.101] parse error at line 1,
     // column 7: syntax error while parsing value - ...": keep what follows the id.
     std::string what = e.what();

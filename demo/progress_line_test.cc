@@ -193,6 +193,7 @@ TEST(ProgressLineTest, MalformedLinesAreInvalidArgumentSayingWhy) {
            {R"({"step":1,"rank":0,"lo)", "not JSON: parse error at line 1, column 23"},
            {R"({"step":1} trailing)", "not JSON: parse error at line 1, column 14"},
            {R"({"step":1,"loss":nan})", "not JSON: parse error"},
+           {R"({"step":1,"end_unix_ms":1e400})", "not JSON: number overflow parsing '1e400'"},
            {"[1,2]", "not a JSON object: [1,2]"},
            {"null", "not a JSON object: null"},
            {StepWith("rank", ""), "no \"rank\""},
@@ -211,6 +212,28 @@ TEST(ProgressLineTest, MalformedLinesAreInvalidArgumentSayingWhy) {
     absl::StatusOr<ProgressLine> p = ParseProgressLine(c.line);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.line;
     EXPECT_THAT(p.status().message(), HasSubstr(c.error)) << c.line;
+  }
+}
+
+// Every truncation of a line (a writer killed mid-line) and every byte of
+// it replaced by each of a few troublemakers: the parser answers, OK or
+// kInvalidArgument, and never throws or crashes.
+TEST(ProgressLineTest, TruncatedAndMutatedLinesNeverCrash) {
+  StepRecord r = SomeStep();
+  r.reason = "a \"quoted\" reason";
+  for (const std::string& valid : {StepLine(r), FinalLine(FinalRecord{2, "00ff", {{"steps", 3}}})}) {
+    for (size_t n = 0; n < valid.size(); ++n) {
+      absl::StatusOr<ProgressLine> p = ParseProgressLine(valid.substr(0, n));
+      EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << valid.substr(0, n);
+    }
+    for (size_t i = 0; i < valid.size(); ++i) {
+      for (const char c : {'"', '\\', '{', '}', ',', ':', '-', '9', 'e', '.', '\0', '\xff'}) {
+        std::string mutated = valid;
+        mutated[i] = c;
+        absl::StatusOr<ProgressLine> p = ParseProgressLine(mutated);
+        if (!p.ok()) EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << mutated;
+      }
+    }
   }
 }
 
