@@ -238,7 +238,7 @@ cmd_bench() {
     kernels | core | overhead | detection)
       # overhead and detection start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
-      if [[ " $* " == *" --trainer=python "* ]]; then
+      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
         build_python >/dev/null
       fi
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"

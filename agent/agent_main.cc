@@ -18,6 +18,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent.pb.h"
 #include "agent/config.h"
@@ -119,6 +121,14 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the sdc-guard node agent.\n  sdc-agent --coordinator=HOST:PORT [--node_name=NAME] "
       "[--heartbeat=30s] [--action_command='PROG {action} {request}'] ...");
+  // --help lists the flags of the main file, which Abseil looks for by the
+  // binary's name: sdc-agent's are in agent_main.cc.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "agent/agent_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   const Config config = ConfigFromFlags(ReadEnvironment());
   if (absl::Status s = Validate(config); !s.ok()) {

@@ -16,15 +16,20 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/core/coordinator.h"
 #include "kernels/model_digest.h"
+
+ABSL_FLAG(uint32_t, ranks, 16384, "Ranks attached to the coordinator (at least 24).");
+ABSL_FLAG(uint32_t, tensors, 1000, "Tensors per rank's model (at least 8).");
 
 namespace sdc::bench {
 namespace {
@@ -179,17 +184,13 @@ int Main(int argc, char** argv) {
   // Abseil here is built with mutex deadlock detection on: a graph walk on
   // every lock. Production code does not pay for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  uint32_t ranks = 16384;
-  uint32_t tensors = 1000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--ranks=", 8) == 0) {
-      ranks = static_cast<uint32_t>(std::atoi(argv[i] + 8));
-    } else if (std::strncmp(argv[i], "--tensors=", 10) == 0) {
-      tensors = static_cast<uint32_t>(std::atoi(argv[i] + 10));
-    } else {
-      return Fail(absl::StrCat("unknown flag '", argv[i], "' (known: --ranks=N --tensors=N)"));
-    }
-  }
+  absl::SetProgramUsageMessage(
+      "the coordinator core's vote and attribution at scale, in process.\n"
+      "  core_bench [--ranks=N] [--tensors=N]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
+  const uint32_t ranks = absl::GetFlag(FLAGS_ranks);
+  const uint32_t tensors = absl::GetFlag(FLAGS_tensors);
   if (ranks < 3 * kGpusPerNode || tensors < 8) return Fail("need --ranks >= 24 and --tensors >= 8");
   Bench bench(ranks, tensors);
   std::fprintf(stderr, "attaching %u ranks (%u nodes x %u GPUs), %u tensors...\n", ranks,

@@ -46,6 +46,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -59,6 +62,23 @@
 #include "tests/testing/process.h"
 #include "tests/testing/sdcd.h"
 #include "trainer.grpc.pb.h"
+
+ABSL_FLAG(std::string, role, "bench",
+          "bench: start sdcd and the load generator; loadgen: be the load generator (the "
+          "bench starts this binary so).");
+ABSL_FLAG(std::string, target, "", "loadgen: sdcd's trainer address.");
+ABSL_FLAG(uint32_t, ranks, 16384, "Simulated ranks (at least 24).");
+ABSL_FLAG(uint32_t, per_connection, 128, "Ranks per gRPC connection.");
+ABSL_FLAG(uint32_t, per_relay, 8,
+          "Ranks per relay stream, as a node agent relays them (0: one Attach stream per rank).");
+ABSL_FLAG(uint32_t, senders, 4, "Threads handing out each step's reports.");
+ABSL_FLAG(bool, by_rank, true,
+          "Each rank's messages of a step back to back, as the client queues them (false: "
+          "each kind for all of a sender's ranks in turn).");
+ABSL_FLAG(uint32_t, tensors, 1000, "Tensors per simulated model.");
+ABSL_FLAG(uint32_t, steps, 30, "Steps.");
+ABSL_FLAG(uint64_t, first_step, 91, "Number of the first step.");
+ABSL_FLAG(double, rate, 1.0, "Steps per second.");
 
 namespace sdc::bench {
 namespace {
@@ -795,28 +815,27 @@ int Main(int argc, char** argv) {
   // Abseil here is built with mutex deadlock detection on: a graph walk on
   // every lock. Production code does not pay for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  absl::SetProgramUsageMessage(
+      "sdcd under load: a real sdcd and a load generator of simulated ranks.\n"
+      "  daemon_bench [--ranks=N] [--per_connection=N] [--per_relay=N] [--senders=N] "
+      "[--by_rank=BOOL]\n"
+      "               [--tensors=N] [--steps=N] [--first_step=N] [--rate=STEPS_PER_S]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      const std::string prefix = absl::StrCat("--", name, "=");
-      return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
-    };
-    bool ok = true;
-    if (const char* v = value("role")) a.role = v;
-    else if (const char* v = value("target")) a.target = v;
-    else if (const char* v = value("ranks")) ok = absl::SimpleAtoi(v, &a.ranks);
-    else if (const char* v = value("per_connection")) ok = absl::SimpleAtoi(v, &a.per_connection);
-    else if (const char* v = value("per_relay")) ok = absl::SimpleAtoi(v, &a.per_relay);
-    else if (const char* v = value("senders")) ok = absl::SimpleAtoi(v, &a.senders);
-    else if (const char* v = value("by_rank")) ok = absl::SimpleAtob(v, &a.by_rank);
-    else if (const char* v = value("tensors")) ok = absl::SimpleAtoi(v, &a.tensors);
-    else if (const char* v = value("steps")) ok = absl::SimpleAtoi(v, &a.steps);
-    else if (const char* v = value("first_step")) ok = absl::SimpleAtoi(v, &a.first_step);
-    else if (const char* v = value("rate")) ok = absl::SimpleAtod(v, &a.rate) && a.rate > 0;
-    else return Fail(absl::StrCat("unknown flag '", arg, "' (known: --ranks --per_connection --per_relay --senders --by_rank --tensors --steps --first_step --rate)"));
-    if (!ok) return Fail(absl::StrCat("bad value in '", arg, "'"));
-  }
+  a.role = absl::GetFlag(FLAGS_role);
+  a.target = absl::GetFlag(FLAGS_target);
+  a.ranks = absl::GetFlag(FLAGS_ranks);
+  a.per_connection = absl::GetFlag(FLAGS_per_connection);
+  a.per_relay = absl::GetFlag(FLAGS_per_relay);
+  a.senders = absl::GetFlag(FLAGS_senders);
+  a.by_rank = absl::GetFlag(FLAGS_by_rank);
+  a.tensors = absl::GetFlag(FLAGS_tensors);
+  a.steps = absl::GetFlag(FLAGS_steps);
+  a.first_step = absl::GetFlag(FLAGS_first_step);
+  a.rate = absl::GetFlag(FLAGS_rate);
+  if (a.role != "bench" && a.role != "loadgen") return Fail("--role: bench or loadgen");
+  if (!(a.rate > 0)) return Fail("--rate must be above 0");
   if (a.ranks < 24 || a.per_connection == 0 || a.steps == 0 || a.senders == 0) {
     return Fail("need --ranks >= 24, --per_connection > 0, --senders > 0, --steps > 0");
   }

@@ -26,8 +26,8 @@
 // Prints a table, then one JSON object on the last line of stdout. Progress
 // goes to stderr as runs complete.
 //
-// Flags: --quick (one run per scenario, a 500-step soak), --runs N (per
-// scenario, default 3), --soak_steps N (default 2000), --out_dir DIR (default
+// Flags: --quick (one run per scenario, a 500-step soak), --runs=N (per
+// scenario, default 3), --soak_steps=N (default 2000), --out_dir=DIR (default
 // a temporary folder; one run folder per run under it), --keep (keep the run
 // folders; they are deleted at the end otherwise).
 //
@@ -54,17 +54,29 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/report.h"
 #include "demo/scenarios.h"
+
+ABSL_FLAG(bool, quick, false, "One run per scenario and a 500-step soak.");
+ABSL_FLAG(int, runs, 0, "Runs per scenario (0: 3, or 1 with --quick).");
+ABSL_FLAG(int, soak_steps, 0, "Clean bn-mlp soak steps in total (0: 2000, or 500 with --quick).");
+ABSL_FLAG(std::string, out_dir, "", "Where the run folders go (default: a temporary folder).");
+ABSL_FLAG(bool, keep, false, "Keep the run folders (deleted at the end otherwise).");
+ABSL_FLAG(bool, soak_only, false,
+          "Only a long clean soak, every step audited and weight-checked (./sdc bench soak).");
+ABSL_FLAG(int, min_audits, 15320, "With --soak_only: the audits to reach.");
+ABSL_FLAG(int, min_weight_checks, 3080, "With --soak_only: the weight checks to reach.");
 
 namespace sdc::bench {
 namespace {
@@ -92,6 +104,7 @@ constexpr int kFaultSteps[] = {15, 20, 25};
 // Soak runs are at most this long.
 constexpr int kSoakRunSteps = 500;
 
+// The flags, read once (see FlagsFromCommandLine).
 struct Flags {
   bool quick = false;
   int runs = 3;
@@ -106,55 +119,33 @@ struct Flags {
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "detection_bench: %s\n", error.c_str());
-  std::fprintf(stderr,
-               "usage: detection_bench [--quick] [--runs N] [--soak_steps N] [--out_dir DIR] "
-               "[--keep] [--soak_only [--min_audits N] [--min_weight_checks N]]\n");
   std::exit(2);
 }
 
-Flags ParseFlags(int argc, char** argv) {
+Flags FlagsFromCommandLine(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the detection matrix of sdc-guard on a local cluster.\n"
+      "  detection_bench [--quick] [--runs=N] [--soak_steps=N] [--out_dir=DIR] [--keep]\n"
+      "  detection_bench --soak_only [--min_audits=N] [--min_weight_checks=N]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) Usage(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   Flags f;
-  bool runs_set = false, soak_set = false;
-  for (demo::FlagReader flag(argc, argv, Usage); flag.Next();) {
-    const std::string& arg = flag.name();
-    if (arg == "--help" || arg == "-h") {
-      std::printf(
-          "detection_bench: the detection matrix of sdc-guard on a local cluster.\n"
-          "  --quick          one run per scenario and a 500-step soak\n"
-          "  --runs N         runs per scenario (default 3)\n"
-          "  --soak_steps N   clean bn-mlp soak steps in total (default 2000)\n"
-          "  --out_dir DIR    where the run folders go (default: a temporary folder)\n"
-          "  --keep           keep the run folders\n"
-          "  --soak_only      only a long clean soak, every step audited and weight-checked\n"
-          "  --min_audits N   (soak_only) audits to reach (default 15320)\n"
-          "  --min_weight_checks N  (soak_only) weight checks to reach (default 3080)\n");
-      std::exit(0);
-    } else if (arg == "--quick") {
-      f.quick = true;
-    } else if (arg == "--runs") {
-      f.runs = flag.Number(1);
-      runs_set = true;
-    } else if (arg == "--soak_steps") {
-      f.soak_steps = flag.Number(1);
-      soak_set = true;
-    } else if (arg == "--out_dir") {
-      f.out_dir = flag.Value();
-    } else if (arg == "--keep") {
-      f.keep = true;
-    } else if (arg == "--soak_only") {
-      f.soak_only = true;
-    } else if (arg == "--min_audits") {
-      f.min_audits = flag.Number(1);
-    } else if (arg == "--min_weight_checks") {
-      f.min_weight_checks = flag.Number(1);
-    } else {
-      flag.Unknown();
-    }
-  }
-  if (f.quick) {
-    if (!runs_set) f.runs = 1;
-    if (!soak_set) f.soak_steps = 500;
-    f.transformer_steps = 30;
+  f.quick = absl::GetFlag(FLAGS_quick);
+  f.runs = absl::GetFlag(FLAGS_runs);
+  f.soak_steps = absl::GetFlag(FLAGS_soak_steps);
+  f.out_dir = absl::GetFlag(FLAGS_out_dir);
+  f.keep = absl::GetFlag(FLAGS_keep);
+  f.soak_only = absl::GetFlag(FLAGS_soak_only);
+  f.min_audits = absl::GetFlag(FLAGS_min_audits);
+  f.min_weight_checks = absl::GetFlag(FLAGS_min_weight_checks);
+  if (f.runs == 0) f.runs = f.quick ? 1 : 3;
+  if (f.soak_steps == 0) f.soak_steps = f.quick ? 500 : 2000;
+  if (f.quick) f.transformer_steps = 30;
+  for (const auto& [flag, value] : {std::pair<const char*, int>{"runs", f.runs},
+                                    {"soak_steps", f.soak_steps},
+                                    {"min_audits", f.min_audits},
+                                    {"min_weight_checks", f.min_weight_checks}}) {
+    if (value < 1) Usage(absl::StrCat("--", flag, " must be at least 1, got ", value));
   }
   return f;
 }
@@ -756,5 +747,5 @@ class Bench {
 }  // namespace sdc::bench
 
 int main(int argc, char** argv) {
-  return sdc::bench::Bench(sdc::bench::ParseFlags(argc, argv)).Main();
+  return sdc::bench::Bench(sdc::bench::FlagsFromCommandLine(argc, argv)).Main();
 }

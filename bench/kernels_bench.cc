@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu_dispatch.h"
@@ -34,6 +37,8 @@
 #ifdef SDC_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
+
+ABSL_FLAG(int, reps, 7, "Timed repetitions of each measurement.");
 
 namespace sdc::bench {
 namespace {
@@ -211,15 +216,13 @@ int Fail(const std::string& what) {
 }
 
 int Main(int argc, char** argv) {
-  int reps = 7;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--reps=", 7) == 0) {
-      reps = std::atoi(argv[i] + 7);
-      if (reps < 1) return Fail("--reps must be a positive integer");
-    } else {
-      return Fail(absl::StrCat("unknown flag '", argv[i], "' (known: --reps=N)"));
-    }
-  }
+  absl::SetProgramUsageMessage(
+      "fingerprint and non-finite scan throughput, CPU (and GPU when built with CUDA).\n"
+      "  kernels_bench [--reps=N]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
+  const int reps = absl::GetFlag(FLAGS_reps);
+  if (reps < 1) return Fail("--reps must be a positive integer");
   ThreadPool& pool = ThreadPool::Default();
   const int threads = pool.threads();
   torch::set_num_threads(threads);

@@ -25,15 +25,33 @@
 #include <map>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
+
+ABSL_FLAG(int, steps, 300, "Steps per loop and round, warm-up included.");
+ABSL_FLAG(int, rounds, 2, "Rounds; each starts with a different loop.");
+ABSL_FLAG(int, warmup, 20, "Steps left out of the timings at the start of each loop.");
+ABSL_FLAG(int, turn_steps, 10, "Steps per turn on the machine.");
+ABSL_FLAG(int, audit_every, 100, "Guarded loops: a replay audit every N steps.");
+ABSL_FLAG(int, weight_check_every, 10, "Guarded loops: a weight check every N steps.");
+ABSL_FLAG(std::string, variants, "unguarded,extra-collective,guarded",
+          "The loops, in turn order: unguarded, extra-collective, guarded, guarded-no-sdcd "
+          "(unguarded and guarded are required).");
+ABSL_FLAG(std::string, out_dir, "",
+          "Where the loops' run folders go, kept afterwards (default: a temporary folder, "
+          "deleted).");
+ABSL_FLAG(std::string, trainer, "cpp",
+          "cpp: the demo's C++ trainer; python: examples/ddp_train.py (PyTorch DDP).");
 
 namespace sdc::bench {
 namespace {
@@ -80,42 +98,42 @@ double Mean(const std::vector<double>& v) {
 }
 
 int Main(int argc, char** argv) {
-  Args a;
+  absl::SetProgramUsageMessage(
+      "what sdc-guard costs a training step: unguarded, extra-collective and guarded loops "
+      "on a local cluster, taking turns.\n"
+      "  overhead_bench [--steps=N] [--rounds=N] [--warmup=N] [--turn_steps=N] "
+      "[--audit_every=N]\n"
+      "                 [--weight_check_every=N] [--variants=A,B,...] [--out_dir=DIR] "
+      "[--trainer=cpp|python]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   auto usage = [](const std::string& error) {
     std::fprintf(stderr, "overhead_bench: %s\n", error.c_str());
     std::exit(2);
   };
-  for (demo::FlagReader flag(argc, argv, usage); flag.Next();) {
-    const std::string& arg = flag.name();
-    if (arg == "--steps") {
-      a.steps = flag.Number(1);
-    } else if (arg == "--rounds") {
-      a.rounds = flag.Number(1);
-    } else if (arg == "--warmup") {
-      a.warmup = flag.Number(0);
-    } else if (arg == "--audit_every") {
-      a.audit_every = flag.Number(1);
-    } else if (arg == "--weight_check_every") {
-      a.weight_every = flag.Number(1);
-    } else if (arg == "--turn_steps") {
-      a.turn_steps = flag.Number(1);
-    } else if (arg == "--out_dir") {
-      a.out_dir = flag.Value();
-    } else if (arg == "--trainer") {
-      a.trainer = flag.Value();
-      if (a.trainer != "cpp" && a.trainer != "python") usage("--trainer: cpp or python");
-    } else if (arg == "--variants") {
-      a.variants = absl::StrSplit(flag.Value(), ',', absl::SkipEmpty());
-      for (const std::string& v : a.variants) {
-        if (std::find(std::begin(kVariants), std::end(kVariants), v) == std::end(kVariants)) {
-          usage(absl::StrCat("--variants: unknown loop '", v,
-                             "' (known: ", absl::StrJoin(kVariants, ","), ")"));
-        }
-      }
-    } else {
-      flag.Unknown(
-          "known: --steps --rounds --warmup --turn_steps --audit_every --weight_check_every --variants "
-          "--out_dir --trainer");
+  if (rest.size() > 1) usage(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
+  Args a;
+  a.steps = absl::GetFlag(FLAGS_steps);
+  a.rounds = absl::GetFlag(FLAGS_rounds);
+  a.warmup = absl::GetFlag(FLAGS_warmup);
+  a.turn_steps = absl::GetFlag(FLAGS_turn_steps);
+  a.audit_every = absl::GetFlag(FLAGS_audit_every);
+  a.weight_every = absl::GetFlag(FLAGS_weight_check_every);
+  a.out_dir = absl::GetFlag(FLAGS_out_dir);
+  a.trainer = absl::GetFlag(FLAGS_trainer);
+  a.variants = absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty());
+  for (const auto& [flag, value, min] : {std::tuple<const char*, int, int>{"steps", a.steps, 1},
+                                         {"rounds", a.rounds, 1},
+                                         {"warmup", a.warmup, 0},
+                                         {"turn_steps", a.turn_steps, 1},
+                                         {"audit_every", a.audit_every, 1},
+                                         {"weight_check_every", a.weight_every, 1}}) {
+    if (value < min) usage(absl::StrCat("--", flag, " must be at least ", min, ", got ", value));
+  }
+  if (a.trainer != "cpp" && a.trainer != "python") usage("--trainer: cpp or python");
+  for (const std::string& v : a.variants) {
+    if (std::find(std::begin(kVariants), std::end(kVariants), v) == std::end(kVariants)) {
+      usage(absl::StrCat("--variants: unknown loop '", v, "' (known: ", absl::StrJoin(kVariants, ","),
+                         ")"));
     }
   }
   if (a.steps <= a.warmup || a.rounds < 1) return Fail("need --steps > --warmup and --rounds >= 1");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <variant>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,61 +19,22 @@
 #include "absl/time/clock.h"
 #include "admin.grpc.pb.h"
 #include "demo/process.h"
+#include "demo/progress_line.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sdc::demo {
 namespace {
 
-// The trainers' progress lines are flat JSON objects with string, number and
-// boolean values (plus one nested object in the final line, kept raw).
-std::map<std::string, std::string> ParseFlatJson(const std::string& line) {
-  std::map<std::string, std::string> out;
-  static const std::regex kField(R"re("([a-z0-9_]+)":("([^"]*)"|\{[^}]*\}|[^,}]+))re");
-  for (auto it = std::sregex_iterator(line.begin(), line.end(), kField);
-       it != std::sregex_iterator(); ++it) {
-    out[(*it)[1]] = (*it)[3].matched ? (*it)[3].str() : (*it)[2].str();
-  }
-  return out;
-}
-
-StepRecord ToRecord(const std::map<std::string, std::string>& f) {
-  StepRecord r;
-  auto num = [&](const char* k) {
-    double v = 0;
-    auto it = f.find(k);
-    if (it != f.end()) (void)absl::SimpleAtod(it->second, &v);
-    return v;
-  };
-  auto str = [&](const char* k) {
-    auto it = f.find(k);
-    return it == f.end() ? std::string() : it->second;
-  };
-  r.step = static_cast<int>(num("step"));
-  r.rank = static_cast<int>(num("rank"));
-  r.loss = num("loss");
-  r.apply = str("apply") == "true";
-  r.reason = str("reason");
-  r.audited = str("audited") == "true";
-  r.outcome = str("outcome");
-  r.unverified = str("unverified") == "true";
-  r.norm = num("norm");
-  r.repaired = str("repaired") == "true";
-  r.checkpoint = str("checkpoint");
-  r.ms = num("ms");
-  r.check1_ms = num("check1_ms");
-  r.agreement_ms = num("agreement_ms");
-  r.audit_ms = num("audit_ms");
-  r.weight_ms = num("weight_ms");
-  r.end_unix_ms = num("end_unix_ms");
-  return r;
-}
-
 // Reads whole new lines of a progress file.
 class Tail {
  public:
   explicit Tail(std::string path) : path_(std::move(path)) {}
-  std::vector<std::string> NewLines() {
-    std::vector<std::string> lines;
+
+  // The lines completed since the last call, parsed. A line that does not
+  // parse is an error naming the file and the line (the trainers write
+  // these files; a bad line is a bug to see, not data to skip).
+  absl::StatusOr<std::vector<ProgressLine>> NewLines() {
+    std::vector<ProgressLine> lines;
     std::ifstream in(path_);
     if (!in) return lines;
     in.seekg(static_cast<std::streamoff>(offset_));
@@ -80,7 +42,14 @@ class Tail {
     while (std::getline(in, line)) {
       if (in.eof()) break;  // A partial line: read it next time.
       offset_ += line.size() + 1;
-      lines.push_back(line);
+      ++line_number_;
+      absl::StatusOr<ProgressLine> parsed = ParseProgressLine(line);
+      if (!parsed.ok()) {
+        return absl::InternalError(absl::StrCat(path_, " line ", line_number_, ": ",
+                                                parsed.status().message(), ": ",
+                                                line.substr(0, 200)));
+      }
+      lines.push_back(*std::move(parsed));
     }
     return lines;
   }
@@ -88,6 +57,7 @@ class Tail {
  private:
   std::string path_;
   size_t offset_ = 0;
+  int line_number_ = 0;
 };
 
 class Admin {
@@ -270,14 +240,15 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   while (true) {
     bool all_done = true;
     for (int r = 0; r < world; ++r) {
-      for (const std::string& line : tails[r]->NewLines()) {
-        const auto fields = ParseFlatJson(line);
-        if (fields.count("final") > 0) {
+      absl::StatusOr<std::vector<ProgressLine>> lines = tails[r]->NewLines();
+      if (!lines.ok()) return lines.status();
+      for (ProgressLine& line : *lines) {
+        if (const auto* final = std::get_if<FinalRecord>(&line)) {
           finished[r] = true;
-          result.weight_digests[r] = fields.count("weights_digest") ? fields.at("weights_digest") : "";
+          result.weight_digests[r] = final->weights_digest;
           continue;
         }
-        StepRecord rec = ToRecord(fields);
+        StepRecord rec = std::get<StepRecord>(std::move(line));
         slowest[rec.step] = std::max(slowest[rec.step], rec.ms);
         if (r == 0) {
           live.audits += rec.audited ? 1 : 0;

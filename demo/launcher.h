@@ -17,28 +17,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "admin.pb.h"
+#include "demo/progress_line.h"
 
 namespace sdc::demo {
-
-struct StepRecord {
-  int step = 0;
-  int rank = 0;
-  double loss = 0;
-  bool apply = true;
-  std::string reason;
-  bool audited = false;
-  std::string outcome;
-  bool unverified = false;
-  double norm = 0;
-  bool repaired = false;
-  std::string checkpoint;  // none | allowed | vetoed
-  double ms = 0;
-  double check1_ms = 0;  // The guard's own work (see sdc::StepDecision).
-  double agreement_ms = 0;
-  double audit_ms = 0;
-  double weight_ms = 0;
-  double end_unix_ms = 0;  // When the step ended, milliseconds since the epoch.
-};
 
 // Live numbers for a progress display.
 struct LiveStatus {

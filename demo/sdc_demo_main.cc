@@ -12,106 +12,166 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
-#include "demo/flags.h"
 #include "demo/launcher.h"
 #include "demo/report.h"
 #include "demo/scenarios.h"
 
+ABSL_FLAG(std::string, scenario, sdc::demo::kDefaultScenario,
+          "The fault to inject; --scenario=list names every scenario.");
+ABSL_FLAG(int, steps, 150, "Training steps.");
+ABSL_FLAG(int, nodes, 3, "Nodes in the local cluster (a scenario may set its own).");
+ABSL_FLAG(int, gpus_per_node, 2, "Ranks (\"GPUs\") per node.");
+ABSL_FLAG(int, audit_every, 5, "A replay audit every N steps (0: none).");
+ABSL_FLAG(int, weight_check_every, 5, "A weight check every N steps (0: none).");
+ABSL_FLAG(int, checkpoint_every, 25, "Ask for a checkpoint every N steps (0: never).");
+ABSL_FLAG(int, fault_rank, -1,
+          "The rank the fault is injected on (-1: rank gpus_per_node + 1, node-b's second "
+          "GPU, or the last rank of a smaller cluster).");
+ABSL_FLAG(int, fault_step, -1,
+          "The step the fault is injected at (-1: an audit step about 40% into the run, 60% "
+          "in the coordinator-restart scenario).");
+ABSL_FLAG(int, restart_at, -1,
+          "coordinator-restart scenario: kill -9 sdcd once every rank passed this step (-1: "
+          "a third of --steps).");
+ABSL_FLAG(std::string, run_dir, "", "The run folder (default: runs/<time>/).");
+ABSL_FLAG(std::string, sdcctl, "./sdc ctl", "How the summary spells the sdcctl command.");
+ABSL_FLAG(bool, keep_coordinator, true,
+          "Leave sdcd running after the run, for sdcctl (--nokeep_coordinator: stop it).");
+ABSL_FLAG(bool, quiet, false, "No live progress: only the summary.");
+ABSL_FLAG(std::string, model, "transformer",
+          "The model: transformer, bn-mlp, center-mlp, put-mlp or frozen-mlp (a scenario may "
+          "set its own).");
+ABSL_FLAG(std::string, trainer, "cpp",
+          "cpp: the C++ trainer (sdc::Guard); python: PyTorch DDP ranks with the sdc_guard "
+          "package (./sdc builds it).");
+ABSL_FLAG(std::string, facts, "",
+          "Also write what the run showed as one JSON object to this file (tests, scripts).");
+
 namespace sdc::demo {
 namespace {
 
-struct Flags {
-  std::string scenario = kDefaultScenario;
-  int steps = 150;
-  int nodes = 3;
-  int gpus_per_node = 2;
-  int audit_every = 5;
-  int weight_check_every = 5;
-  int checkpoint_every = 25;
-  int fault_rank = -1;
-  int fault_step = -1;
-  int restart_at = -1;
+// The flags, read once (flags stay near main).
+struct Config {
+  std::string scenario;
+  int steps = 0;
+  int nodes = 0;
+  int gpus_per_node = 0;
+  int audit_every = 0;
+  int weight_check_every = 0;
+  int checkpoint_every = 0;
+  int fault_rank = -1;  // -1: chosen from the cluster's shape.
+  int fault_step = -1;  // -1: chosen from --steps and --audit_every.
+  int restart_at = -1;  // -1: a third of --steps.
   std::string run_dir;
-  std::string sdcctl = "./sdc ctl";
+  std::string sdcctl;
   bool keep_coordinator = true;
   bool quiet = false;
-  std::string model = "transformer";
-  std::string trainer = "cpp";
+  std::string model;
+  std::string trainer;
   std::string facts;  // Where to write the run's facts as JSON (tests).
 };
+
+Config ConfigFromFlags() {
+  Config c;
+  c.scenario = absl::GetFlag(FLAGS_scenario);
+  c.steps = absl::GetFlag(FLAGS_steps);
+  c.nodes = absl::GetFlag(FLAGS_nodes);
+  c.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  c.audit_every = absl::GetFlag(FLAGS_audit_every);
+  c.weight_check_every = absl::GetFlag(FLAGS_weight_check_every);
+  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  c.fault_rank = absl::GetFlag(FLAGS_fault_rank);
+  c.fault_step = absl::GetFlag(FLAGS_fault_step);
+  c.restart_at = absl::GetFlag(FLAGS_restart_at);
+  c.run_dir = absl::GetFlag(FLAGS_run_dir);
+  c.sdcctl = absl::GetFlag(FLAGS_sdcctl);
+  c.keep_coordinator = absl::GetFlag(FLAGS_keep_coordinator);
+  c.quiet = absl::GetFlag(FLAGS_quiet);
+  c.model = absl::GetFlag(FLAGS_model);
+  c.trainer = absl::GetFlag(FLAGS_trainer);
+  c.facts = absl::GetFlag(FLAGS_facts);
+  return c;
+}
+
+// The flags' own limits; what depends on the scenario is checked in Main.
+absl::Status Validate(const Config& c) {
+  const struct {
+    const char* flag;
+    int value;
+    int min;
+  } kMinimums[] = {
+      {"steps", c.steps, 1},
+      {"nodes", c.nodes, 1},
+      {"gpus_per_node", c.gpus_per_node, 1},
+      {"audit_every", c.audit_every, 0},
+      {"weight_check_every", c.weight_check_every, 0},
+      {"checkpoint_every", c.checkpoint_every, 0},
+  };
+  for (const auto& m : kMinimums) {
+    if (m.value < m.min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", m.flag, " must be at least ", m.min, ", got ", m.value));
+    }
+  }
+  const struct {
+    const char* flag;
+    int value;
+    int min;
+  } kChosenByDefault[] = {
+      {"fault_rank", c.fault_rank, 0},
+      {"fault_step", c.fault_step, 1},
+      {"restart_at", c.restart_at, 1},
+  };
+  for (const auto& m : kChosenByDefault) {
+    if (m.value != -1 && m.value < m.min) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", m.flag, " must be at least ", m.min, " (or -1: chosen for you), got ", m.value));
+    }
+  }
+  if (c.trainer != "cpp" && c.trainer != "python") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trainer must be cpp or python, got '", c.trainer, "'"));
+  }
+  return absl::OkStatus();
+}
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "sdc demo: %s\n", error.c_str());
   std::exit(2);
 }
 
-void PrintUsage() {
-  std::printf(
-      "usage: ./sdc demo [--scenario NAME|list] [--steps N] [--nodes N] [--gpus-per-node N]\n"
-      "                  [--audit-every N] [--weight-check-every N] [--checkpoint-every N]\n"
-      "                  [--fault-rank R] [--fault-step S] [--run-dir DIR] [--quiet]\n"
-      "                  [--no-keep-coordinator] [--trainer cpp|python] [--facts FILE]\n"
-      "Defaults: --scenario %s --steps 150 --nodes 3 --gpus-per-node 2 --audit-every 5\n"
-      "          --weight-check-every 5 --checkpoint-every 25, run folder runs/<time>/,\n"
-      "          --trainer cpp (python: PyTorch DDP ranks with the sdc_guard package)\n",
-      kDefaultScenario);
-}
-
-Flags Parse(int argc, char** argv) {
-  Flags f;
-  for (FlagReader flag(argc, argv, Usage); flag.Next();) {
-    const std::string& arg = flag.name();
-    if (arg == "--help" || arg == "-h") {
-      PrintUsage();
-      std::exit(0);
-    } else if (arg == "--scenario") {
-      f.scenario = flag.Value();
-    } else if (arg == "--steps") {
-      f.steps = flag.Number(1);
-    } else if (arg == "--nodes") {
-      f.nodes = flag.Number(1);
-    } else if (arg == "--gpus-per-node") {
-      f.gpus_per_node = flag.Number(1);
-    } else if (arg == "--audit-every") {
-      f.audit_every = flag.Number(0);
-    } else if (arg == "--weight-check-every") {
-      f.weight_check_every = flag.Number(0);
-    } else if (arg == "--checkpoint-every") {
-      f.checkpoint_every = flag.Number(0);
-    } else if (arg == "--fault-rank") {
-      f.fault_rank = flag.Number(0);
-    } else if (arg == "--fault-step") {
-      f.fault_step = flag.Number(1);
-    } else if (arg == "--restart-at") {
-      f.restart_at = flag.Number(1);
-    } else if (arg == "--run-dir") {
-      f.run_dir = flag.Value();
-    } else if (arg == "--sdcctl") {
-      f.sdcctl = flag.Value();
-    } else if (arg == "--model") {
-      f.model = flag.Value();
-    } else if (arg == "--facts") {
-      f.facts = flag.Value();
-    } else if (arg == "--trainer") {
-      f.trainer = flag.Value();
-      if (f.trainer != "cpp" && f.trainer != "python") Usage("--trainer: cpp or python");
-    } else if (arg == "--quiet") {
-      f.quiet = true;
-    } else if (arg == "--no-keep-coordinator") {
-      f.keep_coordinator = false;
-    } else {
-      flag.Unknown("see ./sdc demo --help");
-    }
-  }
-  return f;
+// Abseil's --help lists the flags of the program's main file, found by the
+// binary's name; sdc-demo's are in sdc_demo_main.cc.
+void SetUpFlags() {
+  absl::SetProgramUsageMessage(absl::StrFormat(
+      "the sdc-guard demo: sdcd and a local training cluster (CPU ranks over Gloo) with an "
+      "injected fault, live progress, a summary and an HTML report.\n"
+      "  ./sdc demo [--scenario=NAME|list] [--trainer=cpp|python] [--steps=N] [--nodes=N]\n"
+      "             [--gpus_per_node=N] [--audit_every=N] [--weight_check_every=N]\n"
+      "             [--checkpoint_every=N] [--fault_rank=R] [--fault_step=S] [--run_dir=DIR]\n"
+      "             [--quiet] [--nokeep_coordinator] [--facts=FILE]\n"
+      "Default scenario: %s; run folder runs/<time>/.",
+      kDefaultScenario));
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "demo/sdc_demo_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
 }
 
 void ListScenarios() {
-  std::printf("scenarios (./sdc demo --scenario NAME):\n");
+  std::printf("scenarios (./sdc demo --scenario=NAME):\n");
   for (const Scenario& s : Scenarios()) {
     std::printf("  %-20s %s%s\n", s.name.c_str(), s.description.c_str(),
                 s.name == kDefaultScenario ? " [default]" : "");
@@ -156,20 +216,26 @@ class Display {
 };
 
 int Main(int argc, char** argv) {
-  Flags f = Parse(argc, argv);
+  SetUpFlags();
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    Usage(absl::StrCat("unexpected argument '", rest[1], "' (flags are --name=VALUE; see --help)"));
+  }
+  Config f = ConfigFromFlags();
+  if (absl::Status s = Validate(f); !s.ok()) Usage(std::string(s.message()));
   if (f.scenario == "list") {
     ListScenarios();
     return 0;
   }
   std::optional<Scenario> scenario = FindScenario(f.scenario);
   if (!scenario.has_value()) {
-    Usage(absl::StrCat("unknown scenario '", f.scenario, "' (./sdc demo --scenario list)"));
+    Usage(absl::StrCat("unknown scenario '", f.scenario, "' (./sdc demo --scenario=list)"));
   }
   if (scenario->nodes > 0) f.nodes = scenario->nodes;
   const int world = f.nodes * f.gpus_per_node;
-  if (world < 2) Usage("--nodes x --gpus-per-node must be at least 2 ranks");
+  if (world < 2) Usage("--nodes x --gpus_per_node must be at least 2 ranks");
   if (f.fault_rank < 0) f.fault_rank = std::min(world - 1, f.gpus_per_node + 1);
-  if (f.fault_rank >= world) Usage(absl::StrCat("--fault-rank ", f.fault_rank, " is not below ", world, " ranks"));
+  if (f.fault_rank >= world) Usage(absl::StrCat("--fault_rank ", f.fault_rank, " is not below ", world, " ranks"));
   const int audit = std::max(1, f.audit_every);
   if (f.fault_step < 0) {
     // An audit step about 40% into the run (60% after a coordinator restart).
@@ -183,9 +249,9 @@ int Main(int argc, char** argv) {
     mkdir("runs", 0755);
   }
   if (mkdir(f.run_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    Usage(absl::StrCat("--run-dir: cannot create ", f.run_dir, ": ", strerror(errno)));
+    Usage(absl::StrCat("--run_dir: cannot create ", f.run_dir, ": ", strerror(errno)));
   }
-  if (access(f.run_dir.c_str(), W_OK) != 0) Usage(absl::StrCat("--run-dir: ", f.run_dir, " is not writable"));
+  if (access(f.run_dir.c_str(), W_OK) != 0) Usage(absl::StrCat("--run_dir: ", f.run_dir, " is not writable"));
 
   ClusterConfig c;
   c.run_dir = f.run_dir;

@@ -18,6 +18,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -28,6 +31,7 @@
 #include "client/options.h"
 #include "client/small_collectives.h"
 #include "demo/model.h"
+#include "demo/progress_line.h"
 #include "kernels/fingerprint.h"
 #include "kernels/model_digest.h"
 
@@ -200,7 +204,20 @@ uint64_t WeightsDigest(torch::nn::Module& model) {
 }
 
 int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "one rank of the demo's data-parallel training job (CPU, Gloo), guarded by sdc::Guard; "
+      "sdc-guard's settings come from SDC_* environment variables.\n"
+      "  sdc-trainer --rank=R --world_size=N --rendezvous=FILE [--steps=N] [--progress=FILE] ...");
+  // --help lists the flags of the main file, which Abseil looks for by the
+  // binary's name: sdc-trainer's are in trainer_main.cc.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "demo/trainer_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) Die(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   // Abseil here is built with mutex deadlock detection on: a graph walk on
   // every lock. Production code does not pay for a debugging aid.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -340,24 +357,33 @@ int Main(int argc, char** argv) {
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (progress.is_open()) {
-      progress << absl::StrFormat(
-                      "{\"step\":%d,\"rank\":%d,\"loss\":%.6f,\"apply\":%s,\"reason\":\"%s\","
-                      "\"audited\":%s,\"outcome\":\"%s\",\"unverified\":%s,\"norm\":%.6f,"
-                      "\"repaired\":%s,\"checkpoint\":\"%s\",\"ms\":%.3f,\"check1_ms\":%.3f,\"agreement_ms\":%.3f,"
-                      "\"audit_ms\":%.3f,\"weight_ms\":%.3f,\"end_unix_ms\":%.3f}",
-                      step, rank, loss, d.apply ? "true" : "false", d.reason,
-                      d.audited ? "true" : "false", d.audit_outcome,
-                      d.audit_unverified ? "true" : "false", d.grad_norm,
-                      d.repaired ? "true" : "false", checkpoint_result, ms, d.check1_ms, d.agreement_ms,
-                      d.audit_ms, d.weight_ms,
-                      absl::ToDoubleMilliseconds(absl::Now() - absl::UnixEpoch()))
-               << std::endl;
+      StepRecord r;
+      r.step = step;
+      r.rank = rank;
+      r.loss = loss;
+      r.apply = d.apply;
+      r.reason = d.reason;
+      r.audited = d.audited;
+      r.outcome = d.audit_outcome;
+      r.unverified = d.audit_unverified;
+      r.norm = d.grad_norm;
+      r.repaired = d.repaired;
+      r.checkpoint = checkpoint_result;
+      r.ms = ms;
+      r.check1_ms = d.check1_ms;
+      r.agreement_ms = d.agreement_ms;
+      r.audit_ms = d.audit_ms;
+      r.weight_ms = d.weight_ms;
+      r.end_unix_ms = absl::ToDoubleMilliseconds(absl::Now() - absl::UnixEpoch());
+      progress << StepLine(r) << std::endl;
     }
     turns.End(step);
   }
   // Every replica must end with the same weights; the digest says so.
   const uint64_t digest = WeightsDigest(*model);
-  std::string summary = "{}";
+  FinalRecord final_line;
+  final_line.rank = rank;
+  final_line.weights_digest = absl::StrFormat("%016x", digest);
   if (guard != nullptr) {
     guard->Shutdown(absl::Seconds(10));
     if (every > 0) {  // The same on every rank.
@@ -375,21 +401,21 @@ int Main(int argc, char** argv) {
       }
     }
     const GuardSummary s = guard->Summary();
-    summary = absl::StrFormat(
-        "{\"steps\":%d,\"skipped\":%d,\"audits\":%d,\"unverified\":%d,\"mismatches\":%d,"
-        "\"weight_checks\":%d,\"repairs\":%d,\"checkpoints_allowed\":%d,"
-        "\"checkpoints_vetoed\":%d,\"reports_sent\":%d,\"reports_acked\":%d,"
-        "\"reports_dropped\":%d}",
-        s.steps, s.skipped, s.audits, s.audits_unverified, s.audit_mismatches, s.weight_checks,
-        s.repairs, s.checkpoints_allowed, s.checkpoints_vetoed, s.reports_sent, s.reports_acked,
-        s.reports_dropped);
+    final_line.guard = {{"steps", s.steps},
+                        {"skipped", s.skipped},
+                        {"audits", s.audits},
+                        {"unverified", s.audits_unverified},
+                        {"mismatches", s.audit_mismatches},
+                        {"weight_checks", s.weight_checks},
+                        {"repairs", s.repairs},
+                        {"checkpoints_allowed", s.checkpoints_allowed},
+                        {"checkpoints_vetoed", s.checkpoints_vetoed},
+                        {"reports_sent", s.reports_sent},
+                        {"reports_acked", s.reports_acked},
+                        {"reports_dropped", s.reports_dropped}};
     std::fprintf(stderr, "sdc-guard rank %d summary: %s\n", rank, s.ToString().c_str());
   }
-  if (progress.is_open()) {
-    progress << absl::StrFormat("{\"final\":true,\"rank\":%d,\"weights_digest\":\"%016x\",\"guard\":%s}",
-                                rank, digest, summary)
-             << std::endl;
-  }
+  if (progress.is_open()) progress << FinalLine(final_line) << std::endl;
   return 0;
 }
 

@@ -64,7 +64,9 @@ def _number(x):
 
 
 class Progress:
-    """The C++ trainer's progress lines, key for key (demo/launcher.cc reads them)."""
+    """The C++ trainer's progress lines, key for key: demo/progress_line.h
+    defines them and the launcher reads them, every key required with its
+    JSON type. Non-finite numbers are written as null (read back as NaN)."""
 
     def __init__(self, args, rank):
         self.rank = rank
@@ -83,9 +85,10 @@ class Progress:
             "unverified": s.audit_unverified if s is not None else False,
             "norm": _number(s.grad_norm) if s is not None else 0.0,
             "repaired": s.repaired if s is not None else False,
-            "checkpoint": checkpoint, "ms": ms,
-            "check1_ms": t.get("check1_ms", 0.0), "agreement_ms": t.get("agreement_ms", 0.0),
-            "audit_ms": t.get("audit_ms", 0.0), "weight_ms": weight_ms,
+            "checkpoint": checkpoint, "ms": _number(ms),
+            "check1_ms": _number(t.get("check1_ms", 0.0)),
+            "agreement_ms": _number(t.get("agreement_ms", 0.0)),
+            "audit_ms": _number(t.get("audit_ms", 0.0)), "weight_ms": _number(weight_ms),
             "end_unix_ms": time.time() * 1000,
         }
         self.out.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")

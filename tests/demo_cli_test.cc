@@ -26,24 +26,43 @@ RunResult Demo(const std::vector<std::string>& args) {
 TEST(DemoCliTest, BadFlagsFailAtOnceWithOneLine) {
   struct Case {
     std::vector<std::string> args;
+    int exit_code;
     const char* message;
   };
   for (const Case& c : std::vector<Case>{
-           {{"--scenario", "nope"}, "unknown scenario 'nope'"},
-           {{"--nodes", "0"}, "--nodes must be an integer >= 1, got '0'"},
-           {{"--run-dir", "/proc/sdc-demo-cannot-write"}, "--run-dir: cannot create"},
-           {{"--steps"}, "--steps needs a value"},
-           {{"--bogus"}, "unknown flag '--bogus'"},
+           // What the demo checks itself: exit 2.
+           {{"--scenario", "nope"}, 2, "sdc demo: unknown scenario 'nope'"},
+           {{"--nodes=0"}, 2, "sdc demo: --nodes must be at least 1, got 0"},
+           {{"--fault_step=-5"}, 2, "--fault_step must be at least 1 (or -1: chosen for you), got -5"},
+           {{"--trainer=go"}, 2, "--trainer must be cpp or python, got 'go'"},
+           {{"--run_dir", "/proc/sdc-demo-cannot-write"}, 2, "sdc demo: --run_dir: cannot create"},
+           {{"stray"}, 2, "sdc demo: unexpected argument 'stray'"},
+           // What Abseil's flag parser refuses: exit 1, as in every program here.
+           {{"--bogus"}, 1, "Unknown command line flag 'bogus'"},
+           {{"--gpus-per-node=2"}, 1, "Unknown command line flag 'gpus-per-node'"},
+           {{"--steps=many"}, 1, "Illegal value 'many' specified for flag 'steps'"},
        }) {
     const RunResult r = Demo(c.args);
-    EXPECT_EQ(r.exit_code, 2) << c.args[0];
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args[0];
     EXPECT_THAT(r.output, HasSubstr(c.message));
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
 }
 
+TEST(DemoCliTest, HelpListsTheDemosFlagsWithTheirHelp) {
+  const RunResult r = Demo({"--help"});
+  EXPECT_EQ(r.exit_code, 1);  // Abseil's --help exits 1.
+  EXPECT_THAT(r.output, HasSubstr("./sdc demo [--scenario=NAME|list]"));
+  EXPECT_THAT(r.output, HasSubstr("--gpus_per_node (Ranks (\"GPUs\") per node.); default: 2;"));
+  EXPECT_THAT(r.output, HasSubstr("--scenario (The fault to inject; --scenario=list names every "
+                                  "scenario.);"));
+  EXPECT_THAT(r.output, HasSubstr("--keep_coordinator (Leave sdcd running"));
+  // Only the demo's own flags, not those of the libraries it links.
+  EXPECT_THAT(r.output, Not(HasSubstr("--flagfile")));
+}
+
 TEST(DemoCliTest, ListsEveryScenario) {
-  const RunResult r = Demo({"--scenario", "list"});
+  const RunResult r = Demo({"--scenario=list"});
   EXPECT_EQ(r.exit_code, 0);
   for (const char* s : {"clean", "nan-gradient", "activation-x10000", "mantissa-bitflip",
                         "weight-corruption", "reduced-gradient", "faulty-replayer",
@@ -54,9 +73,9 @@ TEST(DemoCliTest, ListsEveryScenario) {
 
 TEST(DemoCliTest, FaultyReplayerRunWritesAReportAndTheApproveCommand) {
   const std::string dir = TestDir("demo-run");
-  const RunResult r = Demo({"--scenario", "faulty-replayer", "--steps", "16", "--fault-step", "10",
-                            "--checkpoint-every", "8", "--run-dir", dir, "--quiet",
-                            "--no-keep-coordinator"});
+  const RunResult r = Demo({"--scenario", "faulty-replayer", "--steps=16", "--fault_step=10",
+                            "--checkpoint_every", "8", "--run_dir=" + dir, "--quiet",
+                            "--nokeep_coordinator"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("replay:3:from=10"));
   EXPECT_THAT(r.output, HasSubstr("blamed: rank 3 on node node-b"));

@@ -22,11 +22,11 @@ def run_demo(tmp_path, scenario, fault_rank=FAULT_RANK, fault_step=FAULT_STEP):
     run_dir = tmp_path / "run"
     facts = tmp_path / "facts.json"
     out = subprocess.run(
-        [binary("demo/sdc-demo"), "--trainer", "python", "--scenario", scenario,
-         "--steps", str(STEPS), "--audit-every", "5", "--weight-check-every", "5",
-         "--checkpoint-every", "10", "--fault-rank", str(fault_rank),
-         "--fault-step", str(fault_step), "--restart-at", "8", "--run-dir", str(run_dir),
-         "--quiet", "--no-keep-coordinator", "--facts", str(facts)],
+        [binary("demo/sdc-demo"), "--trainer=python", f"--scenario={scenario}",
+         f"--steps={STEPS}", "--audit_every=5", "--weight_check_every=5",
+         "--checkpoint_every=10", f"--fault_rank={fault_rank}",
+         f"--fault_step={fault_step}", "--restart_at=8", f"--run_dir={run_dir}",
+         "--quiet", "--nokeep_coordinator", f"--facts={facts}"],
         capture_output=True, text=True, timeout=600, env=python_env())
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     f = json.loads(facts.read_text())
