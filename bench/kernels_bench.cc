@@ -1,7 +1,8 @@
 // ./sdc bench kernels: throughput of the fingerprint and non-finite scan
 // kernels on a transformer-shaped parameter set (~517 MiB of fp32), against
 // baselines measured in the same run on the same bytes and thread count:
-// a plain streaming read (the memory-bandwidth limit), SHA-1 per tensor
+// a plain streaming read (the memory-bandwidth limit: the fastest of several
+// read loops, named in the output), SHA-1 per tensor
 // (Megatron-LM's cross-replica weight hash) and the fingerprint written with
 // plain libtorch tensor ops. Prints a table, then one JSON line last.
 
@@ -101,10 +102,28 @@ double MedianSeconds(int reps, const std::function<void()>& fn) {
 double Gbps(uint64_t bytes, double seconds) { return bytes / seconds / 1e9; }
 
 // The memory-bandwidth baseline: every byte loaded once and added, in the
-// same 1 MiB chunks on the same pool as the kernels.
+// same 1 MiB chunks on the same pool as the kernels. Several loops, because
+// which one streams fastest depends on the CPU; the baseline is the best of
+// them, measured in the same run.
+uint64_t ReadChunkScalar(const unsigned char* p, uint64_t n) {
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    uint64_t w[4];
+    std::memcpy(w, p + i, sizeof(w));
+    a0 += w[0];
+    a1 += w[1];
+    a2 += w[2];
+    a3 += w[3];
+  }
+  uint64_t sum = a0 + a1 + a2 + a3;
+  for (; i < n; ++i) sum += p[i];
+  return sum;
+}
+
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) uint64_t ReadChunk(const unsigned char* p,
-                                                   uint64_t n) {
+__attribute__((target("avx2"))) uint64_t ReadChunkAvx2(const unsigned char* p,
+                                                       uint64_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   uint64_t i = 0;
   for (; i + 128 <= n; i += 128) {
@@ -123,22 +142,32 @@ __attribute__((target("avx2"))) uint64_t ReadChunk(const unsigned char* p,
   return sum;
 }
 
-__attribute__((target("avx512f"))) uint64_t ReadChunk512(const unsigned char* p,
-                                                        uint64_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+// Four independent accumulators, 256 bytes a round; with kPrefetch, each
+// round also asks for the line 1 KiB ahead (the scan's distance).
+template <bool kPrefetch>
+__attribute__((target("avx512f"))) uint64_t ReadChunkAvx512(const unsigned char* p,
+                                                           uint64_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   uint64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
+  for (; i + 256 <= n; i += 256) {
+    if constexpr (kPrefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + 1024), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + 1024 + 128), _MM_HINT_T0);
+    }
     a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
     a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
   }
-  uint64_t sum = _mm512_reduce_add_epi64(_mm512_add_epi64(a0, a1));
+  uint64_t sum = _mm512_reduce_add_epi64(
+      _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
   for (; i < n; ++i) sum += p[i];
   return sum;
 }
 
 // Same loads, a longer dependency chain: on some CPUs (seen on Zen 4) this
 // shape streams faster than the pure-add loop above.
-__attribute__((target("avx512f"))) uint64_t ReadChunk512Chained(
+__attribute__((target("avx512f"))) uint64_t ReadChunkAvx512Chained(
     const unsigned char* p, uint64_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0;
   uint64_t i = 0;
@@ -151,18 +180,32 @@ __attribute__((target("avx512f"))) uint64_t ReadChunk512Chained(
   for (; i < n; ++i) sum += p[i];
   return sum;
 }
-#else
-uint64_t ReadChunk(const unsigned char* p, uint64_t n) {
-  uint64_t sum = 0;
-  for (uint64_t i = 0; i < n; ++i) sum += p[i];
-  return sum;
-}
 #endif
 
-enum class ReadLoop { kAvx2, kAvx512, kAvx512Chained };
+struct ReadLoop {
+  const char* name;
+  uint64_t (*chunk)(const unsigned char* p, uint64_t n);
+};
+
+// The read loops this CPU can run (the kernels' own dispatch decides).
+std::vector<ReadLoop> ReadLoops() {
+  std::vector<ReadLoop> loops = {{"scalar64", ReadChunkScalar}};
+#if defined(__x86_64__)
+  const kernels::CpuPath path = kernels::DetectedCpuPath();
+  if (path == kernels::CpuPath::kAvx2 || path == kernels::CpuPath::kAvx512) {
+    loops.push_back({"avx2", ReadChunkAvx2});
+  }
+  if (path == kernels::CpuPath::kAvx512) {
+    loops.push_back({"avx512", ReadChunkAvx512<false>});
+    loops.push_back({"avx512_prefetch", ReadChunkAvx512<true>});
+    loops.push_back({"avx512_chained", ReadChunkAvx512Chained});
+  }
+#endif
+  return loops;
+}
 
 uint64_t StreamingRead(const std::vector<ByteSpan>& spans, ThreadPool& pool,
-                       ReadLoop loop) {
+                       const ReadLoop& loop) {
   std::vector<uint64_t> sizes;
   for (const ByteSpan& s : spans) sizes.push_back(s.size);
   const auto chunks = kernels::SplitIntoChunks(sizes, 1ull << 20);
@@ -170,21 +213,7 @@ uint64_t StreamingRead(const std::vector<ByteSpan>& spans, ThreadPool& pool,
   pool.ParallelFor(chunks.size(), [&](int64_t i) {
     const auto& c = chunks[i];
     const auto* p = static_cast<const unsigned char*>(spans[c.tensor].data) + c.begin;
-#if defined(__x86_64__)
-    switch (loop) {
-      case ReadLoop::kAvx512:
-        sums[i] = ReadChunk512(p, c.length);
-        return;
-      case ReadLoop::kAvx512Chained:
-        sums[i] = ReadChunk512Chained(p, c.length);
-        return;
-      case ReadLoop::kAvx2:
-        break;
-    }
-#else
-    (void)loop;
-#endif
-    sums[i] = ReadChunk(p, c.length);
+    sums[i] = loop.chunk(p, c.length);
   });
   uint64_t total = 0;
   for (uint64_t s : sums) total += s;
@@ -201,13 +230,62 @@ Fingerprint TorchOpsFingerprint(const torch::Tensor& t) {
           static_cast<uint64_t>((words * positions).sum().item<int64_t>())};
 }
 
-std::string CpuModel() {
+// The value of the first /proc/cpuinfo line whose key is `key`, or "".
+std::string CpuInfoField(const std::string& key) {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (name == key) return colon + 2 <= line.size() ? line.substr(colon + 2) : "";
   }
-  return "unknown";
+  return "";
+}
+
+std::string CpuModel() {
+  std::string model = CpuInfoField("model name");
+  return model.empty() ? "unknown" : model;
+}
+
+// {"avx2":true,...} for the ISA extensions the kernels' speed depends on, as
+// the kernel reports them in /proc/cpuinfo.
+std::string IsaFlagsJson() {
+  const std::string flags = " " + CpuInfoField("flags") + " ";
+  std::string json = "{";
+  for (const char* flag : {"avx2", "avx512f", "avx512bw", "avx512_bf16",
+                           "avx512_vp2intersect"}) {
+    const bool present = flags.find(absl::StrCat(" ", flag, " ")) != std::string::npos;
+    absl::StrAppend(&json, json.size() > 1 ? "," : "", "\"", flag, "\":",
+                    present ? "true" : "false");
+  }
+  return json + "}";
+}
+
+// The 1-minute load average, or -1 when unknown: runs on a busy machine
+// measure the scheduler as much as the kernels.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
+}
+
+// JSON string contents: quotes, backslashes and control bytes escaped.
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 int Fail(const std::string& what) {
@@ -225,6 +303,7 @@ int Main(int argc, char** argv) {
   if (reps < 1) return Fail("--reps must be a positive integer");
   ThreadPool& pool = ThreadPool::Default();
   const int threads = pool.threads();
+  const double load_before = LoadAverage();
   torch::set_num_threads(threads);
 
   std::fprintf(stderr, "building a transformer-shaped parameter set...\n");
@@ -274,7 +353,6 @@ int Main(int argc, char** argv) {
   std::vector<kernels::ScanResult> scans(spans.size());
   std::vector<std::array<unsigned char, SHA_DIGEST_LENGTH>> sha(spans.size());
   std::vector<std::pair<const char*, std::function<void()>>> runs = {
-      {"read", [&] { sink = sink + StreamingRead(spans, pool, ReadLoop::kAvx2); }},
       {"fingerprint",
        [&] { (void)kernels::FingerprintTensors(spans, absl::MakeSpan(ours), &pool); }},
       {"nonfinite_fp32",
@@ -300,12 +378,10 @@ int Main(int argc, char** argv) {
   };
   // The read baseline is the fastest of several plain read loops: the
   // kernels are held to the best this machine streams, not to a weak loop.
-  if (kernels::DetectedCpuPath() == kernels::CpuPath::kAvx512) {
-    runs.push_back({"read_avx512",
-                    [&] { sink = sink + StreamingRead(spans, pool, ReadLoop::kAvx512); }});
-    runs.push_back({"read_avx512_chained", [&] {
-                      sink = sink + StreamingRead(spans, pool, ReadLoop::kAvx512Chained);
-                    }});
+  const std::vector<ReadLoop> read_loops = ReadLoops();
+  const size_t first_read = runs.size();
+  for (const ReadLoop& loop : read_loops) {
+    runs.push_back({loop.name, [&, loop] { sink = sink + StreamingRead(spans, pool, loop); }});
   }
   std::vector<std::vector<double>> times(runs.size());
   for (int round = 0; round <= reps; ++round) {
@@ -325,10 +401,18 @@ int Main(int argc, char** argv) {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
-  double read_s = median(0);
-  for (size_t k = 6; k < runs.size(); ++k) read_s = std::min(read_s, median(k));
-  const double fp_s = median(1), nf32_s = median(2), nf16_s = median(3),
-               sha_s = median(4), torch_s = median(5);
+  size_t best_read = first_read;
+  std::string read_loops_json = "{";
+  for (size_t k = first_read; k < runs.size(); ++k) {
+    if (median(k) < median(best_read)) best_read = k;
+    absl::StrAppend(&read_loops_json, k > first_read ? "," : "", "\"", runs[k].first,
+                    "\":", absl::StrFormat("%.3f", Gbps(bytes, median(k))));
+  }
+  read_loops_json += "}";
+  const double read_s = median(best_read);
+  const char* const read_loop = runs[best_read].first;
+  const double fp_s = median(0), nf32_s = median(1), nf16_s = median(2),
+               sha_s = median(3), torch_s = median(4);
 
   const double read_gbps = Gbps(bytes, read_s);
   const double fp_gbps = Gbps(bytes, fp_s);
@@ -388,15 +472,18 @@ int Main(int argc, char** argv) {
   }
 #endif
 
-  std::printf("machine: %s, %d threads, kernel path %s\n", CpuModel().c_str(),
-              threads, kernels::CpuKernelPath());
+  std::printf("machine: %s, %d threads, kernel path %s, ISA %s\n", CpuModel().c_str(),
+              threads, kernels::CpuKernelPath(), IsaFlagsJson().c_str());
   std::printf("parameter set: %zu tensors, %.1f MiB fp32 (bf16 copy %.1f MiB)\n",
               params.size(), bytes / 1048576.0, bf16_bytes / 1048576.0);
   std::printf("%-24s %10s %12s\n", "measurement", "GB/s", "vs read");
   auto row = [&](const char* name, double gbps) {
     std::printf("%-24s %10.2f %12.3f\n", name, gbps, gbps / read_gbps);
   };
-  row("streaming read (best)", read_gbps);
+  for (size_t k = first_read; k < runs.size(); ++k) {
+    row(absl::StrCat("read ", runs[k].first, k == best_read ? " (best)" : "").c_str(),
+        Gbps(bytes, median(k)));
+  }
   row("fingerprint", fp_gbps);
   row("nonfinite scan fp32", nf32_gbps);
   row("nonfinite scan bf16", nf16_gbps);
@@ -405,17 +492,24 @@ int Main(int argc, char** argv) {
   std::printf("fingerprint vs sha1: %.1fx, vs torch ops: %.1fx\n", fp_gbps / sha_gbps,
               fp_gbps / torch_gbps);
   std::printf("%s\n", gpu_note.c_str());
+  std::printf("load average (1 min) %.2f before, %.2f after, on %d hardware threads\n",
+              load_before, LoadAverage(), static_cast<int>(std::thread::hardware_concurrency()));
   std::printf(
       "{\"bytes\":%llu,\"threads\":%d,\"cpu_path\":\"%s\",\"read_gbps\":%.3f,"
       "\"fingerprint_gbps\":%.3f,\"fingerprint_vs_read\":%.3f,"
       "\"nonfinite_fp32_gbps\":%.3f,\"nonfinite_fp32_vs_read\":%.3f,"
       "\"nonfinite_bf16_gbps\":%.3f,\"nonfinite_bf16_vs_read\":%.3f,"
       "\"sha1_gbps\":%.3f,\"fingerprint_vs_sha1\":%.2f,"
-      "\"torch_ops_gbps\":%.3f,\"fingerprint_vs_torch_ops\":%.2f%s}\n",
+      "\"torch_ops_gbps\":%.3f,\"fingerprint_vs_torch_ops\":%.2f,"
+      "\"cpu_model\":\"%s\",\"isa\":%s,\"fingerprint_path\":\"%s\","
+      "\"scan_path\":\"%s\",\"read_loop\":\"%s\",\"read_loops_gbps\":%s,"
+      "\"loadavg_1m_before\":%.2f,\"loadavg_1m_after\":%.2f%s}\n",
       static_cast<unsigned long long>(bytes), threads, kernels::CpuKernelPath(),
       read_gbps, fp_gbps, fp_gbps / read_gbps, nf32_gbps, nf32_gbps / read_gbps,
       nf16_gbps, nf16_gbps / read_gbps, sha_gbps, fp_gbps / sha_gbps, torch_gbps,
-      fp_gbps / torch_gbps, gpu_json.c_str());
+      fp_gbps / torch_gbps, JsonEscape(CpuModel()).c_str(), IsaFlagsJson().c_str(),
+      kernels::CpuKernelPath(), kernels::CpuPathName(kernels::DetectedCpuPath()),
+      read_loop, read_loops_json.c_str(), load_before, LoadAverage(), gpu_json.c_str());
   return 0;
 }
 

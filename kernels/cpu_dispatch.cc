@@ -36,7 +36,9 @@ std::vector<CpuPath> SupportedCpuPaths() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && HasF16c()) {
     paths.push_back(CpuPath::kAvx2);
-    if (__builtin_cpu_supports("avx512f")) paths.push_back(CpuPath::kAvx512);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+      paths.push_back(CpuPath::kAvx512);
+    }
   }
 #endif
   return paths;

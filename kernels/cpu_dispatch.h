@@ -19,7 +19,7 @@ class ThreadPool;
 enum class CpuPath {
   kPortable,  // Plain C++; any CPU.
   kAvx2,      // AVX2 and F16C, x86-64 only.
-  kAvx512,    // AVX-512F (with AVX2 and F16C), x86-64 only.
+  kAvx512,    // AVX-512F and BW (with AVX2 and F16C), x86-64 only.
 };
 
 // Every path this CPU can run, slowest first (tests run them all).

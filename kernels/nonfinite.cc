@@ -224,7 +224,7 @@ SDC_AVX2 double SumChunkAvx2Float64(const unsigned char* p, uint64_t n) {
 
 #undef SDC_AVX2
 
-#define SDC_AVX512 __attribute__((target("avx512f,avx2,f16c")))
+#define SDC_AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
 
 // Adds the squares of sixteen fp32 values to acc[0..7] (`lo`) and
 // acc[8..15] (`hi`).
@@ -309,9 +309,118 @@ SDC_AVX512 double SumChunkAvx512Float64(const unsigned char* p, uint64_t n) {
   return FoldAccumulators(acc);
 }
 
+// bf16 pairs with the squares taken in fp32. A bf16 value has 8 significant
+// bits, so its square has at most 16 and fp32 holds it exactly unless it
+// overflows (|x| >= 2^64: the square becomes Inf, and so does the sum) or
+// falls below fp32's normal range and loses bits (|x| < 2^-63: MXCSR's
+// underflow flag, see ScopedScanFpEnvironment). Exact fp32 squares widen
+// exactly to fp64, so every add sees the value of the canonical order and the
+// sum is bit-identical; one fp32 multiply replaces two fp64 ones and the
+// widening moves 32 elements per 64-byte load. The caller redoes a chunk on
+// the fp64 loop when its sum is not finite or the flag is set.
+//
+// Lanes: an in-lane unpack of 64 bytes with zero gives fp32 vectors of
+// elements {0-3, 8-11, 16-19, 24-27} and {4-7, 12-15, 20-23, 28-31}; their
+// low halves widen to classes (j mod 16) {0-3, 8-11} and {4-7, 12-15}, their
+// high halves to the same classes 16 elements later. So `a` holds acc[0..3,
+// 8..11], `b` acc[4..7, 12..15], and each is added low half first, as the
+// canonical order requires.
+SDC_AVX512 inline __m256 HighHalf(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+SDC_AVX512 inline void Bf16Fp32SquaresRound(const unsigned char* q, __m512d& a,
+                                             __m512d& b) {
+  const __m512i x = _mm512_loadu_si512(q);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x));
+  __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x));
+  lo = _mm512_mul_ps(lo, lo);
+  hi = _mm512_mul_ps(hi, hi);
+  a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(lo)));
+  b = _mm512_add_pd(b, _mm512_cvtps_pd(_mm512_castps512_ps256(hi)));
+  a = _mm512_add_pd(a, _mm512_cvtps_pd(HighHalf(lo)));
+  b = _mm512_add_pd(b, _mm512_cvtps_pd(HighHalf(hi)));
+}
+
+SDC_AVX512 double Bf16Fp32SquaresFinish(const unsigned char* p, uint64_t from,
+                                        uint64_t n, __m512d a, __m512d b) {
+  alignas(64) double la[8];
+  alignas(64) double lb[8];
+  _mm512_store_pd(la, a);
+  _mm512_store_pd(lb, b);
+  double acc[kAccumulators];
+  for (int i = 0; i < 4; ++i) {
+    acc[i] = la[i];
+    acc[8 + i] = la[4 + i];
+    acc[4 + i] = lb[i];
+    acc[12 + i] = lb[4 + i];
+  }
+  AccumulateScalar<DType::kBFloat16>(p, from, n, acc);
+  return FoldAccumulators(acc);
+}
+
+// REQUIRES: runs under ScopedScanFpEnvironment; noinline so that the flag the
+// caller reads afterwards covers every multiply of this loop.
+SDC_AVX512 __attribute__((noinline)) void SumBf16ChunkPairFp32Squares(
+    const unsigned char* const* p, uint64_t n, double* sums) {
+  constexpr int kRound = 32;  // Elements, 64 bytes.
+  __m512d a0 = _mm512_setzero_pd(), b0 = a0, a1 = a0, b1 = a0;
+  const uint64_t rounds = n / kRound;
+  for (uint64_t m = 0; m < rounds; ++m) {
+    _mm_prefetch(reinterpret_cast<const char*>(p[0] + 2 * kRound * m + 1024), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p[1] + 2 * kRound * m + 1024), _MM_HINT_T0);
+    Bf16Fp32SquaresRound(p[0] + 2 * kRound * m, a0, b0);
+    Bf16Fp32SquaresRound(p[1] + 2 * kRound * m, a1, b1);
+  }
+  sums[0] = Bf16Fp32SquaresFinish(p[0], rounds * kRound, n, a0, b0);
+  sums[1] = Bf16Fp32SquaresFinish(p[1], rounds * kRound, n, a1, b1);
+}
+
 #undef SDC_AVX512
 
 #endif  // __x86_64__
+
+#if defined(__x86_64__)
+// Every scan runs under one SSE environment, whatever the caller set: all
+// exceptions masked, round to nearest, no flush-to-zero, no
+// denormals-are-zero (torch.set_flush_denormal sets both), so the caller's
+// settings cannot change a norm. The caller's MXCSR, flags included, comes
+// back on destruction. Scopes nest. Not copyable.
+class ScopedScanFpEnvironment {
+ public:
+  ScopedScanFpEnvironment() : saved_(_mm_getcsr()) { _mm_setcsr(kScanMxcsr); }
+  ~ScopedScanFpEnvironment() { _mm_setcsr(saved_); }
+  ScopedScanFpEnvironment(const ScopedScanFpEnvironment&) = delete;
+  ScopedScanFpEnvironment& operator=(const ScopedScanFpEnvironment&) = delete;
+
+  // True when an operation since construction rounded a result below the
+  // normal range (IEEE underflow: tiny and inexact).
+  bool Underflowed() const { return (_mm_getcsr() & kUnderflowFlag) != 0; }
+
+ private:
+  static constexpr unsigned kScanMxcsr = 0x1f80;  // Masks set, flags clear.
+  static constexpr unsigned kUnderflowFlag = 0x10;
+  const unsigned saved_;
+};
+
+// bf16 pairs on AVX-512: the fp32-squares loop, and the fp64 loop for a chunk
+// whose fp32 squares were not all exact.
+void SumBf16ChunkPairAvx512(const unsigned char* const* p, uint64_t n,
+                            double* sums) {
+  bool underflowed;
+  {
+    ScopedScanFpEnvironment fp_environment;  // Clears the flags.
+    SumBf16ChunkPairFp32Squares(p, n, sums);
+    underflowed = fp_environment.Underflowed();
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (underflowed || !std::isfinite(sums[k])) {
+      sums[k] = SumChunkAvx512Narrow<DType::kBFloat16>(p[k], n);
+    }
+  }
+}
+#endif
 
 template <DType D>
 double SumChunk(const unsigned char* p, uint64_t n, CpuPath path) {
@@ -337,6 +446,9 @@ template <DType D>
 void SumChunkPair(const unsigned char* const* p, uint64_t n, CpuPath path,
                   double* sums) {
 #if defined(__x86_64__)
+  if constexpr (D == DType::kBFloat16) {
+    if (path == CpuPath::kAvx512) return SumBf16ChunkPairAvx512(p, n, sums);
+  }
   if constexpr (D != DType::kFloat64) {
     if (path == CpuPath::kAvx512) return SumChunkPairAvx512Narrow<D>(p, n, sums);
     if (path == CpuPath::kAvx2) return SumChunkPairAvx2Narrow<D>(p, n, sums);
@@ -352,6 +464,9 @@ void SumChunkPair(const unsigned char* const* p, uint64_t n, CpuPath path,
 template <DType D>
 void ScanChunksOf(const unsigned char* const* p, int count, uint64_t n,
                   CpuPath path, Partial* out) {
+#if defined(__x86_64__)
+  ScopedScanFpEnvironment fp_environment;
+#endif
   double sums[2];
   if (count == 2) {
     SumChunkPair<D>(p, n, path, sums);

@@ -19,7 +19,10 @@
 //      (r0 + r1) + (r2 + r3) with r_k = (acc[k]+acc[k+4]) + (acc[k+8]+acc[k+12]).
 //   4. sum_squares = +0.0 + chunk_sum_0 + chunk_sum_1 + ..., left to right.
 // Non-finite elements are counted and also enter the sum (so the sum is
-// NaN or Inf whenever the count is non-zero). The CUDA scan (kernels/cuda.h)
+// NaN or Inf whenever the count is non-zero). On x86-64 the scan sets its own
+// SSE environment (round to nearest, no flush-to-zero, no
+// denormals-are-zero) and restores the caller's, so neither the result nor
+// the caller's exception flags depend on the other. The CUDA scan (kernels/cuda.h)
 // counts identically but sums in its own fixed order.
 
 #include <cstdint>

@@ -6,6 +6,10 @@
 #include <random>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "gtest/gtest.h"
 #include "kernels/cpu_dispatch.h"
 #include "kernels/reference.h"
@@ -206,6 +210,135 @@ TEST(NonFiniteTest, RandomTensorsMatchReferenceBitForBitOnAnyPathAndThreadCount)
     }
   }
 }
+
+// bf16 values at the edges of the AVX-512 loop, which squares in fp32: the
+// largest finite value and 2^64 (squares overflow fp32), 2^64 less one step
+// (the largest that does not), 2^-63 (the smallest normal fp32 square),
+// 2^-74 (an exact subnormal square), 1.99 * 2^-70 (a subnormal square that
+// loses bits), bf16 subnormals, zeros and the non-finite values, with both
+// signs. Each sits in the vector part of a pair of full chunks and in the
+// tail of an odd length.
+TEST(NonFiniteTest, BFloat16EdgeValuesMatchReferenceOnEveryPath) {
+  struct Edge {
+    uint16_t bits;
+    bool nonfinite;
+  };
+  const std::vector<Edge> edges = {
+      {0x7f7f, false}, {0x5f80, false}, {0x5f7f, false}, {0x2000, false},
+      {0x1a80, false}, {0x1cff, false}, {0x0001, false}, {0x007f, false},
+      {0x0000, false}, {0x7f80, true},  {0x7fc0, true},  {0x7f81, true},
+      {0xff80, true},  {0xffc1, true},
+  };
+  // Lengths: two full chunks (paired) and an odd remainder, so positions in
+  // the vector rounds and in the scalar tail both occur.
+  const uint64_t n = 2 * kScanChunkElements + 37;
+  std::mt19937_64 rng(11);
+  for (const Edge& e : edges) {
+    for (uint16_t sign : {uint16_t{0}, uint16_t{0x8000}}) {
+      const uint16_t bits = e.bits ^ sign;
+      for (uint64_t pos : {uint64_t{0}, uint64_t{17}, kScanChunkElements - 1,
+                           kScanChunkElements + 12345, 2 * kScanChunkElements - 32,
+                           2 * kScanChunkElements + 33}) {
+        // Among zeros the value's square is its lane's whole sum, so a
+        // square rounded in fp32 shows; among values near 2^-7 it is added
+        // to others.
+        for (bool zeros : {true, false}) {
+          std::vector<uint16_t> v(n, 0);
+          if (!zeros) {
+            for (uint16_t& x : v) x = 0x3c00 + (rng() & 0x3ff);
+          }
+          v[pos] = bits;
+          const TensorRef t{v.data(), n, DType::kBFloat16};
+          const ScanResult want = ReferenceScan(t);
+          ASSERT_EQ(want.nonfinite, e.nonfinite ? 1u : 0u);
+          for (CpuPath path : Paths()) {
+            ExpectSameResult(ScanOne(t, path), want,
+                             std::string(CpuPathName(path)) + " bits=" +
+                                 std::to_string(bits) + " pos=" + std::to_string(pos) +
+                                 (zeros ? " among zeros" : ""));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every bf16 bit pattern but the non-finite ones, both signs, in pairs of
+// full chunks: most chunks hold squares that overflow or lose bits in fp32.
+TEST(NonFiniteTest, BFloat16AnyBitPatternMatchesReferenceOnEveryPath) {
+  std::mt19937_64 rng(12);
+  for (int trial = 0; trial < 4; ++trial) {
+    const uint64_t n = 4 * kScanChunkElements + rng() % 64;
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v) {
+      do {
+        x = static_cast<uint16_t>(rng());
+      } while ((x & 0x7f80) == 0x7f80);
+    }
+    // Trial 0: all patterns. Later trials: exponents in fp32's exact range
+    // except one tiny value per chunk, so both outcomes of the check occur.
+    if (trial > 0) {
+      for (uint16_t& x : v) {
+        const uint16_t exponent = 64 + rng() % 127;  // |x| in [2^-63, 2^64).
+        x = static_cast<uint16_t>((x & 0x807f) | (exponent << 7));
+      }
+      v[rng() % n] = 0x0003;
+    }
+    const TensorRef t{v.data(), n, DType::kBFloat16};
+    const ScanResult want = ReferenceScan(t);
+    ASSERT_EQ(want.nonfinite, 0u);
+    ASSERT_TRUE(std::isfinite(want.sum_squares));
+    for (CpuPath path : Paths()) {
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        ExpectSameResult(ScanOne(t, path, &pool), want,
+                         std::string(CpuPathName(path)) + " trial " +
+                             std::to_string(trial));
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// The caller's flush-to-zero, denormals-are-zero and rounding mode do not
+// change a norm, and the caller gets its MXCSR back, flags included. Each
+// tensor (two full chunks and a tail, zeros but for the values named) would
+// come out different under one of those settings.
+TEST(NonFiniteTest, ResultAndCallerMxcsrDoNotDependOnEachOther) {
+  const uint64_t n = 2 * kScanChunkElements + 5;
+  std::vector<std::vector<uint16_t>> storage(3, std::vector<uint16_t>(n, 0));
+  storage[0][3] = 0x0001;  // A bf16 subnormal: DAZ reads it as 0.
+  // Its fp32 square is subnormal and inexact: FTZ makes it 0.
+  storage[1][70001] = 0x1cff;
+  // 2^104 + 2.25 * 2^50 in one lane: the sum is 0.5625 of a unit in the last
+  // place above 2^104, which rounds up to nearest and down toward zero.
+  storage[2][100000] = 0x5980;  // 2^52.
+  storage[2][100016] = 0x4c40;  // 1.5 * 2^25.
+  std::vector<TensorRef> tensors;
+  std::vector<ScanResult> want;
+  for (const auto& v : storage) {
+    tensors.push_back({v.data(), n, DType::kBFloat16});
+    want.push_back(ReferenceScan(tensors.back()));
+  }
+  const unsigned saved = _mm_getcsr();
+  // FTZ, DAZ, round toward zero, and the precision flag already raised.
+  const unsigned caller = saved | 0x8000u | 0x0040u | 0x6000u | 0x0020u;
+  for (CpuPath path : Paths()) {
+    std::vector<ScanResult> got(tensors.size());
+    _mm_setcsr(caller);
+    const absl::Status s =
+        ScanNonFiniteOnPath(tensors, absl::MakeSpan(got), nullptr, path);
+    const unsigned after = _mm_getcsr();
+    _mm_setcsr(saved);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(after, caller) << CpuPathName(path);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      ExpectSameResult(got[t], want[t],
+                       std::string(CpuPathName(path)) + " tensor " + std::to_string(t));
+    }
+  }
+}
+#endif
 
 TEST(NonFiniteTest, SumIsCloseToTheExactValue) {
   // The canonical order is a choice; it must still be an accurate sum.
