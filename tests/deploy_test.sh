@@ -11,12 +11,19 @@
 #    probes on 7400, PVC at /var/lib/sdc, flags sdcd really has, actuator,
 #    approval, security context, resources), PVC, Service, ServiceMonitor,
 #    RBAC (nodes get/list/watch/patch only, bound to sdcd only), the agent
-#    DaemonSet (tolerations, NODE_NAME, NVML env, no privilege, no RBAC);
+#    DaemonSet (tolerations, NODE_NAME, NVML env, no privilege, no RBAC,
+#    its own Pod Security "privileged" namespace, the relay socket in its one
+#    hostPath, metrics port and /healthz probes), PriorityClasses, sdcd's
+#    PodDisruptionBudget and GPU-node anti-affinity, the NetworkPolicies
+#    (ports equal the Service's; who is admitted and refused), the PodMonitor,
+#    and for the hyperpod-api overlay --actuator=hyperpod with its IRSA role;
+#  - deploy/eks/iam: the policy allows exactly the SageMaker calls
+#    daemon/actuator.cc makes; the trust policy names ServiceAccount sdcd;
 #  - deploy/prometheus/alerts.yml: promtool check + unit tests, the alert
 #    contract (names, expressions, for, severity, operator commands), the
 #    metrics exist in sdcd's source, and the PrometheusRule carries the same
 #    groups;
-#  - the PyTorchJob sidecar example;
+#  - the PyTorchJob examples (sidecar; relay: same socket as the agent's);
 #  - the systemd units: required settings, sdcd flags, systemd-analyze verify;
 #  - the Slurm installer (role detection with python3 and jq, files
 #    installed) and trainer-env.sh;
@@ -62,6 +69,7 @@ export KUBECONFIG="$work/no-kubeconfig"
 # the trainer's environment variables.
 sdcd_main="$src/daemon/sdcd_main.cc"
 service_cc="$src/daemon/service.cc"
+actuator_cc="$src/daemon/actuator.cc"
 options_h="$src/client/options.h"
 
 section "tools"
@@ -73,7 +81,7 @@ for tool in kubectl promtool shellcheck "$PY"; do
   fi
 done
 if "$PY" -c 'import yaml' 2>/dev/null; then ok "python3 yaml module"; else bad "python3-yaml is not installed"; fi
-for f in "$sdcd_main" "$service_cc" "$options_h"; do
+for f in "$sdcd_main" "$service_cc" "$actuator_cc" "$options_h"; do
   if [[ -r "$f" ]]; then ok "reference source ${f#"$src"/}"; else bad "cannot read $f"; fi
 done
 if ((failures > 0)); then
@@ -91,13 +99,25 @@ import sys
 import yaml
 
 NS = "sdc-system"
+AGENT_NS = "sdc-agent"  # hostPath for the relay socket: Pod Security "privileged"
+RELAY_SOCKET = "/run/sdc-guard/relay.sock"
+AGENT_METRICS_PORT = 9465
+TRAINER_LABEL = ("sdc-guard.io/trainer", "true")
+PROMETHEUS_NS = "monitoring"
+# Nodes sdcd must never be scheduled on (GPU nodes, which it may act on) and
+# one it must accept.
+GPU_NODES = [{"nvidia.com/gpu.present": "true", "node.kubernetes.io/instance-type": "m5.xlarge"},
+             {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"},
+             {"node.kubernetes.io/instance-type": "ml.g5.8xlarge"}]
+CPU_NODE = {"node.kubernetes.io/instance-type": "ml.m5.2xlarge", "kubernetes.io/os": "linux"}
 SDCD_IMAGE = "sdc-guard/sdcd"
 AGENT_IMAGE = "sdc-guard/sdc-agent"
 DEFAULT_TAG = "0.1.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
-               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library", "relay_listen"}
+               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library", "relay_listen",
+               "metrics_listen"}
 RBAC_VERBS = {"get", "list", "watch", "patch"}
 HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
 HEALTH_TAINTS = [
@@ -275,7 +295,10 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
         by.setdefault(d.get("kind"), {})[d["metadata"]["name"]] = d
     get = lambda kind, name: by.get(kind, {}).get(name)
 
-    required = [("Namespace", NS), ("ServiceAccount", "sdcd"), ("ServiceAccount", "sdc-agent"),
+    required = [("Namespace", NS), ("Namespace", AGENT_NS), ("ServiceAccount", "sdcd"), ("ServiceAccount", "sdc-agent"),
+                ("PriorityClass", "sdc-guard-coordinator"), ("PriorityClass", "sdc-guard-agent"),
+                ("PodDisruptionBudget", "sdcd"), ("NetworkPolicy", "sdcd"), ("NetworkPolicy", "sdc-agent"),
+                ("PodMonitor", "sdc-agent"),
                 ("ClusterRole", "sdc-guard-coordinator"), ("ClusterRoleBinding", "sdc-guard-coordinator"),
                 ("PersistentVolumeClaim", "sdcd-state"), ("Deployment", "sdcd"), ("Service", "sdcd"),
                 ("ServiceMonitor", "sdcd"), ("PrometheusRule", "sdc-guard"), ("DaemonSet", "sdc-agent")]
@@ -283,9 +306,10 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(not missing, f"all {len(required)} objects present", "missing " + ", ".join(missing))
     if missing:
         return
+    home_ns = lambda d: AGENT_NS if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "sdc-agent" else NS
     wrong_ns = [f"{d['kind']}/{d['metadata']['name']}={d['metadata'].get('namespace')}" for d in docs
-                if d["kind"] not in NAMESPACED_EXEMPT and d["metadata"].get("namespace") != NS]
-    r.expect(not wrong_ns, f"every namespaced object is in {NS}", ", ".join(wrong_ns))
+                if d["kind"] not in NAMESPACED_EXEMPT and d["metadata"].get("namespace") != home_ns(d)]
+    r.expect(not wrong_ns, f"agent objects in {AGENT_NS}, every other namespaced object in {NS}", ", ".join(wrong_ns))
     autos = [s for d in docs for s in walk_strings(d) if approval_auto(s)]
     r.expect(not autos, "no --approval=auto anywhere", "; ".join(autos))
 
@@ -437,7 +461,6 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(any(x.get("key") == HEALTH_KEY for x in tols), f"agent names {HEALTH_KEY} explicitly")
     for flag in ("hostPID", "hostNetwork", "hostIPC"):
         r.expect(not apod.get(flag), f"agent {flag} is false")
-    r.expect(not any("hostPath" in v for v in apod.get("volumes") or []), "agent mounts no hostPath")
     r.expect(apod.get("serviceAccountName") == "sdc-agent" and apod.get("automountServiceAccountToken") is False,
              "agent ServiceAccount sdc-agent without a token")
     sa = get("ServiceAccount", "sdc-agent")
@@ -450,7 +473,12 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     asc, apsc = a.get("securityContext") or {}, apod.get("securityContext") or {}
     r.expect(not asc.get("privileged") and asc.get("allowPrivilegeEscalation") is False,
              "agent: not privileged, no privilege escalation")
-    r.expect(asc.get("runAsNonRoot", apsc.get("runAsNonRoot")) is True, "agent runs as non-root")
+    # Root (uid 0) only to own the relay socket in kubelet's root-owned
+    # hostPath directory; then without any capability and read-only.
+    r.expect(asc.get("runAsNonRoot", apsc.get("runAsNonRoot")) is True or
+             ((asc.get("capabilities") or {}).get("drop") == ["ALL"] and not (asc.get("capabilities") or {}).get("add")
+              and asc.get("readOnlyRootFilesystem") is True),
+             "agent runs as non-root, or as root without capabilities on a read-only root", str(asc))
     env = {e["name"]: e for e in a.get("env") or []}
     r.expect(((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
              "agent NODE_NAME from fieldRef spec.nodeName")
@@ -460,7 +488,6 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     ares = a.get("resources") or {}
     r.expect(all(k in (ares.get("limits") or {}) for k in ("cpu", "memory")), "agent cpu/memory limits", str(ares))
     r.expect(not any("gpu" in k for s in ("requests", "limits") for k in (ares.get(s) or {})), "agent requests no GPU")
-    r.expect(not a.get("ports"), "agent exposes no ports")
     # Diagnostics write the reference product under $TMPDIR for their child
     # process: with a read-only root, /tmp must be a volume.
     avols = {v["name"]: v for v in apod.get("volumes") or []}
@@ -475,13 +502,265 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(len(coord) == 1 and host_port(coord[0])[0] in svc_hosts and host_port(coord[0])[1] == "7400",
              "agent --coordinator is the sdcd Service on 7400", str(coord))
 
-    # Pod security: seccomp on both pods (the namespace enforces "restricted").
+    check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator)
+
+    # Pod security: seccomp on both pods.
     for d in (dep, ds):
         p = d["spec"]["template"]["spec"]
         r.expect(((p.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "RuntimeDefault",
                  f"{d['kind']}/{d['metadata']['name']} seccompProfile RuntimeDefault")
 
     check_prometheus_rule(r, alerts_path, get("PrometheusRule", "sdc-guard"))
+
+
+# --- EKS wiring: relay, probes, NetworkPolicy, PDB, priority, affinity ----------
+
+def node_expr_matches(e, labels):
+    k, op, vals = e["key"], e["operator"], e.get("values") or []
+    if op == "In":
+        return labels.get(k) in vals
+    if op == "NotIn":
+        return labels.get(k) not in vals
+    if op == "Exists":
+        return k in labels
+    if op == "DoesNotExist":
+        return k not in labels
+    raise ValueError(f"node selector operator {op} not modelled here")
+
+
+def node_allowed(pod, labels):
+    """Whether a node with these labels passes the pod's nodeSelector and required nodeAffinity."""
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    req = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = req.get("nodeSelectorTerms")
+    if not terms:
+        return True
+    return any(all(node_expr_matches(e, labels) for e in t.get("matchExpressions") or []) for t in terms)
+
+
+def peer_admits(peer, pod_ns, ns_labels, pod_labels):
+    """Whether one NetworkPolicy `from` entry admits a pod (labels) in namespace pod_ns."""
+    if "ipBlock" in peer:
+        return False  # pods are matched by selectors here
+    nsel, psel = peer.get("namespaceSelector"), peer.get("podSelector")
+    if nsel is None and psel is None:
+        return False
+    ns_ok = (pod_ns == peer.get("_policy_ns")) if nsel is None else (
+        nsel == {} or selector_matches(nsel, ns_labels))
+    pod_ok = psel is None or psel == {} or selector_matches(psel, pod_labels)
+    return ns_ok and pod_ok
+
+
+def policy_admits(policy, port, pod_ns, pod_labels):
+    """Whether NetworkPolicy `policy` lets a pod in pod_ns with pod_labels reach TCP `port`."""
+    ns_labels = {"kubernetes.io/metadata.name": pod_ns}
+    for rule in policy["spec"].get("ingress") or []:
+        ports = [p.get("port") for p in rule.get("ports") or []]
+        if ports and port not in ports:
+            continue
+        peers = rule.get("from")
+        if not peers:
+            return True  # from everywhere
+        for peer in peers:
+            if peer_admits(dict(peer, _policy_ns=policy["metadata"].get("namespace")), pod_ns, ns_labels, pod_labels):
+                return True
+    return False
+
+
+def check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator):
+    get = lambda kind, name: by.get(kind, {}).get(name)
+    pod, apod = dep["spec"]["template"]["spec"], ds["spec"]["template"]["spec"]
+    sdcd_labels = dep["spec"]["template"]["metadata"].get("labels") or {}
+    agent_labels = ds["spec"]["template"]["metadata"].get("labels") or {}
+    sdcd_ns, agent_ns = dep["metadata"]["namespace"], ds["metadata"]["namespace"]
+
+    # Pod Security: sdcd's namespace restricted; the agent's admits its hostPath.
+    level = lambda ns: ((get("Namespace", ns) or {}).get("metadata", {}).get("labels") or {}).get(
+        "pod-security.kubernetes.io/enforce")
+    r.expect(level(sdcd_ns) == "restricted", f"namespace {sdcd_ns} (sdcd) enforces Pod Security restricted",
+             str(level(sdcd_ns)))
+    r.expect(agent_ns != sdcd_ns and level(agent_ns) == "privileged",
+             f"the agent has its own namespace {agent_ns}, at Pod Security privileged (hostPath)", str(level(agent_ns)))
+
+    # Relay: --relay_listen on a Unix socket inside the only hostPath, which
+    # is mounted at the same path.
+    relay = flag_values(aparsed, "relay_listen")
+    r.expect(relay == ["unix:" + RELAY_SOCKET], f"agent --relay_listen=unix:{RELAY_SOCKET}", str(relay))
+    hostpaths = {v["name"]: v["hostPath"] for v in apod.get("volumes") or [] if "hostPath" in v}
+    sock_dir = RELAY_SOCKET.rsplit("/", 1)[0]
+    r.expect(list(hostpaths.values()) == [{"path": sock_dir, "type": "DirectoryOrCreate"}],
+             f"agent's only hostPath is {sock_dir} (DirectoryOrCreate)", str(hostpaths))
+    hmounts = [m for m in a.get("volumeMounts") or [] if m["name"] in hostpaths]
+    r.expect([m["mountPath"] for m in hmounts] == [sock_dir] and not any(m.get("readOnly") for m in hmounts),
+             f"agent mounts it read-write at {sock_dir}", str(hmounts))
+    asc = a.get("securityContext") or {}
+    r.expect((asc.get("capabilities") or {}).get("drop") == ["ALL"] and not (asc.get("capabilities") or {}).get("add"),
+             "agent drops every capability and adds none", str(asc.get("capabilities")))
+
+    # Agent metrics and probes.
+    ml = flag_values(aparsed, "metrics_listen")
+    r.expect(ml == [f"0.0.0.0:{AGENT_METRICS_PORT}"], f"agent --metrics_listen=0.0.0.0:{AGENT_METRICS_PORT}", str(ml))
+    aports = {p.get("name"): p.get("containerPort") for p in a.get("ports") or []}
+    r.expect(aports == {"metrics": AGENT_METRICS_PORT}, f"agent declares exactly port metrics {AGENT_METRICS_PORT}",
+             str(aports))
+    for probe in ("livenessProbe", "readinessProbe"):
+        h = (a.get(probe) or {}).get("httpGet") or {}
+        r.expect(h.get("path") == "/healthz" and resolve_port(a, h.get("port")) == AGENT_METRICS_PORT,
+                 f"agent {probe}: httpGet /healthz on a declared port = {AGENT_METRICS_PORT}", str(a.get(probe)))
+    pm = get("PodMonitor", "sdc-agent")
+    r.expect(selector_matches(pm["spec"].get("selector"), agent_labels) and
+             pm["metadata"].get("namespace") == agent_ns, "PodMonitor sdc-agent selects the agent pods in their namespace")
+    r.expect([e.get("port") for e in pm["spec"].get("podMetricsEndpoints") or []] == ["metrics"],
+             "PodMonitor scrapes the agent's port metrics")
+
+    # Priority.
+    for who, p, cls, policy in (("sdcd", pod, "sdc-guard-coordinator", None), ("agent", apod, "sdc-guard-agent", "Never")):
+        pc = get("PriorityClass", p.get("priorityClassName") or "")
+        r.expect(p.get("priorityClassName") == cls and pc is not None,
+                 f"{who} priorityClassName {cls}, defined here", str(p.get("priorityClassName")))
+        if pc:
+            r.expect(0 < pc.get("value", 0) < 1000000000 and not pc.get("globalDefault"),
+                     f"PriorityClass {cls}: above workloads, below system classes, not the default", str(pc.get("value")))
+            if policy:
+                r.expect(pc.get("preemptionPolicy") == policy, f"PriorityClass {cls} preemptionPolicy {policy}",
+                         str(pc.get("preemptionPolicy")))
+
+    # PodDisruptionBudget: selects exactly the sdcd pod, allows no voluntary eviction.
+    pdb = get("PodDisruptionBudget", "sdcd")
+    r.expect(pdb["metadata"].get("namespace") == sdcd_ns and selector_matches(pdb["spec"].get("selector"), sdcd_labels)
+             and not selector_matches(pdb["spec"].get("selector"), agent_labels),
+             "PodDisruptionBudget sdcd selects the sdcd pod (and not the agents)", str(pdb["spec"].get("selector")))
+    r.expect(pdb["spec"].get("maxUnavailable") == 0 or pdb["spec"].get("minAvailable") == 1,
+             "PodDisruptionBudget sdcd: maxUnavailable 0 (one replica)", str(pdb["spec"]))
+
+    # Affinity: never on a GPU node, possible on a CPU node.
+    r.expect(all(not node_allowed(pod, n) for n in GPU_NODES), "sdcd's node affinity refuses GPU nodes",
+             str(pod.get("affinity")))
+    r.expect(node_allowed(pod, CPU_NODE), "sdcd's node affinity admits a CPU node", str(pod.get("affinity")))
+
+    # NetworkPolicy for sdcd: ports equal the Service's, admitted peers exact.
+    np = get("NetworkPolicy", "sdcd")
+    r.expect(np["metadata"].get("namespace") == sdcd_ns and selector_matches(np["spec"].get("podSelector"), sdcd_labels),
+             "NetworkPolicy sdcd selects the sdcd pod in its namespace")
+    r.expect("Ingress" in (np["spec"].get("policyTypes") or []), "NetworkPolicy sdcd restricts ingress")
+    np_ports = sorted(p.get("port") for rule in np["spec"].get("ingress") or [] for p in rule.get("ports") or [])
+    svc_ports = sorted(p.get("port") for p in svc["spec"].get("ports") or [])
+    r.expect(np_ports == svc_ports, f"NetworkPolicy sdcd ports {np_ports} == Service ports {svc_ports}")
+    trainer = {TRAINER_LABEL[0]: TRAINER_LABEL[1]}
+    cases = [  # (who, namespace, labels, port, admitted)
+        ("a labelled trainer in any namespace", "team-a", trainer, 7400, True),
+        ("the agent pods", agent_ns, agent_labels, 7400, True),
+        ("Prometheus", PROMETHEUS_NS, {"app.kubernetes.io/name": "prometheus"}, 9464, True),
+        ("an unlabelled pod", "team-a", {"app": "web"}, 7400, False),
+        ("agent-labelled pods outside the agent namespace", "team-a", agent_labels, 7400, False),
+        ("a labelled trainer on the metrics port", "team-a", trainer, 9464, False),
+        ("Prometheus on the trainer port", PROMETHEUS_NS, {"app.kubernetes.io/name": "prometheus"}, 7400, False),
+    ]
+    for who, ns, labels, port, want in cases:
+        r.expect(policy_admits(np, port, ns, labels) == want,
+                 f"NetworkPolicy sdcd {'admits' if want else 'refuses'} {who} on {port}")
+    anp = get("NetworkPolicy", "sdc-agent")
+    r.expect(anp["metadata"].get("namespace") == agent_ns and selector_matches(anp["spec"].get("podSelector"), agent_labels),
+             "NetworkPolicy sdc-agent selects the agent pods")
+    anp_ports = sorted(p.get("port") for rule in anp["spec"].get("ingress") or [] for p in rule.get("ports") or [])
+    r.expect(anp_ports == sorted(aports.values()), f"NetworkPolicy sdc-agent ports {anp_ports} == agent ports")
+    r.expect(policy_admits(anp, AGENT_METRICS_PORT, PROMETHEUS_NS, {}) and
+             not policy_admits(anp, AGENT_METRICS_PORT, "team-a", trainer),
+             "NetworkPolicy sdc-agent admits Prometheus only")
+
+    # The hyperpod actuator: cluster named, IRSA role on ServiceAccount sdcd.
+    sa = get("ServiceAccount", "sdcd")
+    role = ((sa["metadata"].get("annotations") or {}).get("eks.amazonaws.com/role-arn") or "")
+    sparsed = parse_flags(c.get("args") or [])
+    if actuator == "hyperpod":
+        r.expect(re.fullmatch(r"arn:aws:iam::[A-Z0-9_]+:role/[\w+=,.@/-]+", role) is not None,
+                 "ServiceAccount sdcd carries the IRSA annotation eks.amazonaws.com/role-arn", role)
+        r.expect(len(flag_values(sparsed, "hyperpod_cluster")) == 1 and flag_values(sparsed, "hyperpod_cluster")[0],
+                 "--hyperpod_cluster set once", str(flag_values(sparsed, "hyperpod_cluster")))
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        r.expect(bool(env.get("AWS_REGION")), "sdcd AWS_REGION set for the AWS CLI")
+    else:
+        r.expect(not role and not flag_values(sparsed, "hyperpod_cluster"),
+                 "no IRSA role or --hyperpod_cluster without --actuator=hyperpod")
+
+
+def check_iam(r, policy_path, trust_path, actuator_cc, rendered):
+    """The IAM policy allows exactly the SageMaker calls the hyperpod actuator makes."""
+    import json
+    src = read(actuator_cc)
+    calls = set(re.findall(r'"aws",\s*"sagemaker",\s*"([a-z-]+)"', src))
+    actions = {"sagemaker:" + "".join(w.capitalize() for w in c.split("-")) for c in calls}
+    r.expect(actions, "daemon/actuator.cc calls the SageMaker API through the aws CLI", str(calls))
+    try:
+        policy = json.loads(read(policy_path))
+        trust = json.loads(read(trust_path))
+    except ValueError as e:
+        r.expect(False, "IAM policy JSON parses", str(e))
+        return
+    r.expect(policy.get("Version") == "2012-10-17" and trust.get("Version") == "2012-10-17",
+             "both IAM documents are Version 2012-10-17")
+    allowed, resources = set(), set()
+    for st in policy.get("Statement") or []:
+        r.expect(st.get("Effect") == "Allow", f"policy statement {st.get('Sid')} is Allow")
+        acts = st.get("Action")
+        allowed |= set([acts] if isinstance(acts, str) else acts or [])
+        res = st.get("Resource")
+        resources |= set([res] if isinstance(res, str) else res or [])
+    r.expect(allowed == actions, f"policy allows exactly {sorted(actions)}", str(sorted(allowed)))
+    r.expect(resources and all(re.fullmatch(r"arn:aws:sagemaker:[A-Za-z0-9_-]+:[A-Z0-9_]+:cluster/[A-Za-z0-9_]+", x)
+                               for x in resources), "policy is scoped to one HyperPod cluster ARN", str(resources))
+    sa = next((d for d in load(rendered) if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "sdcd"), None)
+    want_sub = f"system:serviceaccount:{sa['metadata']['namespace']}:sdcd" if sa else None
+    sts = trust.get("Statement") or []
+    conds = [v for st in sts for v in ((st.get("Condition") or {}).get("StringEquals") or {}).items()]
+    r.expect(len(sts) == 1 and sts[0].get("Action") == "sts:AssumeRoleWithWebIdentity" and
+             "oidc-provider/" in (sts[0].get("Principal") or {}).get("Federated", ""),
+             "trust policy: AssumeRoleWithWebIdentity from the cluster's OIDC provider")
+    r.expect(any(k.endswith(":sub") and v == want_sub for k, v in conds),
+             f"trust policy admits only ServiceAccount {want_sub}", str(conds))
+    r.expect(any(k.endswith(":aud") and v == "sts.amazonaws.com" for k, v in conds), "trust policy audience sts.amazonaws.com")
+
+
+def check_relay_example(r, path, rendered, tvars):
+    """The relay example's ranks reach the socket the rendered agent listens on."""
+    docs = load(path)
+    r.expect(len(docs) == 1 and docs[0].get("kind") == "PyTorchJob", "relay example is one PyTorchJob")
+    ds = next(d for d in load(rendered) if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "sdc-agent")
+    agent = ds["spec"]["template"]["spec"]["containers"][0]
+    relay = flag_values(parse_flags(agent.get("args") or []), "relay_listen")
+    sock = relay[0][len("unix:"):] if relay and relay[0].startswith("unix:") else None
+    agent_vol = next((v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"].get("volumes") or []
+                      if "hostPath" in v), None)
+    r.expect(sock and agent_vol and sock.startswith(agent_vol + "/"), "the agent's socket lies in its hostPath",
+             f"{sock} {agent_vol}")
+    job = docs[0]
+    specs = job["spec"].get("pytorchReplicaSpecs") or {}
+    r.expect({"Master", "Worker"} <= set(specs), "Master and Worker replica specs")
+    for rtype, rspec in specs.items():
+        pod = rspec["template"]["spec"]
+        vols = {v["name"]: v for v in pod.get("volumes") or []}
+        trainers = [c for c in pod.get("containers") or [] if c.get("name") == "pytorch"]
+        if not r.expect(len(trainers) == 1, f"{rtype}: one container named pytorch"):
+            continue
+        t = trainers[0]
+        env = {e["name"]: e for e in t.get("env") or []}
+        for var in env:
+            if var.startswith("SDC_"):
+                r.expect(var in tvars, f"{rtype}: {var} is a variable the client reads (client/options.h)")
+        coord = (env.get("SDC_COORDINATOR") or {}).get("value")
+        r.expect(coord == relay[0] if relay else False, f"{rtype}: SDC_COORDINATOR is the agent's --relay_listen",
+                 f"{coord} vs {relay}")
+        mount = next((m for m in t.get("volumeMounts") or [] if sock and sock.startswith(m["mountPath"].rstrip("/") + "/")), None)
+        hp = (vols.get(mount["name"]) or {}).get("hostPath") if mount else None
+        r.expect(mount and hp and hp.get("path") == agent_vol and mount["mountPath"] == agent_vol,
+                 f"{rtype}: mounts the agent's hostPath {agent_vol} at the same path", f"{mount} {hp}")
+        r.expect(mount and mount.get("readOnly") is True, f"{rtype}: the relay mount is read-only")
+        nn = ((env.get("SDC_NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        r.expect(nn == "spec.nodeName", f"{rtype}: SDC_NODE_NAME from fieldRef spec.nodeName")
+        r.expect(not any((c.get("image") or "").startswith(SDCD_IMAGE) for _, c in all_containers(pod)),
+                 f"{rtype}: no sdcd in the job (the cluster coordinator serves it)")
 
 
 # --- Alert rules --------------------------------------------------------------
@@ -676,6 +955,40 @@ def mutations():
         "PrometheusRule drifted": m(lambda d: find(d, "PrometheusRule", "sdc-guard")["spec"]["groups"][0]["rules"][0].update(
             expr="sdc_replacement_requests > 1")),
         "wrong namespace": m(lambda d: find(d, "Service", "sdcd")["metadata"].update(namespace="default")),
+        "agent in sdc-system": m(lambda d: find(d, "DaemonSet", "sdc-agent")["metadata"].update(namespace=NS)),
+        "sdc-system not restricted": m(lambda d: find(d, "Namespace", NS)["metadata"]["labels"].update(
+            {"pod-security.kubernetes.io/enforce": "privileged"})),
+        "relay socket elsewhere": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(
+            2, "--relay_listen=unix:/var/run/sdc.sock")),
+        "relay on TCP": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(2, "--relay_listen=127.0.0.1:7401")),
+        "agent mounts the container runtime socket": m(lambda d: agent_pod(d)["volumes"].append(
+            {"name": "docker", "hostPath": {"path": "/var/run/docker.sock"}})),
+        "agent adds CAP_SYS_ADMIN": m(lambda d: agent_pod(d)["containers"][0]["securityContext"]["capabilities"].update(
+            add=["SYS_ADMIN"])),
+        "agent metrics on 9466": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(3, "--metrics_listen=0.0.0.0:9466")),
+        "agent liveness on an undeclared port": m(lambda d: agent_pod(d)["containers"][0]["livenessProbe"]["httpGet"].update(
+            port="health")),
+        "agent readiness path /": m(lambda d: agent_pod(d)["containers"][0]["readinessProbe"]["httpGet"].update(path="/")),
+        "agent without priorityClassName": m(lambda d: agent_pod(d).pop("priorityClassName")),
+        "agent PriorityClass preempts": m(lambda d: find(d, "PriorityClass", "sdc-guard-agent").update(
+            preemptionPolicy="PreemptLowerPriority")),
+        "sdcd PriorityClass missing": m(lambda d: d.remove(find(d, "PriorityClass", "sdc-guard-coordinator"))),
+        "PDB selects the agents": m(lambda d: find(d, "PodDisruptionBudget", "sdcd")["spec"].update(
+            selector={"matchLabels": {"app.kubernetes.io/part-of": "sdc-guard"}})),
+        "PDB allows one eviction": m(lambda d: find(d, "PodDisruptionBudget", "sdcd")["spec"].update(maxUnavailable=1)),
+        "sdcd without affinity": m(lambda d: find(d, "Deployment", "sdcd")["spec"]["template"]["spec"].pop("affinity")),
+        "sdcd affinity misses p5": m(lambda d: find(d, "Deployment", "sdcd")["spec"]["template"]["spec"]["affinity"]
+                                      ["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                                      [0]["matchExpressions"][1]["values"].remove("ml.p5.48xlarge")),
+        "NetworkPolicy port 7401": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0]["ports"][0].update(port=7401)),
+        "NetworkPolicy admits every pod": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0].update(
+            **{"from": [{"namespaceSelector": {}}]})),
+        "NetworkPolicy forgets the agents": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0]["from"].pop(1)),
+        "NetworkPolicy metrics from anywhere": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][1].pop("from")),
+        "PodMonitor on port http": m(lambda d: find(d, "PodMonitor", "sdc-agent")["spec"]["podMetricsEndpoints"][0].update(
+            port="http")),
+        "IRSA role without the hyperpod actuator": m(lambda d: find(d, "ServiceAccount", "sdcd")["metadata"].update(
+            annotations={"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"})),
     }
 
 
@@ -728,6 +1041,16 @@ def main():
         for n in names:
             print(f"  {'ok  ' if n in known else 'FAIL'} [vars] {n} is read by the client (client/options.h)")
         return 1 if missing else 0
+    if mode == "iam":
+        policy, trust, actuator_cc, rendered = sys.argv[2:6]
+        r = Report("iam")
+        check_iam(r, policy, trust, actuator_cc, rendered)
+        return r.finish()
+    if mode == "relay-example":
+        path, rendered, options_h = sys.argv[2:5]
+        r = Report("relay-example")
+        check_relay_example(r, path, rendered, trainer_vars(options_h))
+        return r.finish()
     if mode == "approval-scan":
         bad = 0
         for path in sys.argv[2:]:
@@ -761,13 +1084,19 @@ for k in "${kustomizations[@]}"; do
   ok "kubectl kustomize deploy/eks/$k ($(grep -c '^kind:' "$out") objects)"
   actuator=dry-run
   [[ "$k" == overlays/hyperpod ]] && actuator=eks
+  [[ "$k" == overlays/hyperpod-api ]] && actuator=hyperpod
   kind=overlay
   [[ "$k" == base ]] && kind=base
   check rendered "$k" "$out" "$eks/$k/kustomization.yaml" "$actuator" "$sdcd_main" \
     "$deploy/prometheus/alerts.yml" "$kind" || bad "deploy/eks/$k: see FAIL lines above"
 done
-[[ -d "$eks/overlays/hyperpod" && -d "$eks/overlays/dry-run" ]] ||
-  bad "overlays hyperpod and dry-run must both exist"
+for o in hyperpod hyperpod-api dry-run; do
+  [[ -f "$work/render-overlays-$o.yaml" ]] || bad "overlay $o must exist and render"
+done
+
+section "IAM for the hyperpod actuator"
+check iam "$eks/iam/sdcd-hyperpod-policy.json" "$eks/iam/sdcd-trust-policy.json" "$actuator_cc" \
+  "$work/render-overlays-hyperpod-api.yaml" || bad "deploy/eks/iam"
 
 section "Prometheus rules"
 if promtool check rules "$deploy/prometheus/alerts.yml" >"$work/promtool.out" 2>&1; then
@@ -787,13 +1116,15 @@ else
   bad "PrometheusRule is stale: $(cat "$work/sync.out")"
 fi
 
-section "PyTorchJob example"
+section "PyTorchJob examples"
 check example "$eks/examples/pytorchjob-sidecar.yaml" "$sdcd_main" "$options_h" ||
   bad "deploy/eks/examples/pytorchjob-sidecar.yaml"
-if grep -rq 'pytorchjob-sidecar' "$eks"/base/kustomization.yaml "$eks"/overlays/*/kustomization.yaml; then
-  bad "the example must not be part of a kustomization"
+check relay-example "$eks/examples/pytorchjob-relay.yaml" "$work/render-base.yaml" "$options_h" ||
+  bad "deploy/eks/examples/pytorchjob-relay.yaml"
+if grep -rq 'pytorchjob-' "$eks"/base/kustomization.yaml "$eks"/overlays/*/kustomization.yaml; then
+  bad "the examples must not be part of a kustomization"
 else
-  ok "the example is in no kustomization"
+  ok "the examples are in no kustomization"
 fi
 
 section "approval"
@@ -979,6 +1310,23 @@ elif kubectl kustomize "$work/mutant/eks/base" >"$work/mutant.yaml" 2>/dev/null 
   ok "a ClusterRole with verb delete, rendered by kustomize, is rejected: $(grep -m1 FAIL "$work/mutant.out" | sed 's/^ *//')"
 else
   bad "a ClusterRole with verb delete was not rejected"
+fi
+# The IAM policy: a wildcard action must be rejected.
+sed 's/"sagemaker:BatchReplaceClusterNodes"/"sagemaker:*"/' "$eks/iam/sdcd-hyperpod-policy.json" >"$work/mutant-policy.json"
+if ! grep -q 'sagemaker:\*' "$work/mutant-policy.json"; then
+  bad "could not plant a wildcard action in sdcd-hyperpod-policy.json"
+elif ! check iam "$work/mutant-policy.json" "$eks/iam/sdcd-trust-policy.json" "$actuator_cc" \
+  "$work/render-overlays-hyperpod-api.yaml" >"$work/mutant-iam.out"; then
+  ok "an IAM policy allowing sagemaker:* is rejected: $(grep -m1 FAIL "$work/mutant-iam.out" | sed 's/^ *//')"
+else
+  bad "an IAM policy allowing sagemaker:* was not rejected"
+fi
+# The relay example: a trainer dialing another socket must be rejected.
+sed 's#unix:/run/sdc-guard/relay.sock#unix:/tmp/relay.sock#' "$eks/examples/pytorchjob-relay.yaml" >"$work/mutant-relay.yaml"
+if ! check relay-example "$work/mutant-relay.yaml" "$work/render-base.yaml" "$options_h" >"$work/mutant-relay.out"; then
+  ok "a relay example dialing another socket is rejected: $(grep -m1 FAIL "$work/mutant-relay.out" | sed 's/^ *//')"
+else
+  bad "a relay example dialing another socket was not rejected"
 fi
 
 section "summary"
