@@ -16,7 +16,8 @@
 #    hostPath, metrics port and /healthz probes), PriorityClasses, sdcd's
 #    PodDisruptionBudget and GPU-node anti-affinity, the NetworkPolicies
 #    (ports equal the Service's; who is admitted and refused), the PodMonitor,
-#    and for the hyperpod-api overlay --actuator=hyperpod with its IRSA role;
+#    for the hyperpod-api overlay --actuator=hyperpod with its IRSA role, and
+#    for the mtls overlay TLS on both ends from one cert-manager CA;
 #  - deploy/eks/iam: the policy allows exactly the SageMaker calls
 #    daemon/actuator.cc makes; the trust policy names ServiceAccount sdcd;
 #  - deploy/prometheus/alerts.yml: promtool check + unit tests, the alert
@@ -135,7 +136,9 @@ ALERTS = {  # name: (expr, for)
     "SdcStepsSkipped": ("increase(sdc_steps_skipped_total[30m]) > 0", None),
 }
 NAMESPACED_EXEMPT = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                     "PersistentVolume", "StorageClass", "PriorityClass"}
+                     "PersistentVolume", "StorageClass", "PriorityClass", "ClusterIssuer"}
+CERT_MANAGER_NS = "cert-manager"  # cert-manager's cluster resource namespace: the CA's Secret
+CA_ISSUER = "sdc-guard-ca"
 
 
 class Report:
@@ -306,7 +309,8 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(not missing, f"all {len(required)} objects present", "missing " + ", ".join(missing))
     if missing:
         return
-    home_ns = lambda d: AGENT_NS if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "sdc-agent" else NS
+    home_ns = lambda d: (CERT_MANAGER_NS if (d["kind"], d["metadata"]["name"]) == ("Certificate", CA_ISSUER) else
+                         AGENT_NS if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "sdc-agent" else NS)
     wrong_ns = [f"{d['kind']}/{d['metadata']['name']}={d['metadata'].get('namespace')}" for d in docs
                 if d["kind"] not in NAMESPACED_EXEMPT and d["metadata"].get("namespace") != home_ns(d)]
     r.expect(not wrong_ns, f"agent objects in {AGENT_NS}, every other namespaced object in {NS}", ", ".join(wrong_ns))
@@ -338,13 +342,18 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
     r.expect(ports.get("grpc") == 7400, "sdcd port grpc: 7400", str(ports))
     r.expect(ports.get("metrics") == 9464, "sdcd port metrics: 9464", str(ports))
-    for probe in ("livenessProbe", "readinessProbe"):
-        g = (c.get(probe) or {}).get("grpc") or {}
-        r.expect(resolve_port(c, g.get("port")) == 7400 and not g.get("service"),
-                 f"sdcd {probe}: grpc on 7400", str(c.get(probe)))
-    if c.get("startupProbe"):
-        g = c["startupProbe"].get("grpc") or {}
-        r.expect(resolve_port(c, g.get("port")) == 7400, "sdcd startupProbe: grpc on 7400", str(c["startupProbe"]))
+    # With TLS on the trainer port kubelet's gRPC probe cannot connect: the
+    # probes then use /healthz on the (plain HTTP) metrics port.
+    tls = any(a.startswith("--tls_cert=") for a in c.get("args") or [])
+    for probe in ("livenessProbe", "readinessProbe") + (("startupProbe",) if c.get("startupProbe") else ()):
+        if tls:
+            h = (c.get(probe) or {}).get("httpGet") or {}
+            r.expect(h.get("path") == "/healthz" and resolve_port(c, h.get("port")) == 9464,
+                     f"sdcd {probe} (TLS): httpGet /healthz on 9464", str(c.get(probe)))
+        else:
+            g = (c.get(probe) or {}).get("grpc") or {}
+            r.expect(resolve_port(c, g.get("port")) == 7400 and not g.get("service"),
+                     f"sdcd {probe}: grpc on 7400", str(c.get(probe)))
     vols = {v["name"]: v for v in pod.get("volumes") or []}
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts") or []}
     state = mounts.get("/var/lib/sdc")
@@ -670,6 +679,8 @@ def check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator):
              not policy_admits(anp, AGENT_METRICS_PORT, "team-a", trainer),
              "NetworkPolicy sdc-agent admits Prometheus only")
 
+    check_mtls(r, by, dep, c, ds, a, aparsed)
+
     # The hyperpod actuator: cluster named, IRSA role on ServiceAccount sdcd.
     sa = get("ServiceAccount", "sdcd")
     role = ((sa["metadata"].get("annotations") or {}).get("eks.amazonaws.com/role-arn") or "")
@@ -684,6 +695,54 @@ def check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator):
     else:
         r.expect(not role and not flag_values(sparsed, "hyperpod_cluster"),
                  "no IRSA role or --hyperpod_cluster without --actuator=hyperpod")
+
+
+def check_mtls(r, by, dep, c, ds, a, aparsed):
+    """TLS is on for both ends or neither; files come from cert-manager Secrets of one CA."""
+    sparsed = parse_flags(c.get("args") or [])
+    s_flags = {f: flag_values(sparsed, f) for f in ("tls_cert", "tls_key", "tls_client_ca")}
+    a_flags = {f: flag_values(aparsed, f) for f in ("tls_ca", "tls_cert", "tls_key")}
+    s_on, a_on = any(s_flags.values()), any(a_flags.values())
+    r.expect(s_on == a_on, "TLS on sdcd's trainer port and on the agents together, or on neither",
+             f"sdcd {s_flags}, agent {a_flags}")
+    if not (s_on and a_on):
+        return
+    certs = by.get("Certificate", {})
+
+    def secret_files(who, container, pod, flags, ns):
+        """The Certificate behind every file the flags name (one Secret, mounted read-only)."""
+        r.expect(all(len(v) == 1 for v in flags.values()), f"{who}: each of {sorted(flags)} set once", str(flags))
+        vols = {v["name"]: v for v in pod.get("volumes") or []}
+        secrets = set()
+        for f, vals in flags.items():
+            path = vals[0] if vals else ""
+            m = next((m for m in container.get("volumeMounts") or [] if path.startswith(m["mountPath"].rstrip("/") + "/")), None)
+            sec = ((vols.get(m["name"]) if m else None) or {}).get("secret") or {}
+            r.expect(m is not None and m.get("readOnly") is True and sec.get("secretName"),
+                     f"{who} --{f} is a file of a read-only Secret volume", f"{path}: {m} {sec}")
+            secrets.add(sec.get("secretName"))
+        cert = next((x for x in certs.values() if x["spec"].get("secretName") in secrets
+                     and x["metadata"].get("namespace") == ns), None)
+        r.expect(len(secrets) == 1 and cert is not None, f"{who}: the Secret is a cert-manager Certificate's in {ns}",
+                 str(secrets))
+        return cert or {"spec": {}}
+
+    scert = secret_files("sdcd", c, dep["spec"]["template"]["spec"], s_flags, dep["metadata"]["namespace"])
+    acert = secret_files("agent", a, ds["spec"]["template"]["spec"], a_flags, ds["metadata"]["namespace"])
+    for who, cert, usage in (("sdcd", scert, "server auth"), ("agent", acert, "client auth")):
+        ref = cert["spec"].get("issuerRef") or {}
+        r.expect(ref.get("kind") == "ClusterIssuer" and ref.get("name") == CA_ISSUER and CA_ISSUER in by.get("ClusterIssuer", {}),
+                 f"{who} certificate issued by ClusterIssuer {CA_ISSUER}, defined here", str(ref))
+        r.expect(usage in (cert["spec"].get("usages") or []), f"{who} certificate usage {usage}",
+                 str(cert["spec"].get("usages")))
+    host = host_port((flag_values(aparsed, "coordinator") or [""])[0])[0]
+    r.expect(host in (scert["spec"].get("dnsNames") or []), f"sdcd's certificate names {host}, the host agents dial",
+             str(scert["spec"].get("dnsNames")))
+    ca_issuer = by.get("ClusterIssuer", {}).get(CA_ISSUER) or {}
+    ca = certs.get(CA_ISSUER) or {"spec": {}, "metadata": {}}
+    r.expect((ca_issuer.get("spec") or {}).get("ca", {}).get("secretName") == ca["spec"].get("secretName")
+             and ca["spec"].get("isCA") is True and ca["metadata"].get("namespace") == CERT_MANAGER_NS,
+             f"ClusterIssuer {CA_ISSUER} signs with the CA Certificate's Secret in {CERT_MANAGER_NS}")
 
 
 def check_iam(r, policy_path, trust_path, actuator_cc, rendered):
@@ -992,6 +1051,34 @@ def mutations():
     }
 
 
+def mtls_mutations():
+    def find(docs, kind, name):
+        return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+    def args(docs, kind, name):
+        return find(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    def m(f):
+        def apply(docs):
+            f(docs)
+            return docs
+        return apply
+
+    return {
+        "sdcd TLS, agents plain": m(lambda d: [args(d, "DaemonSet", "sdc-agent").remove(x) for x in list(
+            args(d, "DaemonSet", "sdc-agent")) if x.startswith("--tls_")]),
+        "sdcd gRPC probe under TLS": m(lambda d: find(d, "Deployment", "sdcd")["spec"]["template"]["spec"]["containers"][0].update(
+            livenessProbe={"grpc": {"port": 7400}})),
+        "sdcd key outside the Secret": m(lambda d: args(d, "Deployment", "sdcd").append("--tls_key=/tmp/key.pem")),
+        "server certificate for another name": m(lambda d: find(d, "Certificate", "sdcd-tls")["spec"].update(
+            dnsNames=["sdcd.default.svc"])),
+        "agent certificate from another issuer": m(lambda d: find(d, "Certificate", "sdc-agent-tls")["spec"]["issuerRef"].update(
+            name="sdc-guard-selfsigned")),
+        "agent Secret renamed": m(lambda d: next(v for v in find(d, "DaemonSet", "sdc-agent")["spec"]["template"]["spec"]["volumes"]
+                                                 if v["name"] == "tls")["secret"].update(secretName="other")),
+    }
+
+
 def main():
     mode = sys.argv[1]
     if mode == "rendered":
@@ -1001,13 +1088,14 @@ def main():
         return r.finish()
     if mode == "selftest":
         rendered, kustomization, sdcd_main, alerts = sys.argv[2:6]
+        which = sys.argv[6] if len(sys.argv) > 6 else "base"
         docs, known, bad = load(rendered), sdcd_flags(sdcd_main), 0
         clean = Report("selftest-clean", quiet=True)
         check_rendered(clean, copy.deepcopy(docs), kustomization, "dry-run", known, alerts, True)
         if clean.errors:
             print("  FAIL [selftest] the unmutated render fails: " + "; ".join(clean.errors))
             return 1
-        for name, mutate in mutations().items():
+        for name, mutate in (mutations() if which == "base" else mtls_mutations()).items():
             r = Report("mutant", quiet=True)
             try:
                 check_rendered(r, mutate(copy.deepcopy(docs)), kustomization, "dry-run", known, alerts, True)
@@ -1090,7 +1178,7 @@ for k in "${kustomizations[@]}"; do
   check rendered "$k" "$out" "$eks/$k/kustomization.yaml" "$actuator" "$sdcd_main" \
     "$deploy/prometheus/alerts.yml" "$kind" || bad "deploy/eks/$k: see FAIL lines above"
 done
-for o in hyperpod hyperpod-api dry-run; do
+for o in hyperpod hyperpod-api dry-run mtls; do
   [[ -f "$work/render-overlays-$o.yaml" ]] || bad "overlay $o must exist and render"
 done
 
@@ -1299,6 +1387,8 @@ done
 section "the checks can fail"
 check selftest "$work/render-base.yaml" "$eks/base/kustomization.yaml" "$sdcd_main" \
   "$deploy/prometheus/alerts.yml" || bad "mutation self-test (see FAIL lines above)"
+check selftest "$work/render-overlays-mtls.yaml" "$eks/overlays/mtls/kustomization.yaml" "$sdcd_main" \
+  "$deploy/prometheus/alerts.yml" mtls || bad "mutation self-test of the mtls overlay (see FAIL lines above)"
 # End to end through kustomize: a "delete" verb in the ClusterRole source.
 cp -R "$deploy" "$work/mutant"
 sed -i 's/verbs: \["get", "list", "patch"\]/verbs: ["get", "list", "patch", "delete"]/' "$work/mutant/eks/base/coordinator-rbac.yaml"
