@@ -490,8 +490,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AgentService::Conne
 // ---------------------------------------------------------------------------
 // Admin
 
-grpc::Status NodeAdminService::Authorize(grpc::CallbackServerContext* c) {
-  return AuthorizeAdmin(auth_, metrics_, c);
+grpc::Status NodeAdminService::Authorize(grpc::CallbackServerContext* c, Role needed) {
+  return AuthorizeAdmin(auth_, metrics_, c, needed);
 }
 
 grpc::ServerUnaryReactor* NodeAdminService::ListNodes(grpc::CallbackServerContext* c,
@@ -582,7 +582,8 @@ grpc::ServerUnaryReactor* NodeAdminService::Diagnose(grpc::CallbackServerContext
                                                      v1::Diagnostic* r) {
   auto* reactor = new DiagnoseReactor(r);
   std::shared_ptr<DiagnoseCall> call = reactor->call();
-  if (grpc::Status auth = Authorize(c); !auth.ok()) {
+  // A diagnostic occupies a node's GPUs: operators only.
+  if (grpc::Status auth = Authorize(c, Role::kOperator); !auth.ok()) {
     call->Finish(auth, nullptr);
     return reactor;
   }

@@ -173,8 +173,9 @@ class NodeAdminService final : public v1::NodeAdminService::CallbackService {
                                      const v1::DiagnoseRequest* q, v1::Diagnostic* r) override;
 
  private:
-  // AuthorizeAdmin (daemon/service.h), as AdminService.
-  grpc::Status Authorize(grpc::CallbackServerContext* c);
+  // AuthorizeAdmin (daemon/service.h), as AdminService: ListNodes and
+  // GetNode need a viewer, Diagnose an operator.
+  grpc::Status Authorize(grpc::CallbackServerContext* c, Role needed = Role::kViewer);
 
   AgentHub* const hub_;
   const core::Clock* const clock_;

@@ -367,8 +367,12 @@ int Main(int argc, char** argv) {
                      .Register(registry)
                      .Add({});
   registry.AddCollectHook([&] { relays.Set(static_cast<double>(trainer.relays())); });
-  AdminAuth auth{AdminToken(config.admin_token_file), !config.admin_client_ca.empty()};
-  AdminService admin(&coordinator, &delivery, &service_metrics, auth, [&] {
+  absl::StatusOr<std::unique_ptr<Operators>> operators = Operators::Load(
+      db, config.admin_token_file.empty() ? "" : AdminToken(config.admin_token_file));
+  if (!operators.ok()) Die(absl::StrCat("--db: ", operators.status().message()));
+  AdminAuth auth{operators->get(), !config.admin_client_ca.empty()};
+  AdminService admin(&coordinator, &delivery, &service_metrics, auth, operators->get(),
+                     config.approvals_required, [&] {
     absl::MutexLock lock(&wake_mu);
     wake = true;
   });
