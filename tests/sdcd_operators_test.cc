@@ -147,6 +147,9 @@ TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
   // A viewer reads but cannot decide.
   RunResult viewer_get = Ctl(*sdcd_, bob, {"get", "requests"});
   EXPECT_EQ(viewer_get.exit_code, 0) << viewer_get.output;
+  RunResult diagnose = Ctl(*sdcd_, bob, {"diagnose", "node", "node-b", "--timeout=5s"});
+  EXPECT_EQ(diagnose.exit_code, 6) << diagnose.output;
+  EXPECT_THAT(diagnose.output, HasSubstr("bob has role viewer; this call needs operator"));
   RunResult viewer = Ctl(*sdcd_, bob, {"approve", "1", "--reason=looks bad"});
   EXPECT_EQ(viewer.exit_code, 6) << viewer.output;
   EXPECT_THAT(viewer.output, HasSubstr("bob has role viewer; this call needs operator"));
@@ -246,13 +249,23 @@ TEST_F(OperatorsTest, UnauthenticatedBytesAreNeverParsed) {
     s = RawUnary(sdcd_->admin_address(), "/sdc.v1.AdminService/ListJobs", *frame, "wrong");
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   }
+  // NodeAdminService too.
+  grpc::Status diagnose =
+      RawUnary(sdcd_->admin_address(), "/sdc.v1.NodeAdminService/Diagnose", huge, "");
+  EXPECT_EQ(diagnose.error_code(), grpc::StatusCode::UNAUTHENTICATED) << diagnose.error_message();
   EXPECT_EQ(sdcd_->Rejected("invalid_argument"), invalid_before);
-  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 2);
+  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 3);
+  grpc::Status nodes = RawUnary(sdcd_->admin_address(), "/sdc.v1.NodeAdminService/GetNode",
+                                malformed, TokenOf(sdcd_->token_file()));
+  EXPECT_EQ(nodes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(nodes.error_message(), HasSubstr("not a valid sdc.v1.GetNodeRequest"));
+  const double invalid_after_nodes = sdcd_->Rejected("invalid_argument");
+  EXPECT_EQ(invalid_after_nodes, invalid_before + 1);
   grpc::Status parsed = RawUnary(sdcd_->admin_address(), "/sdc.v1.AdminService/Approve",
                                  malformed, TokenOf(sdcd_->token_file()));
   EXPECT_EQ(parsed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(parsed.error_message(), HasSubstr("not a valid sdc.v1.DecideRequest"));
-  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), invalid_before + 1);
+  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), invalid_before + 2);
 }
 
 TEST_F(OperatorsTest, ConfigFileSelectorsWatchCompletionAndHelp) {
