@@ -396,5 +396,27 @@ TEST(OperatorCertificateTest, TheCommonNameNamesTheOperator) {
   EXPECT_THAT(who.output, HasSubstr("Role:                viewer"));
 }
 
+TEST(ApprovalsRequiredFlagTest, OutOfRangeOrWithAutoApprovalIsRefused) {
+  const std::string dir = TestDir("approvals-flag");
+  const std::vector<std::string> base = {
+      BinaryPath("daemon/sdcd"), absl::StrCat("--db=", dir, "/sdcd.db"),
+      absl::StrCat("--admin_token_file=", dir, "/admin.token"), "--listen=127.0.0.1:0",
+      "--admin_listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"};
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--approvals_required=0"}, "--approvals_required: expected 1..10, got 0"},
+           {{"--approvals_required=2", "--approval=auto"},
+            "--approvals_required: conflicts with --approval=auto"}}) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    RunResult r = sdc::testing::Run(argv, {}, absl::Seconds(20));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.message));
+  }
+}
+
 }  // namespace
 }  // namespace sdc::testing
