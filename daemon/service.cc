@@ -1192,6 +1192,16 @@ grpc::ServerUnaryReactor* AdminService::Decide(grpc::CallbackServerContext* c,
   return ServeAuthenticated<v1::DecideRequest, v1::ReplacementRequest>(
       auth_, metrics_, c, in, out, Role::kOperator,
       [this, approve](const Principal& who, const v1::DecideRequest& q, auto* reactor) {
+        // Under two-person approval every approval names a person: the
+        // shared bootstrap token would let one person supply the second.
+        if (approve && who.name == kRootName && approvals_required_ > 1) {
+          metrics_->Rejected("permission_denied");
+          reactor->Reply({grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("root may not approve when ", approvals_required_,
+                                       " operators must (sdcd --approvals_required): approve "
+                                       "with your own token (sdcctl operator add NAME)")});
+          return;
+        }
         // Who decides is the credential's principal; the request's
         // (deprecated) operator field is ignored.
         auto result = approve ? coordinator_->Approve(q.id(), who.name, q.reason(), q.force(),

@@ -154,6 +154,11 @@ TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
   EXPECT_EQ(viewer.exit_code, 6) << viewer.output;
   EXPECT_THAT(viewer.output, HasSubstr("bob has role viewer; this call needs operator"));
 
+  // The shared root token does not count as a person here.
+  RunResult root = Ctl(*sdcd_, sdcd_->token_file(), {"approve", "1", "--reason=x"});
+  EXPECT_EQ(root.exit_code, 6) << root.output;
+  EXPECT_THAT(root.output, HasSubstr("root may not approve when 2 operators must"));
+
   // alice's token, whatever name the request carries: recorded as alice.
   v1::DecideRequest q;
   q.set_id(1);
