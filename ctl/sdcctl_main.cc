@@ -225,10 +225,6 @@ enum class Verb {
   kCompletion,
 };
 
-bool IsGet(Verb verb) {
-  return verb == Verb::kGetRequests || verb == Verb::kGetIncidents ||
-         verb == Verb::kGetSuspects || verb == Verb::kGetJobs || verb == Verb::kGetNodes;
-}
 
 // diagnose's deadline when --timeout is not given: a large diagnostic on the
 // CPU takes minutes.
