@@ -163,7 +163,11 @@ TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
   v1::DecideRequest q;
   q.set_id(1);
   q.set_reason("replay blames GPU-3");
+  // The deprecated field a client could fill in: sdcd must ignore it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   q.set_operator_("mallory");
+#pragma GCC diagnostic pop
   auto admin = sdcd_->Admin();
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", absl::StrCat("Bearer ", TokenOf(alice)));
