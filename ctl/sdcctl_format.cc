@@ -97,7 +97,7 @@ std::vector<Row> RequestRows(const google::protobuf::RepeatedPtrField<v1::Replac
                              bool wide, absl::string_view prefix, absl::Time now) {
   std::vector<Row> rows;
   Row header = {"NAME", "NODE", "STATE", "ACTION", "GPUS", "INCIDENTS"};
-  if (wide) header.insert(header.end(), {"REASON", "LAST-ACTOR"});
+  if (wide) header.insert(header.end(), {"REASON", "LAST-ACTOR", "APPROVALS"});
   header.push_back("AGE");
   rows.push_back(std::move(header));
   for (const v1::ReplacementRequest& r : rs) {
@@ -107,6 +107,9 @@ std::vector<Row> RequestRows(const google::protobuf::RepeatedPtrField<v1::Replac
     if (wide) {
       row.push_back(Cell(r.reason()));
       row.push_back(r.transitions().empty() ? kNone : Cell(r.transitions().rbegin()->actor()));
+      // Of the current round: "1/2" while a second operator's is missing.
+      row.push_back(absl::StrCat(r.approvals_size(), "/",
+                                 std::max<uint32_t>(1, r.approvals_required())));
     }
     row.push_back(FormatAgeSince(r.created_unix_ms(), now));
     rows.push_back(std::move(row));

@@ -78,6 +78,8 @@ std::string FormatAgeSince(int64_t unix_ms, absl::Time now);
 // response message. An empty list gives "" for table, wide and name (the
 // caller says "No resources found." on stderr) and the empty document for
 // json and yaml. Every non-empty result ends with a newline.
+// Requests: wide adds REASON, LAST-ACTOR and APPROVALS (the current round's
+// count of the required, "1/2").
 std::string FormatRequests(const v1::ListRequestsResponse& response, OutputFormat format,
                            absl::Time now);
 std::string FormatIncidents(const v1::ListIncidentsResponse& response, OutputFormat format,

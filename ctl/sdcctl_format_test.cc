@@ -312,13 +312,17 @@ TEST(FormatRequestsTest, Table) {
 }
 
 TEST(FormatRequestsTest, Wide) {
-  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kWide, kNow),
+  v1::ListRequestsResponse requests = TwoRequests();
+  // Request 7 waits for a second approval (sdcd --approvals_required=2).
+  requests.mutable_requests(0)->set_approvals_required(2);
+  requests.mutable_requests(0)->add_approvals()->set_operator_("alice");
+  EXPECT_EQ(FormatRequests(requests, OutputFormat::kWide, kNow),
             "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   "
-            "REASON                       LAST-ACTOR     AGE\n"
+            "REASON                       LAST-ACTOR     APPROVALS   AGE\n"
             "7      node-b   Pending   replace   GPU-3         4           "
-            "replay audit blamed rank 3   sdcd           5m\n"
+            "replay audit blamed rank 3   sdcd           1/2         5m\n"
             "12     node-c   Done      reboot    GPU-5,GPU-6   9,10        "
-            "weights vote                 actuator:eks   2d\n");
+            "weights vote                 actuator:eks   0/1         2d\n");
 }
 
 TEST(FormatRequestsTest, Name) {
