@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
@@ -95,7 +97,7 @@ std::vector<Row> RequestRows(const google::protobuf::RepeatedPtrField<v1::Replac
                              bool wide, absl::string_view prefix, absl::Time now) {
   std::vector<Row> rows;
   Row header = {"NAME", "NODE", "STATE", "ACTION", "GPUS", "INCIDENTS"};
-  if (wide) header.insert(header.end(), {"REASON", "LAST-ACTOR"});
+  if (wide) header.insert(header.end(), {"REASON", "LAST-ACTOR", "APPROVALS"});
   header.push_back("AGE");
   rows.push_back(std::move(header));
   for (const v1::ReplacementRequest& r : rs) {
@@ -105,6 +107,9 @@ std::vector<Row> RequestRows(const google::protobuf::RepeatedPtrField<v1::Replac
     if (wide) {
       row.push_back(Cell(r.reason()));
       row.push_back(r.transitions().empty() ? kNone : Cell(r.transitions().rbegin()->actor()));
+      // Of the current round: "1/2" while a second operator's is missing.
+      row.push_back(absl::StrCat(r.approvals_size(), "/",
+                                 std::max<uint32_t>(1, r.approvals_required())));
     }
     row.push_back(FormatAgeSince(r.created_unix_ms(), now));
     rows.push_back(std::move(row));
@@ -340,7 +345,7 @@ std::string LabelBlock(const std::vector<std::pair<std::string, std::string>>& p
   return out;
 }
 
-std::string DescribeIncident(const v1::Incident& i, absl::Time now) {
+std::string IncidentBlock(const v1::Incident& i, absl::Time now) {
   return absl::StrCat("  Incident ", i.id(), ":\n",
                       LabelBlock({{"Job", Cell(i.job_id())},
                                   {"Step", absl::StrCat(i.step())},
@@ -601,6 +606,14 @@ std::string DescribeRequest(const v1::ReplacementRequest& r, absl::Time now) {
                                 {"Actuator", Cell(r.actuator())},
                                 {"Actuator Result", Cell(r.actuator_result())}},
                                "");
+  // Shown when approval takes more than one operator, or someone approved.
+  if (r.approvals_required() > 1 || !r.approvals().empty()) {
+    std::vector<std::string> names;
+    for (const v1::Approval& a : r.approvals()) names.push_back(Cell(a.operator_()));
+    absl::StrAppend(&out, "Approvals:  ", names.empty() ? kNone : absl::StrJoin(names, ", "),
+                    " (", r.approvals().size(), " of ", std::max<uint32_t>(1, r.approvals_required()),
+                    " required)\n");
+  }
   if (r.transitions().empty()) {
     absl::StrAppend(&out, "Transitions:  ", kNone, "\n");
   } else {
@@ -621,7 +634,7 @@ std::string DescribeRequest(const v1::ReplacementRequest& r, absl::Time now) {
     return out;
   }
   absl::StrAppend(&out, "Evidence:\n");
-  for (const v1::Incident& i : r.evidence()) absl::StrAppend(&out, DescribeIncident(i, now));
+  for (const v1::Incident& i : r.evidence()) absl::StrAppend(&out, IncidentBlock(i, now));
   // sdcd leaves out incidents it no longer has; say so rather than hide it.
   for (uint64_t id : r.incident_ids()) {
     bool shown = false;
@@ -880,6 +893,264 @@ std::string YamlString(absl::string_view text) {
   YAML::Emitter out;
   EmitString(out, text);
   return out.c_str();
+}
+
+// ---------------------------------------------------------------------------
+// describe incident, describe job, operators, selectors, headers, completion
+
+std::string DescribeIncident(const v1::Incident& i, absl::Time now) {
+  std::string out = LabelBlock({{"Incident", absl::StrCat(i.id())},
+                                {"Job", Cell(i.job_id())},
+                                {"Step", absl::StrCat(i.step())},
+                                {"Check", CheckName(i.check())},
+                                {"Outcome", Cell(i.outcome())},
+                                {"Ranks", JoinCell(i.ranks())},
+                                {"Nodes", JoinCell(i.node_names())},
+                                {"GPUs", JoinCell(i.gpu_uuids())},
+                                {"Attributed", YesNo(i.confirmed())},
+                                {"Tensors", JoinCell(i.differing_tensors())},
+                                {"Explanation", Cell(i.explanation())},
+                                {"Created", FormatTimestamp(i.created_unix_ms(), now)},
+                                {"Request", i.request_id() == 0
+                                                ? std::string(kNone)
+                                                : absl::StrCat("request/", i.request_id())},
+                                {"Resolved By", Cell(i.resolved_by())},
+                                {"Resolution", Cell(i.resolution())}},
+                               "");
+  if (i.resolved_unix_ms() != 0) {
+    absl::StrAppend(&out, LabelBlock({{"Resolved", FormatTimestamp(i.resolved_unix_ms(), now)}},
+                                     ""));
+  }
+  return out;
+}
+
+std::string DescribeJob(const v1::Job& job, const v1::ListRanksResponse& ranks,
+                        const v1::ListIncidentsResponse& incidents, absl::Time now) {
+  std::string out = LabelBlock({{"Job", Cell(job.job_id())},
+                                {"World Size", absl::StrCat(job.world_size())},
+                                {"Attached Ranks", absl::StrCat(job.attached_ranks())},
+                                {"Nodes", absl::StrCat(job.nodes())},
+                                {"Last Step", absl::StrCat(job.last_step())},
+                                {"Open Incidents", absl::StrCat(job.open_incidents())},
+                                {"Created", FormatTimestamp(job.created_unix_ms(), now)}},
+                               "");
+  if (ranks.ranks().empty()) {
+    absl::StrAppend(&out, "Ranks:  ", kNone, "\n");
+  } else {
+    absl::StrAppend(&out, "Ranks:\n");
+    std::vector<Row> rows = {{"RANK", "NODE", "GPU", "ATTACHED", "CHECKED-THROUGH"}};
+    for (const v1::Rank& r : ranks.ranks()) {
+      rows.push_back({absl::StrCat(r.placement().rank()), Cell(r.placement().node_name()),
+                      Cell(r.placement().gpu_uuid()), YesNo(r.attached()),
+                      absl::StrCat(r.checks_through_step())});
+    }
+    absl::StrAppend(&out, RenderTable(rows, "  "));
+  }
+  if (incidents.incidents().empty()) {
+    absl::StrAppend(&out, "Incidents:  ", kNone, "\n");
+  } else {
+    absl::StrAppend(&out, "Incidents:\n");
+    for (const v1::Incident& i : incidents.incidents()) {
+      absl::StrAppend(&out, IncidentBlock(i, now));
+    }
+  }
+  return out;
+}
+
+std::string RoleName(v1::OperatorRole role) {
+  switch (role) {
+    case v1::ROLE_VIEWER:
+      return "viewer";
+    case v1::ROLE_OPERATOR:
+      return "operator";
+    case v1::ROLE_ADMIN:
+      return "admin";
+    default:
+      return "unknown";
+  }
+}
+
+absl::StatusOr<v1::OperatorRole> ParseRole(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "viewer") return v1::ROLE_VIEWER;
+  if (lower == "operator") return v1::ROLE_OPERATOR;
+  if (lower == "admin") return v1::ROLE_ADMIN;
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad --role \"", text, "\" (want viewer, operator or admin)"));
+}
+
+std::string FormatOperators(const v1::ListOperatorsResponse& response, OutputFormat format,
+                            absl::Time now) {
+  if (auto text = Serialized(response, format, "operator", response.operators(),
+                              [](const v1::Operator& o) { return Cell(o.name()); })) {
+    return *text;
+  }
+  std::vector<Row> rows = {{"NAME", "ROLE", "CREATED-BY", "AGE"}};
+  for (const v1::Operator& o : response.operators()) {
+    rows.push_back({Cell(o.name()), RoleName(o.role()), Cell(o.created_by()),
+                    FormatAgeSince(o.created_unix_ms(), now)});
+  }
+  return RenderTable(rows);
+}
+
+absl::StatusOr<Selector> ParseSelector(absl::string_view text) {
+  Selector out;
+  for (absl::string_view term : absl::StrSplit(text, ',')) {
+    term = absl::StripAsciiWhitespace(term);
+    const size_t eq = term.find('=');
+    absl::string_view key = eq == absl::string_view::npos ? term : term.substr(0, eq);
+    absl::string_view value =
+        eq == absl::string_view::npos ? absl::string_view() : term.substr(eq + 1);
+    if (absl::StartsWith(value, "=")) value.remove_prefix(1);  // key==value
+    if (key.empty() || eq == absl::string_view::npos || value.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad label selector term \"", term, "\" (want key=value[,key=value])"));
+    }
+    out.emplace_back(std::string(key), std::string(value));
+  }
+  return out;
+}
+
+namespace {
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+// The labels each resource has; an item matches a term when any of its
+// values for the key equals the term's value (an incident has one node and
+// GPU per blamed rank).
+Labels LabelsOf(const v1::ReplacementRequest& r) {
+  Labels l = {{"node", r.node_name()}, {"state", absl::AsciiStrToLower(StateName(r.state()))}};
+  for (const std::string& g : r.gpu_uuids()) l.emplace_back("gpu", g);
+  return l;
+}
+Labels LabelsOf(const v1::Incident& i) {
+  Labels l = {{"job", i.job_id()}, {"check", CheckName(i.check())}, {"outcome", i.outcome()},
+              {"state", i.resolved_by().empty() ? "open" : "resolved"}};
+  for (const std::string& n : i.node_names()) l.emplace_back("node", n);
+  for (const std::string& g : i.gpu_uuids()) l.emplace_back("gpu", g);
+  return l;
+}
+Labels LabelsOf(const v1::Suspect& s) {
+  return {{"job", s.job_id()}, {"node", s.node_name()}, {"gpu", s.gpu_uuid()}};
+}
+Labels LabelsOf(const v1::Job& j) { return {{"job", j.job_id()}}; }
+Labels LabelsOf(const v1::Node& n) {
+  Labels l = {{"node", n.node_name()}, {"status", absl::AsciiStrToLower(NodeStatusName(n.status()))}};
+  for (const v1::GpuIdentity& g : n.gpus()) l.emplace_back("gpu", g.uuid());
+  return l;
+}
+
+template <typename Items>
+absl::Status FilterItems(Items* items, const Selector& selector, const std::set<std::string>& keys,
+                         absl::string_view resource) {
+  for (const auto& [key, value] : selector) {
+    if (keys.count(key) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("label \"", key, "\" does not apply to ",
+                                                     resource, " (labels: ",
+                                                     absl::StrJoin(keys, ", "), ")"));
+    }
+  }
+  Items kept;
+  for (const auto& item : *items) {
+    const Labels labels = LabelsOf(item);
+    bool all = true;
+    for (const auto& [key, value] : selector) {
+      bool any = false;
+      for (const auto& [k, v] : labels) any = any || (k == key && v == value);
+      all = all && any;
+    }
+    if (all) *kept.Add() = item;
+  }
+  items->Swap(&kept);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Filter(v1::ListRequestsResponse* r, const Selector& s) {
+  return FilterItems(r->mutable_requests(), s, {"node", "gpu", "state"}, "requests");
+}
+absl::Status Filter(v1::ListIncidentsResponse* r, const Selector& s) {
+  return FilterItems(r->mutable_incidents(), s, {"job", "node", "gpu", "check", "outcome", "state"},
+                     "incidents");
+}
+absl::Status Filter(v1::ListSuspectsResponse* r, const Selector& s) {
+  return FilterItems(r->mutable_suspects(), s, {"job", "node", "gpu"}, "suspects");
+}
+absl::Status Filter(v1::ListJobsResponse* r, const Selector& s) {
+  return FilterItems(r->mutable_jobs(), s, {"job"}, "jobs");
+}
+absl::Status Filter(v1::ListNodesResponse* r, const Selector& s) {
+  return FilterItems(r->mutable_nodes(), s, {"node", "gpu", "status"}, "nodes");
+}
+
+std::string WithoutHeaders(absl::string_view table) {
+  const size_t newline = table.find('\n');
+  if (newline == absl::string_view::npos) return "";
+  return std::string(table.substr(newline + 1));
+}
+
+std::string BashCompletion() {
+  return R"(# bash completion for sdcctl. Load with: source <(sdcctl completion bash)
+_sdcctl() {
+  local cur prev words cword
+  cur="${COMP_WORDS[COMP_CWORD]}"
+  prev="${COMP_WORDS[COMP_CWORD-1]}"
+  local commands="get describe approve deny resolve history diagnose operator whoami version completion help"
+  local globals="--server= --token_file= --tls_ca= --tls_cert= --tls_key= --output= --timeout= --no-headers --help"
+  # The command words typed so far (flags skipped).
+  local -a typed=()
+  local i
+  for ((i = 1; i < COMP_CWORD; i++)); do
+    case "${COMP_WORDS[i]}" in
+      -o|-l|--output|--selector|--state|--job|--reason|--role|--gpu|--size|--repetitions|--interval|--server|--token_file|--tls_ca|--tls_cert|--tls_key|--timeout) ((i++)) ;;
+      -*) ;;
+      *) typed+=("${COMP_WORDS[i]}") ;;
+    esac
+  done
+  case "$prev" in
+    -o|--output) COMPREPLY=($(compgen -W "table wide json yaml name" -- "$cur")); return ;;
+    --state) COMPREPLY=($(compgen -W "pending approved executing done failed denied expired" -- "$cur")); return ;;
+    --role) COMPREPLY=($(compgen -W "viewer operator admin" -- "$cur")); return ;;
+  esac
+  local flags="$globals"
+  case "${typed[0]}" in
+    get) flags="$flags --watch --interval= -l --selector= --state= --job=" ;;
+    approve|deny) flags="$flags --reason= --dry-run --force" ;;
+    resolve) flags="$flags --reason=" ;;
+    diagnose) flags="$flags --gpu= --size= --repetitions=" ;;
+    operator) flags="$flags --role=" ;;
+  esac
+  if [[ "$cur" == -* ]]; then
+    COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+    return
+  fi
+  case "${#typed[@]}" in
+    0) COMPREPLY=($(compgen -W "$commands" -- "$cur")) ;;
+    1)
+      case "${typed[0]}" in
+        get) COMPREPLY=($(compgen -W "requests incidents suspects jobs nodes" -- "$cur")) ;;
+        describe) COMPREPLY=($(compgen -W "request incident job node" -- "$cur")) ;;
+        resolve) COMPREPLY=($(compgen -W "incident" -- "$cur")) ;;
+        history) COMPREPLY=($(compgen -W "gpu node" -- "$cur")) ;;
+        diagnose) COMPREPLY=($(compgen -W "node" -- "$cur")) ;;
+        operator) COMPREPLY=($(compgen -W "add list remove" -- "$cur")) ;;
+        completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
+        help) COMPREPLY=($(compgen -W "$commands" -- "$cur")) ;;
+      esac ;;
+  esac
+}
+complete -F _sdcctl sdcctl
+)";
+}
+
+std::string ZshCompletion() {
+  return absl::StrCat(
+      "#compdef sdcctl\n"
+      "# zsh completion for sdcctl: the bash function through bashcompinit.\n"
+      "# Load with: source <(sdcctl completion zsh)\n"
+      "autoload -U +X bashcompinit && bashcompinit\n",
+      BashCompletion());
 }
 
 }  // namespace sdc::sdcctl

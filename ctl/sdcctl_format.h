@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -75,6 +78,8 @@ std::string FormatAgeSince(int64_t unix_ms, absl::Time now);
 // response message. An empty list gives "" for table, wide and name (the
 // caller says "No resources found." on stderr) and the empty document for
 // json and yaml. Every non-empty result ends with a newline.
+// Requests: wide adds REASON, LAST-ACTOR and APPROVALS (the current round's
+// count of the required, "1/2").
 std::string FormatRequests(const v1::ListRequestsResponse& response, OutputFormat format,
                            absl::Time now);
 std::string FormatIncidents(const v1::ListIncidentsResponse& response, OutputFormat format,
@@ -153,6 +158,51 @@ std::string ToYaml(const google::protobuf::Message& message);
 // ": " or " #", line breaks); this adds anything that would read as a bool,
 // null or number, and control characters.
 std::string YamlString(absl::string_view text);
+
+// `describe incident`: every field of one incident, kubectl describe's
+// layout, with the request it opened and who resolved it.
+std::string DescribeIncident(const v1::Incident& incident, absl::Time now);
+
+// `describe job`: the job's summary, its ranks (RANK, NODE, GPU, ATTACHED,
+// CHECKED-THROUGH) and its incidents.
+std::string DescribeJob(const v1::Job& job, const v1::ListRanksResponse& ranks,
+                        const v1::ListIncidentsResponse& incidents, absl::Time now);
+
+// "viewer", "operator", "admin"; "unknown" otherwise.
+std::string RoleName(v1::OperatorRole role);
+// --role: viewer, operator or admin, any case; InvalidArgument otherwise.
+absl::StatusOr<v1::OperatorRole> ParseRole(absl::string_view text);
+
+// `operator list`: NAME, ROLE, CREATED-BY, AGE; "operator/NAME" for name.
+std::string FormatOperators(const v1::ListOperatorsResponse& response, OutputFormat format,
+                            absl::Time now);
+
+// -l key=value[,key=value]: every term must match (an item with several
+// values for a key, such as an incident's nodes, matches if any does).
+using Selector = std::vector<std::pair<std::string, std::string>>;
+// InvalidArgument for an empty key or value, or a term without "=".
+absl::StatusOr<Selector> ParseSelector(absl::string_view text);
+// Keeps the items that match. The labels of each resource:
+//   requests:  node, gpu, state (pending, approved, ...)
+//   incidents: job, node, gpu, check, outcome, state (open, resolved)
+//   suspects:  job, node, gpu
+//   jobs:      job
+//   nodes:     node, gpu, status (ready, stale, disconnected)
+// InvalidArgument (naming the resource's labels) for any other key.
+absl::Status Filter(v1::ListRequestsResponse* response, const Selector& selector);
+absl::Status Filter(v1::ListIncidentsResponse* response, const Selector& selector);
+absl::Status Filter(v1::ListSuspectsResponse* response, const Selector& selector);
+absl::Status Filter(v1::ListJobsResponse* response, const Selector& selector);
+absl::Status Filter(v1::ListNodesResponse* response, const Selector& selector);
+
+// --no-headers: a table without its first line.
+std::string WithoutHeaders(absl::string_view table);
+
+// `completion bash` and `completion zsh`: scripts that complete commands,
+// resources and flags (the zsh one loads the bash function through
+// bashcompinit). The bash function is _sdcctl.
+std::string BashCompletion();
+std::string ZshCompletion();
 
 }  // namespace sdc::sdcctl
 

@@ -312,13 +312,17 @@ TEST(FormatRequestsTest, Table) {
 }
 
 TEST(FormatRequestsTest, Wide) {
-  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kWide, kNow),
+  v1::ListRequestsResponse requests = TwoRequests();
+  // Request 7 waits for a second approval (sdcd --approvals_required=2).
+  requests.mutable_requests(0)->set_approvals_required(2);
+  requests.mutable_requests(0)->add_approvals()->set_operator_("alice");
+  EXPECT_EQ(FormatRequests(requests, OutputFormat::kWide, kNow),
             "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   "
-            "REASON                       LAST-ACTOR     AGE\n"
+            "REASON                       LAST-ACTOR     APPROVALS   AGE\n"
             "7      node-b   Pending   replace   GPU-3         4           "
-            "replay audit blamed rank 3   sdcd           5m\n"
+            "replay audit blamed rank 3   sdcd           1/2         5m\n"
             "12     node-c   Done      reboot    GPU-5,GPU-6   9,10        "
-            "weights vote                 actuator:eks   2d\n");
+            "weights vote                 actuator:eks   0/1         2d\n");
 }
 
 TEST(FormatRequestsTest, Name) {
@@ -1189,6 +1193,104 @@ TEST(NamesTest, NodeStatusesAndDiagnosticStates) {
   EXPECT_EQ(DiagnosticStateName(static_cast<v1::DiagnosticState>(99)), "Unknown");
   EXPECT_EQ(StateName(static_cast<v1::RequestState>(99)), "Unknown");
   EXPECT_EQ(CheckName(static_cast<v1::CheckKind>(99)), "unknown");
+}
+
+TEST(SelectorTest, ParsesTermsAndRejectsMalformedOnes) {
+  absl::StatusOr<Selector> s = ParseSelector("node=node-a, state==pending");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, (Selector{{"node", "node-a"}, {"state", "pending"}}));
+  for (const char* bad : {"", "node", "=x", "node=", "a=b,,c=d"}) {
+    absl::StatusOr<Selector> r = ParseSelector(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("want key=value"));
+  }
+}
+
+TEST(SelectorTest, FiltersEachResourceByItsLabels) {
+  v1::ListIncidentsResponse incidents;
+  v1::Incident* a = incidents.add_incidents();
+  a->set_id(1);
+  a->set_job_id("job-a");
+  a->set_check(v1::CHECK_REPLAY);
+  a->add_node_names("node-a");
+  a->add_node_names("node-b");
+  a->add_gpu_uuids("GPU-1");
+  v1::Incident* b = incidents.add_incidents();
+  b->set_id(2);
+  b->set_job_id("job-b");
+  b->add_node_names("node-b");
+  b->set_resolved_by("alice");
+  v1::ListIncidentsResponse all = incidents;
+  ASSERT_TRUE(Filter(&all, {}).ok());
+  EXPECT_EQ(all.incidents_size(), 2);
+  v1::ListIncidentsResponse by_node = incidents;
+  ASSERT_TRUE(Filter(&by_node, {{"node", "node-b"}}).ok());
+  EXPECT_EQ(by_node.incidents_size(), 2);  // Any of an incident's nodes matches.
+  v1::ListIncidentsResponse both = incidents;
+  ASSERT_TRUE(Filter(&both, {{"node", "node-b"}, {"check", "replay"}}).ok());
+  ASSERT_EQ(both.incidents_size(), 1);
+  EXPECT_EQ(both.incidents(0).id(), 1u);
+  v1::ListIncidentsResponse resolved = incidents;
+  ASSERT_TRUE(Filter(&resolved, {{"state", "resolved"}}).ok());
+  ASSERT_EQ(resolved.incidents_size(), 1);
+  EXPECT_EQ(resolved.incidents(0).id(), 2u);
+
+  v1::ListRequestsResponse requests;
+  requests.add_requests()->set_state(v1::PENDING);
+  requests.add_requests()->set_state(v1::DENIED);
+  ASSERT_TRUE(Filter(&requests, {{"state", "denied"}}).ok());
+  ASSERT_EQ(requests.requests_size(), 1);
+  EXPECT_EQ(requests.requests(0).state(), v1::DENIED);
+
+  v1::ListJobsResponse jobs;
+  absl::Status s = Filter(&jobs, {{"gpu", "GPU-1"}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "label \"gpu\" does not apply to jobs (labels: job)");
+}
+
+TEST(WithoutHeadersTest, DropsTheFirstLine) {
+  EXPECT_EQ(WithoutHeaders("NAME   AGE\na      1s\nb      2s\n"), "a      1s\nb      2s\n");
+  EXPECT_EQ(WithoutHeaders(""), "");
+}
+
+TEST(DescribeRequestTest, ApprovalsShownWhenMoreThanOneIsRequired) {
+  v1::ReplacementRequest r;
+  r.set_id(3);
+  r.set_state(v1::PENDING);
+  EXPECT_THAT(DescribeRequest(r, kNow), Not(HasSubstr("Approvals")));
+  r.set_approvals_required(2);
+  EXPECT_THAT(DescribeRequest(r, kNow), HasSubstr("Approvals:  <none> (0 of 2 required)\n"));
+  r.add_approvals()->set_operator_("alice");
+  EXPECT_THAT(DescribeRequest(r, kNow), HasSubstr("Approvals:  alice (1 of 2 required)\n"));
+}
+
+TEST(DescribeIncidentTest, EveryFieldWithItsRequestAndResolution) {
+  v1::Incident i;
+  i.set_id(4);
+  i.set_job_id("job-a");
+  i.set_check(v1::CHECK_WEIGHTS);
+  i.set_request_id(2);
+  i.set_resolved_by("alice");
+  const std::string out = DescribeIncident(i, kNow);
+  EXPECT_THAT(out, StartsWith("Incident:     4\nJob:          job-a\n"));
+  EXPECT_THAT(out, HasSubstr("Check:        weights\n"));
+  EXPECT_THAT(out, HasSubstr("Request:      request/2\n"));
+  EXPECT_THAT(out, HasSubstr("Resolved By:  alice\n"));
+}
+
+TEST(OperatorsFormatTest, TableNameAndRoles) {
+  v1::ListOperatorsResponse r;
+  v1::Operator* o = r.add_operators();
+  o->set_name("alice");
+  o->set_role(v1::ROLE_ADMIN);
+  o->set_created_by("root");
+  o->set_created_unix_ms(MillisAgo(absl::Minutes(5)));
+  EXPECT_EQ(FormatOperators(r, OutputFormat::kTable, kNow),
+            "NAME    ROLE    CREATED-BY   AGE\nalice   admin   root         5m\n");
+  EXPECT_EQ(FormatOperators(r, OutputFormat::kName, kNow), "operator/alice\n");
+  EXPECT_EQ(*ParseRole("Viewer"), v1::ROLE_VIEWER);
+  EXPECT_EQ(ParseRole("root").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -490,39 +490,34 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AgentService::Conne
 // ---------------------------------------------------------------------------
 // Admin
 
-grpc::Status NodeAdminService::Authorize(grpc::CallbackServerContext* c) {
-  return AuthorizeAdmin(auth_, metrics_, c);
-}
-
 grpc::ServerUnaryReactor* NodeAdminService::ListNodes(grpc::CallbackServerContext* c,
-                                                      const v1::ListNodesRequest*,
-                                                      v1::ListNodesResponse* r) {
-  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-  if (grpc::Status auth = Authorize(c); !auth.ok()) {
-    reactor->Finish(auth);
-    return reactor;
-  }
-  for (const NodeView& n : hub_->registry().ListNodes()) *r->add_nodes() = ToProto(n);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                      const grpc::ByteBuffer* in,
+                                                      grpc::ByteBuffer* out) {
+  return ServeAuthenticated<v1::ListNodesRequest, v1::ListNodesResponse>(
+      auth_, metrics_, c, in, out, Role::kViewer,
+      [this](const Principal&, const v1::ListNodesRequest&, auto* reactor) {
+        for (const NodeView& n : hub_->registry().ListNodes()) {
+          *reactor->response()->add_nodes() = ToProto(n);
+        }
+        reactor->Reply(grpc::Status::OK);
+      });
 }
 
 grpc::ServerUnaryReactor* NodeAdminService::GetNode(grpc::CallbackServerContext* c,
-                                                    const v1::GetNodeRequest* q, v1::Node* r) {
-  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-  if (grpc::Status auth = Authorize(c); !auth.ok()) {
-    reactor->Finish(auth);
-    return reactor;
-  }
-  absl::StatusOr<NodeView> node = hub_->registry().GetNode(q->node_name());
-  if (!node.ok()) {
-    metrics_->Rejected(ReasonOf(node.status().code()));
-    reactor->Finish(ToGrpc(node.status()));
-    return reactor;
-  }
-  *r = ToProto(*node);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                    const grpc::ByteBuffer* in,
+                                                    grpc::ByteBuffer* out) {
+  return ServeAuthenticated<v1::GetNodeRequest, v1::Node>(
+      auth_, metrics_, c, in, out, Role::kViewer,
+      [this](const Principal&, const v1::GetNodeRequest& q, auto* reactor) {
+        absl::StatusOr<NodeView> node = hub_->registry().GetNode(q.node_name());
+        if (!node.ok()) {
+          metrics_->Rejected(ReasonOf(node.status().code()));
+          reactor->Reply(ToGrpc(node.status()));
+          return;
+        }
+        *reactor->response() = ToProto(*node);
+        reactor->Reply(grpc::Status::OK);
+      });
 }
 
 namespace {
@@ -532,23 +527,27 @@ namespace {
 // finishes it; later arrivals find it finished and do nothing.
 class DiagnoseCall {
  public:
-  DiagnoseCall(grpc::ServerUnaryReactor* reactor, v1::Diagnostic* response)
+  DiagnoseCall(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* response)
       : reactor_(reactor), response_(response) {}
 
   void Complete(const absl::StatusOr<Diagnostic>& d) {
     Finish(d.ok() ? grpc::Status::OK : ToGrpc(d.status()), d.ok() ? &*d : nullptr);
   }
 
-  // The first call finishes the RPC (with `d` as the response when OK);
-  // later ones do nothing.
-  void Finish(const grpc::Status& status, const Diagnostic* d) {
+  // The first call finishes the RPC (with `d` serialized as the response
+  // when OK); later ones do nothing.
+  void Finish(grpc::Status status, const Diagnostic* d) {
     grpc::ServerUnaryReactor* reactor;
     {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr) return;
       reactor = reactor_;
       reactor_ = nullptr;
-      if (d != nullptr) *response_ = ToProto(*d);
+      if (d != nullptr && status.ok()) {
+        bool own_buffer = false;
+        status = grpc::SerializationTraits<v1::Diagnostic>::Serialize(ToProto(*d), response_,
+                                                                      &own_buffer);
+      }
     }
     // Finish may run OnDone inline, which deletes the reactor: nothing of it
     // is touched after this.
@@ -558,12 +557,12 @@ class DiagnoseCall {
  private:
   absl::Mutex mu_;
   grpc::ServerUnaryReactor* reactor_ ABSL_GUARDED_BY(mu_);
-  v1::Diagnostic* const response_;
+  grpc::ByteBuffer* const response_;
 };
 
 class DiagnoseReactor : public grpc::ServerUnaryReactor {
  public:
-  DiagnoseReactor(v1::Diagnostic* response)
+  explicit DiagnoseReactor(grpc::ByteBuffer* response)
       : call_(std::make_shared<DiagnoseCall>(this, response)) {}
   std::shared_ptr<DiagnoseCall> call() const { return call_; }
   void OnCancel() override {
@@ -578,14 +577,26 @@ class DiagnoseReactor : public grpc::ServerUnaryReactor {
 }  // namespace
 
 grpc::ServerUnaryReactor* NodeAdminService::Diagnose(grpc::CallbackServerContext* c,
-                                                     const v1::DiagnoseRequest* q,
-                                                     v1::Diagnostic* r) {
-  auto* reactor = new DiagnoseReactor(r);
+                                                     const grpc::ByteBuffer* in,
+                                                     grpc::ByteBuffer* out) {
+  auto* reactor = new DiagnoseReactor(out);
   std::shared_ptr<DiagnoseCall> call = reactor->call();
-  if (grpc::Status auth = Authorize(c); !auth.ok()) {
+  // Authenticated before the request is parsed (as ServeAuthenticated); a
+  // diagnostic occupies a node's GPUs: operators only.
+  if (grpc::Status auth = AuthorizeAdmin(auth_, metrics_, c, Role::kOperator); !auth.ok()) {
     call->Finish(auth, nullptr);
     return reactor;
   }
+  v1::DiagnoseRequest request;
+  grpc::ByteBuffer bytes(*in);
+  if (!grpc::SerializationTraits<v1::DiagnoseRequest>::Deserialize(&bytes, &request).ok()) {
+    metrics_->Rejected("invalid_argument");
+    call->Finish({grpc::StatusCode::INVALID_ARGUMENT,
+                  "the request is not a valid sdc.v1.DiagnoseRequest"},
+                 nullptr);
+    return reactor;
+  }
+  const v1::DiagnoseRequest* q = &request;
   absl::StatusOr<Diagnostic> d =
       hub_->StartDiagnostic(q->node_name(), q->gpu_uuid(), q->size(), q->repetitions());
   if (!d.ok()) metrics_->Rejected(ReasonOf(d.status().code()));

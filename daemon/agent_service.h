@@ -152,7 +152,12 @@ class AgentService final
 // Thread-safe. Diagnose with `wait` holds no thread while it waits: its
 // reactor is finished by the hub's waiter (the result, or Tick at the
 // deadline) or by the caller's cancellation, whichever comes first.
-class NodeAdminService final : public v1::NodeAdminService::CallbackService {
+// Every method raw: authentication precedes parsing (ServeAuthenticated).
+using NodeAdminServiceBase = v1::NodeAdminService::WithRawCallbackMethod_ListNodes<
+    v1::NodeAdminService::WithRawCallbackMethod_GetNode<
+        v1::NodeAdminService::WithRawCallbackMethod_Diagnose<v1::NodeAdminService::Service>>>;
+
+class NodeAdminService final : public NodeAdminServiceBase {
  public:
   // Diagnose with wait answers at most this long after it is asked, and
   // this margin before the caller's deadline, so the caller reads sdcd's
@@ -164,17 +169,16 @@ class NodeAdminService final : public v1::NodeAdminService::CallbackService {
                    AdminAuth auth)
       : hub_(hub), clock_(clock), metrics_(metrics), auth_(std::move(auth)) {}
 
-  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* c,
-                                      const v1::ListNodesRequest* q,
-                                      v1::ListNodesResponse* r) override;
-  grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* c, const v1::GetNodeRequest* q,
-                                    v1::Node* r) override;
-  grpc::ServerUnaryReactor* Diagnose(grpc::CallbackServerContext* c,
-                                     const v1::DiagnoseRequest* q, v1::Diagnostic* r) override;
+  // ListNodes and GetNode need a viewer, Diagnose an operator (a
+  // diagnostic occupies the node's GPUs).
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
+                                    grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* Diagnose(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out) override;
 
  private:
-  // AuthorizeAdmin (daemon/service.h), as AdminService.
-  grpc::Status Authorize(grpc::CallbackServerContext* c);
 
   AgentHub* const hub_;
   const core::Clock* const clock_;

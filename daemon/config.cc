@@ -96,6 +96,12 @@ absl::Status Validate(const Config& c) {
   if (c.approval != "require" && c.approval != "auto") {
     return Bad("approval", absl::StrCat("expected require or auto, got '", c.approval, "'"));
   }
+  if (c.approvals_required < 1 || c.approvals_required > 10) {
+    return Bad("approvals_required", absl::StrCat("expected 1..10, got ", c.approvals_required));
+  }
+  if (c.approvals_required > 1 && c.approval == "auto") {
+    return Bad("approvals_required", "conflicts with --approval=auto (nobody approves)");
+  }
   if (c.max_open_requests < 1) return Bad("max_open_requests", "must be at least 1");
   if (c.max_executions < 0) return Bad("max_executions", "must not be negative");
   if (c.execution_window <= absl::ZeroDuration()) return Bad("execution_window", "must be positive");

@@ -31,6 +31,7 @@ struct Config {
   std::string hyperpod_node_ids_file;  // "node-name instance-id" per line.
   std::string action = "replace";      // replace | reboot
   std::string approval = "require";    // require | auto
+  int approvals_required = 1;  // Distinct operators who must approve a request (1 or 2..10).
   int max_open_requests = 4;
   int max_executions = 2;
   absl::Duration execution_window = absl::Hours(24);

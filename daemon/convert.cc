@@ -346,6 +346,11 @@ core::ReplacementRequest FromProto(const v1::ReplacementRequest& r) {
   out.actuator = r.actuator();
   out.actuator_result = r.actuator_result();
   out.cap_override = r.cap_override();
+  for (const auto& a : r.approvals()) {
+    out.approvals.push_back({a.operator_(), a.reason(), FromUnixMillis(a.at_unix_ms())});
+  }
+  // Stored before two-person approval existed: one approval sufficed.
+  out.approvals_required = r.approvals_required() == 0 ? 1 : r.approvals_required();
   return out;
 }
 
@@ -407,6 +412,13 @@ v1::ReplacementRequest ToProto(const core::ReplacementRequest& r) {
   out.set_actuator(r.actuator);
   out.set_actuator_result(r.actuator_result);
   out.set_cap_override(r.cap_override);
+  for (const auto& a : r.approvals) {
+    v1::Approval* x = out.add_approvals();
+    x->set_operator_(a.op);
+    x->set_reason(a.reason);
+    x->set_at_unix_ms(UnixMillis(a.at));
+  }
+  out.set_approvals_required(r.approvals_required);
   return out;
 }
 

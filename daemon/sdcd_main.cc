@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, hyperpod_node_ids_file, "",
 ABSL_FLAG(std::string, action, kDefaults.action, "What a request asks for: replace or reboot.");
 ABSL_FLAG(std::string, approval, kDefaults.approval,
           "require: a human approves every request; auto: approve at once.");
+ABSL_FLAG(int, approvals_required, kDefaults.approvals_required,
+          "Distinct operators who must approve a replacement request before it runs "
+          "(2: two-person approval; a deny from anyone ends it).");
 ABSL_FLAG(int, max_open_requests, kDefaults.max_open_requests,
           "Blast radius: requests open at once.");
 ABSL_FLAG(int, max_executions, kDefaults.max_executions,
@@ -134,6 +137,7 @@ Config ConfigFromFlags() {
   c.hyperpod_node_ids_file = absl::GetFlag(FLAGS_hyperpod_node_ids_file);
   c.action = absl::GetFlag(FLAGS_action);
   c.approval = absl::GetFlag(FLAGS_approval);
+  c.approvals_required = absl::GetFlag(FLAGS_approvals_required);
   c.max_open_requests = absl::GetFlag(FLAGS_max_open_requests);
   c.max_executions = absl::GetFlag(FLAGS_max_executions);
   c.execution_window = absl::GetFlag(FLAGS_execution_window);
@@ -246,6 +250,7 @@ int Main(int argc, char** argv) {
   options.escalation.max_executed_per_window = config.max_executions;
   options.escalation.execution_window = config.execution_window;
   options.escalation.require_approval = config.approval == "require";
+  options.escalation.approvals_required = config.approvals_required;
   options.escalation.never_replace = {config.never_replace.begin(), config.never_replace.end()};
   options.escalation.action = config.action;
   core::Coordinator coordinator(options, &clock, store->get());
@@ -362,8 +367,12 @@ int Main(int argc, char** argv) {
                      .Register(registry)
                      .Add({});
   registry.AddCollectHook([&] { relays.Set(static_cast<double>(trainer.relays())); });
-  AdminAuth auth{AdminToken(config.admin_token_file), !config.admin_client_ca.empty()};
-  AdminService admin(&coordinator, &delivery, &service_metrics, auth, [&] {
+  absl::StatusOr<std::unique_ptr<Operators>> operators = Operators::Load(
+      db, config.admin_token_file.empty() ? "" : AdminToken(config.admin_token_file));
+  if (!operators.ok()) Die(absl::StrCat("--db: ", operators.status().message()));
+  AdminAuth auth{operators->get(), !config.admin_client_ca.empty()};
+  AdminService admin(&coordinator, &delivery, &service_metrics, auth, operators->get(),
+                     config.approvals_required, [&] {
     absl::MutexLock lock(&wake_mu);
     wake = true;
   });

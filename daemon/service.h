@@ -27,6 +27,7 @@
 #include "daemon/core/coordinator.h"
 #include "daemon/core/store.h"
 #include "daemon/metrics/registry.h"
+#include "daemon/operators.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer.grpc.pb.h"
 
@@ -213,65 +214,134 @@ class TrainerService final : public TrainerServiceBase {
 };
 
 struct AdminAuth {
-  std::string token;            // Bearer token; empty: tokens not accepted.
-  bool accept_client_certs = false;  // A verified TLS client certificate suffices.
+  // The root token and per-operator tokens; must outlive the services.
+  const Operators* operators = nullptr;
+  // A verified TLS client certificate whose common name names a registered
+  // operator authenticates as that operator (when no bearer token is sent).
+  bool accept_client_certs = false;
 };
 
-// The rule of every admin-side service: a verified TLS client certificate
-// when accepted, else the bearer token (compared in constant time). OK, or
-// UNAUTHENTICATED / PERMISSION_DENIED with a reason, counted in `metrics`.
+// The rule of every admin-side service: the bearer token when one is sent,
+// else a verified TLS client certificate when accepted; the principal must
+// hold at least `needed`. OK (with *who set, if given), or UNAUTHENTICATED /
+// PERMISSION_DENIED with a reason, counted in `metrics`.
 grpc::Status AuthorizeAdmin(const AdminAuth& auth, ServiceMetrics* metrics,
-                            grpc::CallbackServerContext* c);
+                            grpc::CallbackServerContext* c, Role needed = Role::kViewer,
+                            Principal* who = nullptr);
 
-class AdminService final : public v1::AdminService::CallbackService {
+// The reactor of a raw unary call: Reply serializes the response (when the
+// status is OK) into the call's response buffer and finishes the call. It
+// deletes itself when the call is done. Reply once, from any thread.
+template <typename Response>
+class RawUnaryReactor final : public grpc::ServerUnaryReactor {
  public:
+  explicit RawUnaryReactor(grpc::ByteBuffer* out) : out_(out) {}
+  Response* response() { return &response_; }
+  void Reply(grpc::Status status) {
+    if (status.ok()) {
+      bool own_buffer = false;
+      status = grpc::SerializationTraits<Response>::Serialize(response_, out_, &own_buffer);
+    }
+    Finish(std::move(status));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer* const out_;
+  Response response_;
+};
+
+// Serves a raw unary admin call: authenticates (needing `role`) before a
+// byte of `in` is parsed, so an unauthenticated caller's message, however
+// large or malformed, is never deserialized; then parses it as Request
+// (INVALID_ARGUMENT if it is not one) and runs handler(principal, request,
+// reactor), which must Reply.
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* ServeAuthenticated(const AdminAuth& auth, ServiceMetrics* metrics,
+                                             grpc::CallbackServerContext* c,
+                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                             Role role, Handler handler) {
+  auto* reactor = new RawUnaryReactor<Response>(out);
+  Principal who;
+  if (grpc::Status s = AuthorizeAdmin(auth, metrics, c, role, &who); !s.ok()) {
+    reactor->Reply(std::move(s));
+    return reactor;
+  }
+  Request request;
+  grpc::ByteBuffer bytes(*in);  // Deserialize consumes its buffer.
+  if (!grpc::SerializationTraits<Request>::Deserialize(&bytes, &request).ok()) {
+    metrics->Rejected("invalid_argument");
+    reactor->Reply({grpc::StatusCode::INVALID_ARGUMENT,
+                    "the request is not a valid " + Request::descriptor()->full_name()});
+    return reactor;
+  }
+  handler(who, request, reactor);
+  return reactor;
+}
+
+// Every method raw: authentication precedes parsing (ServeAuthenticated).
+using AdminServiceBase = v1::AdminService::WithRawCallbackMethod_ListJobs<
+    v1::AdminService::WithRawCallbackMethod_ListRanks<
+    v1::AdminService::WithRawCallbackMethod_ListIncidents<
+    v1::AdminService::WithRawCallbackMethod_ListSuspects<
+    v1::AdminService::WithRawCallbackMethod_ListRequests<
+    v1::AdminService::WithRawCallbackMethod_GetRequest<
+    v1::AdminService::WithRawCallbackMethod_Approve<
+    v1::AdminService::WithRawCallbackMethod_Deny<
+    v1::AdminService::WithRawCallbackMethod_History<
+    v1::AdminService::WithRawCallbackMethod_ResolveIncident<
+    v1::AdminService::WithRawCallbackMethod_AddOperator<
+    v1::AdminService::WithRawCallbackMethod_ListOperators<
+    v1::AdminService::WithRawCallbackMethod_RemoveOperator<
+    v1::AdminService::WithRawCallbackMethod_WhoAmI<
+    v1::AdminService::Service>>>>>>>>>>>>>>;
+
+// Thread-safe. Roles per method: see proto/admin.proto.
+class AdminService final : public AdminServiceBase {
+ public:
+  // `operators` is the same registry `auth` reads (AddOperator and
+  // RemoveOperator change it). `approvals_required` is reported by WhoAmI.
   AdminService(core::Coordinator* coordinator, Delivery* delivery, ServiceMetrics* metrics,
-               AdminAuth auth, std::function<void()> on_approved)
+               AdminAuth auth, Operators* operators, int approvals_required,
+               std::function<void()> on_approved)
       : coordinator_(coordinator),
         delivery_(delivery),
         metrics_(metrics),
         auth_(std::move(auth)),
+        operators_(operators),
+        approvals_required_(approvals_required),
         on_approved_(std::move(on_approved)) {}
 
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* c, const v1::ListJobsRequest* q,
-                                     v1::ListJobsResponse* r) override;
-  grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* c,
-                                      const v1::ListRanksRequest* q,
-                                      v1::ListRanksResponse* r) override;
-  grpc::ServerUnaryReactor* ListIncidents(grpc::CallbackServerContext* c,
-                                          const v1::ListIncidentsRequest* q,
-                                          v1::ListIncidentsResponse* r) override;
-  grpc::ServerUnaryReactor* ListSuspects(grpc::CallbackServerContext* c,
-                                         const v1::ListSuspectsRequest* q,
-                                         v1::ListSuspectsResponse* r) override;
-  grpc::ServerUnaryReactor* ListRequests(grpc::CallbackServerContext* c,
-                                         const v1::ListRequestsRequest* q,
-                                         v1::ListRequestsResponse* r) override;
-  grpc::ServerUnaryReactor* GetRequest(grpc::CallbackServerContext* c,
-                                       const v1::GetRequestRequest* q,
-                                       v1::ReplacementRequest* r) override;
-  grpc::ServerUnaryReactor* Approve(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
-                                    v1::ReplacementRequest* r) override;
-  grpc::ServerUnaryReactor* Deny(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
-                                 v1::ReplacementRequest* r) override;
-  grpc::ServerUnaryReactor* History(grpc::CallbackServerContext* c,
-                                    const v1::HistoryRequest* q,
-                                    v1::HistoryResponse* r) override;
-  grpc::ServerUnaryReactor* ResolveIncident(grpc::CallbackServerContext* c,
-                                            const v1::ResolveIncidentRequest* q,
-                                            v1::Incident* r) override;
+#define SDC_ADMIN_RAW_METHOD(Method)                                          \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* c,           \
+                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out) override;
+  SDC_ADMIN_RAW_METHOD(ListJobs)
+  SDC_ADMIN_RAW_METHOD(ListRanks)
+  SDC_ADMIN_RAW_METHOD(ListIncidents)
+  SDC_ADMIN_RAW_METHOD(ListSuspects)
+  SDC_ADMIN_RAW_METHOD(ListRequests)
+  SDC_ADMIN_RAW_METHOD(GetRequest)
+  SDC_ADMIN_RAW_METHOD(Approve)
+  SDC_ADMIN_RAW_METHOD(Deny)
+  SDC_ADMIN_RAW_METHOD(History)
+  SDC_ADMIN_RAW_METHOD(ResolveIncident)
+  SDC_ADMIN_RAW_METHOD(AddOperator)
+  SDC_ADMIN_RAW_METHOD(ListOperators)
+  SDC_ADMIN_RAW_METHOD(RemoveOperator)
+  SDC_ADMIN_RAW_METHOD(WhoAmI)
+#undef SDC_ADMIN_RAW_METHOD
 
  private:
-  // OK, or UNAUTHENTICATED / PERMISSION_DENIED with a reason (counted).
-  grpc::Status Authorize(grpc::CallbackServerContext* c);
-  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* c, const v1::DecideRequest* q,
-                                   v1::ReplacementRequest* r, bool approve);
+  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out, bool approve);
   void FillEvidence(v1::ReplacementRequest* r);
 
   core::Coordinator* coordinator_;
   Delivery* delivery_;
   ServiceMetrics* metrics_;
   const AdminAuth auth_;
+  Operators* const operators_;
+  const int approvals_required_;
   std::function<void()> on_approved_;
 };
 

@@ -195,6 +195,17 @@ CREATE TABLE dropped_reports (
   PRIMARY KEY (log_id, job_id, rank, incarnation, sequence)
 ) WITHOUT ROWID;
 )sql",
+    // 6: per-operator admin credentials (daemon/operators.h): the SHA-256
+    // of each operator's token, never the token.
+    R"sql(
+CREATE TABLE operators (
+  name TEXT PRIMARY KEY,
+  role TEXT NOT NULL,
+  token_sha256 BLOB NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  created_by TEXT NOT NULL
+);
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -258,6 +269,7 @@ class SqliteStatement {
     return rc == SQLITE_DONE ? absl::OkStatus() : SqlError(db_, what);
   }
   bool Next() { return sqlite3_step(stmt_) == SQLITE_ROW; }
+  sqlite3_stmt* raw() { return stmt_; }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
   std::string Text(int col) {
     const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
@@ -1196,6 +1208,47 @@ absl::Status SqliteStore::IndexReports() {
   for (const auto& [id, row] : rows_) {
     if (row.live == 0) spent_.push_back(id);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<OperatorRecord>> SqliteStore::LoadOperators() {
+  absl::MutexLock lock(&write_mu_);
+  Stmt s(db_, "SELECT name, role, token_sha256, created_unix_ms, created_by FROM operators "
+              "ORDER BY name");
+  if (!s.ok()) return SqlError(db_, "reading operators");
+  std::vector<OperatorRecord> out;
+  while (s.Next()) {
+    absl::StatusOr<Role> role = ParseRole(s.Text(1));
+    if (!role.ok()) {
+      return absl::DataLossError(absl::StrCat("operator ", s.Text(0), ": ", role.status().message()));
+    }
+    out.push_back({s.Text(0), *role, s.Bytes(2), absl::FromUnixMillis(s.Int(3)), s.Text(4)});
+  }
+  return out;
+}
+
+absl::Status SqliteStore::InsertOperator(const OperatorRecord& r) {
+  absl::MutexLock lock(&write_mu_);
+  Stmt s(db_, "INSERT INTO operators VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!s.ok()) return SqlError(db_, "adding an operator");
+  s.Bind(1, r.name).Bind(2, std::string(RoleName(r.role))).Blob(3, r.token_sha256);
+  s.Bind(4, absl::ToUnixMillis(r.created)).Bind(5, r.created_by);
+  if (sqlite3_step(s.raw()) != SQLITE_DONE) {
+    if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
+      return absl::AlreadyExistsError(absl::StrCat("operator ", r.name, " already exists"));
+    }
+    return SqlError(db_, "adding an operator");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::DeleteOperator(const std::string& name) {
+  absl::MutexLock lock(&write_mu_);
+  Stmt s(db_, "DELETE FROM operators WHERE name = ?1");
+  if (!s.ok()) return SqlError(db_, "removing an operator");
+  s.Bind(1, name);
+  if (absl::Status st = s.Run("removing an operator"); !st.ok()) return st;
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no operator ", name));
   return absl::OkStatus();
 }
 

@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/core/store.h"
+#include "daemon/operators.h"
 
 struct sqlite3;
 
@@ -51,7 +52,7 @@ struct SqliteStoreOptions {
   absl::Duration compact_after = absl::Seconds(1);
 };
 
-class SqliteStore : public core::Store {
+class SqliteStore : public core::Store, public OperatorStore {
  public:
   // Opens (creating if needed) the database at `path` and migrates it.
   static absl::StatusOr<std::unique_ptr<SqliteStore>> Open(const std::string& path,
@@ -67,6 +68,12 @@ class SqliteStore : public core::Store {
   void Drain();
   void NotifyDurable(uint64_t ticket, std::function<void(absl::Status)> done) override;
 
+  // OperatorStore: the `operators` table, written at once (not queued with
+  // the coordinator's mutations; each change is its own transaction).
+  absl::StatusOr<std::vector<OperatorRecord>> LoadOperators() override;
+  absl::Status InsertOperator(const OperatorRecord& record) override;
+  absl::Status DeleteOperator(const std::string& name) override;
+
   // OK until a commit fails.
   absl::Status health() const;
   // Mutations queued but not yet committed.
@@ -79,7 +86,7 @@ class SqliteStore : public core::Store {
   // row when it has none pending left (see Settle).
   size_t settling_reports() const { return settling_reports_.load(std::memory_order_relaxed); }
 
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
 
  private:
   SqliteStore(sqlite3* db, std::string path, SqliteStoreOptions options);

@@ -771,6 +771,7 @@ TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
   // The database as schema 2 had it, with three pending reports whose
   // arrival order is not their key order.
   std::string sql = R"sql(
+DROP TABLE operators;
 DROP TABLE report_log;
 DROP TABLE dropped_reports;
 DROP TABLE decided_checks;
@@ -969,6 +970,58 @@ TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
   for (const core::RankRecord& r : snap.ranks) {
     EXPECT_EQ(r.acked_sequence, 1u) << "rank " << r.placement.rank;
   }
+}
+
+// Operators (schema 6): digests survive a reopen, names are unique, and an
+// approval round (two-person approval) is kept with its request.
+TEST(SqliteStoreTest, OperatorsAndApprovalsSurviveAReopen) {
+  const std::string path = TempDb("operators");
+  std::string alice_token;
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto ops = Operators::Load(store->get(), "root-token");
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    auto alice = (*ops)->Add("alice", Role::kOperator, "root", absl::FromUnixSeconds(1000));
+    ASSERT_TRUE(alice.ok()) << alice.status();
+    alice_token = alice->second;
+    ASSERT_TRUE((*ops)->Add("bob", Role::kViewer, "alice", absl::FromUnixSeconds(1001)).ok());
+    OperatorRecord dup{"bob", Role::kAdmin, std::string(32, 'x'), absl::FromUnixSeconds(1), "x"};
+    EXPECT_EQ((*store)->InsertOperator(dup).code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ((*store)->DeleteOperator("nobody").code(), absl::StatusCode::kNotFound);
+
+    core::ReplacementRequest req;
+    req.id = 1;
+    req.node = "node-a";
+    req.approvals_required = 2;
+    req.approvals = {{"alice", "replay blames GPU-1", absl::FromUnixSeconds(1002)}};
+    core::Mutation m;
+    m.requests.push_back(req);
+    auto ticket = (*store)->Apply(m);
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE((*store)->WaitDurable(*ticket).ok());
+  }
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto ops = Operators::Load(store->get(), "root-token");
+  ASSERT_TRUE(ops.ok());
+  std::optional<Principal> alice = (*ops)->ByToken(alice_token);
+  ASSERT_TRUE(alice.has_value());
+  EXPECT_EQ(alice->name, "alice");
+  EXPECT_EQ(alice->role, Role::kOperator);
+  std::vector<OperatorRecord> list = (*ops)->List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[1].name, "bob");
+  EXPECT_EQ(list[1].role, Role::kViewer);
+  EXPECT_EQ(list[1].created_by, "alice");
+  EXPECT_EQ(list[1].created, absl::FromUnixSeconds(1001));
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_EQ(snap->requests.size(), 1u);
+  EXPECT_EQ(snap->requests[0].approvals_required, 2u);
+  ASSERT_EQ(snap->requests[0].approvals.size(), 1u);
+  EXPECT_EQ(snap->requests[0].approvals[0].op, "alice");
+  EXPECT_EQ(snap->requests[0].approvals[0].at, absl::FromUnixSeconds(1002));
 }
 
 }  // namespace

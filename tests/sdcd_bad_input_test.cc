@@ -138,7 +138,6 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   v1::DecideRequest approve_unknown;
   approve_unknown.set_id(77);
   approve_unknown.set_reason("r");
-  approve_unknown.set_operator_("op");
   v1::ReplacementRequest out;
   s = admin->Approve(sdcd_->AdminContext().get(), approve_unknown, &out);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -212,7 +211,7 @@ TEST_F(SdcdBadInputTest, MalformedFramesEndStreamsWithInvalidArgument) {
 
 // Issue 24, item 12, through the real CLI: a never-replace node's faulty GPU
 // gets no request, and `sdcctl resolve incident` is the operator's remedy
-// (audited: --reason and --as are kept).
+// (audited: --reason and the credential's operator, root here, are kept).
 TEST(SdcctlResolveTest, AnIncidentWithoutARequestIsResolvedFromTheCli) {
   const std::string dir = TestDir("resolve");
   absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir, {"--never_replace=node-b"});
@@ -227,15 +226,15 @@ TEST(SdcctlResolveTest, AnIncidentWithoutARequestIsResolvedFromTheCli) {
   EXPECT_EQ(usage.exit_code, 2) << usage.output;
   EXPECT_THAT(usage.output, HasSubstr("resolve needs --reason=TEXT"));
   RunResult resolved =
-      sdcd->Sdcctl({"resolve", "incident", "1", "--reason=drained by hand", "--as=alice"});
+      sdcd->Sdcctl({"resolve", "incident", "1", "--reason=drained by hand"});
   ASSERT_EQ(resolved.exit_code, 0) << resolved.output;
   EXPECT_THAT(resolved.output, HasSubstr("faulty (resolved)"));
   RunResult json = sdcd->Sdcctl({"get", "incidents", "-o", "json"});
-  EXPECT_THAT(json.output, HasSubstr("\"resolved_by\": \"alice\""));
+  EXPECT_THAT(json.output, HasSubstr("\"resolved_by\": \"root\""));
   EXPECT_THAT(json.output, HasSubstr("\"resolution\": \"drained by hand\""));
-  RunResult again = sdcd->Sdcctl({"resolve", "incident", "1", "--reason=again", "--as=bob"});
+  RunResult again = sdcd->Sdcctl({"resolve", "incident", "1", "--reason=again"});
   EXPECT_EQ(again.exit_code, 4) << again.output;
-  EXPECT_THAT(again.output, HasSubstr("already resolved by alice"));
+  EXPECT_THAT(again.output, HasSubstr("already resolved by root"));
 }
 
 // TLS with client certificates: a trainer without one is refused.

@@ -112,10 +112,11 @@ TEST_F(SdcdEndToEndTest, FaultyRankIsAttributedApprovedAndReplaced) {
             "kubectl label node node-b "
             "sagemaker.amazonaws.com/node-health-status=UnschedulablePendingReplacement "
             "--overwrite\n");
-  // Every transition, with who approved and why.
+  // Every transition, with who approved (the credential's operator: the
+  // bootstrap token is root, whatever $USER says) and why.
   ASSERT_GE(done.transitions_size(), 4);
   EXPECT_EQ(done.transitions(1).to(), v1::APPROVED);
-  EXPECT_EQ(done.transitions(1).actor(), "test-operator");
+  EXPECT_EQ(done.transitions(1).actor(), "root");
   EXPECT_EQ(done.transitions(1).reason(), "confirmed by replay audit");
   EXPECT_EQ(done.transitions(2).to(), v1::EXECUTING);
   EXPECT_EQ(done.transitions(3).to(), v1::DONE);

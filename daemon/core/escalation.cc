@@ -41,6 +41,12 @@ void Escalation::Move(ReplacementRequest& r, RequestState to, const std::string&
   r.transitions.push_back({r.state, to, now, actor, reason});
   r.state = to;
   r.updated = now;
+  // A refused or failed request approved again (with force) needs a fresh
+  // set of approvals.
+  if (to == RequestState::kDenied || to == RequestState::kExpired ||
+      to == RequestState::kFailed) {
+    r.approvals.clear();
+  }
 }
 
 Escalation::OpenResult Escalation::Open(const std::string& node, const std::string& gpu,
@@ -74,6 +80,7 @@ Escalation::OpenResult Escalation::Open(const std::string& node, const std::stri
   r.action = policy_.action;
   r.created = now;
   r.updated = now;
+  r.approvals_required = static_cast<uint32_t>(std::max(1, policy_.approvals_required));
   r.transitions.push_back({RequestState::kPending, RequestState::kPending, now, "sdcd", reason});
   if (!policy_.require_approval) {
     if (CommittedExecutions(now) < policy_.max_executed_per_window) {
@@ -138,8 +145,25 @@ absl::StatusOr<ReplacementRequest> Escalation::Approve(uint64_t id, const std::s
     }
   }
   ReplacementRequest copy = **r;
-  copy.cap_override = force;
-  Move(copy, RequestState::kApproved, op, reason, now);
+  const uint32_t required = static_cast<uint32_t>(std::max(1, policy_.approvals_required));
+  copy.approvals_required = required;
+  for (const Approval& a : copy.approvals) {
+    if (a.op == op) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request ", id, " already has ", op, "'s approval; it needs ", required,
+          " approvals from distinct operators: another operator must approve"));
+    }
+  }
+  copy.approvals.push_back({op, reason, now});
+  if (copy.approvals.size() < required) {
+    copy.transitions.push_back(
+        {copy.state, copy.state, now, op,
+         absl::StrCat("approval ", copy.approvals.size(), " of ", required, ": ", reason)});
+    copy.updated = now;
+  } else {
+    copy.cap_override = force;
+    Move(copy, RequestState::kApproved, op, reason, now);
+  }
   if (!dry_run) **r = copy;
   return copy;
 }

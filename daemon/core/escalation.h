@@ -8,6 +8,13 @@
 //      |  \--deny--> Denied
 //      \--ttl--> Expired
 //
+// With approvals_required = N > 1 (two-person approval), "approve" moves a
+// request only on the N-th approval from distinct operators; the earlier
+// ones are recorded (ReplacementRequest::approvals, and a transition to the
+// same state) and the same operator approving twice is refused. One deny
+// ends the round; denied, expired and failed requests start a new round
+// when approved again with force.
+//
 // One open request per node: later incidents on the node join it. A decided
 // request (Denied, Expired, Failed) can be approved again only with force.
 // Not thread-safe: the Coordinator serializes calls.
@@ -43,6 +50,8 @@ struct EscalationPolicy {
   std::set<std::string> never_replace;
   // "replace" or "reboot": what approval asks the actuator to do.
   std::string action = "replace";
+  // Distinct operators whose approvals a request needs. Default: 1.
+  int approvals_required = 1;
 };
 
 class Escalation {
@@ -64,8 +73,11 @@ class Escalation {
 
   // REQUIRES nothing; returns NotFound (unknown id), InvalidArgument (empty
   // reason or operator) or FailedPrecondition (already decided without force,
-  // executing or finished, or the execution cap reached without force). With
-  // dry_run the request is returned as it would become, and nothing changes.
+  // executing or finished, the execution cap reached without force, or `op`
+  // already approved in this round). Approve returns the request Approved,
+  // or still in its state with one more approval when more are required.
+  // With dry_run the request is returned as it would become, and nothing
+  // changes.
   absl::StatusOr<ReplacementRequest> Approve(uint64_t id, const std::string& op,
                                              const std::string& reason, bool force,
                                              bool dry_run, absl::Time now);

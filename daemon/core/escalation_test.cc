@@ -794,5 +794,93 @@ TEST(EscalationLifecycleTest, RestoreKeepsRequestsAndContinuesIds) {
   EXPECT_THAT(e.ExpireDue(At(absl::Hours(24))), IsEmpty());  // 5 is Approved now.
 }
 
+// ---------------------------------------------------------------------------
+// Two-person approval (approvals_required = 2)
+
+EscalationPolicy TwoPerson() {
+  EscalationPolicy p;
+  p.approvals_required = 2;
+  return p;
+}
+
+std::vector<std::string> Approvers(const ReplacementRequest& r) {
+  std::vector<std::string> out;
+  for (const Approval& a : r.approvals) out.push_back(a.op);
+  return out;
+}
+
+TEST(EscalationTwoPersonTest, TheSecondDistinctApprovalMovesTheRequest) {
+  Escalation e = WithRequestIn(kPending, TwoPerson());
+  EXPECT_EQ(e.Find(1)->approvals_required, 2u);
+  absl::StatusOr<ReplacementRequest> first =
+      e.Approve(1, "alice", "replay blames GPU-1", false, false, At(absl::Minutes(1)));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->state, kPending);
+  EXPECT_THAT(Approvers(*first), ElementsAre("alice"));
+  EXPECT_THAT(Transitions(*first).back(), Tr(kPending, kPending, At(absl::Minutes(1)), "alice",
+                                             "approval 1 of 2: replay blames GPU-1"));
+  EXPECT_THAT(e.ReadyToExecute(), IsEmpty());
+  absl::StatusOr<ReplacementRequest> second =
+      e.Approve(1, "bob", "agreed", false, false, At(absl::Minutes(2)));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->state, kApproved);
+  EXPECT_THAT(Approvers(*second), ElementsAre("alice", "bob"));
+  EXPECT_THAT(Transitions(*second).back(),
+              Tr(kPending, kApproved, At(absl::Minutes(2)), "bob", "agreed"));
+  EXPECT_THAT(e.ReadyToExecute(), ElementsAre(1));
+}
+
+TEST(EscalationTwoPersonTest, TheSameOperatorTwiceIsRefused) {
+  Escalation e = WithRequestIn(kPending, TwoPerson());
+  ASSERT_TRUE(e.Approve(1, "alice", "first", false, false, At(absl::Minutes(1))).ok());
+  for (bool force : {false, true}) {
+    ExpectError(e.Approve(1, "alice", "again", force, false, At(absl::Minutes(2))),
+                absl::StatusCode::kFailedPrecondition,
+                "already has alice's approval; it needs 2 approvals from distinct operators");
+  }
+  EXPECT_EQ(StateOf(e, 1), "Pending");
+  EXPECT_THAT(Approvers(*e.Find(1)), ElementsAre("alice"));
+}
+
+TEST(EscalationTwoPersonTest, OneDenyEndsTheRoundAndForceStartsANewOne) {
+  Escalation e = WithRequestIn(kPending, TwoPerson());
+  ASSERT_TRUE(e.Approve(1, "alice", "first", false, false, At(absl::Minutes(1))).ok());
+  absl::StatusOr<ReplacementRequest> denied =
+      e.Deny(1, "carol", "diagnostic passed", false, false, At(absl::Minutes(2)));
+  ASSERT_TRUE(denied.ok()) << denied.status();
+  EXPECT_EQ(denied->state, kDenied);
+  EXPECT_THAT(Approvers(*denied), IsEmpty());
+  // bob's approval does not complete alice's old round.
+  ExpectError(e.Approve(1, "bob", "x", false, false, At(absl::Minutes(3))),
+              absl::StatusCode::kFailedPrecondition, "already Denied");
+  absl::StatusOr<ReplacementRequest> again =
+      e.Approve(1, "bob", "failed again", true, false, At(absl::Minutes(3)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state, kDenied);
+  EXPECT_THAT(Approvers(*again), ElementsAre("bob"));
+  ASSERT_TRUE(e.Approve(1, "alice", "agreed", true, false, At(absl::Minutes(4))).ok());
+  EXPECT_EQ(StateOf(e, 1), "Approved");
+  EXPECT_TRUE(e.Find(1)->cap_override);
+}
+
+TEST(EscalationTwoPersonTest, DryRunRecordsNoApproval) {
+  Escalation e = WithRequestIn(kPending, TwoPerson());
+  absl::StatusOr<ReplacementRequest> r =
+      e.Approve(1, "alice", "first", false, /*dry_run=*/true, At(absl::Minutes(1)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(Approvers(*r), ElementsAre("alice"));
+  EXPECT_THAT(Approvers(*e.Find(1)), IsEmpty());
+}
+
+TEST(EscalationTwoPersonTest, OneApprovalSufficesByDefault) {
+  Escalation e = WithRequestIn(kPending);
+  absl::StatusOr<ReplacementRequest> r =
+      e.Approve(1, "alice", "ok", false, false, At(absl::Minutes(1)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state, kApproved);
+  EXPECT_EQ(r->approvals_required, 1u);
+  EXPECT_THAT(Approvers(*r), ElementsAre("alice"));
+}
+
 }  // namespace
 }  // namespace sdc::core

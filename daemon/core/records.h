@@ -74,6 +74,12 @@ struct Transition {
   std::string reason;
 };
 
+struct Approval {
+  std::string op;
+  std::string reason;
+  absl::Time at;
+};
+
 struct ReplacementRequest {
   uint64_t id = 0;
   std::string node;
@@ -89,6 +95,11 @@ struct ReplacementRequest {
   std::string actuator_result;
   // Approved with force: may execute beyond the blast-radius cap.
   bool cap_override = false;
+  // The current round's approvals, by distinct operators (see
+  // EscalationPolicy::approvals_required); cleared when the request is
+  // denied, expires or fails.
+  std::vector<Approval> approvals;
+  uint32_t approvals_required = 1;
 };
 
 struct Suspect {

@@ -74,6 +74,8 @@ RunResult Sdcd::Sdcctl(const std::vector<std::string>& args) const {
                                    absl::StrCat("--server=", admin_address()),
                                    absl::StrCat("--token_file=", token_file())};
   argv.insert(argv.end(), args.begin(), args.end());
+  // $USER is not who decides (sdcd records the credential's operator); it
+  // is set so that a regression to trusting it shows.
   return Run(argv, {{"USER", "test-operator"}});
 }
 
