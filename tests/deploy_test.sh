@@ -303,6 +303,7 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
                 ("PodDisruptionBudget", "sdcd"), ("NetworkPolicy", "sdcd"), ("NetworkPolicy", "sdc-agent"),
                 ("PodMonitor", "sdc-agent"),
                 ("ClusterRole", "sdc-guard-coordinator"), ("ClusterRoleBinding", "sdc-guard-coordinator"),
+                ("Role", "sdc-guard-operator"),
                 ("PersistentVolumeClaim", "sdcd-state"), ("Deployment", "sdcd"), ("Service", "sdcd"),
                 ("ServiceMonitor", "sdcd"), ("PrometheusRule", "sdc-guard"), ("DaemonSet", "sdc-agent")]
     missing = [f"{k}/{n}" for k, n in required if get(k, n) is None]
@@ -437,8 +438,16 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     r.expect(job and re.fullmatch(".*sdcd.*", job), f"scrape job '{job}' matches SdcCoordinatorDown's job=~\".*sdcd.*\"")
 
     # RBAC: nodes get/list/watch/patch and nothing else, for sdcd only.
-    r.expect(not by.get("Role") and not by.get("RoleBinding"), "no namespaced Role or RoleBinding",
+    # One namespaced Role, for `kubectl sdc`: reach sdcd's admin port, nothing more.
+    r.expect(list(by.get("Role", {})) == ["sdc-guard-operator"] and not by.get("RoleBinding"),
+             "one namespaced Role (sdc-guard-operator) and no RoleBinding",
              str(list(by.get("Role", {})) + list(by.get("RoleBinding", {}))))
+    op_role = get("Role", "sdc-guard-operator") or {}
+    op_rules = sorted((tuple(x.get("apiGroups") or []), tuple(x.get("resources") or []), tuple(sorted(x.get("verbs") or [])),
+                       bool(x.get("resourceNames") or x.get("nonResourceURLs"))) for x in op_role.get("rules") or [])
+    r.expect(op_rules == [(("",), ("pods",), ("get", "list"), False), (("",), ("pods/portforward",), ("create",), False),
+                          (("apps",), ("deployments",), ("get",), False)],
+             "Role sdc-guard-operator allows exactly what `kubectl port-forward deploy/sdcd` needs", str(op_rules))
     for name, cr in by.get("ClusterRole", {}).items():
         rules = cr.get("rules") or []
         r.expect(not cr.get("aggregationRule"), f"ClusterRole {name} is not aggregated")
@@ -987,6 +996,9 @@ def mutations():
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})),
         "agent bound to the ClusterRole": m(lambda d: find(d, "ClusterRoleBinding", "sdc-guard-coordinator")["subjects"].append(
             {"kind": "ServiceAccount", "name": "sdc-agent", "namespace": NS})),
+        "operator Role may exec": m(lambda d: find(d, "Role", "sdc-guard-operator")["rules"].append(
+            {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]})),
+        "operator Role reads secrets": m(lambda d: find(d, "Role", "sdc-guard-operator")["rules"][1]["resources"].append("secrets")),
         "replicas 2": m(lambda d: find(d, "Deployment", "sdcd")["spec"].update(replicas=2)),
         "strategy RollingUpdate": m(lambda d: find(d, "Deployment", "sdcd")["spec"].update(strategy={"type": "RollingUpdate"})),
         "--approval=auto": m(lambda d: dep_container(d)["args"].append("--approval=auto")),
