@@ -26,6 +26,7 @@
 #include "agent/core/action_command.h"
 #include "common/diagnostic_plan.h"
 #include "common/identity.h"
+#include "common/version.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
 #include "agent/diagnostic_process.h"
@@ -75,8 +76,6 @@ ABSL_FLAG(std::string, inject_diagnostic_fault, "",
 
 namespace sdc::agent {
 namespace {
-
-constexpr char kVersion[] = "0.1.0";
 
 // What the agent reads from its environment, read in exactly one place.
 struct Environment {
@@ -128,6 +127,7 @@ int Main(int argc, char** argv) {
     return absl::EndsWith(file, "agent/agent_main.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return absl::StrCat("sdc-agent ", kVersion, "\n"); };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   const Config config = ConfigFromFlags(ReadEnvironment());

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "admin.grpc.pb.h"
 #include "agent.pb.h"
+#include "common/version.h"
 #include "ctl/sdcctl_format.h"
 #include "grpcpp/grpcpp.h"
 
@@ -90,6 +91,7 @@ Global flags (accepted anywhere on the line):
   -o, --output=FORMAT   table (default), wide, json, yaml or name
   --timeout=DURATION    deadline of every call (default: 10s)
   --as=NAME             who approves, denies or resolves (default: $USER)
+  --version             print sdcctl's version and exit
 
 Command flags:
   --state=STATE         get requests: only requests in STATE
@@ -189,6 +191,7 @@ struct CommandLine {
   std::vector<std::string> words;
   std::set<std::string> flags_named;
   bool help = false;
+  bool version = false;  // --version: print the version and exit.
 };
 
 // Applies every flag on the line, wherever it is, and keeps the rest. "-o X",
@@ -209,6 +212,10 @@ absl::StatusOr<CommandLine> ApplyFlags(int argc, char** argv) {
     }
     if (arg == "-h" || arg == "--help" || arg == "-help") {
       line.help = true;
+      continue;
+    }
+    if (arg == "--version" || arg == "-version") {
+      line.version = true;
       continue;
     }
     std::string name;
@@ -794,6 +801,10 @@ int Execute(const Config& c, AdminClient& admin) {
 int Main(int argc, char** argv) {
   absl::StatusOr<CommandLine> line = ApplyFlags(argc, argv);
   if (!line.ok()) return Fail(kExitUsage, line.status().message());
+  if (line->version) {
+    std::printf("sdcctl %s\n", kVersion);
+    return kExitOk;
+  }
   if (line->help || (!line->words.empty() && line->words[0] == "help")) {
     std::fputs(kUsage, stdout);
     return kExitOk;
