@@ -81,6 +81,9 @@ namespace {
 struct Environment {
   std::string node_name;  // $NODE_NAME
   std::string hostname;   // gethostname()
+  // $SDC_BUNDLE_EXE: set by the release bundle's launcher to its own path;
+  // the agent must re-execute that, since its /proc/self/exe is the loader.
+  std::string bundle_exe;
 };
 
 Environment ReadEnvironment() {
@@ -89,6 +92,8 @@ Environment ReadEnvironment() {
   env.node_name = node == nullptr ? "" : node;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) env.hostname = host;
+  const char* bundle_exe = std::getenv("SDC_BUNDLE_EXE");
+  env.bundle_exe = bundle_exe == nullptr ? "" : bundle_exe;
   return env;
 }
 
@@ -130,7 +135,8 @@ int Main(int argc, char** argv) {
   usage.version_string = [] { return absl::StrCat("sdc-agent ", kVersion, "\n"); };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
-  const Config config = ConfigFromFlags(ReadEnvironment());
+  const Environment env = ReadEnvironment();
+  const Config config = ConfigFromFlags(env);
   if (absl::Status s = Validate(config); !s.ok()) {
     std::fprintf(stderr, "sdc-agent: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -176,8 +182,11 @@ int Main(int argc, char** argv) {
 
   DiagnosticProcessOptions process_options;
   // Exec'd in the forked child, /proc/self/exe is the running agent's own
-  // file, even after an upgrade replaced or removed it on disk.
-  process_options.agent_binary = "/proc/self/exe";
+  // file, even after an upgrade replaced or removed it on disk. Started by
+  // the release bundle's launcher, it is the bundle's loader instead, so the
+  // child runs the launcher (a versioned path an upgrade does not replace).
+  process_options.agent_binary =
+      env.bundle_exe.empty() ? std::string("/proc/self/exe") : env.bundle_exe;
   process_options.timeout = config.diagnostic_timeout;
   process_options.inject_fault = config.inject_fault();
   std::atomic<uint32_t> diagnostics_queued{0};

@@ -103,6 +103,11 @@ out=$(SDC_TORCH_LIB="$torch_lib" "$root$bundle/bin/sdc-agent" --version 2>&1) ||
   fail "sdc-agent --version with SDC_TORCH_LIB=$torch_lib: $out"
 [[ "$out" == "sdc-agent $version" ]] || fail "sdc-agent --version printed '$out'"
 ok "sdc-agent --version prints '$version' with SDC_TORCH_LIB=$torch_lib"
+# The diagnostic child is the launcher re-run with __diagnostic first: the
+# launcher must pass it through to the agent's own parser.
+out=$(SDC_TORCH_LIB="$torch_lib" "$root$bundle/bin/sdc-agent" __diagnostic 2>&1 || true)
+[[ "$out" == *"__diagnostic: want SIZE"* ]] || fail "sdc-agent __diagnostic through the launcher: '$out'"
+ok "the launcher passes sdc-agent's __diagnostic child command through"
 
 # sdcd on loopback: trainer and metrics ports chosen by the kernel, admin on
 # a unix socket; a SQLite database in /state.
