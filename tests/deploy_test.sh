@@ -93,7 +93,7 @@ import yaml
 NS = "sdc-system"
 SDCD_IMAGE = "sdc-guard/sdcd"
 AGENT_IMAGE = "sdc-guard/sdc-agent"
-DEFAULT_TAG = "0.1.0"
+DEFAULT_TAG = "0.2.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
