@@ -90,6 +90,14 @@ for b in sdcd sdcctl; do
   [[ "$out" == "$b $version" ]] || fail "$b --version printed '$out', want '$b $version'"
 done
 ok "sdcd and sdcctl --version print '$version' inside the bundle-only root"
+# Through a symlink elsewhere, as /usr/local/bin/sdcctl is installed: with
+# no /proc the launcher resolves argv[0].
+mkdir -p "$root/usr/local/bin"
+ln -s "$bundle/bin/sdcctl" "$root/usr/local/bin/sdcctl"
+out=$(in_root /usr/local/bin/sdcctl --version 2>&1) || fail "sdcctl --version through a symlink: $out"
+[[ "$out" == "sdcctl $version" ]] || fail "sdcctl --version through a symlink printed '$out'"
+rm -rf "$root/usr"
+ok "a symlink to a launcher (/usr/local/bin/sdcctl) finds the bundle"
 
 out=$(env -u SDC_TORCH_LIB "${chroot_cmd[@]}" "$bundle/bin/sdc-agent" --version 2>&1 || true)
 [[ "$out" == *"set SDC_TORCH_LIB"* ]] || fail "sdc-agent without SDC_TORCH_LIB: '$out'"
