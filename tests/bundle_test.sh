@@ -32,7 +32,9 @@ version=$(tr -d '[:space:]' <"$src/VERSION")
 
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/bundle_test.XXXXXX")"
 pid=""
+agent_pid=""
 cleanup() {
+  [[ -n "$agent_pid" ]] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   [[ -n "$pid" ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   rm -rf "$work"
 }
@@ -96,7 +98,7 @@ mkdir -p "$root/usr/local/bin"
 ln -s "$bundle/bin/sdcctl" "$root/usr/local/bin/sdcctl"
 out=$(in_root /usr/local/bin/sdcctl --version 2>&1) || fail "sdcctl --version through a symlink: $out"
 [[ "$out" == "sdcctl $version" ]] || fail "sdcctl --version through a symlink printed '$out'"
-rm -rf "$root/usr"
+rm -rf "${root:?}/usr"
 ok "a symlink to a launcher (/usr/local/bin/sdcctl) finds the bundle"
 
 out=$(env -u SDC_TORCH_LIB "${chroot_cmd[@]}" "$bundle/bin/sdc-agent" --version 2>&1 || true)
@@ -163,6 +165,29 @@ metrics=$(cat <&3)
 exec 3<&-
 [[ "$metrics" == *"version=\"$version\""* ]] || fail "/metrics does not report version $version"
 ok "sdcd's /metrics reports version=\"$version\""
+
+# The bundle's sdc-agent (outside the root: it needs torch) registers with
+# that sdcd and runs a diagnostic in its child process, which it starts by
+# re-executing the launcher (SDC_BUNDLE_EXE): a pass proves that path.
+trainer_port=$(sed -n 's/.*serving trainers on [^ ]* (port \([0-9]*\)).*/\1/p' "$log" | head -1)
+[[ -n "$trainer_port" ]] || fail "sdcd's log names no trainer port"
+agent_log="$work/agent.log"
+SDC_TORCH_LIB="$torch_lib" "$root$bundle/bin/sdc-agent" --coordinator="127.0.0.1:$trainer_port" \
+  --node_name=bundle-node --heartbeat=1s >"$agent_log" 2>&1 &
+agent_pid=$!
+for _ in $(seq 1 150); do
+  grep -q "registered with sdcd .* as node bundle-node" "$agent_log" && break
+  kill -0 "$agent_pid" 2>/dev/null || { cat "$agent_log" >&2; fail "the bundle's sdc-agent exited"; }
+  sleep 0.1
+done
+grep -q "registered with sdcd .* as node bundle-node" "$agent_log" ||
+  { cat "$agent_log" >&2; fail "the bundle's sdc-agent did not register within 15 s"; }
+out=$(ctl diagnose node bundle-node --size=64 2>&1) || { cat "$agent_log" >&2; fail "sdcctl diagnose node bundle-node: $out"; }
+[[ "$out" == *"diagnostic 1 on node bundle-node: PASSED"* ]] || fail "diagnose printed '$out'"
+ok "the bundle's sdc-agent registered and passed a diagnostic in its child process"
+kill -TERM "$agent_pid"
+wait "$agent_pid" 2>/dev/null || true
+agent_pid=""
 
 kill -TERM "$pid"
 status=0
