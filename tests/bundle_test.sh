@@ -11,6 +11,9 @@
 #  - sdcd starts on loopback with a SQLite file and an admin unix socket;
 #  - the bundle's sdcctl lists nodes and requests through that socket;
 #  - sdcd's /metrics (scraped from outside) reports the version;
+#  - the bundle's sdc-agent, run outside the root with the build's torch as
+#    SDC_TORCH_LIB, registers with that sdcd and passes a CPU diagnostic in
+#    its child process (the launcher re-executed through SDC_BUNDLE_EXE);
 #  - sdcd stops on SIGTERM with status 0.
 # Outside the root filesystem it checks that every ELF file's DT_NEEDED is
 # in lib/ or one of torch's libraries (sdc-agent's, from SDC_TORCH_LIB), and
