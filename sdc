@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev patchelf
   libsqlite3-dev sqlite3 libcivetweb-dev libssl-dev libgoogle-perftools-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
+  binutils
   python3-venv python3-dev python3-pip
 )
 
@@ -122,13 +123,46 @@ build_python() {
   build_targets //client/python:_C.so
   rm -rf "$ROOT/dist/site" "$ROOT"/dist/sdc_guard-*.whl
   local wheel
-  wheel=$("$VENV/bin/python3" "$ROOT/client/python/build_wheel.py" \
+  local version
+  version=$(tr -d '[:space:]' <"$ROOT/VERSION")
+  grep -q "^__version__ = \"$version\"$" "$ROOT/client/python/sdc_guard/__init__.py" ||
+    die "client/python/sdc_guard/__init__.py's __version__ is not VERSION ($version)"
+  wheel=$("$VENV/bin/python3" "$ROOT/client/python/build_wheel.py" --version "$version" \
     --extension "$ROOT/bazel-bin/client/python/_C.so" \
     --package "$ROOT/client/python/sdc_guard" --out "$ROOT/dist") || die "building the wheel failed"
   mkdir -p "$ROOT/dist/site"
   "$VENV/bin/python3" -m zipfile -e "$wheel" "$ROOT/dist/site" || die "unpacking $wheel failed"
   export SDC_PYTHON="$VENV/bin/python3" SDC_PYTHONPATH="$ROOT/dist/site"
   printf '%s\n' "$wheel"
+}
+
+# The release: the relocatable bundle of sdcd, sdcctl and sdc-agent
+# (//release:bundle, see docs/ARCHITECTURE.md "Release bundles") copied to
+# dist/ as a .tar.gz and unpacked beside it, plus the Python wheel.
+cmd_release() {
+  setup
+  local version top
+  version=$(tr -d '[:space:]' <"$ROOT/VERSION")
+  top="sdc-guard-$version-linux-x86_64"
+  log "building sdcd, sdcctl, sdc-agent and the release bundle $top (Bazel)"
+  build_targets //release:bundle
+  local tarball="$ROOT/bazel-bin/release/sdc-guard-linux-x86_64.tar.gz"
+  [[ -f "$tarball" ]] || die "the build made no bundle at $tarball"
+  mkdir -p "$ROOT/dist"
+  rm -rf "${ROOT:?}/dist/$top" "$ROOT/dist/$top.tar.gz"
+  install -m 0644 "$tarball" "$ROOT/dist/$top.tar.gz"
+  tar -C "$ROOT/dist" -xzf "$ROOT/dist/$top.tar.gz" || die "unpacking $top.tar.gz failed"
+  local b out
+  for b in sdcd sdcctl; do
+    out=$("$ROOT/dist/$top/bin/$b" --version 2>&1) || die "dist/$top/bin/$b --version failed: $out"
+    [[ "$out" == "$b $version" ]] || die "dist/$top/bin/$b --version printed '$out', want '$b $version'"
+  done
+  log "bundle: dist/$top.tar.gz ($(du -h "$ROOT/dist/$top.tar.gz" | cut -f1); unpacked in dist/$top, $(du -sh "$ROOT/dist/$top" | cut -f1))"
+  log "  sdc-agent needs SDC_TORCH_LIB=<torch $TORCH_VERSION's lib/ directory> (the bundle does not carry torch)"
+  log "building the Python wheel"
+  local wheel
+  wheel=$(build_python)
+  log "wheel: $wheel (pip install it into an environment with torch $TORCH_VERSION)"
 }
 
 cmd_build() {
@@ -289,6 +323,7 @@ usage: ./sdc COMMAND [ARGS]
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
+  release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
   gpu-bundle           build what tests/gpu/run.sh needs on a GPU machine (gpu-bundle/)
@@ -305,6 +340,7 @@ main() {
     test) cmd_test "$@" ;;
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;
+    release) cmd_release ;;
     pytest) setup; cmd_pytest "$@" ;;
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;

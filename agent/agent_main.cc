@@ -26,6 +26,7 @@
 #include "agent/core/action_command.h"
 #include "common/diagnostic_plan.h"
 #include "common/identity.h"
+#include "common/version.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
 #include "agent/diagnostic_process.h"
@@ -76,12 +77,13 @@ ABSL_FLAG(std::string, inject_diagnostic_fault, "",
 namespace sdc::agent {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
-
 // What the agent reads from its environment, read in exactly one place.
 struct Environment {
   std::string node_name;  // $NODE_NAME
   std::string hostname;   // gethostname()
+  // $SDC_BUNDLE_EXE: set by the release bundle's launcher to its own path;
+  // the agent must re-execute that, since its /proc/self/exe is the loader.
+  std::string bundle_exe;
 };
 
 Environment ReadEnvironment() {
@@ -90,6 +92,8 @@ Environment ReadEnvironment() {
   env.node_name = node == nullptr ? "" : node;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) env.hostname = host;
+  const char* bundle_exe = std::getenv("SDC_BUNDLE_EXE");
+  env.bundle_exe = bundle_exe == nullptr ? "" : bundle_exe;
   return env;
 }
 
@@ -128,9 +132,11 @@ int Main(int argc, char** argv) {
     return absl::EndsWith(file, "agent/agent_main.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return absl::StrCat("sdc-agent ", kVersion, "\n"); };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
-  const Config config = ConfigFromFlags(ReadEnvironment());
+  const Environment env = ReadEnvironment();
+  const Config config = ConfigFromFlags(env);
   if (absl::Status s = Validate(config); !s.ok()) {
     std::fprintf(stderr, "sdc-agent: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -176,8 +182,11 @@ int Main(int argc, char** argv) {
 
   DiagnosticProcessOptions process_options;
   // Exec'd in the forked child, /proc/self/exe is the running agent's own
-  // file, even after an upgrade replaced or removed it on disk.
-  process_options.agent_binary = "/proc/self/exe";
+  // file, even after an upgrade replaced or removed it on disk. Started by
+  // the release bundle's launcher, it is the bundle's loader instead, so the
+  // child runs the launcher (a versioned path an upgrade does not replace).
+  process_options.agent_binary =
+      env.bundle_exe.empty() ? std::string("/proc/self/exe") : env.bundle_exe;
   process_options.timeout = config.diagnostic_timeout;
   process_options.inject_fault = config.inject_fault();
   std::atomic<uint32_t> diagnostics_queued{0};

@@ -32,6 +32,7 @@
 #include "yaml-cpp/yaml.h"
 #include "admin.grpc.pb.h"
 #include "agent.pb.h"
+#include "common/version.h"
 #include "ctl/sdcctl_format.h"
 #include "grpcpp/grpcpp.h"
 
@@ -61,9 +62,6 @@ ABSL_FLAG(int, repetitions, 0, "diagnose: products per device (1..1000; default 
 
 namespace sdc::sdcctl {
 namespace {
-
-// sdcctl's version (sdcd reports its own through WhoAmI).
-constexpr char kVersion[] = "0.2.0";
 
 constexpr char kUsage[] =
     R"(sdcctl: the sdc-guard operator CLI (talks to sdcd's admin service).
@@ -119,6 +117,7 @@ Global flags (accepted anywhere on the line):
   -o, --output=FORMAT   table (default), wide, json, yaml or name
   --no-headers          tables without their header line
   --timeout=DURATION    deadline of every call (default: 10s)
+  --version             print sdcctl's version and exit
 
 Config file: $SDCCTL_CONFIG, else ~/.config/sdc-guard/sdcctl.yaml when it
 exists. Keys: server, token_file, tls_ca, tls_cert, tls_key, output (any
@@ -283,6 +282,7 @@ struct CommandLine {
   std::vector<std::string> words;
   std::set<std::string> flags_named;
   bool help = false;
+  bool version = false;  // --version: print the version and exit.
 };
 
 // Applies every flag on the line, wherever it is, and keeps the rest. "-o X",
@@ -303,6 +303,10 @@ absl::StatusOr<CommandLine> ApplyFlags(int argc, char** argv) {
     }
     if (arg == "-h" || arg == "--help" || arg == "-help") {
       line.help = true;
+      continue;
+    }
+    if (arg == "--version" || arg == "-version") {
+      line.version = true;
       continue;
     }
     std::string name;
@@ -1241,6 +1245,10 @@ int Execute(const Config& c, AdminClient& admin) {
 int Main(int argc, char** argv) {
   absl::StatusOr<CommandLine> line = ApplyFlags(argc, argv);
   if (!line.ok()) return Fail(kExitUsage, line.status().message());
+  if (line->version) {
+    std::printf("sdcctl %s\n", kVersion);
+    return kExitOk;
+  }
   if (line->help || (!line->words.empty() && line->words[0] == "help")) {
     // "sdcctl approve --help", "sdcctl help approve": that command's usage.
     const std::vector<std::string>& w = line->words;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/stream.h"
+#include "common/version.h"
 
 namespace sdc::daemon {
 

@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
@@ -216,6 +217,12 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the sdc-guard coordinator daemon.\n  sdcd --db=PATH [--listen=HOST:PORT] "
       "[--admin_listen=HOST:PORT|unix:PATH] [--metrics_listen=HOST:PORT] ...");
+  {
+    // --version prints this and exits 0 (Abseil's built-in flag).
+    absl::FlagsUsageConfig usage;
+    usage.version_string = [] { return absl::StrCat("sdcd ", kVersion, "\n"); };
+    absl::SetFlagsUsageConfig(usage);
+  }
   absl::ParseCommandLine(argc, argv);
   // Abseil here is built with mutex deadlock detection on: a graph walk on
   // every lock. Production code does not pay for a debugging aid.

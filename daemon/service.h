@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "admin.grpc.pb.h"
+#include "common/version.h"
 #include "daemon/core/coordinator.h"
 #include "daemon/core/store.h"
 #include "daemon/metrics/registry.h"
@@ -32,8 +33,6 @@
 #include "trainer.grpc.pb.h"
 
 namespace sdc::daemon {
-
-inline constexpr char kVersion[] = "0.1.0";
 
 // Largest message either side accepts: a weight report of 100,000 tensors is
 // about 3 MiB.

@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "common/version.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scripted_rank.h"
@@ -305,7 +307,8 @@ TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
   ASSERT_EQ(nodes.exit_code, 0) << nodes.output;
   EXPECT_TRUE(Matches(LineOf(nodes.output, "hyperpod-i-0123456789abcdef0"),
                       R"(hyperpod-i-0123456789abcdef0 +\S+ +i-0123456789abcdef0 +2 +)"
-                      R"(NVIDIA H100 80GB HBM3 +Ready +0\.1\.0 +\d+s)"))
+                      R"(NVIDIA H100 80GB HBM3 +Ready +)" +
+                          absl::StrReplaceAll(kVersion, {{".", "\\."}}) + R"( +\d+s)"))
       << nodes.output;
   RunResult describe = sdcd_->Sdcctl({"describe", "node", "hyperpod-i-0123456789abcdef0"});
   EXPECT_THAT(describe.output,

@@ -113,7 +113,7 @@ GPU_NODES = [{"nvidia.com/gpu.present": "true", "node.kubernetes.io/instance-typ
 CPU_NODE = {"node.kubernetes.io/instance-type": "ml.m5.2xlarge", "kubernetes.io/os": "linux"}
 SDCD_IMAGE = "sdc-guard/sdcd"
 AGENT_IMAGE = "sdc-guard/sdc-agent"
-DEFAULT_TAG = "0.1.0"
+DEFAULT_TAG = "0.2.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
@@ -1267,12 +1267,27 @@ fi
 
 section "Slurm installer"
 inst="$deploy/slurm/lifecycle/install_sdc_guard.sh"
+# The real release bundle (//release:bundle): a dist/ as ./sdc release makes
+# it, the tarball beside the unpacked directory.
+bundle_tgz="$src/release/sdc-guard-linux-x86_64.tar.gz"
+version="$(tr -d '[:space:]' <"$src/VERSION")"
 dist="$work/dist"
-mkdir -p "$dist/bin" "$work/hp"
-for b in sdcd sdcctl sdc-agent; do
-  printf '#!/bin/sh\nexit 0\n' >"$dist/bin/$b"
-  chmod +x "$dist/bin/$b"
-done
+mkdir -p "$dist" "$work/hp"
+cp "$bundle_tgz" "$dist/sdc-guard-$version-linux-x86_64.tar.gz"
+tar -C "$dist" -xzf "$bundle_tgz"
+torch_lib=/fsx/venv/lib/python3.11/site-packages/torch/lib
+# installed ROOT PROGRAM: /usr/local/bin/PROGRAM links to current/bin/PROGRAM,
+# current to VERSION, and the bundle's sdcd/sdcctl run from there.
+installed() {
+  local r="$work/roots/$1" p="$2"
+  [[ "$(readlink "$r/usr/local/bin/$p")" == "/opt/sdc-guard/current/bin/$p" &&
+    "$(readlink "$r/opt/sdc-guard/current")" == "$version" &&
+    -x "$r/opt/sdc-guard/$version/bin/$p" && -x "$r/opt/sdc-guard/$version/libexec/$p" &&
+    -f "$r/opt/sdc-guard/$version/lib/ld-linux-x86-64.so.2" ]] || return 1
+  if [[ "$p" != sdc-agent ]]; then
+    [[ "$("$r/opt/sdc-guard/current/bin/$p" --version)" == "$p $version" ]] || return 1
+  fi
+}
 cat >"$work/hp/resource_config.json" <<'JSON'
 {"ClusterConfig": {"ClusterName": "test"},
  "InstanceGroups": [
@@ -1287,7 +1302,7 @@ install_as() {
   shift 3
   SDC_GUARD_JSON_TOOL="$tool" SAGEMAKER_RESOURCE_CONFIG_PATH="$work/hp/resource_config.json" \
     SDC_PROVISIONING_PARAMETERS="$work/hp/provisioning_parameters.json" SDC_COORDINATOR="" \
-    bash "$inst" --root "$work/roots/$root" --self-ip "$ip" "$@" >"$work/roots/$root.log" 2>&1
+    bash "$inst" --root "$work/roots/$root" --self-ip "$ip" --torch-lib "$torch_lib" "$@" >"$work/roots/$root.log" 2>&1
 }
 mkdir -p "$work/roots"
 for tool in python3 jq; do
@@ -1296,24 +1311,25 @@ for tool in python3 jq; do
     continue
   fi
   if install_as "ctl-$tool" "$tool" "10.1.0.10 172.17.0.1" "$dist" &&
-    [[ -x "$work/roots/ctl-$tool/usr/local/bin/sdcd" && -x "$work/roots/ctl-$tool/usr/local/bin/sdcctl" &&
-      -f "$work/roots/ctl-$tool/etc/systemd/system/sdcd.service" && ! -e "$work/roots/ctl-$tool/usr/local/bin/sdc-agent" ]] &&
+    installed "ctl-$tool" sdcd && installed "ctl-$tool" sdcctl &&
+    [[ -f "$work/roots/ctl-$tool/etc/systemd/system/sdcd.service" && ! -e "$work/roots/ctl-$tool/usr/local/bin/sdc-agent" ]] &&
     grep -q 'would run: systemctl enable --now sdcd.service' "$work/roots/ctl-$tool.log"; then
-    ok "installer ($tool): controller detected from resource_config.json; sdcd, sdcctl, sdcd.service installed and enabled"
+    ok "installer ($tool): controller detected from resource_config.json; bundle in /opt/sdc-guard/$version, sdcd and sdcctl linked and running --version, sdcd.service enabled"
   else
     bad "installer ($tool) controller: $(cat "$work/roots/ctl-$tool.log")"
   fi
   if SDC_GUARD_DIST="$dist" install_as "cmp-$tool" "$tool" "10.1.0.31" &&
-    [[ -x "$work/roots/cmp-$tool/usr/local/bin/sdc-agent" && -f "$work/roots/cmp-$tool/etc/systemd/system/sdc-agent.service" &&
-      ! -e "$work/roots/cmp-$tool/usr/local/bin/sdcd" ]] &&
+    installed "cmp-$tool" sdc-agent &&
+    [[ -f "$work/roots/cmp-$tool/etc/systemd/system/sdc-agent.service" && ! -e "$work/roots/cmp-$tool/usr/local/bin/sdcd" ]] &&
+    grep -qx "SDC_TORCH_LIB=$torch_lib" "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
     grep -qx 'SDC_COORDINATOR=10.1.0.10:7400' "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
     grep -q 'would run: systemctl enable --now sdc-agent.service' "$work/roots/cmp-$tool.log"; then
-    ok "installer ($tool): compute detected (SDC_GUARD_DIST); agent installed, SDC_COORDINATOR=controller:7400, enabled"
+    ok "installer ($tool): compute detected (SDC_GUARD_DIST); agent linked from the bundle, SDC_COORDINATOR=controller:7400, SDC_TORCH_LIB, enabled"
   else
     bad "installer ($tool) compute: $(cat "$work/roots/cmp-$tool.log")"
   fi
   if install_as "login-$tool" "$tool" "10.1.0.20" "$dist" &&
-    [[ -x "$work/roots/login-$tool/usr/local/bin/sdcctl" && ! -e "$work/roots/login-$tool/etc/systemd/system/sdcd.service" &&
+    installed "login-$tool" sdcctl && [[ ! -e "$work/roots/login-$tool/etc/systemd/system/sdcd.service" &&
       ! -e "$work/roots/login-$tool/etc/systemd/system/sdc-agent.service" ]]; then
     ok "installer ($tool): login node gets sdcctl only"
   else
@@ -1339,6 +1355,43 @@ if install_as slurmuser python3 "10.1.0.10" --sdcd-user slurm "$dist" &&
   ok "installer: --sdcd-user slurm writes the sdcd.service drop-in"
 else
   bad "installer --sdcd-user: $(cat "$work/roots/slurmuser.log")"
+fi
+# The tarball alone, then a second version beside the first: current moves,
+# the old version stays for a rollback.
+if install_as tarball python3 "10.1.0.10" --no-start "$dist/sdc-guard-$version-linux-x86_64.tar.gz" &&
+  installed tarball sdcd; then
+  ok "installer: installs from the bundle tarball itself"
+else
+  bad "installer from the tarball: $(cat "$work/roots/tarball.log")"
+fi
+mkdir -p "$work/next"
+cp -a "$dist/sdc-guard-$version-linux-x86_64" "$work/next/sdc-guard-9.9.9-linux-x86_64"
+echo 9.9.9 >"$work/next/sdc-guard-9.9.9-linux-x86_64/share/sdc-guard/VERSION"
+if install_as tarball python3 "10.1.0.10" --no-start "$work/next" &&
+  [[ "$(readlink "$work/roots/tarball/opt/sdc-guard/current")" == 9.9.9 &&
+    -x "$work/roots/tarball/opt/sdc-guard/$version/bin/sdcd" &&
+    "$(readlink "$work/roots/tarball/usr/local/bin/sdcd")" == /opt/sdc-guard/current/bin/sdcd ]]; then
+  ok "installer: an upgrade moves current to the new version and keeps the old one"
+else
+  bad "installer upgrade: $(cat "$work/roots/tarball.log")"
+fi
+mkdir -p "$work/bare/bin"
+printf '#!/bin/sh\nexit 0\n' >"$work/bare/bin/sdcd"
+chmod +x "$work/bare/bin/sdcd"
+if install_as bare python3 "10.1.0.10" "$work/bare"; then
+  bad "installer must refuse a directory of bare binaries"
+elif grep -q "is not a release bundle" "$work/roots/bare.log"; then
+  ok "installer refuses bare binaries"
+else
+  bad "installer on bare binaries: $(cat "$work/roots/bare.log")"
+fi
+if SDC_GUARD_JSON_TOOL=python3 SAGEMAKER_RESOURCE_CONFIG_PATH=/nonexistent SDC_TORCH_LIB="" \
+  bash "$inst" --root "$work/roots/notorch" --role compute --coordinator head:7400 "$dist" >"$work/roots/notorch.log" 2>&1; then
+  bad "installer must refuse a compute node without --torch-lib"
+elif grep -q "torch-lib" "$work/roots/notorch.log"; then
+  ok "installer refuses a compute node without --torch-lib"
+else
+  bad "installer without --torch-lib: $(cat "$work/roots/notorch.log")"
 fi
 if install_as unknown python3 "192.0.2.1" "$dist"; then
   bad "installer must refuse a node missing from resource_config.json without --role"

@@ -3,11 +3,17 @@
 # from your lifecycle script (on_create.sh / lifecycle_script.py) on every
 # node, as root, after Slurm is configured:
 #
-#   bash install_sdc_guard.sh /fsx/sdc-guard/dist
+#   bash install_sdc_guard.sh --torch-lib /fsx/venv/lib/python3.11/site-packages/torch/lib /fsx/sdc-guard/dist
 #   SDC_GUARD_DIST=/fsx/sdc-guard/dist bash install_sdc_guard.sh
-#   bash install_sdc_guard.sh --role compute --coordinator 10.1.0.10:7400 /fsx/sdc-guard/dist
+#   bash install_sdc_guard.sh --role compute --coordinator 10.1.0.10:7400 --torch-lib DIR /fsx/sdc-guard/dist
 #
-# DIST holds the binaries sdcd, sdcctl, sdc-agent (directly or under bin/).
+# DIST is the release bundle from `./sdc release`: its tarball
+# sdc-guard-VERSION-linux-x86_64.tar.gz, the unpacked directory, or a
+# directory (such as dist/) holding one of them. It is installed whole under
+# /opt/sdc-guard/VERSION, /opt/sdc-guard/current points at it, and the
+# role's programs are linked into /usr/local/bin (what the units run). An
+# upgrade installs the new version beside the old one and moves `current`;
+# the old directory stays for a rollback (`ln -sfn OLD /opt/sdc-guard/current`).
 # The units and trainer-env.sh are taken from DIST when present there, else
 # from this script's deploy/slurm directory (../ of this file).
 #
@@ -31,8 +37,12 @@
 #
 # Options:
 #   --role ROLE          controller, compute or login (skips detection)
-#   --dist DIR           binaries directory (or the first non-option argument,
+#   --dist PATH          the release bundle (or the first non-option argument,
 #                        or $SDC_GUARD_DIST)
+#   --torch-lib DIR      compute nodes: torch 2.11.0's lib/ directory (holds
+#                        libtorch.so; the training environment's
+#                        site-packages/torch/lib), which sdc-agent links and
+#                        the bundle does not carry (or $SDC_TORCH_LIB)
 #   --coordinator H:P    sdcd's trainer address for agents and trainers
 #   --relay              compute nodes: the agent relays the node's trainer
 #                        streams to sdcd (sdc-agent --relay_listen on
@@ -65,6 +75,7 @@ self_ip=""
 root="/"
 start=1
 relay=
+torch_lib="${SDC_TORCH_LIB:-}"
 resource_config="${SAGEMAKER_RESOURCE_CONFIG_PATH:-/opt/ml/config/resource_config.json}"
 
 while (($# > 0)); do
@@ -81,6 +92,8 @@ while (($# > 0)); do
     --self-ip=*) self_ip="${1#*=}"; shift ;;
     --root) root="${2:?--root needs a value}"; shift 2 ;;
     --root=*) root="${1#*=}"; shift ;;
+    --torch-lib) torch_lib="${2:?--torch-lib needs a value}"; shift 2 ;;
+    --torch-lib=*) torch_lib="${1#*=}"; shift ;;
     --no-start) start=0; shift ;;
     --relay) relay="127.0.0.1:7401"; shift ;;
     -h | --help)
@@ -92,8 +105,8 @@ while (($# > 0)); do
   esac
 done
 
-[[ -n "$dist" ]] || die "no binaries directory: pass DIST or set SDC_GUARD_DIST"
-[[ -d "$dist" ]] || die "binaries directory $dist does not exist"
+[[ -n "$dist" ]] || die "no release bundle: pass DIST or set SDC_GUARD_DIST"
+[[ -e "$dist" ]] || die "release bundle $dist does not exist"
 root="${root%/}"
 live=1
 [[ -z "$root" ]] || live=0
@@ -193,36 +206,73 @@ log "role: $role"
 
 # --- Files -----------------------------------------------------------------
 
-binary() {
-  local name="$1"
-  if [[ -x "$dist/$name" ]]; then
-    echo "$dist/$name"
-  elif [[ -x "$dist/bin/$name" ]]; then
-    echo "$dist/bin/$name"
+# The bundle: prints the unpacked bundle directory or the tarball DIST names.
+find_bundle() {
+  local d="$1" found=()
+  if [[ -f "$d" && "$d" == *.tar.gz ]]; then
+    echo "$d"
+  elif [[ -f "$d/share/sdc-guard/VERSION" ]]; then
+    echo "$d"
+  elif [[ -d "$d" ]]; then
+    shopt -s nullglob
+    found=("$d"/sdc-guard-*-linux-x86_64/share/sdc-guard/VERSION)
+    if ((${#found[@]} == 1)); then
+      echo "${found[0]%/share/sdc-guard/VERSION}"
+      return 0
+    fi
+    found=("$d"/sdc-guard-*-linux-x86_64.tar.gz)
+    ((${#found[@]} == 1)) && echo "${found[0]}"
   fi
+  return 0
+}
+
+# Unpacks or copies the bundle to $root/opt/sdc-guard/VERSION, moves
+# `current` to it; prints VERSION.
+install_bundle() {
+  local bundle staging version
+  bundle="$(find_bundle "$dist")"
+  [[ -n "$bundle" ]] ||
+    die "$dist is not a release bundle (sdc-guard-VERSION-linux-x86_64[.tar.gz] from ./sdc release, or a directory holding exactly one)"
+  install -d -m 0755 "$root/opt/sdc-guard"
+  staging="$(mktemp -d "$root/opt/sdc-guard/.install.XXXXXX")"
+  if [[ -f "$bundle" ]]; then
+    tar -C "$staging" --strip-components=1 --no-same-owner -xzf "$bundle" ||
+      die "cannot unpack $bundle"
+  else
+    cp -a "$bundle/." "$staging/"
+  fi
+  [[ -f "$staging/share/sdc-guard/VERSION" && -d "$staging/bin" && -d "$staging/lib" ]] ||
+    { rm -rf "$staging"; die "$bundle lacks share/sdc-guard/VERSION, bin/ or lib/: not a release bundle"; }
+  version="$(tr -d '[:space:]' <"$staging/share/sdc-guard/VERSION")"
+  [[ "$version" =~ ^[0-9A-Za-z.+-]+$ ]] || { rm -rf "$staging"; die "$bundle has a bad VERSION '$version'"; }
+  rm -rf "${root:?}/opt/sdc-guard/$version"
+  mv "$staging" "$root/opt/sdc-guard/$version"
+  chmod 0755 "$root/opt/sdc-guard/$version"
+  # Relative, so that it holds under --root as well; replaced in one rename.
+  ln -sfn "$version" "$root/opt/sdc-guard/current.new"
+  mv -T "$root/opt/sdc-guard/current.new" "$root/opt/sdc-guard/current"
+  echo "$version"
+}
+
+# /usr/local/bin/NAME -> /opt/sdc-guard/current/bin/NAME (the bundle's launcher).
+link_program() {
+  local name="$1"
+  [[ -x "$root/opt/sdc-guard/current/bin/$name" ]] || die "the bundle has no bin/$name"
+  install -d -m 0755 "$root/usr/local/bin"
+  ln -sfn "/opt/sdc-guard/current/bin/$name" "$root/usr/local/bin/$name"
+  log "linked $root/usr/local/bin/$name -> /opt/sdc-guard/current/bin/$name"
 }
 
 # A unit or script: from DIST when it ships one, else from deploy/slurm.
 asset() {
   local name="$1"
-  if [[ -f "$dist/$name" ]]; then
+  if [[ -d "$dist" && -f "$dist/$name" ]]; then
     echo "$dist/$name"
   elif [[ -f "$script_dir/../$name" ]]; then
     echo "$script_dir/../$name"
   else
     die "cannot find $name in $dist or $script_dir/.."
   fi
-}
-
-install_binary() {
-  local name="$1" required="$2" path
-  path="$(binary "$name")"
-  if [[ -z "$path" ]]; then
-    [[ "$required" == optional ]] && return 0
-    die "$dist has no executable $name (nor bin/$name)"
-  fi
-  install -D -m 0755 "$path" "$root/usr/local/bin/$name"
-  log "installed $root/usr/local/bin/$name"
 }
 
 run() {
@@ -243,14 +293,24 @@ ensure_user() {
   fi
 }
 
+if [[ "$role" == compute ]]; then
+  [[ -n "$torch_lib" ]] ||
+    die "compute nodes need --torch-lib DIR (or SDC_TORCH_LIB): torch 2.11.0's lib/ directory, which sdc-agent links and the bundle does not carry"
+  if ((live)) && [[ ! -f "$torch_lib/libtorch.so" ]]; then
+    die "--torch-lib $torch_lib holds no libtorch.so"
+  fi
+fi
+version="$(install_bundle)"
+log "installed the bundle $version in $root/opt/sdc-guard/$version (current -> $version)"
+
 install -D -m 0644 "$(asset trainer-env.sh)" "$root/usr/local/share/sdc-guard/trainer-env.sh"
 log "installed $root/usr/local/share/sdc-guard/trainer-env.sh"
 
 case "$role" in
   controller)
     ensure_user
-    install_binary sdcd required
-    install_binary sdcctl required
+    link_program sdcd
+    link_program sdcctl
     install -D -m 0644 "$(asset sdcd.service)" "$root/etc/systemd/system/sdcd.service"
     log "installed $root/etc/systemd/system/sdcd.service"
     if [[ -n "$sdcd_user" ]]; then
@@ -267,8 +327,8 @@ case "$role" in
     ;;
   compute)
     ensure_user
-    install_binary sdc-agent required
-    install_binary sdcctl optional
+    link_program sdc-agent
+    link_program sdcctl
     install -D -m 0644 "$(asset sdc-agent.service)" "$root/etc/systemd/system/sdc-agent.service"
     log "installed $root/etc/systemd/system/sdc-agent.service"
     if [[ -z "$coordinator" && "$controller_ip" != "-" ]]; then
@@ -282,6 +342,7 @@ case "$role" in
       echo "SDC_COORDINATOR=$coordinator"
       echo "NODE_NAME=$(hostname)"
       echo "SDC_RELAY_LISTEN=$relay"
+      echo "SDC_TORCH_LIB=$torch_lib"
       echo "SDC_AGENT_FLAGS="
     } >"$root/etc/default/sdc-agent"
     log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$coordinator${relay:+, SDC_RELAY_LISTEN=$relay})"
@@ -289,7 +350,7 @@ case "$role" in
     if ((start)); then run systemctl enable --now sdc-agent.service; fi
     ;;
   login)
-    install_binary sdcctl optional
+    link_program sdcctl
     ;;
 esac
-log "done ($role)"
+log "done ($role, sdc-guard $version)"
