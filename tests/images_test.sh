@@ -234,6 +234,6 @@ mutate "old version label" eks/base/kustomization.yaml "s#app.kubernetes.io/vers
 mutate "port not exposed" images/sdcd.Dockerfile "s#^EXPOSE 7400 9464#EXPOSE 7400#"
 mutate "program not in image" images/sdcd.Dockerfile "s#ln -s /opt/sdc-guard/bin/sdcd /usr/local/bin/sdcd#ln -s /opt/sdc-guard/bin/sdcd /usr/bin/sdcd#"
 mutate "agent program not in image" images/sdc-agent.Dockerfile "s#/usr/local/bin/sdc-agent \\\\#/usr/bin/sdc-agent \\\\#"
-mutate "uid mismatch" images/sdc-agent.Dockerfile "s#^USER 65532:65532#USER 1000:1000#"
+mutate "uid mismatch" images/sdc-agent.Dockerfile "s#^USER 0:0#USER 1000:1000#"
 mutate "Service targets a missing port" eks/base/coordinator-service.yaml "s#targetPort: metrics#targetPort: 9999#"
 echo "PASS: deploy/images agrees with deploy/eks and the bundle"

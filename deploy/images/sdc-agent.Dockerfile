@@ -32,8 +32,11 @@ RUN ln -s /opt/sdc-guard-${VERSION}-linux-x86_64 /opt/sdc-guard \
 
 # Writes only /tmp (each diagnostic's scratch files; an emptyDir) and the
 # relay socket's directory /run/sdc-guard (a hostPath), so the root
-# filesystem can be read-only. Runs as the manifests' runAsUser.
-USER 65532:65532
+# filesystem can be read-only. Runs as the manifests' runAsUser: uid 0 with
+# every capability dropped, because kubelet creates that hostPath owned by
+# root, mode 0755, and only its owner may create the socket there
+# (deploy/eks/base/agent-daemonset.yaml says more).
+USER 0:0
 # Prometheus metrics and /healthz (--metrics_listen=0.0.0.0:9465).
 EXPOSE 9465
 ENTRYPOINT ["/usr/local/bin/sdc-agent"]
