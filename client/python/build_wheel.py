@@ -6,8 +6,14 @@ RE2, OpenSSL, zlib), in sdc_guard.libs/ with RPATH $ORIGIN, as auditwheel lays
 out a wheel. torch's own libraries are not bundled: the package imports
 torch first and the extension binds to the copies torch loaded.
 
+The wheel leaves glibc and libstdc++ to the machine, so every file in it must
+need no newer symbol versions than the oldest target has: Amazon Linux 2023
+(glibc 2.34, GCC 11's libstdc++: GLIBCXX_3.4.29, CXXABI_1.3.13); Ubuntu
+22.04 and 24.04 have newer ones. The build fails, naming file and symbol,
+when one needs more (FLOOR below).
+
 usage: build_wheel.py --extension PATH --package DIR --out DIR [--version V]
-Prints the wheel's path. Needs patchelf and ldd.
+Prints the wheel's path. Needs patchelf, ldd and objdump.
 """
 
 import argparse
@@ -26,6 +32,27 @@ import zipfile
 # bundled (bundling glibc breaks, libstdc++ must be the process's one).
 SYSTEM = re.compile(
     r"^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libutil|libgcc_s|libstdc\+\+)\.so")
+
+
+# The newest symbol version each target-provided library may be asked for.
+FLOOR = {"GLIBC": (2, 34), "GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13)}
+
+
+def too_new_symbols(path):
+    """["symbol@VERSION", ...] that `path` imports from glibc or libstdc++
+    with a version above FLOOR."""
+    out = subprocess.run(["objdump", "-T", path], check=True, capture_output=True, text=True).stdout
+    bad = []
+    for line in out.splitlines():
+        if "*UND*" not in line:
+            continue
+        m = re.search(r"\b(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)\b\)?\s+(\S+)\s*$", line)
+        if not m:
+            continue
+        family, version, symbol = m.groups()
+        if tuple(int(x) for x in version.split(".")) > FLOOR[family]:
+            bad.append(f"{symbol}@{family}_{version}")
+    return sorted(set(bad))
 
 
 def needed_libraries(path):
@@ -63,7 +90,7 @@ def main():
     parser.add_argument("--out", required=True, help="where the wheel goes (dist/)")
     parser.add_argument("--version", default=None, help="default: sdc_guard.__version__")
     args = parser.parse_args()
-    for tool in ("patchelf", "ldd"):
+    for tool in ("patchelf", "ldd", "objdump"):
         if shutil.which(tool) is None:
             sys.exit(f"build_wheel.py: {tool} is not installed")
 
@@ -95,6 +122,11 @@ def main():
         # Only the bundled libraries: torch's come from the process.
         subprocess.run(["patchelf", "--set-rpath", "$ORIGIN/../sdc_guard.libs", extension],
                        check=True)
+        for lib in [extension] + sorted(os.path.join(libs, f) for f in os.listdir(libs)):
+            bad = too_new_symbols(lib)
+            if bad:
+                sys.exit(f"build_wheel.py: {os.path.basename(lib)} needs symbols newer than the "
+                         f"oldest target (Amazon Linux 2023: {FLOOR}): {', '.join(bad[:8])}")
 
         os.makedirs(os.path.join(root, dist_info))
         with open(os.path.join(root, dist_info, "METADATA"), "w") as f:
