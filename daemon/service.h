@@ -26,7 +26,7 @@
 #include "admin.grpc.pb.h"
 #include "daemon/core/coordinator.h"
 #include "daemon/core/store.h"
-#include "daemon/metrics/registry.h"
+#include "common/metrics/registry.h"
 #include "daemon/operators.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer.grpc.pb.h"

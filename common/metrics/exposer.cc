@@ -1,4 +1,4 @@
-#include "daemon/metrics/exposer.h"
+#include "common/metrics/exposer.h"
 
 #include <arpa/inet.h>
 #include <civetweb.h>
@@ -111,17 +111,21 @@ int HandleMetrics(struct mg_connection* conn, void* registry) {
   return SendOk(conn, kMetricsContentType, static_cast<Registry*>(registry)->Serialize());
 }
 
-int HandleHealthz(struct mg_connection* conn, void* unused) {
+// cbdata: the health detail function (may be empty).
+int HandleHealthz(struct mg_connection* conn, void* detail) {
   if (!IsGetOf(conn, "/healthz")) return SendNotFound(conn);
-  return SendOk(conn, "text/plain; charset=utf-8", "ok\n");
+  const auto& health_detail = *static_cast<const std::function<std::string()>*>(detail);
+  return SendOk(conn, "text/plain; charset=utf-8",
+                health_detail ? "ok\n" + health_detail() : std::string("ok\n"));
 }
 
 int HandleNotFound(struct mg_connection* conn, void* unused) { return SendNotFound(conn); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& address,
-                                                        Registry* registry) {
+absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(
+    const std::string& address, Registry* registry,
+    std::function<std::string()> health_detail) {
   absl::StatusOr<ListenAddress> parsed = ParseAddress(address);
   if (!parsed.ok()) return parsed.status();
 
@@ -153,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& addre
   error.text_buffer_size = sizeof(error_text);
 
   auto exposer = std::unique_ptr<Exposer>(new Exposer());
+  exposer->health_detail_ = std::move(health_detail);
   mg_context* context = mg_start2(&init, &error);
   if (context == nullptr) {
     const std::string reason = BindFailureReason(*parsed);
@@ -172,7 +177,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& addre
   // Exact paths and catch-all; a handler set after mg_start may miss a
   // request that raced with it, which is harmless before Start() returns.
   mg_set_request_handler(context, "/metrics", &HandleMetrics, registry);
-  mg_set_request_handler(context, "/healthz", &HandleHealthz, nullptr);
+  mg_set_request_handler(context, "/healthz", &HandleHealthz, &exposer->health_detail_);
   mg_set_request_handler(context, "**", &HandleNotFound, nullptr);
   {
     absl::MutexLock lock(&exposer->mu_);
