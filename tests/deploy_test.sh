@@ -127,7 +127,7 @@ HEALTH_TAINTS = [
     {"key": HEALTH_KEY, "value": "Unschedulable", "effect": "NoExecute"},
 ]
 ALERTS = {  # name: (expr, for)
-    "SdcReplacementRequestPending": ('sdc_replacement_requests{state="Pending"} > 0', "5m"),
+    "SdcReplacementRequestPending": ('sdc_replacement_requests{state="pending"} > 0', "5m"),
     "SdcIncidentAttributed": ('increase(sdc_incidents_total{attributed="true"}[15m]) > 0', None),
     "SdcSystemicMismatch": ('increase(sdc_checks_total{check="replay",result="systemic"}[30m]) > 0', None),
     "SdcCoordinatorDown": ('up{job=~".*sdcd.*"} == 0', "2m"),
