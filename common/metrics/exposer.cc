@@ -1,9 +1,11 @@
 #include "common/metrics/exposer.h"
 
 #include <arpa/inet.h>
-#include <civetweb.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,17 +14,25 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace sdc::metrics {
 namespace {
 
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+// A request head larger than this is refused (scrapes and probes send a few
+// hundred bytes).
+constexpr size_t kMaxRequestBytes = 16 << 10;
+// A client gets this long to send its request and take the response.
+constexpr int kIoTimeoutSeconds = 10;
+// Connections served at once; more are closed unanswered.
+constexpr int kMaxConnections = 16;
 
 struct ListenAddress {
-  std::string listening_ports;  // civetweb's syntax: "127.0.0.1:9464" or "9464".
-  in_addr ip;                   // INADDR_ANY for every interface.
+  in_addr ip;  // INADDR_ANY for every interface.
   uint16_t port;
 };
 
@@ -45,81 +55,33 @@ absl::StatusOr<ListenAddress> ParseAddress(const std::string& address) {
   ListenAddress parsed;
   parsed.port = static_cast<uint16_t>(port);
   if (host.empty()) {  // Every IPv4 interface.
-    parsed.listening_ports = port_text;
     parsed.ip.s_addr = htonl(INADDR_ANY);
     return parsed;
   }
   if (host == "localhost") host = "127.0.0.1";
-  if (host.front() == '[') {
-    // Debian's civetweb 1.15 is built without IPv6 (mg_check_feature(8) == 0).
-    return bad("IPv6 is not supported by this civetweb build");
-  }
+  if (host.front() == '[') return bad("IPv6 is not supported");
   if (inet_pton(AF_INET, host.c_str(), &parsed.ip) != 1) {
     return bad("host \"" + host + "\" is not an IPv4 literal or localhost");
   }
-  parsed.listening_ports = absl::StrCat(host, ":", port_text);
   return parsed;
 }
 
-// civetweb only says "Failed to setup server ports"; binding the same
-// address ourselves recovers the reason ("Address already in use"). Empty if
-// the probe binds (the cause was elsewhere, or the port was freed since).
-std::string BindFailureReason(const ListenAddress& address) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // As civetweb does.
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr = address.ip;
-  addr.sin_port = htons(address.port);
-  std::string reason;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    reason = std::strerror(errno);
+bool SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
   }
-  close(fd);
-  return reason;
+  return true;
 }
 
-bool IsGet(struct mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  return info != nullptr && info->request_method != nullptr &&
-         std::strcmp(info->request_method, "GET") == 0;
+std::string Response(const std::string& version, const char* status, const char* content_type,
+                     const std::string& body) {
+  return absl::StrCat(version, " ", status, "\r\nContent-Type: ", content_type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
 }
-
-// True for a GET of exactly `path`; civetweb also routes "<path>/..." here.
-bool IsGetOf(struct mg_connection* conn, const char* path) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  return IsGet(conn) && info->local_uri != nullptr && std::strcmp(info->local_uri, path) == 0;
-}
-
-int SendOk(struct mg_connection* conn, const char* content_type, const std::string& body) {
-  mg_send_http_ok(conn, content_type, static_cast<long long>(body.size()));
-  mg_write(conn, body.data(), body.size());
-  return 200;
-}
-
-int SendNotFound(struct mg_connection* conn) {
-  // civetweb writes the body "Error 404: Not Found\n" plus this text.
-  mg_send_http_error(conn, 404, "%s", "");
-  return 404;
-}
-
-// cbdata: the Registry.
-int HandleMetrics(struct mg_connection* conn, void* registry) {
-  if (!IsGetOf(conn, "/metrics")) return SendNotFound(conn);
-  return SendOk(conn, kMetricsContentType, static_cast<Registry*>(registry)->Serialize());
-}
-
-// cbdata: the health detail function (may be empty).
-int HandleHealthz(struct mg_connection* conn, void* detail) {
-  if (!IsGetOf(conn, "/healthz")) return SendNotFound(conn);
-  const auto& health_detail = *static_cast<const std::function<std::string()>*>(detail);
-  return SendOk(conn, "text/plain; charset=utf-8",
-                health_detail ? "ok\n" + health_detail() : std::string("ok\n"));
-}
-
-int HandleNotFound(struct mg_connection* conn, void* unused) { return SendNotFound(conn); }
 
 }  // namespace
 
@@ -128,72 +90,128 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(
     std::function<std::string()> health_detail) {
   absl::StatusOr<ListenAddress> parsed = ParseAddress(address);
   if (!parsed.ok()) return parsed.status();
-
-  // civetweb wants this once per process before mg_start; thread-safe static
-  // initialization gives exactly once.
-  static const unsigned kCivetwebFeatures = mg_init_library(0);
-  (void)kCivetwebFeatures;
-
-  // clang-format off
-  const char* options[] = {
-      "listening_ports", parsed->listening_ports.c_str(),
-      "num_threads", "2",
-      // A stalled client holds a worker thread at most this long.
-      "request_timeout_ms", "10000",
-      nullptr,
+  const auto unavailable = [&address](const std::string& why) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics address \"", address, "\": cannot listen: ", why));
   };
-  // clang-format on
-  mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  mg_init_data init;
-  std::memset(&init, 0, sizeof(init));
-  init.callbacks = &callbacks;
-  init.configuration_options = options;
-  unsigned error_code = 0;
-  char error_text[256] = "";
-  mg_error_data error;
-  error.code = &error_code;
-  error.text = error_text;
-  error.text_buffer_size = sizeof(error_text);
-
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return unavailable(std::strerror(errno));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr = parsed->ip;
+  addr.sin_port = htons(parsed->port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    return unavailable(why);
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    return unavailable(why);
+  }
   auto exposer = std::unique_ptr<Exposer>(new Exposer());
+  exposer->port_ = ntohs(addr.sin_port);
+  exposer->registry_ = registry;
   exposer->health_detail_ = std::move(health_detail);
-  mg_context* context = mg_start2(&init, &error);
-  if (context == nullptr) {
-    const std::string reason = BindFailureReason(*parsed);
-    return absl::UnavailableError(
-        absl::StrCat("metrics address \"", address, "\": cannot listen: ", error_text,
-                     reason.empty() ? "" : " (", reason, reason.empty() ? "" : ")"));
-  }
-  mg_server_port ports[4];
-  std::memset(ports, 0, sizeof(ports));
-  const int num_ports = mg_get_server_ports(context, 4, ports);
-  if (num_ports < 1 || ports[0].port <= 0) {
-    mg_stop(context);
-    return absl::UnavailableError(
-        absl::StrCat("metrics address \"", address, "\": civetweb reports no listening port"));
-  }
-  exposer->port_ = ports[0].port;
-  // Exact paths and catch-all; a handler set after mg_start may miss a
-  // request that raced with it, which is harmless before Start() returns.
-  mg_set_request_handler(context, "/metrics", &HandleMetrics, registry);
-  mg_set_request_handler(context, "/healthz", &HandleHealthz, &exposer->health_detail_);
-  mg_set_request_handler(context, "**", &HandleNotFound, nullptr);
-  {
-    absl::MutexLock lock(&exposer->mu_);
-    exposer->context_ = context;
-  }
+  exposer->listen_fd_ = fd;
+  exposer->wake_read_fd_ = wake[0];
+  exposer->wake_write_fd_ = wake[1];
+  Exposer* self = exposer.get();
+  exposer->accept_thread_ = std::thread([self] { self->AcceptLoop(); });
   return exposer;
 }
 
 Exposer::~Exposer() { Stop(); }
 
 void Exposer::Stop() {
-  absl::MutexLock lock(&mu_);
-  if (context_ == nullptr) return;
-  // Handlers never take mu_, so waiting for them here cannot deadlock.
-  mg_stop(context_);
-  context_ = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  const char byte = 0;
+  (void)!write(wake_write_fd_, &byte, 1);
+  accept_thread_.join();
+  // Connections in flight end within kIoTimeoutSeconds.
+  for (Worker& w : workers_) w.thread.join();
+  workers_.clear();
+  close(listen_fd_);
+  close(wake_read_fd_);
+  close(wake_write_fd_);
+}
+
+void Exposer::AcceptLoop() {
+  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_fd_, POLLIN, 0}};
+  while (true) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (workers_.size() >= kMaxConnections) {
+      close(conn);
+      continue;
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    workers_.push_back({std::thread([this, conn, done] {
+                          Serve(conn);
+                          close(conn);
+                          done->store(true);
+                        }),
+                        done});
+  }
+}
+
+void Exposer::Serve(int fd) {
+  timeval timeout{kIoTimeoutSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  std::string request;
+  char buf[2048];
+  while (request.find("\r\n\r\n") == std::string::npos) {
+    if (request.size() > kMaxRequestBytes) return;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    request.append(buf, static_cast<size_t>(n));
+  }
+  // "GET /metrics HTTP/1.1"
+  const std::string line = request.substr(0, request.find("\r\n"));
+  const std::vector<std::string> words = absl::StrSplit(line, ' ');
+  if (words.size() != 3 || !absl::StartsWith(words[2], "HTTP/1.")) {
+    SendAll(fd, Response("HTTP/1.1", "400 Bad Request", "text/plain; charset=utf-8",
+                         "Error 400: Bad Request\n"));
+    return;
+  }
+  const std::string& version = words[2];
+  // The path without a query string.
+  const std::string path = words[1].substr(0, words[1].find('?'));
+  if (words[0] == "GET" && path == "/metrics") {
+    SendAll(fd, Response(version, "200 OK", kMetricsContentType, registry_->Serialize()));
+  } else if (words[0] == "GET" && path == "/healthz") {
+    SendAll(fd, Response(version, "200 OK", "text/plain; charset=utf-8",
+                         health_detail_ ? "ok\n" + health_detail_() : std::string("ok\n")));
+  } else {
+    SendAll(fd, Response(version, "404 Not Found", "text/plain; charset=utf-8",
+                         "Error 404: Not Found\n"));
+  }
 }
 
 }  // namespace sdc::metrics

@@ -120,7 +120,7 @@ class ExposerTest : public ::testing::Test {
   std::unique_ptr<Exposer> exposer_;
 };
 
-// civetweb answers in the request's HTTP version; these tests speak 1.0 so
+// The exposer answers in the request's HTTP version; these tests speak 1.0 so
 // the server closes the connection after one response.
 TEST_F(ExposerTest, ServesMetrics) {
   absl::StatusOr<HttpResponse> response = Get(exposer_->port(), "/metrics");
