@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Checks deploy/grafana/sdc-guard.json against what sdc-guard really exports.
 
-  check_dashboard.py DEPLOY_DIR DOCS_MD WORK_DIR EXPOSITION...
+  check_dashboard.py DEPLOY_DIR DOCS_MD TRAINER_METRICS_CC WORK_DIR EXPOSITION...
 
 EXPOSITION files are real scrapes of sdcd's and sdc-agent's /metrics; the
-metric families they declare (# TYPE lines, present even without samples)
-are the only names a panel may query. Every panel expression, with
+metric families they declare (# TYPE lines, present even without samples),
+with the trainer's families read from TRAINER_METRICS_CC (at least 8, or
+the check fails), are the only names a panel may query. Every panel expression, with
 Grafana's variables replaced, must parse (promtool check rules on a
 throwaway rules file), and so must the ```promql blocks of DOCS_MD.
 deploy/eks/components/grafana-dashboard must render a ConfigMap holding
@@ -24,6 +25,7 @@ REQUIRED_PANELS = [
     "Replacement requests by state",
     "Verdict latency by check",
     "Agents connected",
+    "Guard overhead per job",
 ]
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1d", "$__interval": "1m", "$job": ".*"}
 
@@ -35,6 +37,14 @@ def expect(ok, what):
     if not ok:
         failures.append(what)
     return ok
+
+
+def metric_names(expr):
+    """sdc_ metric names an expression selects (not label names or strings)."""
+    expr = re.sub(r'"[^"]*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "{}", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1 ()", expr)
+    return set(re.findall(r"\b(sdc_[a-z0-9_]+)", expr))
 
 
 def exported_names(paths):
@@ -65,8 +75,8 @@ def promtool_parses(exprs, work, label):
 
 
 def main():
-    deploy_src, docs_path, work = sys.argv[1:4]
-    scrapes = sys.argv[4:]
+    deploy_src, docs_path, trainer_cc, work = sys.argv[1:5]
+    scrapes = sys.argv[5:]
     # A real copy: runfiles are symlinks, which Kustomize's load restrictor
     # would follow out of the kustomization's root.
     deploy = os.path.join(work, "deploy")
@@ -77,6 +87,15 @@ def main():
         text = f.read()
     dash = json.loads(text)
     exported = exported_names(scrapes)
+    with open(trainer_cc) as f:
+        source = f.read()
+    trainer = set(re.findall(r'"(sdc_trainer_[a-z0-9_]+)"', source))
+    trainer_histograms = set(re.findall(r'BuildHistogram\(\)\s*\.Name\("(sdc_trainer_[a-z0-9_]+)"\)', source))
+    expect(len(trainer) >= 8 and trainer_histograms,
+           f"trainer families from the source: {sorted(trainer)}")
+    exported |= trainer
+    for h in trainer_histograms:
+        exported |= {h + "_bucket", h + "_sum", h + "_count"}
     # At least sdcd's and the agent's families, or the name check below
     # would pass on nothing.
     if not expect(any(n.startswith("sdc_agent_") for n in exported) and
@@ -112,7 +131,7 @@ def main():
             expect(t.get("datasource", {}).get("uid") == "${datasource}",
                    f"panel '{title}' target {t.get('refId')}: datasource is the variable")
             expr = t.get("expr", "")
-            names = set(re.findall(r"\b(sdc_[a-z0-9_]+)", expr))
+            names = metric_names(expr)
             expect(len(names) > 0, f"panel '{title}': '{expr}' queries an sdc_ metric")
             for n in sorted(names):
                 expect(n in exported, f"panel '{title}': {n} is exported")
@@ -128,7 +147,7 @@ def main():
     if expect(len(doc_queries) >= 2, f"{len(doc_queries)} promql blocks in docs/operations.md"):
         promtool_parses([q.strip() for q in doc_queries], work, "docs")
         for q in doc_queries:
-            for n in sorted(set(re.findall(r"\b(sdc_[a-z0-9_]+)", q))):
+            for n in sorted(metric_names(q)):
                 expect(n in exported, f"docs query: {n} is exported")
 
     # The Component renders the same JSON into a sidecar ConfigMap.

@@ -1,5 +1,6 @@
 // deploy/grafana/sdc-guard.json queries only what sdc-guard exports: a real
-// sdcd and a real sdc-agent are scraped, and tests/check_dashboard.py checks
+// sdcd and a real sdc-agent are scraped (the trainer's families are read
+// from client/trainer_metrics.cc), and tests/check_dashboard.py checks
 // every panel's expressions against the families they declare, parses them
 // (and docs/operations.md's PromQL) with promtool, and renders the
 // dashboard's Kustomize Component.
@@ -41,8 +42,10 @@ TEST(GrafanaDashboardTest, PanelsQueryExportedMetricsAndParse) {
 
   const std::string script = BinaryPath("tests/check_dashboard.py");
   const std::string deploy = script.substr(0, script.rfind("/tests/")) + "/deploy";
-  RunResult check = sdc::testing::Run({"python3", script, deploy, BinaryPath("docs/operations.md"),
-                         dir + "/check", dir + "/sdcd.txt", dir + "/agent.txt"},
+  RunResult check = sdc::testing::Run(
+      {"python3", script, deploy, BinaryPath("docs/operations.md"),
+       BinaryPath("client/trainer_metrics.cc"), dir + "/check", dir + "/sdcd.txt",
+       dir + "/agent.txt"},
                         {{"HOME", dir}, {"KUBECONFIG", dir + "/no-kubeconfig"}});
   EXPECT_EQ(check.exit_code, 0) << check.output;
   EXPECT_NE(check.output.find("\n0 failure(s)\n"), std::string::npos) << check.output;
