@@ -22,10 +22,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent.pb.h"
+#include "agent/agent_metrics.h"
 #include "agent/config.h"
 #include "agent/core/action_command.h"
 #include "common/diagnostic_plan.h"
 #include "common/identity.h"
+#include "common/metrics/exposer.h"
+#include "common/metrics/registry.h"
 #include "common/version.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
@@ -70,6 +73,9 @@ ABSL_FLAG(std::string, relay_listen, "",
           "Relay this node's trainer ranks to sdcd: listen here (unix:PATH or a loopback "
           "HOST:PORT) for their streams, and point their SDC_COORDINATOR at it. Empty: no "
           "relay (ranks connect to sdcd themselves).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus /metrics and /healthz (200 while the agent runs; the body says "
+          "whether the link to sdcd is up) on HOST:PORT, e.g. 0.0.0.0:9465. Empty: off.");
 ABSL_FLAG(std::string, inject_diagnostic_fault, "",
           "TESTS ONLY: =yes-i-am-testing corrupts one element of every diagnostic so tests "
           "can prove the comparison catches it.");
@@ -115,6 +121,7 @@ Config ConfigFromFlags(const Environment& env) {
   c.nvml_library = absl::GetFlag(FLAGS_nvml_library);
   c.inject_diagnostic_fault = absl::GetFlag(FLAGS_inject_diagnostic_fault);
   c.relay_listen = absl::GetFlag(FLAGS_relay_listen);
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   return c;
 }
 
@@ -194,6 +201,15 @@ int Main(int argc, char** argv) {
   SerialWorker diagnostics;
   SerialWorker actions;
   AgentLink* link = nullptr;  // Set below; the handlers run only after Start().
+  std::unique_ptr<TrainerRelay> relay;
+  metrics::Registry registry;
+  // Scrapes start only after both are set (the exposer starts below them).
+  AgentMetrics agent_metrics(
+      &registry, kVersion, [&] { return link != nullptr ? link->Stats() : LinkStats{}; },
+      [&]() -> RelayStats {
+        if (relay == nullptr) return {};
+        return {relay->sessions(), relay->sessions_opened()};
+      });
   AgentLink::DiagnosticHandler on_diagnostic = [&](uint64_t session,
                                                    const v1::DiagnosticRequest& request) {
     ++diagnostics_queued;
@@ -213,6 +229,7 @@ int Main(int argc, char** argv) {
         refused.error = std::string(devices.status().message());
         refused.detail = absl::StrCat("refused: ", refused.error);
         Log(absl::StrCat("diagnostic ", request.id(), " ", refused.detail));
+        agent_metrics.DiagnosticDone(/*pass=*/false, /*error=*/true);
         v1::DiagnosticResult r = ToProto(refused);
         r.set_id(request.id());
         r.set_device_count(1);
@@ -222,6 +239,7 @@ int Main(int argc, char** argv) {
           Log(absl::StrCat("diagnostic ", request.id(), " on ", r.gpu(), ": ",
                            r.error().empty() ? (r.pass() ? "pass" : "FAIL") : "error", ": ",
                            r.detail()));
+          agent_metrics.DiagnosticDone(r.pass(), !r.error().empty());
           r.set_id(request.id());
           r.set_device_count(static_cast<uint32_t>(devices->size()));
           send(r);
@@ -265,7 +283,6 @@ int Main(int argc, char** argv) {
                    "), coordinator ", config.coordinator, ", heartbeat ",
                    absl::FormatDuration(config.heartbeat), ", action command ",
                    config.action_command.empty() ? "none" : config.action_command));
-  std::unique_ptr<TrainerRelay> relay;
   std::unique_ptr<grpc::Server> relay_server;
   if (!config.relay_listen.empty()) {
     relay = std::make_unique<TrainerRelay>(MakeRelayChannel(options));
@@ -295,6 +312,19 @@ int Main(int argc, char** argv) {
                      config.coordinator));
   }
 
+  std::unique_ptr<metrics::Exposer> exposer;
+  if (!config.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::Exposer>> started = metrics::Exposer::Start(
+        config.metrics_listen, &registry, [&] { return agent_metrics.HealthDetail(); });
+    if (!started.ok()) {
+      std::fprintf(stderr, "sdc-agent: --metrics_listen: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 2;
+    }
+    exposer = *std::move(started);
+    Log(absl::StrCat("serving /metrics and /healthz on port ", exposer->port()));
+  }
+
   agent_link.Start();
 
   int signal_number = 0;
@@ -304,6 +334,7 @@ int Main(int argc, char** argv) {
     relay->Shutdown();  // Ranks reconnect (to a restarted agent, or elsewhere).
     relay_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   }
+  if (exposer != nullptr) exposer->Stop();
   agent_link.Stop();
   // A diagnostic may be in the middle of a matmul that cannot be
   // interrupted; nothing is persisted, so leave without waiting for it.

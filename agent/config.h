@@ -39,6 +39,9 @@ struct Config {
   // Where the trainer relay listens for this node's ranks (agent/relay.h):
   // unix:PATH or a loopback HOST:PORT; empty: no relay.
   std::string relay_listen;
+  // Where /metrics and /healthz are served, HOST:PORT (common/metrics/
+  // exposer.h); empty: not served.
+  std::string metrics_listen;
 
   bool inject_fault() const { return inject_diagnostic_fault == kInjectFaultConfirmation; }
 };

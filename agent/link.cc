@@ -78,6 +78,11 @@ void AgentLink::Send(uint64_t session, v1::AgentMessage message) {
   }
 }
 
+LinkStats AgentLink::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return {registered_session_ != 0, sessions_, heartbeats_sent_};
+}
+
 void AgentLink::Run() {
   while (true) {
     uint64_t session = 0;
@@ -199,6 +204,7 @@ std::string AgentLink::Session(uint64_t session) {
           break;
         case core::LinkMachine::Action::kSendHeartbeat:
           heartbeat = true;
+          ++heartbeats_sent_;
           machine_.OnHeartbeatSent(now);
           break;
         default:

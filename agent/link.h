@@ -37,6 +37,13 @@ struct LinkOptions {
   core::LinkTiming timing;
 };
 
+// What the link has done so far, for the agent's metrics and /healthz.
+struct LinkStats {
+  bool registered = false;       // sdcd welcomed the current stream.
+  uint64_t streams_started = 0;  // Connection attempts (the first and every reconnect).
+  uint64_t heartbeats_sent = 0;
+};
+
 class AgentLink {
  public:
   using DiagnosticHandler = std::function<void(uint64_t session, const v1::DiagnosticRequest&)>;
@@ -56,6 +63,8 @@ class AgentLink {
   // when that stream has ended. At most kMaxQueued messages wait; beyond,
   // the oldest is dropped.
   void Send(uint64_t session, v1::AgentMessage message);
+
+  LinkStats Stats() const;
 
   static constexpr size_t kMaxQueued = 1000;
 
@@ -85,6 +94,7 @@ class AgentLink {
   uint64_t registered_session_ ABSL_GUARDED_BY(mu_) = 0;  // Welcomed and alive; 0: none.
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped when the schedule changes.
+  uint64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::deque<v1::AgentMessage> outbox_ ABSL_GUARDED_BY(mu_);
 };

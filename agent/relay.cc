@@ -373,4 +373,9 @@ size_t TrainerRelay::sessions() const {
   return sessions_.size();
 }
 
+uint64_t TrainerRelay::sessions_opened() const {
+  absl::MutexLock lock(&mu_);
+  return next_session_ - 1;
+}
+
 }  // namespace sdc::agent

@@ -50,6 +50,8 @@ class TrainerRelay final
 
   // Rank streams relayed now.
   size_t sessions() const;
+  // Rank streams accepted since the relay started.
+  uint64_t sessions_opened() const;
 
   // Messages (or bytes) waiting for the stream to sdcd beyond which a rank
   // stream that adds more is ended (UNAVAILABLE, saying so): sdcd is not

@@ -168,6 +168,14 @@ absl::Status GuardEngine::Impl::Init() {
     link_ = std::make_unique<CoordinatorLink>(options_, std::move(hello));
     link_->Start();
   }
+  if (!options_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<TrainerMetrics>> m = TrainerMetrics::Start(
+        options_.metrics_listen, options_.job_id, rank_,
+        [this] { return link_ != nullptr && link_->stats().connected; });
+    if (!m.ok()) return m.status();
+    metrics_ = *std::move(m);
+    Log(absl::StrCat("serving metrics on port ", metrics_->port()));
+  }
   if (fault_.enabled()) Log(absl::StrCat("FAULT INJECTION ARMED: ", fault_.Describe()));
   return absl::OkStatus();
 }

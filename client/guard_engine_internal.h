@@ -35,6 +35,7 @@
 #include "client/guard_engine.h"
 #include "client/small_collectives.h"
 #include "client/step_core.h"
+#include "client/trainer_metrics.h"
 #include "daemon/core/replay_plan.h"
 #include "kernels/fingerprint.h"
 #include "kernels/model_digest.h"
@@ -292,6 +293,9 @@ class GuardEngine::Impl {
 
   std::unique_ptr<core::Topology> topology_;
   std::unique_ptr<CoordinatorLink> link_;
+  // SDC_METRICS_LISTEN's exposer; null when off. Declared after link_, so
+  // it stops (and no scrape reads link_) before the link goes.
+  std::unique_ptr<TrainerMetrics> metrics_;
 
   // The current step.
   uint64_t step_ = 0;

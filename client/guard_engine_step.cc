@@ -245,6 +245,10 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   if (absl::Status s = ApplyOrSkip(decision); !s.ok()) return s;
   RestoreDeterminism();
   ++summary_.steps;
+  if (metrics_ != nullptr) {
+    metrics_->StepChecked(!decision.apply, local_nonfinite > 0, decision.audited,
+                          decision.audit_ms, decision.check1_ms + decision.agreement_ms);
+  }
   if (!decision.apply) {
     ++summary_.skipped;
     Log(absl::StrCat("step ", step_, " skipped on every rank: ", decision.reason));

@@ -70,7 +70,9 @@ absl::StatusOr<double> GuardEngine::Impl::AfterOptimizerStep(bool checkpoint) {
     }
   });
   Send(std::move(w));
-  return MsSince(start);
+  const double ms = MsSince(start);
+  if (metrics_ != nullptr) metrics_->WeightsChecked(ms);
+  return ms;
 }
 
 absl::StatusOr<bool> GuardEngine::Impl::MayCheckpoint() {

@@ -6,12 +6,21 @@
 #include "client/guard.h"
 
 #include <ATen/Context.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/gloo_group.h"
 #include "gtest/gtest.h"
 
@@ -39,6 +48,110 @@ LossFn MseOf(torch::nn::Linear& model) {
   return [&model](const std::vector<torch::Tensor>& b) {
     return torch::mse_loss(model->forward(b[0]), b[1]);
   };
+}
+
+// A free loopback port (bound, read, released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET /metrics from 127.0.0.1:`port` (5 s timeouts); "" on failure.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
+// The value of the sample named exactly `series`, or -1.
+double Sample(const std::string& exposition, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+TEST(GuardTest, MetricsFollowTheSteps) {
+  auto pg = OneRankGroup("metrics");
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.weight_check_every = 2;
+  const int port = FreePort();
+  o.metrics_listen = absl::StrCat("127.0.0.1:", port);
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, MseOf(model));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string labels = "{rank=\"0\",sdc_job=\"unit\"}";
+  std::string text = Scrape(port);
+  EXPECT_EQ(Sample(text, "sdc_trainer_steps_checked_total" + labels), 0) << text;
+  EXPECT_EQ(Sample(text, "sdc_trainer_link_up" + labels), 0) << "no coordinator";
+  for (uint64_t step = 1; step <= 3; ++step) {
+    absl::StatusOr<StepDecision> d = (*g)->TrainStep(
+        step, {{torch::randn({8, 4}), torch::randn({8, 2})}}, false, nullptr);
+    ASSERT_TRUE(d.ok()) << d.status();
+  }
+  // A NaN in the batch makes the local gradients non-finite: skipped.
+  torch::Tensor poisoned = torch::randn({8, 4});
+  poisoned[0][0] = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<StepDecision> d =
+      (*g)->TrainStep(4, {{poisoned, torch::randn({8, 2})}}, false, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->apply);
+  text = Scrape(port);
+  EXPECT_EQ(Sample(text, "sdc_trainer_steps_checked_total" + labels), 4) << text;
+  EXPECT_EQ(Sample(text, "sdc_trainer_steps_skipped_total" + labels), 1) << text;
+  EXPECT_EQ(Sample(text, "sdc_trainer_nonfinite_steps_total" + labels), 1) << text;
+  EXPECT_EQ(Sample(text, "sdc_trainer_weight_checks_total" + labels), 2) << text;
+  EXPECT_EQ(Sample(text, "sdc_trainer_audits_total" + labels), 0) << "audits are off";
+  EXPECT_EQ(Sample(text, "sdc_trainer_audit_seconds_count" + labels), 0) << text;
+  EXPECT_GT(Sample(text, "sdc_trainer_guard_seconds_total" + labels), 0) << text;
+  (*g)->Shutdown(absl::ZeroDuration());
+}
+
+TEST(GuardTest, AMetricsPortInUseFailsCreateNamingTheVariable) {
+  auto pg = OneRankGroup("metrics-busy");
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  client::GuardOptions o = InBandOptions();
+  o.metrics_listen = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, MseOf(model));
+  close(fd);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnavailable) << g.status();
+  EXPECT_NE(g.status().message().find("SDC_METRICS_LISTEN: "), std::string::npos) << g.status();
 }
 
 TEST(GuardTest, CreateRefusesWhatItCannotCheck) {

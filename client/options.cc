@@ -88,6 +88,23 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
     return absl::InvalidArgumentError("SDC_JOB_ID: not set (every rank of a job must share it)");
   }
   if (absl::Status s = ReadInt(vars, "LOCAL_RANK", &o.local_rank); !s.ok()) return s;
+  if (const char* v = vars.Get("SDC_METRICS_LISTEN"); v != nullptr && *v != '\0') {
+    const std::string text = v;
+    const size_t colon = text.rfind(':');
+    uint32_t port = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(colon + 1), &port) ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SDC_METRICS_LISTEN: expected HOST:PORT (e.g. 0.0.0.0:9470), got '", text, "'"));
+    }
+    if (port != 0) port += o.local_rank;
+    if (port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("SDC_METRICS_LISTEN: port ", port,
+                                                     " (with LOCAL_RANK ", o.local_rank,
+                                                     ") is above 65535"));
+    }
+    o.metrics_listen = absl::StrCat(text.substr(0, colon), ":", port);
+  }
   if (const char* v = vars.Get("SDC_NODE_NAME")) {
     o.node_name = v;
   } else {

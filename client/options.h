@@ -43,6 +43,11 @@ struct GuardOptions {
   std::string gpu_uuid;
   bool gpu_uuid_set = false;
   uint32_t local_rank = 0;    // Env: LOCAL_RANK.
+  // Serve this rank's metrics (client/trainer_metrics.h) on HOST:PORT.
+  // Env: SDC_METRICS_LISTEN; a non-zero PORT is offset by LOCAL_RANK so the
+  // ranks of one node share one setting (9470 -> 9470, 9471, ...). Empty:
+  // off (the default).
+  std::string metrics_listen;
   uint32_t replica_group = 0; // Env: SDC_REPLICA_GROUP. Default: 0 (pure data parallel).
   // Incarnation of this process; grows on every restart. Env: SDC_INCARNATION,
   // else the start time in milliseconds.

@@ -18,12 +18,37 @@ class OptionsTest : public ::testing::Test {
                           "SDC_INJECT_FAULT", "SDC_ALLOW_FAULT_INJECTION",
                           "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
                           "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS",
-                          "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS"}) {
+                          "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS", "SDC_METRICS_LISTEN"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
   }
 };
+
+TEST_F(OptionsTest, MetricsListenIsOffByDefaultAndOffsetByLocalRank) {
+  absl::StatusOr<GuardOptions> off = OptionsFromEnvironment();
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->metrics_listen, "");
+  setenv("SDC_METRICS_LISTEN", "0.0.0.0:9470", 1);
+  setenv("LOCAL_RANK", "3", 1);
+  absl::StatusOr<GuardOptions> o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->metrics_listen, "0.0.0.0:9473");
+  setenv("SDC_METRICS_LISTEN", "127.0.0.1:0", 1);  // Any free port: no offset.
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->metrics_listen, "127.0.0.1:0");
+  for (const char* bad : {"9470", "host:port", "0.0.0.0:65534x", "0.0.0.0:70000"}) {
+    setenv("SDC_METRICS_LISTEN", bad, 1);
+    o = OptionsFromEnvironment();
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(o.status().message(), HasSubstr("SDC_METRICS_LISTEN")) << bad;
+  }
+  setenv("SDC_METRICS_LISTEN", "0.0.0.0:65534", 1);  // + LOCAL_RANK 3.
+  o = OptionsFromEnvironment();
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(), HasSubstr("above 65535"));
+}
 
 TEST_F(OptionsTest, DefaultsAndEnvironment) {
   setenv("SDC_COORDINATOR", "sdcd:7400", 1);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
@@ -32,8 +34,8 @@
 #include "daemon/agents_actuator.h"
 #include "daemon/config.h"
 #include "daemon/core/coordinator.h"
-#include "daemon/metrics/exposer.h"
-#include "daemon/metrics/registry.h"
+#include "common/metrics/exposer.h"
+#include "common/metrics/registry.h"
 #include "daemon/service.h"
 #include "daemon/sqlite_store.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -308,35 +310,46 @@ int Main(int argc, char** argv) {
                              "with their log row when the store is idle.")
                        .Register(registry)
                        .Add({});
-  auto& commits = metrics::BuildGauge()
-                      .Name("sdc_store_commits")
+  auto& commits = metrics::BuildCounter()
+                      .Name("sdc_store_commits_total")
                       .Help("Commits since start (each holds many changes).")
                       .Register(registry)
                       .Add({});
   auto& agent_nodes = metrics::BuildGauge()
                           .Name("sdc_agent_nodes")
-                          .Help("Nodes whose sdc-agent registered, by status.")
+                          .Help("Nodes whose sdc-agent registered, by status (ready, stale, "
+                                "disconnected).")
                           .Register(registry);
   SqliteStore* db = store->get();
+  // Scrapes may overlap; the commits counter advances to the store's count
+  // under this lock so that two scrapes never both add the same commits.
+  absl::Mutex collect_mu;
   registry.AddCollectHook([&] {
-    std::map<std::string, int> by_status = {{"Ready", 0}, {"Stale", 0}, {"Disconnected", 0}};
-    for (const NodeView& n : agents.ListNodes()) ++by_status[NodeStatusName(n.status)];
+    std::map<std::string, int> by_status = {{"ready", 0}, {"stale", 0}, {"disconnected", 0}};
+    for (const NodeView& n : agents.ListNodes()) {
+      ++by_status[absl::AsciiStrToLower(NodeStatusName(n.status))];
+    }
     for (const auto& [status, n] : by_status) agent_nodes.Add({{"status", status}}).Set(n);
     attached.Set(coordinator.AttachedRanks());
-    suspects.Set(static_cast<double>(coordinator.ListSuspects().size()));
+    const std::vector<core::Suspect> suspect_list = coordinator.ListSuspects();
+    suspects.Set(static_cast<double>(suspect_list.size()));
+    service_metrics.SetSuspects(suspect_list);
     std::map<std::string, int> by_state;
     for (core::RequestState s :
          {core::RequestState::kPending, core::RequestState::kApproved,
           core::RequestState::kExecuting, core::RequestState::kDone, core::RequestState::kFailed,
           core::RequestState::kDenied, core::RequestState::kExpired}) {
-      by_state[core::RequestStateName(s)] = 0;
+      by_state[RequestStateLabel(s)] = 0;
     }
-    for (const auto& r : coordinator.ListRequests()) ++by_state[core::RequestStateName(r.state)];
+    const auto request_list = coordinator.ListRequests();
+    for (const auto& r : request_list) ++by_state[RequestStateLabel(r.state)];
     for (const auto& [state, n] : by_state) requests.Add({{"state", state}}).Set(n);
+    service_metrics.SetRequests(request_list);
     db_bytes.Set(static_cast<double>(db->file_bytes()));
     queue.Set(static_cast<double>(db->queue_depth()));
     settling.Set(static_cast<double>(db->settling_reports()));
-    commits.Set(static_cast<double>(db->commits()));
+    absl::MutexLock lock(&collect_mu);
+    commits.Increment(static_cast<double>(db->commits()) - commits.Value());
   });
   absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =
       metrics::Exposer::Start(config.metrics_listen, &registry);

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <iterator>
+#include <list>
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -43,6 +47,14 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 namespace {
 
+}  // namespace
+
+std::string RequestStateLabel(core::RequestState state) {
+  return absl::AsciiStrToLower(core::RequestStateName(state));
+}
+
+namespace {
+
 // Lower-case status code name, the bounded `reason` label of rejections.
 std::string ReasonOf(absl::StatusCode code) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(code));
@@ -53,8 +65,9 @@ std::string ReasonOf(absl::StatusCode code) {
 // ---------------------------------------------------------------------------
 // Metrics
 
-ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
-    : registry_(registry),
+ServiceMetrics::ServiceMetrics(metrics::Registry& registry, size_t max_gpu_series)
+    : max_gpu_series_(max_gpu_series),
+      registry_(registry),
       reports_(metrics::BuildCounter()
                    .Name("sdc_reports_total")
                    .Help("Reports received from trainer ranks, by kind.")
@@ -96,6 +109,21 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry)
       actuator_runs_(metrics::BuildCounter()
                          .Name("sdc_actuator_runs_total")
                          .Help("Replacement actions run, by actuator and result.")
+                         .Register(registry)),
+      gpu_incidents_(metrics::BuildCounter()
+                         .Name("sdc_gpu_incidents_total")
+                         .Help("Attributed incidents, by job, node, GPU (NVML UUID, DCGM's "
+                               "UUID label) and check; at most 4096 series by default, the "
+                               "least recently incremented dropped first.")
+                         .Register(registry)),
+      suspect_gpus_(metrics::BuildGauge()
+                        .Name("sdc_suspect_gpus")
+                        .Help("1 for each GPU under suspicion (by job, node, GPU); the series "
+                              "goes when the suspicion is cleared.")
+                        .Register(registry)),
+      node_requests_(metrics::BuildGauge()
+                         .Name("sdc_node_replacement_requests")
+                         .Help("Replacement requests by node and state.")
                          .Register(registry)) {
   // Every label combination exists from the start, so a scrape sees zeros
   // instead of missing series.
@@ -154,6 +182,86 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
         .Increment();
   }
   if (effects.skipped_steps > 0) skipped_.Increment(effects.skipped_steps);
+
+  absl::MutexLock lock(&series_mu_);
+  for (const core::Incident& i : effects.incidents) {
+    if (!i.confirmed) continue;
+    for (size_t r = 0; r < i.gpus.size() && r < i.nodes.size(); ++r) {
+      const metrics::Labels labels = {{"job", i.job_id},
+                                      {"node", i.nodes[r]},
+                                      {"gpu", i.gpus[r]},
+                                      {"check", core::CheckKindName(i.check)}};
+      auto found = gpu_incident_index_.find(labels);
+      if (found != gpu_incident_index_.end()) {
+        gpu_incident_order_.splice(gpu_incident_order_.end(), gpu_incident_order_, found->second);
+      } else {
+        gpu_incident_order_.emplace_back(labels, &gpu_incidents_.Add(labels));
+        gpu_incident_index_[labels] = std::prev(gpu_incident_order_.end());
+      }
+      gpu_incident_order_.back().second->Increment();
+      while (gpu_incident_order_.size() > max_gpu_series_) {
+        gpu_incidents_.Remove(gpu_incident_order_.front().second);
+        gpu_incident_index_.erase(gpu_incident_order_.front().first);
+        gpu_incident_order_.pop_front();
+      }
+    }
+  }
+}
+
+void ServiceMetrics::SyncGauges(metrics::Family<metrics::Gauge>& family,
+                                const std::map<metrics::Labels, double>& wanted,
+                                std::map<metrics::Labels, metrics::Gauge*>* current) {
+  for (auto it = current->begin(); it != current->end();) {
+    if (wanted.count(it->first) == 0) {
+      family.Remove(it->second);
+      it = current->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [labels, value] : wanted) {
+    metrics::Gauge*& gauge = (*current)[labels];
+    if (gauge == nullptr) gauge = &family.Add(labels);
+    gauge->Set(value);
+  }
+}
+
+void ServiceMetrics::SetSuspects(const std::vector<core::Suspect>& suspects) {
+  std::vector<const core::Suspect*> newest;
+  for (const core::Suspect& s : suspects) newest.push_back(&s);
+  std::stable_sort(newest.begin(), newest.end(),
+                   [](const core::Suspect* a, const core::Suspect* b) { return a->since > b->since; });
+  std::map<metrics::Labels, double> wanted;
+  for (const core::Suspect* s : newest) {
+    if (wanted.size() >= max_gpu_series_) break;
+    wanted[{{"job", s->job_id}, {"node", s->node}, {"gpu", s->gpu}}] = 1;
+  }
+  absl::MutexLock lock(&series_mu_);
+  SyncGauges(suspect_gpus_, wanted, &suspect_series_);
+}
+
+void ServiceMetrics::SetRequests(const std::vector<core::ReplacementRequest>& requests) {
+  // Nodes ordered by their newest request, newest first, for the cap.
+  std::map<std::string, absl::Time> newest_by_node;
+  for (const core::ReplacementRequest& r : requests) {
+    absl::Time& t = newest_by_node.emplace(r.node, absl::InfinitePast()).first->second;
+    t = std::max(t, r.created);
+  }
+  std::vector<std::pair<absl::Time, std::string>> nodes;
+  for (const auto& [node, t] : newest_by_node) nodes.emplace_back(t, node);
+  std::sort(nodes.begin(), nodes.end(), std::greater<>());
+  std::set<std::string> kept;
+  for (const auto& [t, node] : nodes) {
+    if (kept.size() >= max_gpu_series_) break;
+    kept.insert(node);
+  }
+  std::map<metrics::Labels, double> wanted;
+  for (const core::ReplacementRequest& r : requests) {
+    if (kept.count(r.node) == 0) continue;
+    wanted[{{"node", r.node}, {"state", RequestStateLabel(r.state)}}] += 1;
+  }
+  absl::MutexLock lock(&series_mu_);
+  SyncGauges(node_requests_, wanted, &request_series_);
 }
 
 // ---------------------------------------------------------------------------

@@ -127,13 +127,18 @@ HEALTH_TAINTS = [
     {"key": HEALTH_KEY, "value": "Unschedulable", "effect": "NoExecute"},
 ]
 ALERTS = {  # name: (expr, for)
-    "SdcReplacementRequestPending": ('sdc_replacement_requests{state="Pending"} > 0', "5m"),
+    "SdcReplacementRequestPending": ('sdc_replacement_requests{state="pending"} > 0', "5m"),
     "SdcIncidentAttributed": ('increase(sdc_incidents_total{attributed="true"}[15m]) > 0', None),
     "SdcSystemicMismatch": ('increase(sdc_checks_total{check="replay",result="systemic"}[30m]) > 0', None),
     "SdcCoordinatorDown": ('up{job=~".*sdcd.*"} == 0', "2m"),
     "SdcRejectedInputs": ("rate(sdc_rejected_inputs_total[10m]) > 1", None),
     "SdcStoreBacklog": ("sdc_store_queue_depth > 10000", "5m"),
     "SdcStepsSkipped": ("increase(sdc_steps_skipped_total[30m]) > 0", None),
+    "SdcCoordinatorAbsent": ('absent(up{job=~".*sdcd.*"})', "10m"),
+    "SdcActuatorRunFailed": ('increase(sdc_actuator_runs_total{result="failed"}[30m]) > 0', None),
+    "SdcAgentsDisconnected": ('sdc_agent_nodes{status="disconnected"} > 0', "10m"),
+    "SdcVerdictSlow": ("histogram_quantile(0.99, sum by (job, instance, check, le) "
+                       "(rate(sdc_verdict_latency_seconds_bucket[10m]))) > 10", "15m"),
 }
 NAMESPACED_EXEMPT = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                      "PersistentVolume", "StorageClass", "PriorityClass", "ClusterIssuer"}
@@ -855,7 +860,9 @@ def check_alert_contract(r, alerts_path, metrics):
         ann = x.get("annotations") or {}
         r.expect(ann.get("summary") and "sdcctl " in (ann.get("description") or ""),
                  f"alert {name}: summary, and a description naming an sdcctl command")
-        for metric in re.findall(r"\b(sdc_[a-z_]+)\b", x.get("expr", "")):
+        r.expect(ann.get("runbook_url") == f"docs/operations.md#{name.lower()}",
+                 f"alert {name}: runbook_url docs/operations.md#{name.lower()}", str(ann.get("runbook_url")))
+        for metric in re.findall(r"\b(sdc_[a-z_]+?)(?:_bucket|_sum|_count)?\b", x.get("expr", "")):
             r.expect(metric in metrics, f"alert {name}: metric {metric} is exported by sdcd", "not in sdcd's source")
     r.expect(set(rules) == set(ALERTS), "no alerts beyond the contract", str(sorted(set(rules) - set(ALERTS))))
 

@@ -23,6 +23,7 @@ namespace sdc::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -72,7 +73,20 @@ TEST(SdcdMetricsTest, ExpositionPassesPromtool) {
   EXPECT_THAT(*body, HasSubstr("sdc_reports_total{kind=\"weights\"} 6"));
   EXPECT_THAT(*body, HasSubstr("sdc_checks_total{check=\"weights\",result=\"minority\"} 1"));
   EXPECT_THAT(*body, HasSubstr("sdc_steps_skipped_total 1"));
-  EXPECT_THAT(*body, HasSubstr("sdc_replacement_requests{state=\"Pending\"} 1"));
+  // Enum label values are lower_snake; every state and status is listed.
+  EXPECT_THAT(*body, HasSubstr("sdc_replacement_requests{state=\"pending\"} 1"));
+  EXPECT_THAT(*body, HasSubstr("sdc_replacement_requests{state=\"done\"} 0"));
+  EXPECT_THAT(*body, HasSubstr("sdc_agent_nodes{status=\"disconnected\"} 0"));
+  EXPECT_THAT(*body, HasSubstr("# TYPE sdc_store_commits_total counter\n"));
+  EXPECT_THAT(*body, Not(HasSubstr("sdc_store_commits ")));
+  // Rank 4 (node-c, GPU-4) is attributed by the weight check: per-GPU series
+  // carry job, node and GPU UUID for joins with DCGM.
+  EXPECT_THAT(*body, HasSubstr("# TYPE sdc_gpu_incidents_total counter\n"));
+  EXPECT_THAT(*body, HasSubstr("sdc_gpu_incidents_total{check=\"weights\",gpu=\"GPU-4\","
+                               "job=\"job-m\",node=\"node-c\"} 1\n"));
+  EXPECT_THAT(*body, Not(HasSubstr("sdc_gpu_incidents_total{check=\"weights\",gpu=\"GPU-3\"")));
+  EXPECT_THAT(*body,
+              HasSubstr("sdc_node_replacement_requests{node=\"node-c\",state=\"pending\"} 1\n"));
   EXPECT_THAT(*body, HasSubstr("sdc_attached_ranks 6"));
   EXPECT_THAT(*body, HasSubstr("sdc_build_info{"));
   EXPECT_THAT(*body, HasSubstr("sdc_store_settling_reports "));

@@ -4,9 +4,11 @@ refuses, what it registers, where check 1 runs, and a real gRPC exchange with
 sdcd beside torch in one process."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 import pytest
 import torch
@@ -160,6 +162,50 @@ def test_a_nan_gradient_skips_the_step_and_zeroes_the_gradients(group):
         assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
         opt.step()  # What a loop that ignored s.apply would do: zero gradients change nothing.
         assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    finally:
+        guard.shutdown(0)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sample(port, series):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split(" ")[1])
+    return None
+
+
+def test_metrics_listen_serves_the_ranks_metrics_from_the_extension(group, monkeypatch):
+    # The Python extension runs the C++ engine, so SDC_METRICS_LISTEN works
+    # here too, offset by LOCAL_RANK (0 here).
+    port = _free_port()
+    monkeypatch.setenv("SDC_METRICS_LISTEN", f"127.0.0.1:{port}")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0)
+    labels = '{rank="0",sdc_job="pytest"}'
+    try:
+        assert _sample(port, "sdc_trainer_steps_checked_total" + labels) == 0
+        for step in (1, 2):
+            with guard.step(step, batch(step)) as s:
+                s.backward(mse(model, batch(step)))
+            opt.step()
+        x, y = batch(3)
+        x[0, 0] = float("nan")
+        with guard.step(3, (x, y)) as s:
+            s.backward(mse(model, (x, y)))
+        assert not s.apply
+        assert _sample(port, "sdc_trainer_steps_checked_total" + labels) == 3
+        assert _sample(port, "sdc_trainer_steps_skipped_total" + labels) == 1
+        assert _sample(port, "sdc_trainer_nonfinite_steps_total" + labels) == 1
+        assert _sample(port, "sdc_trainer_link_up" + labels) == 0
     finally:
         guard.shutdown(0)
 

@@ -1,4 +1,4 @@
-#include "daemon/metrics/registry.h"
+#include "common/metrics/registry.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "daemon/metrics/exposer.h"
+#include "common/metrics/exposer.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "daemon/metrics/registry.h"
+#include "common/metrics/registry.h"
 #include "gtest/gtest.h"
 
 namespace sdc::metrics {
@@ -120,7 +120,7 @@ class ExposerTest : public ::testing::Test {
   std::unique_ptr<Exposer> exposer_;
 };
 
-// civetweb answers in the request's HTTP version; these tests speak 1.0 so
+// The exposer answers in the request's HTTP version; these tests speak 1.0 so
 // the server closes the connection after one response.
 TEST_F(ExposerTest, ServesMetrics) {
   absl::StatusOr<HttpResponse> response = Get(exposer_->port(), "/metrics");
@@ -227,6 +227,20 @@ TEST(ExposerAddressTest, LocalhostAndEmptyHostAreAccepted) {
     absl::StatusOr<HttpResponse> response = Get((*exposer)->port(), "/healthz");
     ASSERT_TRUE(response.ok()) << address << ": " << response.status();
     EXPECT_EQ(response->body, "ok\n");
+  }
+}
+
+TEST(ExposerHealthTest, HealthDetailFollowsOkOnEveryRequest) {
+  Registry registry;
+  int calls = 0;
+  absl::StatusOr<std::unique_ptr<Exposer>> exposer = Exposer::Start(
+      "127.0.0.1:0", &registry, [&calls] { return absl::StrCat("link: up ", ++calls, "\n"); });
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  for (int i = 1; i <= 2; ++i) {
+    absl::StatusOr<HttpResponse> response = Get((*exposer)->port(), "/healthz");
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->status_line, "HTTP/1.0 200 OK");
+    EXPECT_EQ(response->body, absl::StrCat("ok\nlink: up ", i, "\n"));
   }
 }
 

@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_METRICS_REGISTRY_H_
-#define SDC_DAEMON_METRICS_REGISTRY_H_
+#ifndef SDC_COMMON_METRICS_REGISTRY_H_
+#define SDC_COMMON_METRICS_REGISTRY_H_
 
 // A small Prometheus metrics registry whose API mirrors prometheus-cpp
 // (Registry, Family<T>, Counter, Gauge, Histogram, BuildCounter() and friends)
@@ -341,4 +341,4 @@ void Family<T>::AppendTo(std::string* out) const {
 
 }  // namespace sdc::metrics
 
-#endif  // SDC_DAEMON_METRICS_REGISTRY_H_
+#endif  // SDC_COMMON_METRICS_REGISTRY_H_
