@@ -345,20 +345,27 @@ std::string LabelBlock(const std::vector<std::pair<std::string, std::string>>& p
   return out;
 }
 
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
+// What an incident says, in the order both describe forms print it.
+Fields IncidentFields(const v1::Incident& i, absl::Time now) {
+  return {{"Job", Cell(i.job_id())},
+          {"Step", absl::StrCat(i.step())},
+          {"Check", CheckName(i.check())},
+          {"Outcome", Cell(i.outcome())},
+          {"Ranks", JoinCell(i.ranks())},
+          {"Nodes", JoinCell(i.node_names())},
+          {"GPUs", JoinCell(i.gpu_uuids())},
+          {"Attributed", YesNo(i.confirmed())},
+          {"Tensors", JoinCell(i.differing_tensors())},
+          {"Explanation", Cell(i.explanation())},
+          {"Created", FormatTimestamp(i.created_unix_ms(), now)}};
+}
+
+// One incident inside another object's description (a request's evidence,
+// a job's incidents).
 std::string IncidentBlock(const v1::Incident& i, absl::Time now) {
-  return absl::StrCat("  Incident ", i.id(), ":\n",
-                      LabelBlock({{"Job", Cell(i.job_id())},
-                                  {"Step", absl::StrCat(i.step())},
-                                  {"Check", CheckName(i.check())},
-                                  {"Outcome", Cell(i.outcome())},
-                                  {"Ranks", JoinCell(i.ranks())},
-                                  {"Nodes", JoinCell(i.node_names())},
-                                  {"GPUs", JoinCell(i.gpu_uuids())},
-                                  {"Attributed", YesNo(i.confirmed())},
-                                  {"Tensors", JoinCell(i.differing_tensors())},
-                                  {"Explanation", Cell(i.explanation())},
-                                  {"Created", FormatTimestamp(i.created_unix_ms(), now)}},
-                                 "    "));
+  return absl::StrCat("  Incident ", i.id(), ":\n", LabelBlock(IncidentFields(i, now), "    "));
 }
 
 }  // namespace
@@ -899,24 +906,13 @@ std::string YamlString(absl::string_view text) {
 // describe incident, describe job, operators, selectors, headers, completion
 
 std::string DescribeIncident(const v1::Incident& i, absl::Time now) {
-  std::string out = LabelBlock({{"Incident", absl::StrCat(i.id())},
-                                {"Job", Cell(i.job_id())},
-                                {"Step", absl::StrCat(i.step())},
-                                {"Check", CheckName(i.check())},
-                                {"Outcome", Cell(i.outcome())},
-                                {"Ranks", JoinCell(i.ranks())},
-                                {"Nodes", JoinCell(i.node_names())},
-                                {"GPUs", JoinCell(i.gpu_uuids())},
-                                {"Attributed", YesNo(i.confirmed())},
-                                {"Tensors", JoinCell(i.differing_tensors())},
-                                {"Explanation", Cell(i.explanation())},
-                                {"Created", FormatTimestamp(i.created_unix_ms(), now)},
-                                {"Request", i.request_id() == 0
-                                                ? std::string(kNone)
-                                                : absl::StrCat("request/", i.request_id())},
-                                {"Resolved By", Cell(i.resolved_by())},
-                                {"Resolution", Cell(i.resolution())}},
-                               "");
+  Fields fields = {{"Incident", absl::StrCat(i.id())}};
+  for (auto& field : IncidentFields(i, now)) fields.push_back(std::move(field));
+  fields.push_back({"Request", i.request_id() == 0 ? std::string(kNone)
+                                                   : absl::StrCat("request/", i.request_id())});
+  fields.push_back({"Resolved By", Cell(i.resolved_by())});
+  fields.push_back({"Resolution", Cell(i.resolution())});
+  std::string out = LabelBlock(fields, "");
   if (i.resolved_unix_ms() != 0) {
     absl::StrAppend(&out, LabelBlock({{"Resolved", FormatTimestamp(i.resolved_unix_ms(), now)}},
                                      ""));

@@ -757,35 +757,15 @@ absl::Status Validate(const Config& c) {
     return absl::InvalidArgumentError("--interval must be positive");
   }
   // Unknown label keys: filtering an empty list checks them.
+  const auto check_keys = [&c](auto empty) { return Filter(&empty, c.selector); };
   absl::Status keys = absl::OkStatus();
   switch (c.verb) {
-    case Verb::kGetRequests: {
-      v1::ListRequestsResponse r;
-      keys = Filter(&r, c.selector);
-      break;
-    }
-    case Verb::kGetIncidents: {
-      v1::ListIncidentsResponse r;
-      keys = Filter(&r, c.selector);
-      break;
-    }
-    case Verb::kGetSuspects: {
-      v1::ListSuspectsResponse r;
-      keys = Filter(&r, c.selector);
-      break;
-    }
-    case Verb::kGetJobs: {
-      v1::ListJobsResponse r;
-      keys = Filter(&r, c.selector);
-      break;
-    }
-    case Verb::kGetNodes: {
-      v1::ListNodesResponse r;
-      keys = Filter(&r, c.selector);
-      break;
-    }
-    default:
-      break;
+    case Verb::kGetRequests: keys = check_keys(v1::ListRequestsResponse()); break;
+    case Verb::kGetIncidents: keys = check_keys(v1::ListIncidentsResponse()); break;
+    case Verb::kGetSuspects: keys = check_keys(v1::ListSuspectsResponse()); break;
+    case Verb::kGetJobs: keys = check_keys(v1::ListJobsResponse()); break;
+    case Verb::kGetNodes: keys = check_keys(v1::ListNodesResponse()); break;
+    default: break;
   }
   if (!keys.ok()) return keys;
   if (c.tls_cert.empty() != c.tls_key.empty()) {
