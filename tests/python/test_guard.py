@@ -181,15 +181,21 @@ def _sample(port, series):
     return None
 
 
-def test_metrics_listen_serves_the_ranks_metrics_from_the_extension(group, monkeypatch):
-    # The Python extension runs the C++ engine, so SDC_METRICS_LISTEN works
-    # here too, offset by LOCAL_RANK (0 here).
+@pytest.mark.parametrize("form", ["environment", "keyword"])
+def test_metrics_listen_serves_the_ranks_metrics_from_the_extension(group, monkeypatch, form):
+    # The Python extension runs the C++ engine, so SDC_METRICS_LISTEN (or
+    # Guard's metrics_listen=) works here too, offset by LOCAL_RANK (0 here).
     port = _free_port()
-    monkeypatch.setenv("SDC_METRICS_LISTEN", f"127.0.0.1:{port}")
     monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("SDC_METRICS_LISTEN", raising=False)
+    extra = {}
+    if form == "environment":
+        monkeypatch.setenv("SDC_METRICS_LISTEN", f"127.0.0.1:{port}")
+    else:
+        extra["metrics_listen"] = f"127.0.0.1:{port}"
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0, **extra)
     labels = '{rank="0",sdc_job="pytest"}'
     try:
         assert _sample(port, "sdc_trainer_steps_checked_total" + labels) == 0

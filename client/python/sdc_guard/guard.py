@@ -42,6 +42,7 @@ _OPTIONS = {
     "max_grad_norm": ("SDC_MAX_GRAD_NORM", "number"),
     "parameter_fingerprints": ("SDC_PARAMETER_FINGERPRINTS", "flag"),
     "vote_buffers": ("SDC_VOTE_BUFFERS", "flag"),
+    "metrics_listen": ("SDC_METRICS_LISTEN", "text"),
 }
 
 # How libtorch words a warn-only deterministic-algorithms alert.
