@@ -8,7 +8,6 @@
 #include <ATen/Context.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/gloo_group.h"
+#include "demo/process.h"
 #include "gtest/gtest.h"
 
 namespace sdc {
@@ -50,42 +50,6 @@ LossFn MseOf(torch::nn::Linear& model) {
   };
 }
 
-// A free loopback port (bound, read, released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// GET /metrics from 127.0.0.1:`port` (5 s timeouts); "" on failure.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
-}
-
 // The value of the sample named exactly `series`, or -1.
 double Sample(const std::string& exposition, const std::string& series) {
   for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
@@ -102,12 +66,14 @@ TEST(GuardTest, MetricsFollowTheSteps) {
   torch::optim::SGD sgd(model->parameters(), 0.1);
   client::GuardOptions o = InBandOptions();
   o.weight_check_every = 2;
-  const int port = FreePort();
+  const int port = demo::FreeLoopbackPort();
   o.metrics_listen = absl::StrCat("127.0.0.1:", port);
   absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, MseOf(model));
   ASSERT_TRUE(g.ok()) << g.status();
   const std::string labels = "{rank=\"0\",sdc_job=\"unit\"}";
-  std::string text = Scrape(port);
+  absl::StatusOr<std::string> scraped = demo::HttpGet(port, "/metrics");
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  std::string text = *scraped;
   EXPECT_EQ(Sample(text, "sdc_trainer_steps_checked_total" + labels), 0) << text;
   EXPECT_EQ(Sample(text, "sdc_trainer_link_up" + labels), 0) << "no coordinator";
   for (uint64_t step = 1; step <= 3; ++step) {
@@ -122,7 +88,9 @@ TEST(GuardTest, MetricsFollowTheSteps) {
       (*g)->TrainStep(4, {{poisoned, torch::randn({8, 2})}}, false, nullptr);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_FALSE(d->apply);
-  text = Scrape(port);
+  scraped = demo::HttpGet(port, "/metrics");
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  text = *scraped;
   EXPECT_EQ(Sample(text, "sdc_trainer_steps_checked_total" + labels), 4) << text;
   EXPECT_EQ(Sample(text, "sdc_trainer_steps_skipped_total" + labels), 1) << text;
   EXPECT_EQ(Sample(text, "sdc_trainer_nonfinite_steps_total" + labels), 1) << text;

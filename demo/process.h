@@ -90,6 +90,10 @@ std::string ReadFile(const std::string& path);
 // error with the status line.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
+// A loopback TCP port that was free a moment ago (bound to port 0, read,
+// released): for a server that must be told its port.
+int FreeLoopbackPort();
+
 }  // namespace sdc::demo
 
 #endif  // SDC_DEMO_PROCESS_H_

@@ -2,10 +2,6 @@
 // Prometheus server (Debian's prometheus package) scrapes it and answers
 // queries with the expected series and values.
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -24,18 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Runs a little workload: 6 ranks, 20 clean steps, a weight check at step
 // 10 where rank 4 differs.
@@ -120,7 +104,7 @@ TEST(SdcdMetricsTest, RealPrometheusScrapesAndQueries) {
   absl::StatusOr<std::unique_ptr<Sdcd>> sdcd = Sdcd::Start(dir);
   ASSERT_TRUE(sdcd.ok()) << sdcd.status();
   auto ranks = Workload(**sdcd);
-  const int prom_port = FreePort();
+  const int prom_port = demo::FreeLoopbackPort();
   std::ofstream(dir + "/prometheus.yml")
       << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
       << "scrape_configs:\n  - job_name: sdcd\n    static_configs:\n"
