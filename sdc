@@ -253,14 +253,28 @@ cmd_test() {
 
 # Binaries are built once and then run straight from bazel-bin, so a
 # benchmark's timing never includes Bazel. Bazel's chatter goes to a log,
-# shown only when the build fails.
+# shown only when the build fails; its progress line ("[120 / 516]
+# Compiling ...") is shown at most every 10 s, so a first build on a fresh
+# machine (several minutes) is seen to be working.
 build_targets() {
   local log="${SDC_CACHE:-$HOME/.cache/sdc-guard}/build.log"
   mkdir -p "$(dirname "$log")"
-  if ! bazel_run build --noshow_progress "$@" >"$log" 2>&1; then
+  if ! bazel_run build --show_progress --show_progress_rate_limit=10 --curses=no --color=no \
+      "$@" 2>&1 | tee "$log" | show_build_progress; then
     tail -40 "$log" >&2
     die "build failed (full log: $log)"
   fi
+}
+
+# Bazel's progress lines from standard input, one short line each on stderr.
+show_build_progress() {
+  local line start=$SECONDS
+  while IFS= read -r line; do
+    if [[ "$line" =~ ^\[([0-9,]+)\ /\ ([0-9,]+)\]\ ([^;]*) ]]; then
+      printf 'sdc: building (%d s): %s of %s actions, %.60s\n' "$((SECONDS - start))" \
+        "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" >&2
+    fi
+  done
 }
 
 cmd_bench() {

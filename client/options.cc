@@ -73,7 +73,24 @@ absl::Status ReadChoice(const Variables& vars, const char* name,
   return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", expected, ", got '", v, "'"));
 }
 
+absl::StatusOr<JobId> ResolveJobId(const Variables& vars) {
+  if (const char* v = vars.Get("SDC_JOB_ID")) return JobId{v, "SDC_JOB_ID"};
+  if (const char* v = vars.Get("TORCHELASTIC_RUN_ID"); v != nullptr && std::strcmp(v, "none") != 0) {
+    return JobId{v, "TORCHELASTIC_RUN_ID"};
+  }
+  if (const char* v = vars.Get("PET_RDZV_ID")) return JobId{v, "PET_RDZV_ID"};
+  if (const char* v = vars.Get("SLURM_JOB_ID")) return JobId{v, "SLURM_JOB_ID"};
+  return absl::NotFoundError(
+      "SDC_JOB_ID: not set, and no launcher names the job (torchrun's TORCHELASTIC_RUN_ID is "
+      "unset or \"none\", no PET_RDZV_ID, no SLURM_JOB_ID): set SDC_JOB_ID to the same value on "
+      "every rank, or run torchrun with --rdzv_id=ID (or --standalone)");
+}
+
 }  // namespace
+
+absl::StatusOr<JobId> JobIdFromVariables(const std::map<std::string, std::string>& overrides) {
+  return ResolveJobId(Variables(overrides));
+}
 
 absl::StatusOr<GuardOptions> OptionsFromEnvironment() { return OptionsFromVariables({}); }
 
@@ -82,11 +99,10 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   const Variables vars(overrides);
   GuardOptions o;
   if (const char* v = vars.Get("SDC_COORDINATOR")) o.coordinator = v;
-  if (const char* v = vars.Get("SDC_JOB_ID")) {
-    o.job_id = v;
-  } else {
-    return absl::InvalidArgumentError("SDC_JOB_ID: not set (every rank of a job must share it)");
-  }
+  absl::StatusOr<JobId> job = ResolveJobId(vars);
+  if (!job.ok()) return absl::InvalidArgumentError(job.status().message());
+  o.job_id = job->id;
+  o.job_id_source = job->source;
   if (absl::Status s = ReadInt(vars, "LOCAL_RANK", &o.local_rank); !s.ok()) return s;
   if (const char* v = vars.Get("SDC_METRICS_LISTEN"); v != nullptr && *v != '\0') {
     const std::string text = v;

@@ -34,7 +34,12 @@ struct GuardOptions {
   // without one (checks 1-3 in-band only; audits unverified).
   // Env: SDC_COORDINATOR.
   std::string coordinator;
-  std::string job_id;         // Env: SDC_JOB_ID. Required.
+  // The same on every rank of a job. Env: SDC_JOB_ID, else the launcher's
+  // (JobIdFromVariables). Required.
+  std::string job_id;
+  // Where job_id came from: "SDC_JOB_ID", "TORCHELASTIC_RUN_ID",
+  // "PET_RDZV_ID" or "SLURM_JOB_ID" (front ends log it at start).
+  std::string job_id_source;
   std::string node_name;      // Env: SDC_NODE_NAME, else the host name.
   // Env: SDC_GPU_UUID. Unset (gpu_uuid_set false): the guard takes the
   // model's CUDA device's UUID ("GPU-...", as NVML and DCGM's `UUID` label
@@ -99,6 +104,19 @@ struct GuardOptions {
   // one plan per rank.
   std::vector<FaultPlan> faults;
 };
+
+// A job id and the variable it came from.
+struct JobId {
+  std::string id;
+  std::string source;
+};
+
+// The job id from the first of: SDC_JOB_ID; torchrun's TORCHELASTIC_RUN_ID
+// unless it is "none" (a static rendezvous without --rdzv_id); PET_RDZV_ID
+// (a Kubeflow or HyperPod PyTorchJob's rendezvous id, its job name, for a
+// script its pods start without torchrun); SLURM_JOB_ID. NotFound, naming
+// every source and how to set one, when none is set.
+absl::StatusOr<JobId> JobIdFromVariables(const std::map<std::string, std::string>& overrides);
 
 // Reads the SDC_* variables above (plus LOCAL_RANK). InvalidArgument names
 // the variable: "SDC_AUDIT_EVERY: expected a non-negative integer, got 'x'".

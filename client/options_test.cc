@@ -1,6 +1,9 @@
 #include "client/options.h"
 
 #include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,7 +21,8 @@ class OptionsTest : public ::testing::Test {
                           "SDC_INJECT_FAULT", "SDC_ALLOW_FAULT_INJECTION",
                           "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
                           "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS",
-                          "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS", "SDC_METRICS_LISTEN"}) {
+                          "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS", "SDC_METRICS_LISTEN",
+                          "TORCHELASTIC_RUN_ID", "PET_RDZV_ID", "SLURM_JOB_ID"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
@@ -122,6 +126,41 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   }
   unsetenv("SDC_JOB_ID");
   EXPECT_THAT(std::string(OptionsFromEnvironment().status().message()), HasSubstr("SDC_JOB_ID"));
+}
+
+TEST_F(OptionsTest, TheJobIdComesFromTheLauncherWhenNotGiven) {
+  struct Case {
+    std::map<std::string, std::string> vars;
+    const char* id;
+    const char* source;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"SDC_JOB_ID", "mine"}, {"TORCHELASTIC_RUN_ID", "run-7"}, {"SLURM_JOB_ID", "42"}},
+            "mine", "SDC_JOB_ID"},
+           {{{"TORCHELASTIC_RUN_ID", "run-7"}, {"PET_RDZV_ID", "pj"}, {"SLURM_JOB_ID", "42"}},
+            "run-7", "TORCHELASTIC_RUN_ID"},
+           // torchrun's static rendezvous without --rdzv_id says "none": not an id.
+           {{{"TORCHELASTIC_RUN_ID", "none"}, {"PET_RDZV_ID", "pj"}, {"SLURM_JOB_ID", "42"}},
+            "pj", "PET_RDZV_ID"},
+           {{{"TORCHELASTIC_RUN_ID", "none"}, {"SLURM_JOB_ID", "42"}}, "42", "SLURM_JOB_ID"},
+       }) {
+    SetUp();
+    unsetenv("SDC_JOB_ID");
+    absl::StatusOr<GuardOptions> o = OptionsFromVariables(c.vars);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->job_id, c.id);
+    EXPECT_EQ(o->job_id_source, c.source);
+    absl::StatusOr<JobId> id = JobIdFromVariables(c.vars);
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(id->id, c.id);
+  }
+  unsetenv("SDC_JOB_ID");
+  absl::StatusOr<JobId> none = JobIdFromVariables({{"TORCHELASTIC_RUN_ID", "none"}});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("--rdzv_id"));
+  absl::StatusOr<GuardOptions> o = OptionsFromVariables({{"TORCHELASTIC_RUN_ID", "none"}});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(o.status().message()), HasSubstr("SDC_JOB_ID: not set"));
 }
 
 TEST_F(OptionsTest, FaultInjectionNeedsTheExplicitAllowance) {

@@ -5,7 +5,9 @@ licence texts every Debian machine has, with or without sdc-guard.
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50           # guarded
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50 --unguarded
 
-Guarded, it needs SDC_JOB_ID (and SDC_COORDINATOR for sdcd); see README.md.
+Guarded, it reports to sdcd at SDC_COORDINATOR (without one the checks run
+in-band only); the job id is SDC_JOB_ID, else the launcher's (torchrun's
+--rdzv_id, a PyTorchJob's, Slurm's), else one rank 0 draws; see README.md.
 The lines marked `# sdc-guard` are all that guarding takes. The demo
 (./sdc demo --trainer=python) and the benchmarks start this script too,
 with --rank/--world_size/--rendezvous instead of torchrun's environment

@@ -259,6 +259,14 @@ PYBIND11_MODULE(_C, m) {
                              [](Engine& e) { return e.engine().options().weight_check_every; })
       .def("shutdown", &Engine::Shutdown, py::arg("flush_seconds") = 5.0);
 
+  // The job id as the options would resolve it from `variables` (overrides)
+  // and the environment: (id, source), or ("", why) when nothing names it.
+  m.def("job_id", [](const std::map<std::string, std::string>& variables) {
+    absl::StatusOr<JobId> id = JobIdFromVariables(variables);
+    if (!id.ok()) return std::make_pair(std::string(), std::string(id.status().message()));
+    return std::make_pair(id->id, id->source);
+  });
+
   // The weight fingerprint of the kernels (the wire definition), for tests
   // and tools that compare replicas.
   m.def("fingerprint", [](const at::Tensor& t) {

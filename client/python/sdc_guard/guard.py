@@ -14,6 +14,10 @@ The decisions, kernels and reports are the engine's (client/guard_engine.h).
 import math
 import numbers
 import os
+import secrets
+import socket
+import sys
+import time
 import warnings
 
 import torch
@@ -120,6 +124,31 @@ def _flatten(batch):
             f"a batch of {len(tensors)} tensors: the replay peer exchange carries 1 to "
             f"{_MAX_BATCH_TENSORS}")
     return tensors, rebuild
+
+
+def _resolve_job_id(variables, group):
+    """Sets ``variables["SDC_JOB_ID"]`` when neither it nor the environment
+    does: from the launcher (torchrun's TORCHELASTIC_RUN_ID, a PyTorchJob's
+    PET_RDZV_ID, SLURM_JOB_ID), or, under torchrun's static rendezvous (run id
+    "none"), one that the group's rank 0 draws and every rank receives (a
+    collective, like the Guard's creation). Rank 0 says which on stderr.
+    ValueError when nothing names the job outside torchrun."""
+    job_id, source = _C.job_id(variables)
+    if not job_id and os.environ.get("TORCHELASTIC_RUN_ID") == "none":
+        drawn = [None]
+        if dist.get_rank(group) == 0:
+            drawn[0] = "torchrun-{}-{}-{}".format(
+                socket.gethostname().split(".")[0], time.strftime("%Y%m%d-%H%M%S"),
+                secrets.token_hex(3))
+        dist.broadcast_object_list(drawn, src=dist.get_global_rank(group, 0), group=group)
+        job_id = drawn[0]
+        source = ("drawn by rank 0: torchrun without --rdzv_id names no job; set SDC_JOB_ID or "
+                  "--rdzv_id so sdcd sees this job's restarts as one job")
+    if not job_id:
+        raise ValueError(source)
+    if dist.get_rank(group) == 0 and source != "SDC_JOB_ID":
+        print(f"sdc_guard: job id {job_id!r} ({source})", file=sys.stderr, flush=True)
+    variables["SDC_JOB_ID"] = job_id
 
 
 class Step:
@@ -301,6 +330,7 @@ class Guard:
         self.loss_fn = loss_fn
         self.process_group = process_group if process_group is not None else model.process_group
         self._world = dist.get_world_size(self.process_group)
+        _resolve_job_id(variables, self.process_group)
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         # Frozen parameters (a frozen backbone, LoRA's base weights) are most
         # of what a checkpoint stores: the weight vote checks them too.
