@@ -240,8 +240,8 @@ class ResourceBuilder {
   template <typename F>
   ResourceBuilder& DescribedBy(Argument key, F fetch) {
     r_.key_ = std::move(key);
-    r_.fetch_ = [fetch](AdminClient& admin, const std::string& key, Message* item) {
-      return fetch(admin, key, static_cast<T*>(item));
+    r_.fetch_ = [fetch](AdminClient& admin, const std::string& value, Message* item) {
+      return fetch(admin, value, static_cast<T*>(item));
     };
     return *this;
   }
