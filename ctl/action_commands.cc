@@ -155,10 +155,10 @@ int RunVersion(Session& s) {
   AdminClient admin(quick, *creds);
   v1::WhoAmIResponse r;
   grpc::Status status = admin.Call(&AdminStub::WhoAmI, {}, &r);
-  s.Print(status.ok() ? absl::StrCat("sdcd   ", r.server_version(), " at ", c.connection.server,
-                                     "\n")
-                      : absl::StrCat("sdcd   unknown (",
-                                     RpcErrorMessage(status, c.connection.server), ")\n"));
+  s.Print(
+      status.ok()
+          ? absl::StrCat("sdcd   ", r.server_version(), " at ", c.connection.server, "\n")
+          : absl::StrCat("sdcd   unknown (", RpcErrorMessage(status, c.connection.server), ")\n"));
   return kExitOk;
 }
 

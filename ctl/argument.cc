@@ -13,9 +13,9 @@ namespace sdc::sdcctl {
 absl::StatusOr<std::string> Argument::Parse(absl::string_view word) const {
   absl::string_view value = word;
   if (!kind.empty()) value = absl::StripPrefix(value, absl::StrCat(kind, "/"));
-  const std::string what =
-      kind.empty() ? absl::AsciiStrToLower(placeholder)
-                   : absl::StrCat(kind, " ", absl::AsciiStrToLower(placeholder));
+  const std::string what = kind.empty()
+                               ? absl::AsciiStrToLower(placeholder)
+                               : absl::StrCat(kind, " ", absl::AsciiStrToLower(placeholder));
   switch (accepts) {
     case Accepts::kText:
     case Accepts::kCommand:
@@ -35,8 +35,8 @@ absl::StatusOr<std::string> Argument::Parse(absl::string_view word) const {
     }
     case Accepts::kChoice:
       if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "bad ", what, " \"", word, "\" (want ", absl::StrJoin(choices, " or "), ")"));
+        return absl::InvalidArgumentError(absl::StrCat("bad ", what, " \"", word, "\" (want ",
+                                                       absl::StrJoin(choices, " or "), ")"));
       }
       break;
   }

@@ -196,7 +196,8 @@ TEST(MakeConfigTest, CommandFlagsOnlyWhereTheyApply) {
       {{"approve", "1"}, "approve needs --reason=TEXT (why; it is kept in the request's history)"},
       {{"deny", "1", "--reason= "},
        "deny needs --reason=TEXT (why; it is kept in the request's history)"},
-      {{"resolve", "incident", "1"}, "resolve needs --reason=TEXT (why; it is kept with the incident)"},
+      {{"resolve", "incident", "1"},
+       "resolve needs --reason=TEXT (why; it is kept with the incident)"},
   };
   for (const auto& [args, want] : cases) EXPECT_EQ(ErrorOf(args), want) << args[1];
   // The list flags with the list.
@@ -267,7 +268,8 @@ TEST(MatchCommandTest, UsageErrors) {
        "unknown resource \"pods\" (want requests, incidents, suspects, jobs, nodes or operators)"},
       {{"describe", "suspect", "GPU-1"},
        "unknown resource \"suspect\" (want request, incident, job or node)"},
-      {{"operator", "rename"}, "unknown subcommand \"rename\" of operator (want add, list or remove)"},
+      {{"operator", "rename"},
+       "unknown subcommand \"rename\" of operator (want add, list or remove)"},
       {{"history"}, "history what? (want gpu or node)"},
       {{"approve"}, "usage: sdcctl approve ID --reason=TEXT [--dry-run] [--force]"},
       {{"approve", "1", "2"},

@@ -7,9 +7,7 @@ namespace sdc::sdcctl {
 namespace {
 
 // "dry-run" and "dry_run" alike.
-std::string Normalized(absl::string_view name) {
-  return absl::StrReplaceAll(name, {{"-", "_"}});
-}
+std::string Normalized(absl::string_view name) { return absl::StrReplaceAll(name, {{"-", "_"}}); }
 
 }  // namespace
 

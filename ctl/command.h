@@ -73,11 +73,11 @@ enum class Needs {
 };
 
 struct Command {
-  std::vector<Word> path;         // The words that name it: "operator add".
-  std::vector<Argument> args;     // After the path.
-  std::vector<FlagUse> flags;     // The command flags it takes.
-  std::string summary;            // One line, for sdcctl --help.
-  std::string help;               // More, for sdcctl COMMAND --help ("" none).
+  std::vector<Word> path;      // The words that name it: "operator add".
+  std::vector<Argument> args;  // After the path.
+  std::vector<FlagUse> flags;  // The command flags it takes.
+  std::string summary;         // One line, for sdcctl --help.
+  std::string help;            // More, for sdcctl COMMAND --help ("" none).
   Handler run = nullptr;
   Needs needs = Needs::kServer;
   absl::Duration timeout = absl::Seconds(10);  // Deadline unless --timeout.

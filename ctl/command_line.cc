@@ -157,10 +157,10 @@ absl::StatusOr<Match> MatchCommand(const std::vector<std::string>& given) {
           absl::StrCat(words[0], " what? (want ", OneOf(next_words), ")"));
     }
     return absl::InvalidArgumentError(
-        resources ? absl::StrCat("unknown resource \"", words[1], "\" (want ", OneOf(next_words),
-                                 ")")
-                  : absl::StrCat("unknown subcommand \"", words[1], "\" of ", words[0], " (want ",
-                                 OneOf(next_words), ")"));
+        resources
+            ? absl::StrCat("unknown resource \"", words[1], "\" (want ", OneOf(next_words), ")")
+            : absl::StrCat("unknown subcommand \"", words[1], "\" of ", words[0], " (want ",
+                           OneOf(next_words), ")"));
   }
   Match match{found, {}};
   const std::vector<std::string> rest(words.begin() + found->path.size(), words.end());

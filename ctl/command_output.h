@@ -19,8 +19,7 @@ namespace sdc::sdcctl {
 // NAME written "incident/ID" and "request/ID" because two kinds share the
 // output; the kind/NAME lines for name; the whole response for json and
 // yaml. An empty response gives "" except in json and yaml.
-std::string FormatHistory(const v1::HistoryResponse& response, OutputFormat format,
-                          absl::Time now);
+std::string FormatHistory(const v1::HistoryResponse& response, OutputFormat format, absl::Time now);
 
 // True when the response holds nothing to show.
 bool IsEmpty(const v1::HistoryResponse& response);

@@ -41,10 +41,10 @@ std::string WordPattern(const Word& w) {
 }  // namespace
 
 std::string BashCompletion() {
-  std::vector<std::string> commands;   // First words.
-  std::vector<std::string> globals;    // Global flags' words.
-  std::vector<std::string> valued;     // Case patterns of flags that take the next word.
-  std::string choices;                 // Case arms completing flag values.
+  std::vector<std::string> commands;  // First words.
+  std::vector<std::string> globals;   // Global flags' words.
+  std::vector<std::string> valued;    // Case patterns of flags that take the next word.
+  std::string choices;                // Case arms completing flag values.
   for (const Flag& f : Flags()) {
     if (f.global) {
       for (const std::string& w : FlagWords(f)) globals.push_back(w);

@@ -56,9 +56,9 @@ absl::StatusOr<FileConfig> ReadConfigFile(const Environment& env) {
       const std::string key = entry.first.as<std::string>();
       auto it = keys.find(key);
       if (it == keys.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "config file ", path, ": unknown key \"", key,
-            "\" (known: output, server, tls_ca, tls_cert, tls_key, token_file)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("config file ", path, ": unknown key \"", key,
+                         "\" (known: output, server, tls_ca, tls_cert, tls_key, token_file)"));
       }
       if (!entry.second.IsScalar()) {
         return absl::InvalidArgumentError(

@@ -70,8 +70,8 @@ std::string TwoColumns(const std::vector<std::pair<std::string, std::string>>& r
 std::string WordsAndArgs(const Command& c) {
   std::string out = c.Name();
   for (const Argument& a : c.args) {
-    absl::StrAppend(&out, " ", a.optional || a.rest ? "[" : "", a.placeholder,
-                    a.rest ? "..." : "", a.optional || a.rest ? "]" : "");
+    absl::StrAppend(&out, " ", a.optional || a.rest ? "[" : "", a.placeholder, a.rest ? "..." : "",
+                    a.optional || a.rest ? "]" : "");
   }
   return out;
 }
@@ -202,8 +202,8 @@ std::string Help(const std::vector<std::string>& words) {
   std::vector<std::string> paragraphs;
   std::vector<const Flag*> flags;
   for (const Command* c : commands) {
-    absl::StrAppend(&out, "  sdcctl ", Wrap(Synopsis(*c), 9, 6), "\n      ",
-                    Wrap(c->summary, 6, 6), "\n");
+    absl::StrAppend(&out, "  sdcctl ", Wrap(Synopsis(*c), 9, 6), "\n      ", Wrap(c->summary, 6, 6),
+                    "\n");
     if (!c->help.empty() &&
         std::find(paragraphs.begin(), paragraphs.end(), c->help) == paragraphs.end()) {
       paragraphs.push_back(c->help);

@@ -23,8 +23,7 @@ grpc::Status Resource::List(AdminClient& admin, const ListFilter& filter, Messag
 
 const FieldDescriptor* Resource::ItemsField(const Message& holder) const {
   const FieldDescriptor* f = holder.GetDescriptor()->FindFieldByName(items_field_);
-  if (f == nullptr || !f->is_repeated() ||
-      f->message_type() != item_prototype_->GetDescriptor()) {
+  if (f == nullptr || !f->is_repeated() || f->message_type() != item_prototype_->GetDescriptor()) {
     return nullptr;  // Not a holder of this kind: no items.
   }
   return f;
@@ -93,8 +92,8 @@ std::string Resource::NameLines(const Message& holder) const {
   const FieldDescriptor* f = ItemsField(holder);
   const int n = f == nullptr ? 0 : holder.GetReflection()->FieldSize(holder, f);
   for (int i = 0; i < n; ++i) {
-    absl::StrAppend(&out, kind_, "/", Name(holder.GetReflection()->GetRepeatedMessage(holder, f, i)),
-                    "\n");
+    absl::StrAppend(&out, kind_, "/",
+                    Name(holder.GetReflection()->GetRepeatedMessage(holder, f, i)), "\n");
   }
   return out;
 }

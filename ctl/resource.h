@@ -222,16 +222,16 @@ class ResourceBuilder {
   template <typename F>
   ResourceBuilder& Label(std::string key, F values) {
     r_.label_keys_.push_back(key);
-    r_.labels_.push_back({std::move(key), [values](const Message& m) {
-                            std::vector<std::string> out;
-                            if constexpr (std::is_convertible_v<
-                                              std::invoke_result_t<F, const T&>, std::string>) {
-                              out.push_back(values(Of(m)));
-                            } else {
-                              for (const auto& v : values(Of(m))) out.push_back(std::string(v));
-                            }
-                            return out;
-                          }});
+    r_.labels_.push_back(
+        {std::move(key), [values](const Message& m) {
+           std::vector<std::string> out;
+           if constexpr (std::is_convertible_v<std::invoke_result_t<F, const T&>, std::string>) {
+             out.push_back(values(Of(m)));
+           } else {
+             for (const auto& v : values(Of(m))) out.push_back(std::string(v));
+           }
+           return out;
+         }});
     return *this;
   }
 

@@ -354,7 +354,8 @@ TEST(FormatRequestsTest, Wide) {
 }
 
 TEST(FormatRequestsTest, Name) {
-  EXPECT_EQ(Kind("requests").Format(TwoRequests(), OutputFormat::kName, kNow), "request/7\nrequest/12\n");
+  EXPECT_EQ(Kind("requests").Format(TwoRequests(), OutputFormat::kName, kNow),
+            "request/7\nrequest/12\n");
 }
 
 TEST(FormatRequestsTest, EmptyListPrintsNothingButTheDocument) {
@@ -363,7 +364,8 @@ TEST(FormatRequestsTest, EmptyListPrintsNothingButTheDocument) {
   EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kWide, kNow), "");
   EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kName, kNow), "");
   EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kYaml, kNow), "requests: []\n");
-  EXPECT_THAT(Kind("requests").Format(empty, OutputFormat::kJson, kNow), HasSubstr("\"requests\": []"));
+  EXPECT_THAT(Kind("requests").Format(empty, OutputFormat::kJson, kNow),
+              HasSubstr("\"requests\": []"));
 }
 
 TEST(FormatIncidentsTest, Table) {
@@ -387,7 +389,8 @@ TEST(FormatIncidentsTest, Wide) {
 }
 
 TEST(FormatIncidentsTest, Name) {
-  EXPECT_EQ(Kind("incidents").Format(TwoIncidents(), OutputFormat::kName, kNow), "incident/4\nincident/9\n");
+  EXPECT_EQ(Kind("incidents").Format(TwoIncidents(), OutputFormat::kName, kNow),
+            "incident/4\nincident/9\n");
 }
 
 TEST(FormatSuspectsTest, Table) {
@@ -494,9 +497,10 @@ TEST(ToJsonTest, ParsesBackToTheSameMessageWithProtoFieldNames) {
 }
 
 TEST(ToJsonTest, EveryListIsOneDocument) {
-  for (const std::string& json : {Kind("incidents").Format(TwoIncidents(), OutputFormat::kJson, kNow),
-                                  Kind("suspects").Format(TwoSuspects(), OutputFormat::kJson, kNow),
-                                  Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow)}) {
+  for (const std::string& json :
+       {Kind("incidents").Format(TwoIncidents(), OutputFormat::kJson, kNow),
+        Kind("suspects").Format(TwoSuspects(), OutputFormat::kJson, kNow),
+        Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow)}) {
     EXPECT_EQ(json.front(), '{') << json;
     EXPECT_EQ(json.substr(json.size() - 2), "}\n") << json;
   }
@@ -506,7 +510,8 @@ TEST(ToJsonTest, EveryListIsOneDocument) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(incidents, TwoIncidents()));
   EXPECT_THAT(json, HasSubstr("\"differing_tensors\": ["));
   EXPECT_THAT(json, HasSubstr("\"check\": \"CHECK_WEIGHTS\""));
-  EXPECT_THAT(Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow), HasSubstr("\"open_incidents\": 0"));
+  EXPECT_THAT(Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow),
+              HasSubstr("\"open_incidents\": 0"));
 }
 
 // ---------------------------------------------------------------------------
@@ -1127,7 +1132,8 @@ TEST(FormatNodesTest, TableWideName) {
   EXPECT_EQ(Kind("nodes").Format(TwoNodes(), OutputFormat::kName, kNow),
             "node/hyperpod-i-0123456789abcdef0\nnode/node-b\n");
   EXPECT_EQ(Kind("nodes").Format(v1::ListNodesResponse(), OutputFormat::kTable, kNow), "");
-  EXPECT_EQ(Kind("nodes").Format(v1::ListNodesResponse(), OutputFormat::kYaml, kNow), "nodes: []\n");
+  EXPECT_EQ(Kind("nodes").Format(v1::ListNodesResponse(), OutputFormat::kYaml, kNow),
+            "nodes: []\n");
 }
 
 TEST(DescribeNodeTest, IdentityGpusAndDiagnostics) {
@@ -1511,16 +1517,17 @@ TEST(FormatHistoryTest, WideAndJson) {
   v1::HistoryResponse h;
   *h.add_incidents() = WeightsIncident();
   *h.add_requests() = DoneRequest();
-  EXPECT_EQ(FormatHistory(h, OutputFormat::kWide, kNow),
-            "NAME         JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   GPUS     "
-            "TENSORS   EXPLANATION   AGE\n"
-            "incident/9   job-b   7      weights   suspect   5,6     node-c   no           <none>   "
-            "<none>    <none>        1h\n"
-            "\n"
-            "NAME         NODE     STATE   ACTION   GPUS          INCIDENTS   REASON         "
-            "LAST-ACTOR     APPROVALS   AGE\n"
-            "request/12   node-c   Done    reboot   GPU-5,GPU-6   9,10        weights vote   "
-            "actuator:eks   0/1         2d\n");
+  EXPECT_EQ(
+      FormatHistory(h, OutputFormat::kWide, kNow),
+      "NAME         JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   GPUS     "
+      "TENSORS   EXPLANATION   AGE\n"
+      "incident/9   job-b   7      weights   suspect   5,6     node-c   no           <none>   "
+      "<none>    <none>        1h\n"
+      "\n"
+      "NAME         NODE     STATE   ACTION   GPUS          INCIDENTS   REASON         "
+      "LAST-ACTOR     APPROVALS   AGE\n"
+      "request/12   node-c   Done    reboot   GPU-5,GPU-6   9,10        weights vote   "
+      "actuator:eks   0/1         2d\n");
   EXPECT_EQ(FormatHistory(h, OutputFormat::kJson, kNow), ToJson(h));
 }
 

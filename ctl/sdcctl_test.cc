@@ -4,6 +4,8 @@
 // describe's extra calls, and --watch. (tests/sdcd_operators_test.cc runs the
 // binary against the real sdcd.)
 
+#include "ctl/sdcctl.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,7 +25,6 @@
 #include "admin.grpc.pb.h"
 #include "ctl/config.h"
 #include "ctl/errors.h"
-#include "ctl/sdcctl.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

@@ -20,8 +20,8 @@ absl::StatusOr<Selector> ParseSelector(absl::string_view text) {
         eq == absl::string_view::npos ? absl::string_view() : term.substr(eq + 1);
     if (absl::StartsWith(value, "=")) value.remove_prefix(1);  // key==value
     if (key.empty() || eq == absl::string_view::npos || value.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad label selector term \"", term, "\" (want key=value[,key=value])"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad label selector term \"", term, "\" (want key=value[,key=value])"));
     }
     out.emplace_back(std::string(key), std::string(value));
   }
@@ -39,8 +39,8 @@ absl::Status CheckKeys(const Selector& selector, const std::vector<std::string>&
   for (const auto& [key, value] : selector) {
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
       return absl::InvalidArgumentError(absl::StrCat("label \"", key, "\" does not apply to ",
-                                                     resource, " (labels: ",
-                                                     absl::StrJoin(keys, ", "), ")"));
+                                                     resource,
+                                                     " (labels: ", absl::StrJoin(keys, ", "), ")"));
     }
   }
   return absl::OkStatus();

@@ -85,8 +85,7 @@ std::string FormatAgeSince(int64_t unix_ms, absl::Time now) {
 
 std::string FormatUtc(int64_t unix_ms) {
   if (unix_ms == 0) return "<unknown>";
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(unix_ms),
-                          absl::UTCTimeZone());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone());
 }
 
 std::string FormatTimestamp(int64_t unix_ms, absl::Time now) {
