@@ -1,4 +1,10 @@
-#include "ctl/sdcctl_format.h"
+#include "ctl/command_output.h"
+#include "ctl/errors.h"
+#include "ctl/names.h"
+#include "ctl/resources.h"
+#include "ctl/selector.h"
+#include "ctl/serialize.h"
+#include "ctl/text.h"
 
 #include <cmath>
 #include <cstdint>
@@ -30,6 +36,22 @@ using ::testing::StartsWith;
 const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
 
 int64_t MillisAgo(absl::Duration d) { return absl::ToUnixMillis(kNow - d); }
+
+// The resource `word` names in the table ("requests", "node").
+const Resource& Kind(absl::string_view word) {
+  const Resource* r = FindResource(word);
+  if (r == nullptr) {
+    ADD_FAILURE() << "no resource " << word;
+    std::abort();
+  }
+  return *r;
+}
+
+// describe's text for one item of kind `kind` at kNow.
+std::string Describe(absl::string_view kind, const google::protobuf::Message& item,
+                     const Related& related = {}) {
+  return Kind(kind).Describe(item, related, kNow);
+}
 
 v1::Transition MakeTransition(v1::RequestState from, v1::RequestState to, int64_t at_ms,
                               const std::string& actor, const std::string& reason) {
@@ -243,8 +265,14 @@ TEST(RpcErrorMessageTest, OneLinePerCode) {
        "request 1 is already Denied (by bob: glitch); use --force to decide again"},
       {{grpc::StatusCode::PERMISSION_DENIED, "the admin token is not valid"},
        "permission denied: the admin token is not valid"},
+      // sdcd did not accept the credential (a wrong or removed operator's
+      // token); PERMISSION_DENIED is a known operator whose role may not.
+      {{grpc::StatusCode::UNAUTHENTICATED, "the admin token is not valid"},
+       "credential not accepted: the admin token is not valid"},
       {{grpc::StatusCode::UNAUTHENTICATED, "admin calls need a token"},
-       "permission denied: admin calls need a token"},
+       "credential not accepted: admin calls need a token"},
+      {{grpc::StatusCode::PERMISSION_DENIED, "bob has role viewer; this call needs operator"},
+       "permission denied: bob has role viewer; this call needs operator"},
       {{grpc::StatusCode::INVALID_ARGUMENT, "name a GPU UUID or a node"},
        "INVALID_ARGUMENT: name a GPU UUID or a node"},
       {{grpc::StatusCode::INTERNAL, "boom\r\n"}, "INTERNAL: boom  "},
@@ -305,7 +333,7 @@ TEST(NamesTest, StatesAndChecks) {
 // Tables
 
 TEST(FormatRequestsTest, Table) {
-  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("requests").Format(TwoRequests(), OutputFormat::kTable, kNow),
             "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   AGE\n"
             "7      node-b   Pending   replace   GPU-3         4           5m\n"
             "12     node-c   Done      reboot    GPU-5,GPU-6   9,10        2d\n");
@@ -316,7 +344,7 @@ TEST(FormatRequestsTest, Wide) {
   // Request 7 waits for a second approval (sdcd --approvals_required=2).
   requests.mutable_requests(0)->set_approvals_required(2);
   requests.mutable_requests(0)->add_approvals()->set_operator_("alice");
-  EXPECT_EQ(FormatRequests(requests, OutputFormat::kWide, kNow),
+  EXPECT_EQ(Kind("requests").Format(requests, OutputFormat::kWide, kNow),
             "NAME   NODE     STATE     ACTION    GPUS          INCIDENTS   "
             "REASON                       LAST-ACTOR     APPROVALS   AGE\n"
             "7      node-b   Pending   replace   GPU-3         4           "
@@ -326,27 +354,29 @@ TEST(FormatRequestsTest, Wide) {
 }
 
 TEST(FormatRequestsTest, Name) {
-  EXPECT_EQ(FormatRequests(TwoRequests(), OutputFormat::kName, kNow), "request/7\nrequest/12\n");
+  EXPECT_EQ(Kind("requests").Format(TwoRequests(), OutputFormat::kName, kNow),
+            "request/7\nrequest/12\n");
 }
 
 TEST(FormatRequestsTest, EmptyListPrintsNothingButTheDocument) {
   const v1::ListRequestsResponse empty;
-  EXPECT_EQ(FormatRequests(empty, OutputFormat::kTable, kNow), "");
-  EXPECT_EQ(FormatRequests(empty, OutputFormat::kWide, kNow), "");
-  EXPECT_EQ(FormatRequests(empty, OutputFormat::kName, kNow), "");
-  EXPECT_EQ(FormatRequests(empty, OutputFormat::kYaml, kNow), "requests: []\n");
-  EXPECT_THAT(FormatRequests(empty, OutputFormat::kJson, kNow), HasSubstr("\"requests\": []"));
+  EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kTable, kNow), "");
+  EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kWide, kNow), "");
+  EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kName, kNow), "");
+  EXPECT_EQ(Kind("requests").Format(empty, OutputFormat::kYaml, kNow), "requests: []\n");
+  EXPECT_THAT(Kind("requests").Format(empty, OutputFormat::kJson, kNow),
+              HasSubstr("\"requests\": []"));
 }
 
 TEST(FormatIncidentsTest, Table) {
-  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("incidents").Format(TwoIncidents(), OutputFormat::kTable, kNow),
             "NAME   JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   AGE\n"
             "4      job-a   120    replay    faulty    3       node-b   yes          59s\n"
             "9      job-b   7      weights   suspect   5,6     node-c   no           1h\n");
 }
 
 TEST(FormatIncidentsTest, Wide) {
-  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kWide, kNow),
+  EXPECT_EQ(Kind("incidents").Format(TwoIncidents(), OutputFormat::kWide, kNow),
             "NAME   JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   "
             "GPUS     TENSORS                       EXPLANATION                                "
             "AGE\n"
@@ -359,18 +389,19 @@ TEST(FormatIncidentsTest, Wide) {
 }
 
 TEST(FormatIncidentsTest, Name) {
-  EXPECT_EQ(FormatIncidents(TwoIncidents(), OutputFormat::kName, kNow), "incident/4\nincident/9\n");
+  EXPECT_EQ(Kind("incidents").Format(TwoIncidents(), OutputFormat::kName, kNow),
+            "incident/4\nincident/9\n");
 }
 
 TEST(FormatSuspectsTest, Table) {
-  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("suspects").Format(TwoSuspects(), OutputFormat::kTable, kNow),
             "NAME    NODE     JOB     RANK   INCIDENTS   TARGETED-LEFT   AGE\n"
             "GPU-3   node-b   job-a   3      2           1               45s\n"
             "GPU-5   node-c   job-b   5      1           3               <unknown>\n");
 }
 
 TEST(FormatSuspectsTest, Wide) {
-  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kWide, kNow),
+  EXPECT_EQ(Kind("suspects").Format(TwoSuspects(), OutputFormat::kWide, kNow),
             "NAME    NODE     JOB     RANK   INCIDENTS   TARGETED-LEFT   REASON            AGE\n"
             "GPU-3   node-b   job-a   3      2           1               replay mismatch   45s\n"
             "GPU-5   node-c   job-b   5      1           3               <none>            "
@@ -378,7 +409,7 @@ TEST(FormatSuspectsTest, Wide) {
 }
 
 TEST(FormatSuspectsTest, Name) {
-  EXPECT_EQ(FormatSuspects(TwoSuspects(), OutputFormat::kName, kNow),
+  EXPECT_EQ(Kind("suspects").Format(TwoSuspects(), OutputFormat::kName, kNow),
             "suspect/GPU-3\nsuspect/GPU-5\n");
 }
 
@@ -387,12 +418,12 @@ TEST(FormatJobsTest, TableAndWideAreTheSame) {
       "NAME    WORLD   NODES   ATTACHED   LAST-STEP   INCIDENTS   AGE\n"
       "job-a   8       2       8          120         1           12m\n"
       "job-b   16      4       12         7           0           3d\n";
-  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kTable, kNow), want);
-  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kWide, kNow), want);
+  EXPECT_EQ(Kind("jobs").Format(TwoJobs(), OutputFormat::kTable, kNow), want);
+  EXPECT_EQ(Kind("jobs").Format(TwoJobs(), OutputFormat::kWide, kNow), want);
 }
 
 TEST(FormatJobsTest, Name) {
-  EXPECT_EQ(FormatJobs(TwoJobs(), OutputFormat::kName, kNow), "job/job-a\njob/job-b\n");
+  EXPECT_EQ(Kind("jobs").Format(TwoJobs(), OutputFormat::kName, kNow), "job/job-a\njob/job-b\n");
 }
 
 // A job id comes from a trainer: it must not break the table or reach the
@@ -402,7 +433,7 @@ TEST(FormatJobsTest, CellsAreOneLineWithoutControlCharacters) {
   v1::Job* j = r.add_jobs();
   j->set_job_id("a\tb\n\x1b[2J");
   j->set_world_size(1);
-  EXPECT_EQ(FormatJobs(r, OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("jobs").Format(r, OutputFormat::kTable, kNow),
             "NAME       WORLD   NODES   ATTACHED   LAST-STEP   INCIDENTS   AGE\n"
             "a b ?[2J   1       0       0          0           0           <unknown>\n");
 }
@@ -412,7 +443,7 @@ TEST(FormatJobsTest, AlignsUtf8) {
   v1::ListJobsResponse r;
   r.add_jobs()->set_job_id("jöb");
   r.add_jobs()->set_job_id("job-long");
-  const std::string out = FormatJobs(r, OutputFormat::kTable, kNow);
+  const std::string out = Kind("jobs").Format(r, OutputFormat::kTable, kNow);
   EXPECT_THAT(out, HasSubstr("\njöb        0   "));
   EXPECT_THAT(out, HasSubstr("\njob-long   0   "));
 }
@@ -452,7 +483,7 @@ TEST(FormatHistoryTest, Empty) {
 
 TEST(ToJsonTest, ParsesBackToTheSameMessageWithProtoFieldNames) {
   const v1::ListRequestsResponse want = TwoRequests();
-  const std::string json = FormatRequests(want, OutputFormat::kJson, kNow);
+  const std::string json = Kind("requests").Format(want, OutputFormat::kJson, kNow);
   v1::ListRequestsResponse got;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &got).ok()) << json;
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want)) << json;
@@ -466,19 +497,21 @@ TEST(ToJsonTest, ParsesBackToTheSameMessageWithProtoFieldNames) {
 }
 
 TEST(ToJsonTest, EveryListIsOneDocument) {
-  for (const std::string& json : {FormatIncidents(TwoIncidents(), OutputFormat::kJson, kNow),
-                                  FormatSuspects(TwoSuspects(), OutputFormat::kJson, kNow),
-                                  FormatJobs(TwoJobs(), OutputFormat::kJson, kNow)}) {
+  for (const std::string& json :
+       {Kind("incidents").Format(TwoIncidents(), OutputFormat::kJson, kNow),
+        Kind("suspects").Format(TwoSuspects(), OutputFormat::kJson, kNow),
+        Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow)}) {
     EXPECT_EQ(json.front(), '{') << json;
     EXPECT_EQ(json.substr(json.size() - 2), "}\n") << json;
   }
   v1::ListIncidentsResponse incidents;
-  const std::string json = FormatIncidents(TwoIncidents(), OutputFormat::kJson, kNow);
+  const std::string json = Kind("incidents").Format(TwoIncidents(), OutputFormat::kJson, kNow);
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &incidents).ok());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(incidents, TwoIncidents()));
   EXPECT_THAT(json, HasSubstr("\"differing_tensors\": ["));
   EXPECT_THAT(json, HasSubstr("\"check\": \"CHECK_WEIGHTS\""));
-  EXPECT_THAT(FormatJobs(TwoJobs(), OutputFormat::kJson, kNow), HasSubstr("\"open_incidents\": 0"));
+  EXPECT_THAT(Kind("jobs").Format(TwoJobs(), OutputFormat::kJson, kNow),
+              HasSubstr("\"open_incidents\": 0"));
 }
 
 // ---------------------------------------------------------------------------
@@ -811,7 +844,7 @@ TEST(ToYamlAdminTest, RequestWithTransitionsAndEvidence) {
 }
 
 TEST(ToYamlAdminTest, ListsOfEachKind) {
-  const std::string jobs = FormatJobs(TwoJobs(), OutputFormat::kYaml, kNow);
+  const std::string jobs = Kind("jobs").Format(TwoJobs(), OutputFormat::kYaml, kNow);
   EXPECT_THAT(jobs, StartsWith("jobs:\n  - job_id: job-a\n"));
   EXPECT_THAT(jobs, HasSubstr("\n  - job_id: job-a\n"
                               "    world_size: 8\n"
@@ -826,7 +859,7 @@ TEST(ToYamlAdminTest, ListsOfEachKind) {
                               "    last_step: 7\n"
                               "    created_unix_ms: 1799740800000\n"
                               "    open_incidents: 0\n"));
-  const std::string suspects = FormatSuspects(TwoSuspects(), OutputFormat::kYaml, kNow);
+  const std::string suspects = Kind("suspects").Format(TwoSuspects(), OutputFormat::kYaml, kNow);
   EXPECT_THAT(suspects, StartsWith("suspects:\n  - gpu_uuid: GPU-3\n"));
   EXPECT_THAT(suspects, HasSubstr("\n  - gpu_uuid: GPU-5\n"
                                   "    node_name: node-c\n"
@@ -836,7 +869,7 @@ TEST(ToYamlAdminTest, ListsOfEachKind) {
                                   "    incidents: 1\n"
                                   "    targeted_audits_left: 3\n"
                                   "    since_unix_ms: 0\n"));
-  const std::string incidents = FormatIncidents(TwoIncidents(), OutputFormat::kYaml, kNow);
+  const std::string incidents = Kind("incidents").Format(TwoIncidents(), OutputFormat::kYaml, kNow);
   EXPECT_THAT(incidents, StartsWith("incidents:\n  - id: 4\n    job_id: job-a\n"));
   EXPECT_THAT(incidents, HasSubstr("\n  - id: 9\n    job_id: job-b\n    step: 7\n"
                                    "    check: CHECK_WEIGHTS\n    outcome: suspect\n"
@@ -916,7 +949,7 @@ TEST(YamlStringTest, QuotesOnlyWhatYamlWouldMisread) {
 TEST(DescribeRequestTest, HistoryAndEvidence) {
   v1::ReplacementRequest r = DoneRequest();
   *r.add_evidence() = WeightsIncident();  // Incident 10 is missing from the evidence.
-  EXPECT_EQ(DescribeRequest(r, kNow),
+  EXPECT_EQ(Describe("request", r),
             "Request:          12\n"
             "Node:             node-c\n"
             "State:            Done\n"
@@ -953,7 +986,7 @@ TEST(DescribeRequestTest, HistoryAndEvidence) {
 TEST(DescribeRequestTest, AttributedEvidence) {
   v1::ReplacementRequest r = PendingRequest();
   *r.add_evidence() = ReplayIncident();
-  const std::string out = DescribeRequest(r, kNow);
+  const std::string out = Describe("request", r);
   EXPECT_THAT(out, HasSubstr("State:            Pending\n"));
   EXPECT_THAT(out, HasSubstr("Actuator:         <none>\n"));
   EXPECT_THAT(out, HasSubstr("  Incident 4:\n"
@@ -974,7 +1007,7 @@ TEST(DescribeRequestTest, AttributedEvidence) {
 TEST(DescribeRequestTest, NothingRecorded) {
   v1::ReplacementRequest r;
   r.set_id(3);
-  EXPECT_EQ(DescribeRequest(r, kNow),
+  EXPECT_EQ(Describe("request", r),
             "Request:          3\n"
             "Node:             <none>\n"
             "State:            Unknown\n"
@@ -1085,21 +1118,22 @@ v1::Diagnostic DiagnosticOf(v1::DiagnosticState state, std::vector<v1::Diagnosti
 }
 
 TEST(FormatNodesTest, TableWideName) {
-  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("nodes").Format(TwoNodes(), OutputFormat::kTable, kNow),
             "NAME                           INSTANCE              GPUS   STATUS         AGE\n"
             "hyperpod-i-0123456789abcdef0   i-0123456789abcdef0   8      Ready          12s\n"
             "node-b                         <none>                0      Disconnected   7m\n");
-  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kWide, kNow),
+  EXPECT_EQ(Kind("nodes").Format(TwoNodes(), OutputFormat::kWide, kNow),
             "NAME                           HOSTNAME       INSTANCE              GPUS   "
             "GPU-MODEL               STATUS         AGENT   AGE\n"
             "hyperpod-i-0123456789abcdef0   ip-10-1-0-31   i-0123456789abcdef0   8      "
             "NVIDIA H100 80GB HBM3   Ready          0.1.0   12s\n"
             "node-b                         node-b         <none>                0      "
             "<none>                  Disconnected   0.1.0   7m\n");
-  EXPECT_EQ(FormatNodes(TwoNodes(), OutputFormat::kName, kNow),
+  EXPECT_EQ(Kind("nodes").Format(TwoNodes(), OutputFormat::kName, kNow),
             "node/hyperpod-i-0123456789abcdef0\nnode/node-b\n");
-  EXPECT_EQ(FormatNodes({}, OutputFormat::kTable, kNow), "");
-  EXPECT_EQ(FormatNodes({}, OutputFormat::kYaml, kNow), "nodes: []\n");
+  EXPECT_EQ(Kind("nodes").Format(v1::ListNodesResponse(), OutputFormat::kTable, kNow), "");
+  EXPECT_EQ(Kind("nodes").Format(v1::ListNodesResponse(), OutputFormat::kYaml, kNow),
+            "nodes: []\n");
 }
 
 TEST(DescribeNodeTest, IdentityGpusAndDiagnostics) {
@@ -1110,7 +1144,7 @@ TEST(DescribeNodeTest, IdentityGpusAndDiagnostics) {
   *n.add_diagnostics() =
       DiagnosticOf(v1::DIAGNOSTIC_FAILED, {DeviceResultFor("GPU-0", "cuda:0", 0),
                                            DeviceResultFor("GPU-1", "cuda:1", 4)});
-  EXPECT_EQ(DescribeNode(n, kNow),
+  EXPECT_EQ(Describe("node", n),
             "Node:            hyperpod-i-0123456789abcdef0\n"
             "Hostname:        ip-10-1-0-31\n"
             "Instance:        i-0123456789abcdef0\n"
@@ -1127,7 +1161,7 @@ TEST(DescribeNodeTest, IdentityGpusAndDiagnostics) {
             "  NAME   STATE    GPU   SIZE   REPETITIONS   DEVICES   MISMATCHES   AGE\n"
             "  3      Failed   all   1024   3             2         4            2m\n");
   const v1::Node b = TwoNodes().nodes(1);
-  EXPECT_THAT(DescribeNode(b, kNow),
+  EXPECT_THAT(Describe("node", b),
               HasSubstr("GPUs:  <none> (NVML: cannot load libnvidia-ml.so.1)\n"
                         "Diagnostics:  <none>\n"));
 }
@@ -1222,29 +1256,29 @@ TEST(SelectorTest, FiltersEachResourceByItsLabels) {
   b->add_node_names("node-b");
   b->set_resolved_by("alice");
   v1::ListIncidentsResponse all = incidents;
-  ASSERT_TRUE(Filter(&all, {}).ok());
+  ASSERT_TRUE(Kind("incidents").Filter({}, &all).ok());
   EXPECT_EQ(all.incidents_size(), 2);
   v1::ListIncidentsResponse by_node = incidents;
-  ASSERT_TRUE(Filter(&by_node, {{"node", "node-b"}}).ok());
+  ASSERT_TRUE(Kind("incidents").Filter({{"node", "node-b"}}, &by_node).ok());
   EXPECT_EQ(by_node.incidents_size(), 2);  // Any of an incident's nodes matches.
   v1::ListIncidentsResponse both = incidents;
-  ASSERT_TRUE(Filter(&both, {{"node", "node-b"}, {"check", "replay"}}).ok());
+  ASSERT_TRUE(Kind("incidents").Filter({{"node", "node-b"}, {"check", "replay"}}, &both).ok());
   ASSERT_EQ(both.incidents_size(), 1);
   EXPECT_EQ(both.incidents(0).id(), 1u);
   v1::ListIncidentsResponse resolved = incidents;
-  ASSERT_TRUE(Filter(&resolved, {{"state", "resolved"}}).ok());
+  ASSERT_TRUE(Kind("incidents").Filter({{"state", "resolved"}}, &resolved).ok());
   ASSERT_EQ(resolved.incidents_size(), 1);
   EXPECT_EQ(resolved.incidents(0).id(), 2u);
 
   v1::ListRequestsResponse requests;
   requests.add_requests()->set_state(v1::PENDING);
   requests.add_requests()->set_state(v1::DENIED);
-  ASSERT_TRUE(Filter(&requests, {{"state", "denied"}}).ok());
+  ASSERT_TRUE(Kind("requests").Filter({{"state", "denied"}}, &requests).ok());
   ASSERT_EQ(requests.requests_size(), 1);
   EXPECT_EQ(requests.requests(0).state(), v1::DENIED);
 
   v1::ListJobsResponse jobs;
-  absl::Status s = Filter(&jobs, {{"gpu", "GPU-1"}});
+  absl::Status s = Kind("jobs").Filter({{"gpu", "GPU-1"}}, &jobs);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "label \"gpu\" does not apply to jobs (labels: job)");
 }
@@ -1258,11 +1292,11 @@ TEST(DescribeRequestTest, ApprovalsShownWhenMoreThanOneIsRequired) {
   v1::ReplacementRequest r;
   r.set_id(3);
   r.set_state(v1::PENDING);
-  EXPECT_THAT(DescribeRequest(r, kNow), Not(HasSubstr("Approvals")));
+  EXPECT_THAT(Describe("request", r), Not(HasSubstr("Approvals")));
   r.set_approvals_required(2);
-  EXPECT_THAT(DescribeRequest(r, kNow), HasSubstr("Approvals:  <none> (0 of 2 required)\n"));
+  EXPECT_THAT(Describe("request", r), HasSubstr("Approvals:  <none> (0 of 2 required)\n"));
   r.add_approvals()->set_operator_("alice");
-  EXPECT_THAT(DescribeRequest(r, kNow), HasSubstr("Approvals:  alice (1 of 2 required)\n"));
+  EXPECT_THAT(Describe("request", r), HasSubstr("Approvals:  alice (1 of 2 required)\n"));
 }
 
 TEST(DescribeIncidentTest, EveryFieldWithItsRequestAndResolution) {
@@ -1272,7 +1306,7 @@ TEST(DescribeIncidentTest, EveryFieldWithItsRequestAndResolution) {
   i.set_check(v1::CHECK_WEIGHTS);
   i.set_request_id(2);
   i.set_resolved_by("alice");
-  const std::string out = DescribeIncident(i, kNow);
+  const std::string out = Describe("incident", i);
   EXPECT_THAT(out, StartsWith("Incident:     4\nJob:          job-a\n"));
   EXPECT_THAT(out, HasSubstr("Check:        weights\n"));
   EXPECT_THAT(out, HasSubstr("Request:      request/2\n"));
@@ -1286,11 +1320,236 @@ TEST(OperatorsFormatTest, TableNameAndRoles) {
   o->set_role(v1::ROLE_ADMIN);
   o->set_created_by("root");
   o->set_created_unix_ms(MillisAgo(absl::Minutes(5)));
-  EXPECT_EQ(FormatOperators(r, OutputFormat::kTable, kNow),
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kTable, kNow),
             "NAME    ROLE    CREATED-BY   AGE\nalice   admin   root         5m\n");
-  EXPECT_EQ(FormatOperators(r, OutputFormat::kName, kNow), "operator/alice\n");
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kName, kNow), "operator/alice\n");
   EXPECT_EQ(*ParseRole("Viewer"), v1::ROLE_VIEWER);
   EXPECT_EQ(ParseRole("root").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// ---------------------------------------------------------------------------
+// What the table of resources makes possible beyond the cases above.
+
+TEST(DescribeJobTest, SummaryRanksAndIncidents) {
+  Related related;
+  v1::Rank* r0 = related.ranks.add_ranks();
+  r0->mutable_placement()->set_rank(0);
+  r0->mutable_placement()->set_node_name("node-a");
+  r0->mutable_placement()->set_gpu_uuid("GPU-0");
+  r0->set_attached(true);
+  r0->set_checks_through_step(120);
+  v1::Rank* r3 = related.ranks.add_ranks();
+  r3->mutable_placement()->set_rank(3);
+  r3->mutable_placement()->set_node_name("node-b");
+  r3->set_checks_through_step(110);
+  *related.incidents.add_incidents() = ReplayIncident();
+  EXPECT_EQ(Describe("job", TwoJobs().jobs(0), related),
+            "Job:             job-a\n"
+            "World Size:      8\n"
+            "Attached Ranks:  8\n"
+            "Nodes:           2\n"
+            "Last Step:       120\n"
+            "Open Incidents:  1\n"
+            "Created:         2027-01-15T07:48:00Z (12m ago)\n"
+            "Ranks:\n"
+            "  RANK   NODE     GPU      ATTACHED   CHECKED-THROUGH\n"
+            "  0      node-a   GPU-0    yes        120\n"
+            "  3      node-b   <none>   no         110\n"
+            "Incidents:\n"
+            "  Incident 4:\n"
+            "    Job:          job-a\n"
+            "    Step:         120\n"
+            "    Check:        replay\n"
+            "    Outcome:      faulty\n"
+            "    Ranks:        3\n"
+            "    Nodes:        node-b\n"
+            "    GPUs:         GPU-3\n"
+            "    Attributed:   yes\n"
+            "    Tensors:      layer.0.weight,layer.1.bias\n"
+            "    Explanation:  rank 3 differs from its replay on node-a\n"
+            "    Created:      2027-01-15T07:59:01Z (59s ago)\n");
+  EXPECT_THAT(Describe("job", TwoJobs().jobs(1)),
+              HasSubstr("Ranks:  <none>\nIncidents:  <none>\n"));
+}
+
+TEST(DescribeIncidentTest, ResolvedAtGetsItsOwnBlock) {
+  v1::Incident i = WeightsIncident();
+  i.set_resolved_by("alice");
+  i.set_resolution("drained by hand");
+  i.set_resolved_unix_ms(MillisAgo(absl::Minutes(3)));
+  EXPECT_EQ(Describe("incident", i),
+            "Incident:     9\n"
+            "Job:          job-b\n"
+            "Step:         7\n"
+            "Check:        weights\n"
+            "Outcome:      suspect\n"
+            "Ranks:        5,6\n"
+            "Nodes:        node-c\n"
+            "GPUs:         <none>\n"
+            "Attributed:   no\n"
+            "Tensors:      <none>\n"
+            "Explanation:  <none>\n"
+            "Created:      2027-01-15T07:00:00Z (1h ago)\n"
+            "Request:      <none>\n"
+            "Resolved By:  alice\n"
+            "Resolution:   drained by hand\n"
+            "Resolved:  2027-01-15T07:57:00Z (3m ago)\n");
+}
+
+// describe -o name|json|yaml: the item alone, whatever the kind.
+TEST(FormatOneTest, NameJsonAndYamlOfOneItem) {
+  const v1::ReplacementRequest r = PendingRequest();
+  EXPECT_EQ(Kind("request").FormatOne(r, {}, OutputFormat::kName, kNow), "request/7\n");
+  EXPECT_EQ(Kind("request").FormatOne(r, {}, OutputFormat::kJson, kNow), ToJson(r));
+  EXPECT_EQ(Kind("request").FormatOne(r, {}, OutputFormat::kYaml, kNow), ToYaml(r));
+  EXPECT_EQ(Kind("request").FormatOne(r, {}, OutputFormat::kWide, kNow), Describe("request", r));
+  const v1::Job j = TwoJobs().jobs(0);
+  EXPECT_EQ(Kind("job").FormatOne(j, {}, OutputFormat::kName, kNow), "job/job-a\n");
+  EXPECT_EQ(Kind("node").FormatOne(TwoNodes().nodes(1), {}, OutputFormat::kName, kNow),
+            "node/node-b\n");
+  EXPECT_EQ(Kind("incident").FormatOne(ReplayIncident(), {}, OutputFormat::kName, kNow),
+            "incident/4\n");
+}
+
+TEST(FormatOperatorsTest, WideIsTheTableAndRoleIsALabel) {
+  v1::ListOperatorsResponse r;
+  for (const auto& [name, role] : std::vector<std::pair<std::string, v1::OperatorRole>>{
+           {"alice", v1::ROLE_ADMIN}, {"bob", v1::ROLE_VIEWER}, {"carol", v1::ROLE_ADMIN}}) {
+    v1::Operator* o = r.add_operators();
+    o->set_name(name);
+    o->set_role(role);
+    o->set_created_by("root");
+    o->set_created_unix_ms(MillisAgo(absl::Hours(2)));
+  }
+  const std::string table =
+      "NAME    ROLE     CREATED-BY   AGE\n"
+      "alice   admin    root         2h\n"
+      "bob     viewer   root         2h\n"
+      "carol   admin    root         2h\n";
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kTable, kNow), table);
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kWide, kNow), table);
+  ASSERT_TRUE(Kind("operators").Filter({{"role", "admin"}}, &r).ok());
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kName, kNow),
+            "operator/alice\noperator/carol\n");
+  EXPECT_EQ(Kind("operators").Filter({{"node", "x"}}, &r).message(),
+            "label \"node\" does not apply to operators (labels: role)");
+}
+
+// Filtering keeps the matching items in their order, whatever lies between.
+TEST(SelectorTest, KeepsTheOrderOfWhatMatches) {
+  v1::ListSuspectsResponse r;
+  for (const char* node : {"a", "b", "a", "c", "a", "b"}) {
+    v1::Suspect* s = r.add_suspects();
+    s->set_node_name(node);
+    s->set_gpu_uuid(absl::StrCat("GPU-", r.suspects_size()));
+  }
+  ASSERT_TRUE(Kind("suspects").Filter({{"node", "a"}}, &r).ok());
+  EXPECT_EQ(Kind("suspects").Format(r, OutputFormat::kName, kNow),
+            "suspect/GPU-1\nsuspect/GPU-3\nsuspect/GPU-5\n");
+  ASSERT_TRUE(Kind("suspects").Filter({{"node", "b"}}, &r).ok());
+  EXPECT_EQ(Kind("suspects").Count(r), 0);
+}
+
+TEST(SelectorTest, NodesMatchByAnyGpuAndLowerCaseStatus) {
+  v1::ListNodesResponse nodes = TwoNodes();
+  ASSERT_TRUE(Kind("nodes").Filter({{"gpu", "GPU-7"}, {"status", "ready"}}, &nodes).ok());
+  EXPECT_EQ(Kind("nodes").Format(nodes, OutputFormat::kName, kNow),
+            "node/hyperpod-i-0123456789abcdef0\n");
+  nodes = TwoNodes();
+  EXPECT_EQ(Kind("nodes").Filter({{"state", "ready"}}, &nodes).message(),
+            "label \"state\" does not apply to nodes (labels: node, gpu, status)");
+  EXPECT_EQ(Kind("nodes").Count(nodes), 2);  // Untouched.
+}
+
+// Every resource, as a table: NAME first and AGE last in both formats, wide
+// a superset of the table in the same order, the empty list prints nothing,
+// names are kind/NAME, and every label key filters.
+TEST(ResourceTableTest, EveryResourceKeepsTheLayoutRules) {
+  std::vector<std::string> plurals;
+  for (const Resource& r : Resources()) plurals.push_back(r.plural());
+  EXPECT_EQ(plurals, (std::vector<std::string>{"requests", "incidents", "suspects", "jobs",
+                                               "nodes", "operators"}));
+  for (const Resource& r : Resources()) {
+    SCOPED_TRACE(r.plural());
+    EXPECT_EQ(FindResource(r.kind()), &r);
+    std::unique_ptr<google::protobuf::Message> list = r.NewList();
+    const Row table = r.Rows(*list, /*wide=*/false, "", kNow)[0];
+    const Row wide = r.Rows(*list, /*wide=*/true, "", kNow)[0];
+    EXPECT_EQ(table.front(), "NAME");
+    EXPECT_EQ(table.back(), "AGE");
+    EXPECT_EQ(wide.front(), "NAME");
+    EXPECT_EQ(wide.back(), "AGE");
+    size_t w = 0;
+    for (const std::string& column : table) {
+      while (w < wide.size() && wide[w] != column) ++w;
+      EXPECT_LT(w, wide.size()) << column << " missing from wide, or out of order";
+    }
+    EXPECT_EQ(r.Format(*list, OutputFormat::kTable, kNow), "");
+    EXPECT_EQ(r.Format(*list, OutputFormat::kName, kNow), "");
+    EXPECT_THAT(r.Format(*list, OutputFormat::kYaml, kNow), HasSubstr(": []\n"));
+    EXPECT_FALSE(r.label_keys().empty());
+    for (const std::string& key : r.label_keys()) {
+      EXPECT_TRUE(r.CheckSelector({{key, "x"}}).ok()) << key;
+    }
+    EXPECT_EQ(r.CheckSelector({{"colour", "x"}}).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// describe's kinds and how each is named.
+TEST(ResourceTableTest, DescribableKindsAndTheirKeys) {
+  std::vector<std::string> kinds;
+  for (const Resource& r : Resources()) {
+    if (!r.describable()) continue;
+    kinds.push_back(absl::StrCat(r.kind(), " ", r.key().placeholder));
+  }
+  EXPECT_EQ(kinds, (std::vector<std::string>{"request ID", "incident ID", "job NAME",
+                                             "node NAME"}));
+  EXPECT_EQ(*Kind("request").key().Parse("request/7"), "7");
+  EXPECT_EQ(Kind("request").key().Parse("0").status().message(),
+            "bad request id \"0\" (want a positive integer)");
+  EXPECT_EQ(*Kind("node").key().Parse("node/node-b"), "node-b");
+  // A job id is whatever the trainer sent.
+  EXPECT_EQ(*Kind("job").key().Parse("job/team-a"), "job/team-a");
+}
+
+TEST(FormatHistoryTest, WideAndJson) {
+  v1::HistoryResponse h;
+  *h.add_incidents() = WeightsIncident();
+  *h.add_requests() = DoneRequest();
+  EXPECT_EQ(
+      FormatHistory(h, OutputFormat::kWide, kNow),
+      "NAME         JOB     STEP   CHECK     OUTCOME   RANKS   NODES    ATTRIBUTED   GPUS     "
+      "TENSORS   EXPLANATION   AGE\n"
+      "incident/9   job-b   7      weights   suspect   5,6     node-c   no           <none>   "
+      "<none>    <none>        1h\n"
+      "\n"
+      "NAME         NODE     STATE   ACTION   GPUS          INCIDENTS   REASON         "
+      "LAST-ACTOR     APPROVALS   AGE\n"
+      "request/12   node-c   Done    reboot   GPU-5,GPU-6   9,10        weights vote   "
+      "actuator:eks   0/1         2d\n");
+  EXPECT_EQ(FormatHistory(h, OutputFormat::kJson, kNow), ToJson(h));
+}
+
+TEST(WhoAmITest, EveryFormat) {
+  v1::WhoAmIResponse r;
+  r.set_name("alice");
+  r.set_role(v1::ROLE_OPERATOR);
+  r.set_approvals_required(2);
+  r.set_server_version("0.2.0");
+  EXPECT_EQ(FormatWhoAmI(r, OutputFormat::kTable),
+            "Name:                alice\n"
+            "Role:                operator\n"
+            "Approvals Required:  2\n"
+            "Server Version:      0.2.0\n");
+  EXPECT_EQ(FormatWhoAmI(r, OutputFormat::kName), "operator/alice\n");
+  EXPECT_EQ(FormatWhoAmI(r, OutputFormat::kYaml), ToYaml(r));
+  v1::Operator added;
+  added.set_name("bob");
+  added.set_role(v1::ROLE_VIEWER);
+  EXPECT_EQ(OperatorAddedNotice(added),
+            "operator/bob added (role viewer). Its token follows, shown this once: give it to "
+            "bob to keep in a file only they can read (token_file in sdcctl.yaml).\n");
 }
 
 }  // namespace
