@@ -255,16 +255,17 @@ cmd_test() {
 # `./sdc bench overhead --trainer=python` at a smoke size, checked by
 # bench/smoke_test.sh as bench/BUILD checks every other bench: it needs the
 # wheel, which ./sdc builds outside Bazel (cmd_pytest just did). Two loops,
-# not three: 12 Python ranks importing torch are most of its time.
+# not three, and 12 steps: 12 Python ranks importing torch (about 50 CPU
+# seconds) are most of its time.
 smoke_python_bench() {
   build_targets //bench:overhead_bench
-  build_python >/dev/null
+  [[ -n "${SDC_PYTHONPATH:-}" ]] || build_python >/dev/null  # cmd_pytest built it.
   local log="$SDC_CACHE/bench-smoke-overhead-python.log" start=$SECONDS
   log "smoke run: ./sdc bench overhead --trainer=python (log: $log)"
   if ! "$ROOT/bench/smoke_test.sh" \
     overhead_pct,step_ms_unguarded,step_ms_guarded,audit_step_ratio,weight_check_pct_of_step,trainer \
     "$ROOT/bazel-bin/bench/overhead_bench" --trainer=python --variants=unguarded,guarded \
-    --steps=20 --warmup=5 --rounds=1 --audit_every=10 --weight_check_every=5 --turn_steps=5 \
+    --steps=12 --warmup=2 --rounds=1 --audit_every=6 --weight_check_every=3 --turn_steps=6 \
     >"$log" 2>&1; then
     tail -40 "$log" >&2
     die "the smoke run of ./sdc bench overhead --trainer=python failed (log: $log)"
