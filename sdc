@@ -247,8 +247,30 @@ cmd_test() {
   local start=$SECONDS
   bazel_run test //... "$@"
   cmd_pytest
+  smoke_python_bench
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
+}
+
+# `./sdc bench overhead --trainer=python` at a smoke size, checked by
+# bench/smoke_test.sh as bench/BUILD checks every other bench: it needs the
+# wheel, which ./sdc builds outside Bazel (cmd_pytest just did). Two loops,
+# not three, and 12 steps: 12 Python ranks importing torch (about 50 CPU
+# seconds) are most of its time.
+smoke_python_bench() {
+  build_targets //bench:overhead_bench
+  [[ -n "${SDC_PYTHONPATH:-}" ]] || build_python >/dev/null  # cmd_pytest built it.
+  local log="$SDC_CACHE/bench-smoke-overhead-python.log" start=$SECONDS
+  log "smoke run: ./sdc bench overhead --trainer=python (log: $log)"
+  if ! "$ROOT/bench/smoke_test.sh" \
+    overhead_pct,step_ms_unguarded,step_ms_guarded,audit_step_ratio,weight_check_pct_of_step,trainer \
+    "$ROOT/bazel-bin/bench/overhead_bench" --trainer=python --variants=unguarded,guarded \
+    --steps=12 --warmup=2 --rounds=1 --audit_every=6 --weight_check_every=3 --turn_steps=6 \
+    >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "the smoke run of ./sdc bench overhead --trainer=python failed (log: $log)"
+  fi
+  log "smoke run of ./sdc bench overhead --trainer=python passed in $((SECONDS - start)) s"
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a
