@@ -95,7 +95,8 @@ absl::StatusOr<core::Report> FromProto(const v1::Report& r) {
       out.body = core::StepReport{s.local_nonfinite(),  s.reduced_nonfinite(),
                                   s.reduced_sum_squares(), s.reduced_digest(),
                                   s.applied(),          s.skip_reason(),
-                                  s.audit_unverified(),  s.audits_off()};
+                                  s.audit_unverified(),  s.audits_off(),
+                                  s.loss_scaled()};
       break;
     }
     case v1::Report::kAudit: {
@@ -154,6 +155,7 @@ v1::Report ToProto(const core::Report& r) {
     p->set_skip_reason(s->skip_reason);
     p->set_audit_unverified(s->audit_unverified);
     p->set_audits_off(s->audits_off);
+    p->set_loss_scaled(s->loss_scaled);
   } else if (const auto* a = std::get_if<core::AuditResult>(&r.body)) {
     v1::AuditResult* p = out.mutable_audit();
     p->set_role(ToProto(a->role));

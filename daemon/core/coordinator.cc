@@ -130,6 +130,7 @@ uint64_t ContentDigest(const Report& r) {
     add(sum_bits);
     add(s->reduced_digest);
     add(s->applied);
+    add(s->loss_scaled);
   } else if (const auto* a = std::get_if<AuditResult>(&r.body)) {
     add(static_cast<uint64_t>(a->role));
     add(a->subject);

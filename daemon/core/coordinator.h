@@ -262,6 +262,7 @@ class Coordinator {
     absl::flat_hash_set<Rank> applied;
     absl::flat_hash_set<Rank> skipped;
     std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
+    bool loss_scaled = false;  // Some rank's report: the step ran under a loss scaler.
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {
@@ -405,9 +406,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Check 1's local part: whose NaN/Inf a replay confirmed (faulty), whose
   // it reproduced (data or software), whose nobody replayed (suspect); and
-  // NaN/Inf that only the all-reduce produced. `local`: ranks with local
-  // NaN/Inf, ascending; `reduced`: CheckReducedGradients' outcome.
-  void CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
+  // NaN/Inf that only the all-reduce produced. Under a loss scaler only a
+  // confirmed rank is an incident: the rest is the scaler's overflow.
+  // `local`: ranks with local NaN/Inf, ascending; `reduced`:
+  // CheckReducedGradients' outcome. True when the step was the scaler's
+  // overflow and nothing else.
+  bool CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
                       const std::vector<Rank>& local, VoteOutcome reduced,
                       absl::Duration latency, StepFailures& found, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -477,6 +477,59 @@ TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
 }
 
+// Issue 40, item 1: under a loss scaler NaN/Inf is the scaler's overflow.
+StepReport Scaled(uint64_t local_nonfinite, uint64_t reduced_nonfinite) {
+  StepReport s{local_nonfinite, reduced_nonfinite, NAN, 1, false, "loss scaler overflow", false};
+  s.loss_scaled = true;
+  return s;
+}
+
+TEST(CoordinatorTest, AnOverflowOnEveryRankUnderALossScalerIsNoIncident) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 3, Scaled(1, 6)).ok());
+  // A compression hook's fp16 sum overflowing on every rank is the same.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 4, Scaled(0, 6)).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+  // Without the scaler the same reports are the model's or the all-reduce's.
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 5, StepReport{1, 6, NAN, 1, false, "nonfinite", false}).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "all_ranks");
+}
+
+TEST(CoordinatorTest, ALoneOverflowUnderALossScalerNamesNobodyUnlessAReplayIsFinite) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  // Step 3: rank 2's overflow, reproduced on another node: the data.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 3, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty()) << "waits for the confirmation replay";
+  AuditResult confirm;
+  confirm.role = AuditRole::kConfirm;
+  confirm.subject = 2;
+  confirm.nonfinite = 5;
+  ASSERT_TRUE(cl.Send(4, 3, confirm).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  // Step 4: rank 2's overflow under accumulation, never replayed: no suspect.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 4, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+  // Step 5: a replay on another node comes out finite: the GPU is named.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 5, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  confirm.nonfinite = 0;
+  ASSERT_TRUE(cl.Send(4, 5, confirm).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("under a loss scaler"));
+}
+
 // Issue 27, item 5: values no healthy rank sends are refused, not stored.
 TEST(CoordinatorTest, ImplausibleValuesAreRefused) {
   Cluster cl(3, 2);

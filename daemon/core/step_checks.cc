@@ -81,6 +81,7 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
   ps.reported.insert(r.rank);
   ps.reduced[s.reduced_digest].ranks.push_back(r.rank);
   if (s.local_nonfinite > 0) ps.local_nonfinite.insert(r.rank);
+  if (s.loss_scaled) ps.loss_scaled = true;
   if (s.reduced_nonfinite > 0) ps.reduced_nonfinite.insert(r.rank);
   (s.applied ? ps.applied : ps.skipped).insert(r.rank);
   ps.keys.push_back(KeyOf(r));
@@ -167,12 +168,13 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   StepFailures found;
   const absl::Duration latency = clock_->Now() - ps.first_seen;
   const VoteOutcome reduced = CheckReducedGradients(job, group, step, ps, latency, found, txn);
-  CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
+  const bool overflow = CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
   if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
 
   verdict.failed = !found.failures.empty();
   verdict.incident_id = found.first_incident;
   verdict.summary = !found.failures.empty() ? absl::StrJoin(found.failures, "; ")
+                    : overflow ? "the loss scaler's overflow: the scaler skipped the step"
                     : complete              ? "pass"
                                             : absl::StrCat("missing ranks ",
                                                            RankList(Unreported(group.members,
@@ -219,17 +221,30 @@ VoteOutcome Coordinator::CheckReducedGradients(JobState& job, GroupState& group,
   return reduced.outcome;
 }
 
-void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
+bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
                                  const PendingStep& ps, const std::vector<Rank>& local,
                                  VoteOutcome reduced, absl::Duration latency,
                                  StepFailures& found, Txn& txn) {
+  // Under a loss scaler (fp16's GradScaler) NaN/Inf is how the scaler finds
+  // its scale too high: it skips the step and backs off, several times at
+  // the start of every run. That is the scaler's business, so it names
+  // nobody unless a replay on another domain shows a GPU computed NaN/Inf
+  // where a healthy one computes finite values.
+  const bool scaled = ps.loss_scaled;
   std::string nonfinite_result = "pass";
+  auto note = [&](const std::string& result) {
+    if (nonfinite_result == "pass") nonfinite_result = result;
+  };
   if (!local.empty() && local.size() == group.members.size()) {
-    nonfinite_result = "all_ranks";
-    found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
-                              "every rank's local gradients had NaN/Inf: the model or its "
-                              "data, not one GPU",
-                              {}, txn));
+    if (scaled) {
+      nonfinite_result = "overflow";
+    } else {
+      nonfinite_result = "all_ranks";
+      found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
+                                "every rank's local gradients had NaN/Inf: the model or its "
+                                "data, not one GPU",
+                                {}, txn));
+    }
   } else {
     for (Rank r : local) {
       auto c = ps.confirms.find(r);
@@ -237,19 +252,24 @@ void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
         nonfinite_result = "faulty";
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "faulty", {r}, true,
-            absl::StrCat(Describe(job, r), " had NaN/Inf in its local gradients; ",
+            absl::StrCat(Describe(job, r), " had NaN/Inf in its local gradients",
+                         scaled ? " (under a loss scaler)" : "", "; ",
                          Describe(job, c->second.first),
                          " replayed its micro-batch and got finite gradients"),
             {}, txn));
+      } else if (scaled) {
+        // Reproduced on another GPU, or never replayed (accumulated
+        // micro-batches): the scaler's overflow until a replay says otherwise.
+        note("overflow");
       } else if (c != ps.confirms.end()) {
-        if (nonfinite_result == "pass") nonfinite_result = "reproduced";
+        note("reproduced");
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "reproduced", {}, false,
             absl::StrCat(Describe(job, c->second.first), " reproduced the NaN/Inf of rank ", r,
                          "'s micro-batch: the data or the software, not the GPU"),
             {}, txn));
       } else {
-        if (nonfinite_result == "pass") nonfinite_result = "suspect";
+        note("suspect");
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "suspect", {r}, false,
             absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
@@ -259,7 +279,10 @@ void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     }
   }
   if (local.empty() && !ps.reduced_nonfinite.empty()) {
-    if (ps.reduced_nonfinite.size() == group.members.size()) {
+    if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
+      // A compression hook's sum (fp16) overflowed like the scaler's own.
+      nonfinite_result = "overflow";
+    } else if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
       found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,
                                 "every rank's reduced gradients had NaN/Inf but no rank's "
@@ -275,6 +298,7 @@ void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     }
   }
   txn.effects.checks.push_back({CheckKind::kNonFinite, nonfinite_result, latency});
+  return nonfinite_result == "overflow";
 }
 
 }  // namespace sdc::core

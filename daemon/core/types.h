@@ -54,6 +54,11 @@ struct StepReport {
   std::string skip_reason;
   bool audit_unverified = false;
   std::string audits_off;  // Why the job turned replay audits off at this step.
+  // The step ran under a loss scaler (torch.amp.GradScaler): NaN/Inf in
+  // every rank's gradients is the scaler's overflow, which it skips and
+  // backs off from, not an incident; a lone rank's is named only when a
+  // replay on another domain comes out finite.
+  bool loss_scaled = false;
 };
 
 enum class AuditRole {
