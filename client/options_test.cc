@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -193,6 +194,13 @@ TEST(FaultSpecTest, ParsesAndFires) {
   EXPECT_FALSE(p->FiresAt(1, 9));
   EXPECT_TRUE(p->FiresAt(1, 10));
   EXPECT_TRUE(p->FiresAt(1, 1000));
+  // The error paths of a guarded step (issue 40, item 3).
+  for (const char* kind : {"replay-error", "scan-error", "exchange-error"}) {
+    p = ParseFaultSpec(absl::StrCat(kind, ":2:step=4"));
+    ASSERT_TRUE(p.ok()) << kind;
+    EXPECT_EQ(FaultKindName(p->kind), std::string(kind));
+    EXPECT_TRUE(p->FiresAt(2, 4));
+  }
   // A probability fires on about that share of steps, the same on every run.
   p = ParseFaultSpec("mantissa-bitflip:0:p=0.25");
   ASSERT_TRUE(p.ok());

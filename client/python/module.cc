@@ -54,6 +54,7 @@ py::dict DecisionDict(const StepDecision& d) {
   py::dict out;
   out["apply"] = d.apply;
   out["reason"] = d.reason;
+  out["overflow"] = d.overflow;
   out["grad_norm"] = d.grad_norm;
   out["clip_coef"] = d.clip_coef;
   out["audited"] = d.audited;
@@ -197,6 +198,9 @@ PYBIND11_MODULE(_C, m) {
            [](Engine& e) { e.engine().RecordOriginalGradientsFromParameters(); })
       .def("scan_local_bucket",
            [](Engine& e, const at::Tensor& local) { e.engine().ScanLocalBucket(local); })
+      .def("note_failure",
+           [](Engine& e, const std::string& what) { e.engine().NoteFailure(what); })
+      .def("abort_step", [](Engine& e) { e.engine().AbortStep(); })
       .def("add_reduced_bucket", [](Engine& e, size_t index,
                                     const at::Tensor& reduced) {
         e.engine().AddReducedBucket(index, reduced);
