@@ -350,6 +350,8 @@ class Guard:
         if grad_scaler is not None:
             amp.check_scaler(grad_scaler)
         hook_state, hook = hooks.check_user_hook(comm_hook)
+        if hook is not None:
+            model._check_comm_hook(hook)  # DDP's own checks of the hook (bf16's needs NCCL).
         existing = hooks.registered_hook(model)
         if existing is not None:
             raise ValueError(

@@ -51,6 +51,8 @@ class GuardHook:
         self._guard = guard
         self._state = state
         self._hook = hook
+        # What DDP reads of a hook (its checks and its logging data).
+        self.__name__ = self.__qualname__ = "sdc_guard_comm_hook"
 
     @property
     def name(self):
