@@ -99,11 +99,10 @@ def python_env(extra=None):
     return env
 
 
-def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300):
-    """Runs examples/ddp_train.py on `world` ranks (Gloo, a FileStore
-    rendezvous), rank r on node (r // (world / nodes)). Returns
-    ([per-rank step records], [per-rank final lines]); raises with the logs
-    when a rank fails or the job outlives `timeout`."""
+def start_job(directory, world, flags=(), env=None, nodes=3):
+    """Starts examples/ddp_train.py on `world` ranks (Gloo, a FileStore
+    rendezvous), rank r on node (r // (world / nodes)). Returns (processes,
+    log paths)."""
     os.makedirs(directory, exist_ok=True)
     store = os.path.join(directory, "rendezvous")
     if os.path.exists(store):
@@ -126,24 +125,47 @@ def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300):
                 [sys.executable, EXAMPLE, f"--rank={r}", f"--world_size={world}",
                  f"--rendezvous={store}", f"--progress={progress}", *flags],
                 stdout=log, stderr=subprocess.STDOUT, env=rank_env, start_new_session=True))
+    return procs, logs
+
+
+def wait_job(procs, timeout):
+    """Waits for every process up to `timeout` seconds in all, kills what is
+    left; returns whether every process ended by itself."""
     deadline = time.monotonic() + timeout
+    ended = True
     try:
         for p in procs:
             p.wait(max(1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        pass
+        ended = False
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    return ended
+
+
+def progress_lines(directory, rank):
+    path = os.path.join(directory, f"progress-{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l) for l in open(path)]
+
+
+def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300):
+    """Runs examples/ddp_train.py on `world` ranks (start_job). Returns
+    ([per-rank step records], [per-rank final lines]); raises with the logs
+    when a rank fails or the job outlives `timeout`."""
+    procs, logs = start_job(directory, world, flags, env, nodes)
+    wait_job(procs, timeout)
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed:
         raise AssertionError("rank(s) %s failed:\n%s" % (
             failed, "\n".join(f"--- rank {r}\n{open(logs[r]).read()[-3000:]}" for r in failed)))
     steps, finals = [], []
     for r in range(world):
-        lines = [json.loads(l) for l in open(os.path.join(directory, f"progress-{r}.jsonl"))]
-        steps.append([l for l in lines if "final" not in l])
+        lines = progress_lines(directory, r)
+        steps.append([l for l in lines if "final" not in l and "note" not in l])
         finals.append(next(l for l in lines if l.get("final")))
     return steps, finals
