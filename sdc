@@ -31,7 +31,7 @@ PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0")
 SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
 VENV="$SDC_CACHE/venv"
 
-BENCHMARKS="kernels core daemon overhead detection soak"
+BENCHMARKS="kernels core daemon overhead detection soak configs"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -318,6 +318,14 @@ cmd_bench() {
       build_targets //bench:detection_bench
       exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
       ;;
+    configs)
+      # The guard under real jobs' configurations (bench/configs.py): Python
+      # ranks of examples/ddp_train.py against a real sdcd.
+      build_targets //daemon:sdcd //ctl:sdcctl
+      build_python >/dev/null
+      SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
+        exec "$VENV/bin/python3" "$ROOT/bench/configs.py" "$@"
+      ;;
     daemon)
       build_targets //bench:daemon_bench //daemon:sdcd
       TEST_SRCDIR="$ROOT/bazel-bin/bench/daemon_bench.runfiles" TEST_WORKSPACE=sdc_guard \
@@ -357,7 +365,8 @@ usage: ./sdc COMMAND [ARGS]
   demo [FLAGS]         run the local cluster demo with injected faults (--help for flags)
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
+  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak,
+                       configs (the guard under mixed precision, checkpointing, compile, hooks)
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
