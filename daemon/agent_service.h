@@ -32,7 +32,7 @@
 #include "daemon/agents.h"
 #include "daemon/agents_actuator.h"
 #include "daemon/core/clock.h"
-#include "daemon/service.h"
+#include "daemon/trainer_service.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sdc::daemon {

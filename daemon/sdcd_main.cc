@@ -36,7 +36,7 @@
 #include "daemon/core/coordinator.h"
 #include "common/metrics/exposer.h"
 #include "common/metrics/registry.h"
-#include "daemon/service.h"
+#include "daemon/trainer_service.h"
 #include "daemon/sqlite_store.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"

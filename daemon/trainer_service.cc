@@ -1,4 +1,4 @@
-#include "daemon/service.h"
+#include "daemon/trainer_service.h"
 
 #include <pthread.h>
 

@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_SERVICE_H_
-#define SDC_DAEMON_SERVICE_H_
+#ifndef SDC_DAEMON_TRAINER_SERVICE_H_
+#define SDC_DAEMON_TRAINER_SERVICE_H_
 
 // sdcd's gRPC services: thin adapters that translate messages, hand them to
 // the coordinator core, and send the core's answers once the store says they
@@ -387,4 +387,4 @@ class AdminService final : public AdminServiceBase {
 
 }  // namespace sdc::daemon
 
-#endif  // SDC_DAEMON_SERVICE_H_
+#endif  // SDC_DAEMON_TRAINER_SERVICE_H_
