@@ -7,7 +7,7 @@
 
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
-#include "daemon/trainer_service.h"
+#include "daemon/service_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
