@@ -35,13 +35,13 @@ absl::StatusOr<Principal> Authenticate(const AdminAuth& auth,
       principal = auth.operators->ByToken(presented.substr(7));
     }
     if (!principal.has_value()) {
-      return absl::PermissionDeniedError("the admin token is not valid");
+      return absl::UnauthenticatedError("the admin token is not valid");
     }
   } else if (credentials.certificate_name.has_value()) {
     const std::string& cn = *credentials.certificate_name;
     if (auth.operators != nullptr) principal = auth.operators->ByName(cn);
     if (!principal.has_value()) {
-      return absl::PermissionDeniedError(
+      return absl::UnauthenticatedError(
           absl::StrCat("the client certificate's common name \"", absl::CHexEscape(cn),
                        "\" names no operator (an admin adds it: sdcctl operator add NAME)"));
     }

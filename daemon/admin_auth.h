@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/operators.h"
+#include "daemon/raw_unary.h"
 #include "daemon/service_metrics.h"
 #include "grpcpp/grpcpp.h"
 
@@ -54,42 +55,6 @@ absl::StatusOr<Principal> Authenticate(const AdminAuth& auth,
 grpc::Status AuthorizeAdmin(const AdminAuth& auth, ServiceMetrics* metrics,
                             grpc::CallbackServerContext* c, Role needed = Role::kViewer,
                             Principal* who = nullptr);
-
-// The reactor of a raw unary call: Reply serializes the response (when the
-// status is OK) into the call's response buffer and finishes the call. It
-// deletes itself when the call is done. Reply once, from any thread.
-template <typename Response>
-class RawUnaryReactor final : public grpc::ServerUnaryReactor {
- public:
-  explicit RawUnaryReactor(grpc::ByteBuffer* out) : out_(out) {}
-  Response* response() { return &response_; }
-  void Reply(grpc::Status status) {
-    if (status.ok()) {
-      bool own_buffer = false;
-      status = grpc::SerializationTraits<Response>::Serialize(response_, out_, &own_buffer);
-    }
-    Finish(std::move(status));
-  }
-  void OnDone() override { delete this; }
-
- private:
-  grpc::ByteBuffer* const out_;
-  Response response_;
-};
-
-// Parses raw request bytes `in` as Request: false (after answering
-// INVALID_ARGUMENT on `reactor` and counting the refusal) if they are not
-// one.
-template <typename Request, typename Response>
-bool ParseRequest(ServiceMetrics* metrics, const grpc::ByteBuffer* in, Request* request,
-                  RawUnaryReactor<Response>* reactor) {
-  grpc::ByteBuffer bytes(*in);  // Deserialize consumes its buffer.
-  if (grpc::SerializationTraits<Request>::Deserialize(&bytes, request).ok()) return true;
-  metrics->Rejected("invalid_argument");
-  reactor->Reply({grpc::StatusCode::INVALID_ARGUMENT,
-                  "the request is not a valid " + Request::descriptor()->full_name()});
-  return false;
-}
 
 // Serves a raw unary admin call: authenticates (needing `role`) before a
 // byte of `in` is parsed, so an unauthenticated caller's message, however

@@ -1,5 +1,7 @@
 // Authenticate, table-driven: each credential a caller may present, the
 // principal it names or the code and message it is refused with.
+// UNAUTHENTICATED when the credential names nobody, PERMISSION_DENIED only
+// for a known principal whose role falls short.
 
 #include "daemon/admin_auth.h"
 
@@ -88,15 +90,15 @@ TEST_F(AdminAuthTest, RefusalsCarryTheirCodeAndSayWhy) {
       {"nothing presented", &auth_, AdminCredentials{}, Role::kViewer,
        absl::StatusCode::kUnauthenticated, "admin calls need 'authorization: Bearer <token>'"},
       {"wrong token", &auth_, Bearer("wrong"), Role::kViewer,
-       absl::StatusCode::kPermissionDenied, "the admin token is not valid"},
+       absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
       {"not a bearer token", &auth_, AdminCredentials{"Basic cm9vdA==", std::nullopt},
-       Role::kViewer, absl::StatusCode::kPermissionDenied, "the admin token is not valid"},
+       Role::kViewer, absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
       {"a wrong token beside a good certificate", &auth_, token_and_certificate, Role::kViewer,
-       absl::StatusCode::kPermissionDenied, "the admin token is not valid"},
+       absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
       {"no operators at all", &no_operators, Bearer("root-secret"), Role::kViewer,
-       absl::StatusCode::kPermissionDenied, "the admin token is not valid"},
+       absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
       {"certificate naming nobody", &auth_, Certificate("mallory"), Role::kViewer,
-       absl::StatusCode::kPermissionDenied,
+       absl::StatusCode::kUnauthenticated,
        "the client certificate's common name \"mallory\" names no operator"},
       {"viewer needing operator", &auth_, Bearer(bob_token_), Role::kOperator,
        absl::StatusCode::kPermissionDenied, "bob has role viewer; this call needs operator"},

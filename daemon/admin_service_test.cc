@@ -166,10 +166,12 @@ TEST_F(AdminServiceTest, ARemovedOperatorsTokenStopsWorking) {
   EXPECT_EQ(removed.name(), "bob");
   v1::WhoAmIResponse who;
   grpc::Status s = stub_->WhoAmI(As(bob).get(), {}, &who);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(s.error_message(), "the admin token is not valid");
   s = stub_->WhoAmI(As("").get(), {}, &who);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Rejected("unauthenticated"), 2);
+  EXPECT_EQ(Rejected("permission_denied"), 0);
 }
 
 }  // namespace

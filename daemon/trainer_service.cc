@@ -5,6 +5,7 @@
 
 #include "daemon/attach_call.h"
 #include "daemon/grpc_edge.h"
+#include "daemon/raw_unary.h"
 #include "daemon/relay_call.h"
 
 namespace sdc::daemon {
@@ -60,30 +61,33 @@ void TrainerService::EndRelays(const grpc::Status& status) {
 }
 
 grpc::ServerUnaryReactor* TrainerService::MayCheckpoint(grpc::CallbackServerContext* context,
-                                                        const v1::CheckpointRequest* request,
-                                                        v1::CheckpointDecision* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+                                                        const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  auto* reactor = new RawUnaryReactor<v1::CheckpointDecision>(out);
+  v1::CheckpointRequest request;
+  if (!ParseRequest(context_.metrics, in, &request, reactor)) return reactor;
   absl::StatusOr<core::CheckpointResult> result =
-      request->status_only()
-          ? context_.coordinator->CheckpointStatus(request->job_id())
-          : context_.coordinator->MayCheckpoint(request->job_id(), request->step());
+      request.status_only()
+          ? context_.coordinator->CheckpointStatus(request.job_id())
+          : context_.coordinator->MayCheckpoint(request.job_id(), request.step());
   if (!result.ok()) {
     context_.metrics->Rejected(RejectReason(result.status().code()));
-    reactor->Finish(ToGrpc(result.status()));
+    reactor->Reply(ToGrpc(result.status()));
     return reactor;
   }
+  v1::CheckpointDecision* response = reactor->response();
   response->set_allowed(result->allowed);
   response->set_reason(result->reason);
   response->set_retryable(result->retryable);
   response->set_confirmed_through_step(result->confirmed_through);
   for (core::Step s : result->revoked) response->add_revoked_steps(s);
-  if (!request->status_only()) {
+  if (!request.status_only()) {
     context_.metrics->Checkpoint(result->allowed ? "allowed"
                                  : result->retryable ? "wait"
                                                      : "denied");
   }
   context_.delivery->Deliver(std::move(result->effects),
-                             [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+                             [reactor](absl::Status s) { reactor->Reply(ToGrpc(s)); });
   return reactor;
 }
 

@@ -10,6 +10,12 @@
 // Attach (attach_call.h) and Relay (relay_call.h) streams run on the
 // asynchronous engine of stream_call.h, over several completion queues (why:
 // see there); MayCheckpoint on the callback API.
+//
+// MayCheckpoint answers the coordinator's decision (CheckpointDecision) once
+// what it recorded is durable; a job the coordinator does not know is
+// NOT_FOUND, an undecodable request INVALID_ARGUMENT; refusals count in
+// sdc_rejected_inputs_total{reason}, decisions (not status_only questions)
+// in sdc_checkpoint_decisions_total{decision}.
 
 #include <memory>
 #include <vector>
@@ -26,10 +32,12 @@ namespace sdc::daemon {
 class AttachCall;
 class RelayCall;
 
-// Attach and Relay are raw: their streams parse their own frames, so that a
-// malformed one ends the stream with INVALID_ARGUMENT, not OK.
+// Every method raw. Attach and Relay streams parse their own frames, so that
+// a malformed one ends the stream with INVALID_ARGUMENT, not OK;
+// MayCheckpoint parses its request, so that an undecodable one is answered
+// INVALID_ARGUMENT too (raw_unary.h), not INTERNAL.
 using TrainerServiceBase = v1::TrainerService::WithRawMethod_Attach<
-    v1::TrainerService::WithCallbackMethod_MayCheckpoint<
+    v1::TrainerService::WithRawCallbackMethod_MayCheckpoint<
         v1::TrainerService::WithRawMethod_Relay<v1::TrainerService::Service>>>;
 
 // Lifecycle: AddQueues before the server is built, Start after, Stop after
@@ -50,8 +58,8 @@ class TrainerService final : public TrainerServiceBase {
   void Stop();
 
   grpc::ServerUnaryReactor* MayCheckpoint(grpc::CallbackServerContext* context,
-                                          const v1::CheckpointRequest* request,
-                                          v1::CheckpointDecision* response) override;
+                                          const grpc::ByteBuffer* in,
+                                          grpc::ByteBuffer* out) override;
 
  private:
   friend class AttachCall;
