@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "common/version.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/coordinator.h"
@@ -82,7 +82,7 @@ class AdminServiceTest : public ::testing::Test {
   core::FakeClock clock_;
   core::MemoryStore store_;
   core::Coordinator coordinator_{core::CoordinatorOptions{}, &clock_, &store_};
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   ServiceMetrics metrics_{registry_};
   StreamRegistry streams_;
   Delivery delivery_{&store_, &streams_, &metrics_};

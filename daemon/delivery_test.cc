@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "daemon/core/store.h"
 #include "daemon/outbox.h"
 #include "daemon/service_metrics.h"
@@ -80,7 +80,7 @@ class DeliveryTest : public ::testing::Test {
 
   ManualStore store_;
   StreamRegistry streams_;
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   ServiceMetrics metrics_{registry_};
   std::vector<core::Effects> logged_;
   Delivery delivery_{&store_, &streams_, &metrics_,

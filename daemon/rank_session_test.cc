@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "common/version.h"
 #include "daemon/convert.h"
 #include "daemon/core/clock.h"
@@ -72,7 +72,7 @@ class RankSessionTest : public ::testing::Test {
   core::FakeClock clock_;
   core::MemoryStore store_;
   core::Coordinator coordinator_{core::CoordinatorOptions{}, &clock_, &store_};
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   ServiceMetrics metrics_{registry_};
   StreamRegistry streams_;
   Delivery delivery_{&store_, &streams_, &metrics_};

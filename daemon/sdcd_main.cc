@@ -36,8 +36,8 @@
 #include "daemon/agents_actuator.h"
 #include "daemon/config.h"
 #include "daemon/core/coordinator.h"
-#include "common/metrics/exposer.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
+#include "common/metrics/pull_exposer.h"
 #include "daemon/delivery.h"
 #include "daemon/grpc_edge.h"
 #include "daemon/service_metrics.h"
@@ -278,7 +278,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Actuator> actuator = *MakeActuatorWithAgents(
       config.actuator, &agent_hub, [&agents] { return agents.InstanceIds(); });
 
-  metrics::Registry registry;
+  // Shared with the exposer, which holds it weakly (prometheus-cpp's way).
+  const auto collector = std::make_shared<metrics::Collector>();
+  metrics::Collector& registry = *collector;
   ServiceMetrics service_metrics(registry);
   metrics::BuildGauge()
       .Name("sdc_build_info")
@@ -357,8 +359,8 @@ int Main(int argc, char** argv) {
     absl::MutexLock lock(&collect_mu);
     commits.Increment(static_cast<double>(db->commits()) - commits.Value());
   });
-  absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =
-      metrics::Exposer::Start(config.metrics_listen, &registry);
+  absl::StatusOr<std::unique_ptr<metrics::PullExposer>> exposer =
+      metrics::PullExposer::Start(config.metrics_listen, collector);
   if (!exposer.ok()) Die(absl::StrCat("--metrics_listen: ", exposer.status().message()));
 
   StreamRegistry streams;

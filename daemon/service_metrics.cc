@@ -14,7 +14,7 @@ std::string RequestStateLabel(core::RequestState state) {
   return absl::AsciiStrToLower(core::RequestStateName(state));
 }
 
-ServiceMetrics::ServiceMetrics(metrics::Registry& registry, size_t max_gpu_series)
+ServiceMetrics::ServiceMetrics(metrics::Collector& registry, size_t max_gpu_series)
     : max_gpu_series_(max_gpu_series),
       registry_(registry),
       reports_(metrics::BuildCounter()
@@ -83,11 +83,14 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry, size_t max_gpu_serie
   }
   for (const char* d : {"allowed", "denied", "wait"}) checkpoints_.Add({{"decision", d}});
   for (const char* m : {"attach", "relay", "agent_connect"}) malformed_.Add({{"method", m}});
-  for (const char* check : {"nonfinite", "reduced_gradients", "replay", "weights"}) {
-    checks_.Add({{"check", check}, {"result", "pass"}});
-    latency_.Add({{"check", check}}, metrics::Histogram::BucketBoundaries{
-                                         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                         2.5, 5, 10, 30, 60, 120});
+  for (core::CheckKind check : {core::CheckKind::kNonFinite, core::CheckKind::kReducedGradients,
+                                core::CheckKind::kReplay, core::CheckKind::kWeights}) {
+    const char* name = core::CheckKindName(check);
+    checks_.Add({{"check", name}, {"result", "pass"}});
+    latency_by_check_[static_cast<size_t>(check)] = &latency_.Add(
+        {{"check", name}},
+        prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                1, 2.5, 5, 10, 30, 60, 120});
   }
 }
 
@@ -117,11 +120,7 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
   for (const core::CheckEvent& c : effects.checks) {
     checks_.Add({{"check", core::CheckKindName(c.check)}, {"result", c.result}}).Increment();
     if (c.result != "incomplete") {
-      latency_
-          .Add({{"check", core::CheckKindName(c.check)}},
-               metrics::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                    0.5, 1, 2.5, 5, 10, 30, 60, 120})
-          .Observe(absl::ToDoubleSeconds(c.latency));
+      latency_by_check_[static_cast<size_t>(c.check)]->Observe(absl::ToDoubleSeconds(c.latency));
     }
   }
   for (const core::Incident& i : effects.incidents) {
@@ -136,7 +135,7 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
   for (const core::Incident& i : effects.incidents) {
     if (!i.confirmed) continue;
     for (size_t r = 0; r < i.gpus.size() && r < i.nodes.size(); ++r) {
-      const metrics::Labels labels = {{"job", i.job_id},
+      const prometheus::Labels labels = {{"job", i.job_id},
                                       {"node", i.nodes[r]},
                                       {"gpu", i.gpus[r]},
                                       {"check", core::CheckKindName(i.check)}};
@@ -157,9 +156,9 @@ void ServiceMetrics::Observe(const core::Effects& effects) {
   }
 }
 
-void ServiceMetrics::SyncGauges(metrics::Family<metrics::Gauge>& family,
-                                const std::map<metrics::Labels, double>& wanted,
-                                std::map<metrics::Labels, metrics::Gauge*>* current) {
+void ServiceMetrics::SyncGauges(prometheus::Family<prometheus::Gauge>& family,
+                                const std::map<Labels, double>& wanted,
+                                std::map<Labels, prometheus::Gauge*>* current) {
   for (auto it = current->begin(); it != current->end();) {
     if (wanted.count(it->first) == 0) {
       family.Remove(it->second);
@@ -169,7 +168,7 @@ void ServiceMetrics::SyncGauges(metrics::Family<metrics::Gauge>& family,
     }
   }
   for (const auto& [labels, value] : wanted) {
-    metrics::Gauge*& gauge = (*current)[labels];
+    prometheus::Gauge*& gauge = (*current)[labels];
     if (gauge == nullptr) gauge = &family.Add(labels);
     gauge->Set(value);
   }
@@ -180,7 +179,7 @@ void ServiceMetrics::SetSuspects(const std::vector<core::Suspect>& suspects) {
   for (const core::Suspect& s : suspects) newest.push_back(&s);
   std::stable_sort(newest.begin(), newest.end(),
                    [](const core::Suspect* a, const core::Suspect* b) { return a->since > b->since; });
-  std::map<metrics::Labels, double> wanted;
+  std::map<prometheus::Labels, double> wanted;
   for (const core::Suspect* s : newest) {
     if (wanted.size() >= max_gpu_series_) break;
     wanted[{{"job", s->job_id}, {"node", s->node}, {"gpu", s->gpu}}] = 1;
@@ -204,7 +203,7 @@ void ServiceMetrics::SetRequests(const std::vector<core::ReplacementRequest>& re
     if (kept.size() >= max_gpu_series_) break;
     kept.insert(node);
   }
-  std::map<metrics::Labels, double> wanted;
+  std::map<prometheus::Labels, double> wanted;
   for (const core::ReplacementRequest& r : requests) {
     if (kept.count(r.node) == 0) continue;
     wanted[{{"node", r.node}, {"state", RequestStateLabel(r.state)}}] += 1;

@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "daemon/core/coordinator.h"
 
 namespace sdc::daemon {
@@ -32,12 +32,14 @@ std::string RequestStateLabel(core::RequestState state);
 // sdc_node_replacement_requests{node,state} counts requests. Each of those
 // families keeps at most `max_gpu_series` series: the incident counters
 // most recently incremented, the newest suspects, the nodes with the newest
-// requests. Thread-safe.
+// requests (the cap is kept here, on prometheus-cpp's families: a series
+// beyond it is removed from its family). Thread-safe.
 class ServiceMetrics {
  public:
   static constexpr size_t kDefaultMaxGpuSeries = 4096;
 
-  explicit ServiceMetrics(metrics::Registry& registry,
+  // Registers sdcd's families in `registry`, which must outlive this.
+  explicit ServiceMetrics(metrics::Collector& registry,
                           size_t max_gpu_series = kDefaultMaxGpuSeries);
 
   enum class ReportKind { kStep, kAudit, kWeights };
@@ -56,41 +58,45 @@ class ServiceMetrics {
       ABSL_LOCKS_EXCLUDED(series_mu_);
 
  private:
-  // Makes `family`'s children exactly `wanted` (setting their values),
+  using Labels = prometheus::Labels;
+  // gpu_incidents_' series, least recently incremented first.
+  using IncidentOrder = std::list<std::pair<Labels, prometheus::Counter*>>;
+
+  // Makes `family`'s series exactly `wanted` (setting their values),
   // removing the ones in `*current` that are not wanted.
-  void SyncGauges(metrics::Family<metrics::Gauge>& family,
-                  const std::map<metrics::Labels, double>& wanted,
-                  std::map<metrics::Labels, metrics::Gauge*>* current)
+  void SyncGauges(prometheus::Family<prometheus::Gauge>& family,
+                  const std::map<Labels, double>& wanted,
+                  std::map<Labels, prometheus::Gauge*>* current)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(series_mu_);
 
   const size_t max_gpu_series_;
-  metrics::Registry& registry_;
-  metrics::Family<metrics::Counter>& reports_;
-  metrics::Family<metrics::Counter>& report_bytes_;
-  metrics::Family<metrics::Counter>& rejected_;
-  metrics::Family<metrics::Counter>& malformed_;
-  metrics::Family<metrics::Counter>& checks_;
-  metrics::Family<metrics::Counter>& incidents_;
-  metrics::Counter& skipped_;
-  metrics::Family<metrics::Counter>& checkpoints_;
-  metrics::Family<metrics::Histogram>& latency_;
-  metrics::Family<metrics::Counter>& actuator_runs_;
+  metrics::Collector& registry_;
+  prometheus::Family<prometheus::Counter>& reports_;
+  prometheus::Family<prometheus::Counter>& report_bytes_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& malformed_;
+  prometheus::Family<prometheus::Counter>& checks_;
+  prometheus::Family<prometheus::Counter>& incidents_;
+  prometheus::Counter& skipped_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& actuator_runs_;
   // reports_ and report_bytes_ by ReportKind, looked up once (every report
   // counts in both).
-  std::array<metrics::Counter*, 3> reports_by_kind_;
-  std::array<metrics::Counter*, 3> report_bytes_by_kind_;
-  metrics::Family<metrics::Counter>& gpu_incidents_;
-  metrics::Family<metrics::Gauge>& suspect_gpus_;
-  metrics::Family<metrics::Gauge>& node_requests_;
+  std::array<prometheus::Counter*, 3> reports_by_kind_;
+  std::array<prometheus::Counter*, 3> report_bytes_by_kind_;
+  // latency_ by core::CheckKind (prometheus-cpp's Add builds a histogram
+  // before it looks the series up, so it is called once per check).
+  std::array<prometheus::Histogram*, 4> latency_by_check_;
+  prometheus::Family<prometheus::Counter>& gpu_incidents_;
+  prometheus::Family<prometheus::Gauge>& suspect_gpus_;
+  prometheus::Family<prometheus::Gauge>& node_requests_;
 
   absl::Mutex series_mu_;
-  // gpu_incidents_' children, least recently incremented first.
-  std::list<std::pair<metrics::Labels, metrics::Counter*>> gpu_incident_order_
-      ABSL_GUARDED_BY(series_mu_);
-  std::map<metrics::Labels, std::list<std::pair<metrics::Labels, metrics::Counter*>>::iterator>
-      gpu_incident_index_ ABSL_GUARDED_BY(series_mu_);
-  std::map<metrics::Labels, metrics::Gauge*> suspect_series_ ABSL_GUARDED_BY(series_mu_);
-  std::map<metrics::Labels, metrics::Gauge*> request_series_ ABSL_GUARDED_BY(series_mu_);
+  IncidentOrder gpu_incident_order_ ABSL_GUARDED_BY(series_mu_);
+  std::map<Labels, IncidentOrder::iterator> gpu_incident_index_ ABSL_GUARDED_BY(series_mu_);
+  std::map<Labels, prometheus::Gauge*> suspect_series_ ABSL_GUARDED_BY(series_mu_);
+  std::map<Labels, prometheus::Gauge*> request_series_ ABSL_GUARDED_BY(series_mu_);
 };
 
 }  // namespace sdc::daemon

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "daemon/batch_scope.h"
 #include "daemon/service_metrics.h"
 #include "gmock/gmock.h"
@@ -131,7 +131,7 @@ class StreamCallTest : public ::testing::Test {
     return g_done_calls.load() >= n;
   }
 
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   ServiceMetrics metrics_{registry_};
   EchoService service_;
   CallQueues queues_;

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "common/version.h"
 #include "daemon/convert.h"
 #include "daemon/core/clock.h"
@@ -96,7 +96,7 @@ class TrainerServiceTest : public ::testing::Test {
   core::FakeClock clock_;
   core::MemoryStore store_;
   core::Coordinator coordinator_{core::CoordinatorOptions{}, &clock_, &store_};
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   ServiceMetrics metrics_{registry_};
   StreamRegistry streams_;
   Delivery delivery_{&store_, &streams_, &metrics_};
