@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev patchelf
-  libsqlite3-dev sqlite3 libssl-dev libgoogle-perftools-dev
+  libsqlite3-dev sqlite3 libssl-dev libgoogle-perftools-dev prometheus-cpp-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
   binutils
   python3-venv python3-dev python3-pip

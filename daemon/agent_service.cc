@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/stream.h"
 #include "common/version.h"
+#include "daemon/grpc_edge.h"
 
 namespace sdc::daemon {
 
@@ -43,10 +43,6 @@ v1::NodeStatus ToProto(NodeStatus s) {
       return v1::NODE_DISCONNECTED;
   }
   return v1::NODE_STATUS_UNSPECIFIED;
-}
-
-std::string ReasonOf(absl::StatusCode code) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(code));
 }
 
 // What the orchestrator would be told for this request, for the agent's log.
@@ -414,7 +410,7 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
     }
     const absl::Status handled = Handle();
     if (!handled.ok()) {
-      service_->metrics_->Rejected(ReasonOf(handled.code()));
+      service_->metrics_->Rejected(RejectReason(handled.code()));
       RequestFinish(ToGrpc(handled));
       return;
     }
@@ -461,7 +457,7 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
   // dropped and counted; a malformed one ends the stream.
   absl::Status Answered(const absl::Status& s) {
     if (s.code() == absl::StatusCode::kNotFound) {
-      service_->metrics_->Rejected(ReasonOf(s.code()));
+      service_->metrics_->Rejected(RejectReason(s.code()));
       return absl::OkStatus();
     }
     return s;
@@ -512,7 +508,7 @@ grpc::ServerUnaryReactor* NodeAdminService::GetNode(grpc::CallbackServerContext*
       [this](const Principal&, const v1::GetNodeRequest& q, auto* reactor) {
         absl::StatusOr<NodeView> node = hub_->registry().GetNode(q.node_name());
         if (!node.ok()) {
-          metrics_->Rejected(ReasonOf(node.status().code()));
+          metrics_->Rejected(RejectReason(node.status().code()));
           reactor->Reply(ToGrpc(node.status()));
           return;
         }
@@ -600,7 +596,7 @@ grpc::ServerUnaryReactor* NodeAdminService::Diagnose(grpc::CallbackServerContext
   const v1::DiagnoseRequest* q = &request;
   absl::StatusOr<Diagnostic> d =
       hub_->StartDiagnostic(q->node_name(), q->gpu_uuid(), q->size(), q->repetitions());
-  if (!d.ok()) metrics_->Rejected(ReasonOf(d.status().code()));
+  if (!d.ok()) metrics_->Rejected(RejectReason(d.status().code()));
   if (!d.ok() || !q->wait()) {
     call->Complete(d);
     return reactor;
