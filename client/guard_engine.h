@@ -42,7 +42,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/options.h"
-#include "daemon/core/checkpoint_ledger.h"
+#include "client/protocol_alias.h"
+#include "protocol/checkpoint_ledger.h"
 
 namespace sdc::client {
 

@@ -36,9 +36,9 @@
 #include "client/small_collectives.h"
 #include "client/step_core.h"
 #include "client/trainer_metrics.h"
-#include "daemon/core/replay_plan.h"
 #include "kernels/fingerprint.h"
 #include "kernels/model_digest.h"
+#include "protocol/replay_plan.h"
 
 namespace sdc::client {
 

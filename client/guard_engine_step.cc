@@ -63,7 +63,7 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   audit_ = sp.scheduled_audit || sp.targeted_plan != 0;
   plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
   if (sp.scheduled_audit) {
-    plan_ = core::PlanFullAudit(*topology_, step / options_.audit_every);
+    plan_ = *protocol::ScheduledAudit(step, options_.audit_every, *topology_);
   } else if (sp.targeted_plan != 0) {
     plan_ = plans_[sp.targeted_plan];
     last_plan_run_ = sp.targeted_plan;

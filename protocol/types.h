@@ -1,21 +1,20 @@
-#ifndef SDC_DAEMON_CORE_TYPES_H_
-#define SDC_DAEMON_CORE_TYPES_H_
+#ifndef SDC_PROTOCOL_TYPES_H_
+#define SDC_PROTOCOL_TYPES_H_
 
-// Plain data the coordinator core decides on. The gRPC service converts the
-// wire messages (proto/trainer.proto) into these, so the core never sees
-// protobuf or gRPC, and benchmarks and fuzzers drive it directly.
+// What a trainer rank tells the coordinator (proto/trainer.proto's Hello and
+// Report), as plain data. Trainers build these and convert them to the wire
+// (protocol/convert.h); sdcd converts the wire back and its core decides on
+// them, so the core never sees protobuf or gRPC, and benchmarks and fuzzers
+// drive it directly.
 
 #include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
 
-#include "absl/strings/string_view.h"
-#include "absl/time/time.h"
-#include "common/identity.h"
 #include "kernels/fingerprint.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 using Rank = uint32_t;
 using Step = uint64_t;
@@ -97,36 +96,6 @@ struct Report {
   std::variant<StepReport, AuditResult, WeightReport> body;
 };
 
-enum class CheckKind {
-  kNonFinite,
-  kReducedGradients,
-  kReplay,
-  kWeights,
-};
+}  // namespace sdc::protocol
 
-const char* CheckKindName(CheckKind kind);
-
-enum class RequestState {
-  kPending,
-  kApproved,
-  kExecuting,
-  kDone,
-  kFailed,
-  kDenied,
-  kExpired,
-};
-
-const char* RequestStateName(RequestState state);
-
-// Open requests still count against the blast-radius cap.
-bool IsOpen(RequestState state);
-
-// Identities that trainers and agents send, and that reach actuators, logs
-// and the database: the rules sdc-agent applies too (common/identity.h).
-using common::IsSafeGpuId;
-using common::IsSafeNodeName;
-using common::kMaxGpuIdLength;
-
-}  // namespace sdc::core
-
-#endif  // SDC_DAEMON_CORE_TYPES_H_
+#endif  // SDC_PROTOCOL_TYPES_H_
