@@ -38,18 +38,18 @@ absl::Status EngineContext::ExchangeTopology() {
     pg_->allgather(gathered, input)->wait();
     for (torch::Tensor& t : gathered[0]) t = t.cpu();
   });
-  std::vector<core::PlanMember> members;
+  std::vector<protocol::PlanMember> members;
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
     if (static_cast<uint8_t>(bytes[kNameBytes]) == (options_.replica_group & 0xff)) {
       members.push_back({r, std::string(bytes, strnlen(bytes, kNameBytes))});
     }
   }
-  topology_ = std::make_unique<core::Topology>(std::move(members));
+  topology_ = std::make_unique<protocol::Topology>(std::move(members));
   return absl::OkStatus();
 }
 
-absl::Status EngineContext::Connect(core::Hello hello) {
+absl::Status EngineContext::Connect(protocol::Hello hello) {
   if (!options_.coordinator.empty()) {
     link_ = std::make_unique<CoordinatorLink>(options_, std::move(hello));
     link_->Start();
@@ -77,7 +77,7 @@ std::vector<int64_t> EngineContext::AllGather(const std::vector<int64_t>& words)
   return client::AllGather(*pg_, small_collectives_, words);
 }
 
-void EngineContext::Send(uint64_t step, decltype(core::Report::body) body) const {
+void EngineContext::Send(uint64_t step, decltype(protocol::Report::body) body) const {
   if (link_ != nullptr) link_->Send(step, std::move(body));
 }
 

@@ -25,8 +25,8 @@
 #include "client/fault_injection.h"
 #include "client/options.h"
 #include "client/trainer_metrics.h"
-#include "daemon/core/replay_plan.h"
-#include "daemon/core/types.h"
+#include "protocol/replay_plan.h"
+#include "protocol/types.h"
 
 namespace sdc::client {
 
@@ -60,7 +60,7 @@ class EngineContext {
   // Starts the link to sdcd with `hello` (when options.coordinator is set)
   // and the metrics exposer (when options.metrics_listen is set). Errors as
   // TrainerMetrics::Start.
-  absl::Status Connect(core::Hello hello);
+  absl::Status Connect(protocol::Hello hello);
 
   // Stops the link after flushing reports for up to `flush`.
   void Stop(absl::Duration flush);
@@ -74,7 +74,7 @@ class EngineContext {
   // This rank's injected fault (tests and demos); disabled in real jobs.
   const FaultPlan& fault() const { return fault_; }
   // REQUIRES: ExchangeTopology succeeded.
-  const core::Topology& topology() const { return *topology_; }
+  const protocol::Topology& topology() const { return *topology_; }
   // Null without a coordinator.
   CoordinatorLink* link() const { return link_.get(); }
   // Null unless options.metrics_listen is set.
@@ -86,7 +86,7 @@ class EngineContext {
   std::vector<int64_t> AllGather(const std::vector<int64_t>& words) const;
 
   // Queues a report of `step` to sdcd; nothing without a coordinator.
-  void Send(uint64_t step, decltype(core::Report::body) body) const;
+  void Send(uint64_t step, decltype(protocol::Report::body) body) const;
   // One line on stderr, prefixed with this rank.
   void Log(const std::string& line) const;
   // The link's counters into `summary`.
@@ -100,7 +100,7 @@ class EngineContext {
   const FaultPlan fault_;
   const SmallCollectives small_collectives_;  // Resolved: never kAuto.
   const torch::Device collective_device_;
-  std::unique_ptr<core::Topology> topology_;
+  std::unique_ptr<protocol::Topology> topology_;
   std::unique_ptr<CoordinatorLink> link_;
   // Declared after link_, so it stops (and no scrape reads link_) before
   // the link goes.

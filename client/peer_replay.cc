@@ -234,7 +234,7 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
 }
 
 absl::StatusOr<std::optional<std::pair<uint32_t, PeerReplay::Result>>>
-PeerReplay::ExchangeAndReplay(const std::vector<core::Assignment>& pairs, int tag_base) {
+PeerReplay::ExchangeAndReplay(const std::vector<protocol::Assignment>& pairs, int tag_base) {
   const uint32_t rank = ctx_.rank();
   std::vector<std::pair<uint32_t, int>> sends;  // (replayer of mine, tag)
   std::optional<uint32_t> subject;

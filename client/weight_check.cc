@@ -44,7 +44,7 @@ absl::StatusOr<double> WeightCheck::AfterOptimizerStep(const StepContext& step, 
   if (!scheduled && !checkpoint) return 0.0;
   const absl::Time start = absl::Now();
   ++weight_checks_;
-  core::WeightReport w;
+  protocol::WeightReport w;
   SDC_TORCH_TRY({
     w.tensors = Fingerprints(model_.Weights());
     w.digest = client::Digest(model_.weight_names(), w.tensors);

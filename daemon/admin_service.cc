@@ -26,7 +26,7 @@ v1::Operator ToProto(const OperatorRecord& r) {
   v1::Operator out;
   out.set_name(r.name);
   out.set_role(ToProto(r.role));
-  out.set_created_unix_ms(absl::ToUnixMillis(r.created));
+  out.set_created_unix_ms(UnixMillis(r.created));
   out.set_created_by(r.created_by);
   return out;
 }
