@@ -27,7 +27,8 @@ void ThrowIfFailed(const absl::Status& s) {
   if (!s.ok()) TORCH_CHECK(false, "sdc-guard kernels: ", std::string(s.message()));
 }
 
-std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors) {
+std::vector<kernels::Fingerprint> GuardEngine::Impl::Fingerprints(
+    const std::vector<torch::Tensor>& tensors) const {
   std::vector<torch::Tensor> dense;
   std::vector<size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -36,7 +37,7 @@ std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>&
     index.push_back(i);
   }
   std::vector<kernels::Fingerprint> packed;
-  ThrowIfFailed(FingerprintOnDevice(dense, &packed));
+  ThrowIfFailed(FingerprintOnDevice(dense, *fingerprint_key_, &packed));
   std::vector<kernels::Fingerprint> out(tensors.size());
   for (size_t k = 0; k < index.size(); ++k) out[index[k]] = packed[k];
   return out;
@@ -115,12 +116,22 @@ absl::Status GuardEngine::Impl::Init() {
     return absl::Status(s.code(), absl::StrCat(weight_names_.front(), " is on ", device_.str(),
                                                ": ", s.message()));
   }
-  // Every rank's node name and replica group, for the replay plans.
+  // Every rank's node name and replica group, for the replay plans, and rank
+  // 0's fingerprint seed, for the job's key.
   constexpr int64_t kNameBytes = 128;
-  torch::Tensor mine = torch::zeros({kNameBytes + 1}, torch::kUInt8);
+  constexpr int64_t kSeedAt = kNameBytes + 1;
+  constexpr int64_t kSeedBytes = sizeof(uint64_t);
+  uint64_t seed = 0;
+  if (rank_ == 0) {
+    absl::StatusOr<uint64_t> drawn = kernels::DrawFingerprintSeed();
+    if (!drawn.ok()) return drawn.status();
+    seed = *drawn;
+  }
+  torch::Tensor mine = torch::zeros({kSeedAt + kSeedBytes}, torch::kUInt8);
   const std::string node = options_.node_name.substr(0, kNameBytes);
   std::memcpy(mine.data_ptr(), node.data(), node.size());
   mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kSeedAt, &seed, kSeedBytes);
   std::vector<std::vector<torch::Tensor>> gathered(1);
   std::vector<torch::Tensor> input;
   SDC_TORCH_TRY({
@@ -137,6 +148,10 @@ absl::Status GuardEngine::Impl::Init() {
     }
   }
   topology_ = std::make_unique<core::Topology>(std::move(members));
+  std::memcpy(&seed, static_cast<const uint8_t*>(gathered[0][0].data_ptr()) + kSeedAt,
+              kSeedBytes);
+  fingerprint_key_ =
+      std::make_unique<kernels::FingerprintKey>(kernels::FingerprintKey::FromSeed(seed));
   gpu_uuid_ = options_.gpu_uuid;
   if (!options_.gpu_uuid_set && device_.is_cuda()) {
     absl::StatusOr<std::string> uuid = DeviceUuid(device_);

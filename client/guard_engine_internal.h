@@ -68,9 +68,6 @@ uint64_t LossBits(const torch::Tensor& loss);
 // libtorch failure would, through SDC_TORCH_TRY.
 void ThrowIfFailed(const absl::Status& s);
 
-// Fingerprints of tensors (undefined ones are absent: {0, 0, 0}).
-std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors);
-
 // NaN/Inf elements over defined tensors.
 uint64_t NonFinite(const std::vector<torch::Tensor>& tensors);
 
@@ -197,6 +194,9 @@ class GuardEngine::Impl {
     std::fprintf(stderr, "sdc-guard rank %u: %s\n", rank_, line.c_str());
   }
   void DrainMessages();
+  // Fingerprints of tensors under the job's key (undefined ones are
+  // absent: {0, 0, 0}).
+  std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors) const;
   // Fingerprints of the parameters' gradients: a parameter without one
   // counts as zeros of its size, whether autograd left it undefined or a
   // reducer filled it with zeros.
@@ -290,6 +290,9 @@ class GuardEngine::Impl {
   const torch::Device collective_device_;     // Where pg_ sends from.
   torch::Device device_ = torch::kCPU;        // The model's (Init).
   std::string gpu_uuid_;                      // Reported (Init): see GuardOptions::gpu_uuid.
+  // The job's fingerprint key: rank 0 draws its seed in Init and every rank
+  // takes it from the topology exchange, so all ranks compare alike.
+  std::unique_ptr<const kernels::FingerprintKey> fingerprint_key_;
 
   std::unique_ptr<core::Topology> topology_;
   std::unique_ptr<CoordinatorLink> link_;

@@ -283,7 +283,7 @@ absl::StatusOr<GuardEngine::Impl::ReducedCheck> GuardEngine::Impl::CheckReduced(
   SDC_TORCH_TRY({
     for (const auto& [index, t] : reduced) flats.push_back(t.detach().contiguous());
     ThrowIfFailed(ScanOnDevice(flats, &scans));
-    ThrowIfFailed(FingerprintOnDevice(flats, &fps));
+    ThrowIfFailed(FingerprintOnDevice(flats, *fingerprint_key_, &fps));
   });
   for (const auto& r : scans) {
     out.nonfinite += r.nonfinite;
