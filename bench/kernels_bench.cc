@@ -407,7 +407,8 @@ int Main(int argc, char** argv) {
                                      {static_cast<int64_t>(params[t].values.size())},
                                      torch::kFloat32));
     if (TorchOpsFingerprint(views[t], key) != ours[t]) {
-      return Fail(absl::StrCat("torch-ops fingerprint disagrees on ", params[t].name));
+      return Fail(absl::StrCat("torch-ops fingerprint disagrees on ", params[t].name,
+                               " under the key of seed ", *seed));
     }
     const uint64_t hashed = at::hash_tensor(views[t]).item().toUInt64();
     if (hashed != XorOfWidenedFloats(params[t].values)) {

@@ -70,7 +70,7 @@ __global__ void FingerprintKernel(const FingerprintChunk* chunks,
   __shared__ uint64_t key[2 * kBlockWords];
   __shared__ uint64_t run_sums[kWarps][2];
   __shared__ uint64_t run_blocks[kWarps];
-  for (int i = threadIdx.x; i < 2 * kBlockWords; i += blockDim.x) key[i] = key_words[i];
+  for (uint64_t i = threadIdx.x; i < 2 * kBlockWords; i += blockDim.x) key[i] = key_words[i];
   __syncthreads();
   const FingerprintChunk c = chunks[blockIdx.x];
   const unsigned char* p = static_cast<const unsigned char*>(c.base) + c.begin;
@@ -87,12 +87,26 @@ __global__ void FingerprintKernel(const FingerprintChunk* chunks,
   for (uint64_t b = first; b < last; ++b) {
     uint64_t h1 = 0;
     uint64_t h2 = 0;
-    for (uint64_t t = lane; t < kBlockWords; t += 32) {
-      const uint64_t i = b * kBlockWords + t;
-      if (i >= words) break;
-      const uint64_t w = LoadWord(p + 8 * i, c.length - 8 * i, aligned);
-      h1 += NhTerm(w, key[t]);
-      h2 += NhTerm(w, key[kBlockWords + t]);
+    if (aligned && (b + 1) * kBlockWords <= c.length / 8) {
+      // A whole aligned block: every load issued before the first is used.
+      constexpr int kPerLane = kBlockWords / 32;
+      const uint64_t* q = reinterpret_cast<const uint64_t*>(p) + b * kBlockWords + lane;
+      uint64_t w[kPerLane];
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) w[s] = q[32 * s];
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) {
+        h1 += NhTerm(w[s], key[lane + 32 * s]);
+        h2 += NhTerm(w[s], key[kBlockWords + lane + 32 * s]);
+      }
+    } else {
+      for (uint64_t t = lane; t < kBlockWords; t += 32) {
+        const uint64_t i = b * kBlockWords + t;
+        if (i >= words) break;
+        const uint64_t w = LoadWord(p + 8 * i, c.length - 8 * i, aligned);
+        h1 += NhTerm(w, key[t]);
+        h2 += NhTerm(w, key[kBlockWords + t]);
+      }
     }
     h1 = WarpSum(h1);
     h2 = WarpSum(h2);

@@ -109,6 +109,40 @@ __attribute__((target("avx2"))) void NhWordsAvx2(const unsigned char* p,
   h[1] = b;
 }
 
+// Two whole blocks in lockstep (see SumChunk): two streams of loads in
+// flight keep memory busier than one, where the multiplies would leave gaps.
+__attribute__((target("avx2"))) void NhBlockPairAvx2(const unsigned char* p,
+                                                     const unsigned char* q,
+                                                     const FingerprintKey& key,
+                                                     uint64_t hp[2], uint64_t hq[2]) {
+  const uint64_t* k1 = key.words(0);
+  const uint64_t* k2 = key.words(1);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
+  __m256i c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  for (uint64_t t = 0; t < B; t += 8) {
+    const unsigned char* x = p + 8 * t;
+    const unsigned char* y = q + 8 * t;
+    _mm_prefetch(reinterpret_cast<const char*>(x + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(y + kPrefetchBytes), _MM_HINT_T0);
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+    const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+    const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32));
+    a0 = _mm256_add_epi64(a0, NhLanesAvx2(x0, k1 + t));
+    a1 = _mm256_add_epi64(a1, NhLanesAvx2(x1, k1 + t + 4));
+    b0 = _mm256_add_epi64(b0, NhLanesAvx2(x0, k2 + t));
+    b1 = _mm256_add_epi64(b1, NhLanesAvx2(x1, k2 + t + 4));
+    c0 = _mm256_add_epi64(c0, NhLanesAvx2(y0, k1 + t));
+    c1 = _mm256_add_epi64(c1, NhLanesAvx2(y1, k1 + t + 4));
+    d0 = _mm256_add_epi64(d0, NhLanesAvx2(y0, k2 + t));
+    d1 = _mm256_add_epi64(d1, NhLanesAvx2(y1, k2 + t + 4));
+  }
+  hp[0] = SumLanesAvx2(_mm256_add_epi64(a0, a1));
+  hp[1] = SumLanesAvx2(_mm256_add_epi64(b0, b1));
+  hq[0] = SumLanesAvx2(_mm256_add_epi64(c0, c1));
+  hq[1] = SumLanesAvx2(_mm256_add_epi64(d0, d1));
+}
+
 // GCC 12's AVX-512 headers pass an "undefined" vector as the unused merge
 // source of unmasked shifts and multiplies, which -Wmaybe-uninitialized
 // reports from inside the header (fixed in GCC 13).
@@ -161,6 +195,40 @@ __attribute__((target("avx512f"))) void NhWordsAvx512(const unsigned char* p,
   h[0] = a;
   h[1] = b;
 }
+
+__attribute__((target("avx512f"))) void NhBlockPairAvx512(const unsigned char* p,
+                                                         const unsigned char* q,
+                                                         const FingerprintKey& key,
+                                                         uint64_t hp[2], uint64_t hq[2]) {
+  const uint64_t* k1 = key.words(0);
+  const uint64_t* k2 = key.words(1);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+  __m512i c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  for (uint64_t t = 0; t < B; t += 16) {
+    const unsigned char* x = p + 8 * t;
+    const unsigned char* y = q + 8 * t;
+    for (uint64_t line = 0; line < 128; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + kPrefetchBytes + line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(y + kPrefetchBytes + line), _MM_HINT_T0);
+    }
+    const __m512i x0 = _mm512_loadu_si512(x);
+    const __m512i x1 = _mm512_loadu_si512(x + 64);
+    const __m512i y0 = _mm512_loadu_si512(y);
+    const __m512i y1 = _mm512_loadu_si512(y + 64);
+    a0 = _mm512_add_epi64(a0, NhLanesAvx512(x0, k1 + t));
+    a1 = _mm512_add_epi64(a1, NhLanesAvx512(x1, k1 + t + 8));
+    b0 = _mm512_add_epi64(b0, NhLanesAvx512(x0, k2 + t));
+    b1 = _mm512_add_epi64(b1, NhLanesAvx512(x1, k2 + t + 8));
+    c0 = _mm512_add_epi64(c0, NhLanesAvx512(y0, k1 + t));
+    c1 = _mm512_add_epi64(c1, NhLanesAvx512(y1, k1 + t + 8));
+    d0 = _mm512_add_epi64(d0, NhLanesAvx512(y0, k2 + t));
+    d1 = _mm512_add_epi64(d1, NhLanesAvx512(y1, k2 + t + 8));
+  }
+  hp[0] = SumLanesAvx512(_mm512_add_epi64(a0, a1));
+  hp[1] = SumLanesAvx512(_mm512_add_epi64(b0, b1));
+  hq[0] = SumLanesAvx512(_mm512_add_epi64(c0, c1));
+  hq[1] = SumLanesAvx512(_mm512_add_epi64(d0, d1));
+}
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -177,6 +245,18 @@ void NhWords(const unsigned char* p, uint64_t words, const FingerprintKey& key,
   NhWordsPortable(p, words, key, h);
 }
 
+// Level 1 of the whole blocks at p and q.
+void NhBlockPair(const unsigned char* p, const unsigned char* q,
+                 const FingerprintKey& key, CpuPath path, uint64_t hp[2],
+                 uint64_t hq[2]) {
+#if defined(__x86_64__)
+  if (path == CpuPath::kAvx512) return NhBlockPairAvx512(p, q, key, hp, hq);
+  if (path == CpuPath::kAvx2) return NhBlockPairAvx2(p, q, key, hp, hq);
+#endif
+  NhWords(p, B, key, path, hp);
+  NhWords(q, B, key, path, hq);
+}
+
 // Level 2 within one chunk of `length` bytes at p (whole blocks of its
 // tensor, the last word zero-padded): Horner's a = (a + y) * r_j over the
 // chunk's own y values, a sum of y * r_j^(distance from the chunk's end).
@@ -184,27 +264,49 @@ struct ChunkSums {
   uint64_t a[2] = {0, 0};
 };
 
+// One Horner step per half of H: a = (a + lo(h)) * r, then (a + hi(h)) * r.
+inline uint64_t HornerBlock(uint64_t a, uint64_t h, uint64_t r) {
+  a = m61::Mul(m61::Add(a, h & 0xffffffffu), r);
+  return m61::Mul(m61::Add(a, h >> 32), r);
+}
+
 ChunkSums SumChunk(const unsigned char* p, uint64_t length,
                    const FingerprintKey& key, CpuPath path) {
   const uint64_t whole = length / 8;
   const uint64_t tail = length % 8;
   const uint64_t words = whole + (tail != 0 ? 1 : 0);
   ChunkSums s;
-  for (uint64_t begin = 0; begin < words; begin += B) {
+  // The first 2h whole blocks as h pairs (i, h + i): the first half's Horner
+  // sum and the second half's, joined as a * r^(2h) + b.
+  const uint64_t h = whole / B / 2;
+  ChunkSums second;
+  for (uint64_t i = 0; i < h; ++i) {
+    uint64_t hp[2], hq[2];
+    NhBlockPair(p + 8 * B * i, p + 8 * B * (h + i), key, path, hp, hq);
+    for (int j = 0; j < 2; ++j) {
+      s.a[j] = HornerBlock(s.a[j], hp[j], key.r(j));
+      second.a[j] = HornerBlock(second.a[j], hq[j], key.r(j));
+    }
+  }
+  if (h > 0) {
+    for (int j = 0; j < 2; ++j) {
+      s.a[j] = m61::Add(m61::Mul(s.a[j], m61::Pow(key.r(j), 2 * h)), second.a[j]);
+    }
+  }
+  // Then the rest one block at a time: at most a whole block and the
+  // tensor's partial last one.
+  for (uint64_t begin = 2 * h * B; begin < words; begin += B) {
     const uint64_t count = std::min(B, words - begin);
     const uint64_t full = std::min(count, whole - begin);  // begin <= whole.
-    uint64_t h[2];
-    NhWords(p + 8 * begin, full, key, path, h);
+    uint64_t hb[2];
+    NhWords(p + 8 * begin, full, key, path, hb);
     if (full < count) {  // The zero-padded last word, at position `full`.
       uint64_t w = 0;
       std::memcpy(&w, p + 8 * whole, tail);
-      h[0] += NhTerm(w, key.words(0)[full]);
-      h[1] += NhTerm(w, key.words(1)[full]);
+      hb[0] += NhTerm(w, key.words(0)[full]);
+      hb[1] += NhTerm(w, key.words(1)[full]);
     }
-    for (int j = 0; j < 2; ++j) {
-      s.a[j] = m61::Mul(m61::Add(s.a[j], h[j] & 0xffffffffu), key.r(j));
-      s.a[j] = m61::Mul(m61::Add(s.a[j], h[j] >> 32), key.r(j));
-    }
+    for (int j = 0; j < 2; ++j) s.a[j] = HornerBlock(s.a[j], hb[j], key.r(j));
   }
   return s;
 }
