@@ -235,7 +235,7 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
     loss = loss * torch::scalar_tensor(batch.loss_scale, loss.options().dtype(torch::kFloat));
   }
   out.loss_bits = LossBits(loss);
-  out.buffers = Fingerprints(model_.buffers());
+  out.buffers = Fingerprints(ctx_.fingerprint_key(), model_.buffers());
   if (ctx_.fault().kind == FaultKind::kReplayError && ctx_.fault().FiresAt(ctx_.rank(), step_)) {
     ctx_.Log(absl::StrCat("INJECTED an error into a replay at step ", step_));
     TORCH_CHECK(false, "INJECTED replay-error: the replay's backward failed");
@@ -247,9 +247,9 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
   replaying_ = false;
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : model_.parameters()) grads.push_back(p.grad());
-  out.gradients = Fingerprints(grads);
+  out.gradients = Fingerprints(ctx_.fingerprint_key(), grads);
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) out.gradients[i] = model_.AbsentGradient(i);
+    if (!grads[i].defined()) out.gradients[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
   }
   out.digest = model_.AuditDigest(out.gradients, out.buffers);
   out.nonfinite = NonFinite(grads);
@@ -257,7 +257,7 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
 }
 
 absl::StatusOr<std::optional<std::pair<uint32_t, PeerReplay::Result>>>
-PeerReplay::ExchangeAndReplay(const std::vector<core::Assignment>& pairs, int tag_base) {
+PeerReplay::ExchangeAndReplay(const std::vector<protocol::Assignment>& pairs, int tag_base) {
   const uint32_t rank = ctx_.rank();
   std::vector<std::pair<uint32_t, int>> sends;  // (replayer of mine, tag)
   std::optional<uint32_t> subject;

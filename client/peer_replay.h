@@ -31,7 +31,7 @@
 #include "client/engine_context.h"
 #include "client/engine_types.h"
 #include "client/model_tensors.h"
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 #include "kernels/fingerprint.h"
 
 namespace sdc::client {
@@ -87,7 +87,7 @@ class PeerReplay {
   // included) or a malformed message; whatever fails, this rank still sends
   // its own micro-batch and waits for its sends, so no peer waits on it.
   absl::StatusOr<std::optional<std::pair<uint32_t, Result>>> ExchangeAndReplay(
-      const std::vector<core::Assignment>& pairs, int tag_base);
+      const std::vector<protocol::Assignment>& pairs, int tag_base);
 
   // This rank's own batch as its replayer would receive it.
   Batch OwnBatch() const;
