@@ -176,6 +176,8 @@ cmd_compat() {
   engines+=(--engine "$TORCH_VERSION=$ROOT/bazel-bin/client/python/libsdc_engine.so")
   while read -r torch venv; do
     [[ -z "$torch" || "$torch" == "$TORCH_VERSION" ]] && continue
+    [[ "$torch" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ && -x "$venv/bin/python3" ]] ||
+      die "compat.py venvs printed '$torch $venv', not 'TORCH_VERSION VENV'"
     engines+=(--engine "$torch=$(build_engine "$torch" "$venv")")
   done <<<"$lines"
   rm -rf "$ROOT/dist/compat"

@@ -4,7 +4,8 @@
     compat.py venvs
         Makes the virtual environments of the matrix below under
         ~/.cache/sdc-guard/compat/venvs (pip downloads each torch the first
-        time: about 1 GB per cell, 3 GB more per CUDA library set), then
+        time: about 1 GB per cell, 3 GB more per CUDA library set; 23 GB on
+        disk for the 8 cells), then
         prints one line "TORCH_VERSION VENV" per torch version that has an
         environment: what ./sdc builds that torch's engine library against.
     compat.py run --wheel WHEEL --bin BAZEL_BIN
@@ -99,7 +100,8 @@ def seed_cuda_libraries(python_path, torch):
     """Copies, as hard links, the nvidia-* CUDA packages (pure binary wheels,
     the same for every Python) from another ready environment of the same
     torch, so pip finds them installed at exactly the versions torch pins
-    and downloads only torch itself (saves 3 GB per cell)."""
+    and downloads only torch itself (saves 3 GB of download and disk per
+    cell). torch's own libraries differ between its builds for each Python."""
     for python, t in CELLS:
         donor = venv_python(python, t)
         if t != torch or donor == python_path or installed_torch(donor) != torch:
@@ -121,10 +123,11 @@ def make_venv(python, torch, interpreter):
     log(f"Python {python} + torch {torch}: making {path} (pip downloads torch, about 1 GB)")
     start = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([interpreter, "-m", "venv", path], check=True)
+    subprocess.run([interpreter, "-m", "venv", path], check=True, stdout=sys.stderr)
     seed_cuda_libraries(py, torch)
     rc = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-input",
-                         "--disable-pip-version-check", f"torch=={torch}"]).returncode
+                         "--disable-pip-version-check", f"torch=={torch}"],
+                        stdout=sys.stderr).returncode
     if rc != 0 or installed_torch(py) != torch:
         log(f"Python {python} + torch {torch}: pip install torch=={torch} failed")
         return False
@@ -134,21 +137,15 @@ def make_venv(python, torch, interpreter):
 
 def cmd_venvs(_):
     os.makedirs(VENVS, exist_ok=True)
-    ready, made = {}, False
+    ready = {}
     for python, torch in CELLS:
         interpreter = find_interpreter(python)
         if interpreter is None:
             log(f"Python {python} + torch {torch}: skipped, no python{python} on this machine")
             continue
-        fresh = installed_torch(venv_python(python, torch)) != torch
         if make_venv(python, torch, interpreter):
-            made |= fresh
             ready.setdefault(torch, venv_python(python, torch)[:-len("/bin/python3")])
-    if made and shutil.which("hardlink"):
-        # torch's libraries are the same files for every Python: one copy on disk.
-        subprocess.run(["hardlink", "--quiet", "--content", "--minimum-size=1M", VENVS],
-                       check=False)
-    for torch, path in ready.items():
+    for torch, path in ready.items():  # The only lines on standard output.
         print(torch, path)
 
 
