@@ -325,7 +325,8 @@ def cmd_run(args):
         try:
             info = install(py, wheel, work)
             detail = smoke_job(py, args.bin, work)
-            detail += f"; engine {os.path.basename(info['library'])}"
+            detail += (f"; Python {info['python']}, torch {info['torch']}, engine "
+                       f"{os.path.basename(os.path.dirname(info['library']))}")
             results[(python, torch)] = ("pass", detail, time.monotonic() - start)
             shutil.rmtree(work, ignore_errors=True)
         except Exception as e:  # noqa: BLE001 (the cell fails, the matrix goes on)
@@ -335,9 +336,13 @@ def cmd_run(args):
     return report(wheel, results)
 
 
+def by_version(versions):
+    return sorted(versions, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
 def report(wheel, results):
-    pythons = sorted({p for p, _ in CELLS}, key=lambda v: tuple(map(int, v.split("."))))
-    torches = sorted({t for _, t in CELLS}, key=lambda v: tuple(map(int, v.split("."))))
+    pythons = by_version({p for p, _ in CELLS})
+    torches = by_version({t for _, t in CELLS})
     print(f"sdc_guard wheel {os.path.basename(wheel)}: guarded smoke job per Python and torch")
     print("%-12s" % "" + "".join("%-16s" % f"torch {t}" for t in torches))
     for p in pythons:
@@ -356,7 +361,7 @@ def report(wheel, results):
     ran_torches = {t for _, t in passed}
     print(f"{len(passed)} passed, {len(failed)} failed, "
           f"{sum(1 for s, _, _ in results.values() if s == 'skipped')} skipped; "
-          f"Python {', '.join(sorted(ran_pythons))}; torch {', '.join(sorted(ran_torches))}")
+          f"Python {', '.join(by_version(ran_pythons))}; torch {', '.join(by_version(ran_torches))}")
     if failed:
         return 1
     if len(ran_pythons) < 2 or len(ran_torches) < 2:
