@@ -103,6 +103,7 @@ setup_venv() {
 # BAZEL_STARTUP naming an output base of its own).
 BUILD_VENV=$VENV
 BAZEL_STARTUP=()
+BAZEL_LIMIT=()  # A command (timeout N) that Bazel calls run under, or nothing.
 bazel_flags() {
   local flags=("--disk_cache=${SDC_BAZEL_DISK_CACHE:-$SDC_CACHE/bazel-disk}"
     "--repo_env=SDC_VENV=$BUILD_VENV")
@@ -129,7 +130,7 @@ bazel_run() {
   shift
   local flags
   mapfile -t flags < <(bazel_flags)
-  bazel "${BAZEL_STARTUP[@]}" "$cmd" "${flags[@]}" "$@"
+  "${BAZEL_LIMIT[@]}" bazel "${BAZEL_STARTUP[@]}" "$cmd" "${flags[@]}" "$@"
 }
 
 # The Python package: the engine library (Bazel, against the project's
@@ -165,12 +166,18 @@ make_wheel() {
 # cell under ~/.cache/sdc-guard/compat (Python 3.10 to 3.13; torch 2.9, 2.10,
 # 2.11; several GB of downloads the first time), pip installs that wheel and
 # a guarded 3-rank Gloo job runs against a real sdcd (tests/compat/compat.py).
-# Prints the matrix; fails when a cell fails or fewer than 2 Python or 2
-# torch versions ran.
+# CI's matrix (4 cells, each Python once) unless --full (8 cells). Prints the
+# matrix; fails when a cell fails or fewer than 2 Python or 2 torch versions
+# ran. Every step has a time limit (compat.py's; ENGINE_BUILD_LIMIT_S here).
 cmd_compat() {
-  local start=$SECONDS lines torch venv engines=()
-  log "compat: the environments (tests/compat/compat.py venvs)"
-  lines=$("$VENV/bin/python3" "$ROOT/tests/compat/compat.py" venvs) ||
+  local start=$SECONDS lines torch venv engines=() matrix=()
+  case "${1:-}" in
+    "") ;;
+    --full) matrix=(--full) ;;
+    *) die "usage: ./sdc compat [--full] (unknown argument '$1')" ;;
+  esac
+  log "compat: the environments (tests/compat/compat.py venvs ${matrix[*]})"
+  lines=$("$VENV/bin/python3" "$ROOT/tests/compat/compat.py" venvs "${matrix[@]}") ||
     die "making the compat environments failed"
   build_targets //daemon:sdcd //ctl:sdcctl //client/python:libsdc_engine.so
   engines+=(--engine "$TORCH_VERSION=$ROOT/bazel-bin/client/python/libsdc_engine.so")
@@ -185,20 +192,24 @@ cmd_compat() {
   wheel=$(make_wheel "$ROOT/dist/compat" "${engines[@]}")
   log "compat: $wheel ($(( ${#engines[@]} / 2 )) torch versions); the smoke job in each environment"
   local rc=0
-  "$VENV/bin/python3" "$ROOT/tests/compat/compat.py" run --wheel "$wheel" --bin "$ROOT/bazel-bin" ||
-    rc=$?
+  "$VENV/bin/python3" "$ROOT/tests/compat/compat.py" run --wheel "$wheel" --bin "$ROOT/bazel-bin" \
+    "${matrix[@]}" || rc=$?
   log "compat: $((SECONDS - start)) s"
   return "$rc"
 }
 
 # build_engine TORCH VENV: libsdc_engine.so against the torch in VENV, in a
 # Bazel output base of its own (the project's stays on its torch; the disk
-# cache is shared); prints the library's path.
+# cache is shared); prints the library's path. A build after a change to the
+# client compiles its torch-including files again: minutes each; the limit
+# is ENGINE_BUILD_LIMIT_S.
+ENGINE_BUILD_LIMIT_S=${SDC_ENGINE_BUILD_LIMIT_S:-1800}
 build_engine() {
   local torch=$1 venv=$2
   local base="$SDC_CACHE/compat/bazel-torch$torch"
   BUILD_VENV=$venv
   BAZEL_STARTUP=("--output_base=$base" "--max_idle_secs=120")
+  BAZEL_LIMIT=("timeout" "--kill-after=30" "$ENGINE_BUILD_LIMIT_S")
   if [[ -x /usr/local/cuda/bin/nvcc ]] && ! cuda_matches "$venv"; then
     log "compat: torch $torch is built for another CUDA than nvcc here: its engine has no CUDA kernels"
   fi
@@ -208,6 +219,7 @@ build_engine() {
   bin=$(bazel_run info --symlink_prefix=/ bazel-bin 2>/dev/null) || die "bazel info failed for torch $torch"
   BUILD_VENV=$VENV
   BAZEL_STARTUP=()
+  BAZEL_LIMIT=()
   printf '%s\n' "$bin/client/python/libsdc_engine.so"
 }
 
@@ -413,7 +425,8 @@ usage: ./sdc COMMAND [ARGS]
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
-  compat               the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
+  compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
+                       (4 cells, each Python once, as CI; --full: 8)
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
@@ -435,7 +448,7 @@ main() {
     pytest) setup; cmd_pytest "$@" ;;
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
-    compat) setup; cmd_compat ;;
+    compat) setup; cmd_compat "$@" ;;
     setup) setup ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command '$cmd'" ;;

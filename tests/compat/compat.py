@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """./sdc compat: the sdc_guard wheel on every CPython and torch it supports.
 
-    compat.py venvs
+    compat.py venvs [--full]
         Makes the virtual environments of the matrix below under
         ~/.cache/sdc-guard/compat/venvs (pip downloads each torch the first
         time: about 1 GB per cell, 3 GB more per CUDA library set; 23 GB on
         disk for the 8 cells), then
         prints one line "TORCH_VERSION VENV" per torch version that has an
         environment: what ./sdc builds that torch's engine library against.
-    compat.py run --wheel WHEEL --bin BAZEL_BIN
+    compat.py run --wheel WHEEL --bin BAZEL_BIN [--full]
         Installs WHEEL (the file, with pip, never the source tree) into every
         environment and runs a guarded smoke job in each: 3 Gloo ranks of
         examples/ddp_train.py with a real sdcd and an injected fault. Prints
         the matrix; exits 1 when a cell failed or when fewer than 2 Python
         versions or 2 torch versions ran.
+
+Without --full, both take the CI matrix (CI_CELLS: every Python once, every
+torch at least once); with it, the full one (FULL_CELLS). Every child has a
+time limit (the LIMIT_* constants); SIGTERM (timeout(1)) stops the cell's
+processes before this script exits.
 
 A cell whose interpreter this machine lacks is skipped and says so (pyenv's
 3.10, 3.12 and 3.13 are on the project's image; a fresh Debian 12 has only
@@ -38,14 +43,29 @@ CACHE = os.path.join(os.environ.get("SDC_CACHE", os.path.expanduser("~/.cache/sd
                      "compat")
 VENVS = os.path.join(CACHE, "venvs")
 
-# (Python, torch) cells. Every Python with the project's torch (2.11.0), the
-# oldest supported torch on the oldest and newest Python, and 2.10 once.
-# The first cell of each torch version is the one its engine is built with.
-CELLS = [
-    ("3.11", "2.11.0"), ("3.10", "2.11.0"), ("3.12", "2.11.0"), ("3.13", "2.11.0"),
+# (Python, torch) cells. The full matrix: every Python with the project's
+# torch (2.11.0), the oldest supported torch on the oldest and newest Python,
+# and 2.10 once. The CI matrix (what ./sdc compat runs by default, after
+# ./sdc test in CI): a diagonal, each Python once, each torch at least once,
+# the oldest pair and the newest pair among them; 4 environments to make on
+# a fresh machine instead of 8 (about 5 minutes of download each).
+# The first cell of a torch version is the one its engine is built with
+# (torch 2.11.0's is built with the project's own environment): the same
+# cell in both matrices, so switching matrix does not rebuild an engine.
+FULL_CELLS = [
+    ("3.12", "2.11.0"), ("3.10", "2.11.0"), ("3.11", "2.11.0"), ("3.13", "2.11.0"),
     ("3.11", "2.10.0"),
-    ("3.11", "2.9.1"), ("3.10", "2.9.1"), ("3.13", "2.9.1"),
+    ("3.10", "2.9.1"), ("3.11", "2.9.1"), ("3.13", "2.9.1"),
 ]
+CI_CELLS = [("3.10", "2.9.1"), ("3.11", "2.10.0"), ("3.12", "2.11.0"), ("3.13", "2.11.0")]
+
+# Time limits (seconds) of the children: pip installing torch (about 1 GB,
+# 3 GB more with a fresh CUDA library set), creating an environment, pip
+# installing the wheel offline, a short Python probe, the smoke job.
+LIMIT_TORCH_INSTALL = 1800
+LIMIT_VENV = 300
+LIMIT_WHEEL_INSTALL = 300
+LIMIT_PROBE = 120
 
 # The smoke job: rank FAULT_RANK's activations are scaled at FAULT_STEP.
 RANKS, STEPS, FAULT_RANK, FAULT_STEP, EVERY = 3, 9, 1, 6, 3
@@ -84,15 +104,18 @@ def installed_torch(python_path):
     """The torch version installed for `python_path` ("2.9.1"), or None."""
     if not os.access(python_path, os.X_OK):
         return None
-    out = subprocess.run(
-        [python_path, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
-        capture_output=True, text=True)
+    try:
+        out = subprocess.run(
+            [python_path, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+            capture_output=True, text=True, timeout=LIMIT_PROBE)
+    except subprocess.TimeoutExpired:
+        return None
     return out.stdout.strip().split("+")[0] if out.returncode == 0 else None
 
 
 def site_packages(python_path):
     out = subprocess.run([python_path, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, timeout=LIMIT_PROBE)
     return out.stdout.strip()
 
 
@@ -102,14 +125,15 @@ def seed_cuda_libraries(python_path, torch):
     torch, so pip finds them installed at exactly the versions torch pins
     and downloads only torch itself (saves 3 GB of download and disk per
     cell). torch's own libraries differ between its builds for each Python."""
-    for python, t in CELLS:
+    for python, t in FULL_CELLS:
         donor = venv_python(python, t)
         if t != torch or donor == python_path or installed_torch(donor) != torch:
             continue
         src, dst = site_packages(donor), site_packages(python_path)
         if os.path.exists(os.path.join(dst, "nvidia")):
             return
-        subprocess.run(["cp", "-al", os.path.join(src, "nvidia"), dst], check=True)
+        subprocess.run(["cp", "-al", os.path.join(src, "nvidia"), dst], check=True,
+                       timeout=LIMIT_VENV)
         for info in glob.glob(os.path.join(src, "nvidia_*.dist-info")):
             shutil.copytree(info, os.path.join(dst, os.path.basename(info)))
         return
@@ -123,11 +147,16 @@ def make_venv(python, torch, interpreter):
     log(f"Python {python} + torch {torch}: making {path} (pip downloads torch, about 1 GB)")
     start = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([interpreter, "-m", "venv", path], check=True, stdout=sys.stderr)
-    seed_cuda_libraries(py, torch)
-    rc = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-input",
-                         "--disable-pip-version-check", f"torch=={torch}"],
-                        stdout=sys.stderr).returncode
+    try:
+        subprocess.run([interpreter, "-m", "venv", path], check=True, stdout=sys.stderr,
+                       timeout=LIMIT_VENV)
+        seed_cuda_libraries(py, torch)
+        rc = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-input",
+                             "--disable-pip-version-check", f"torch=={torch}"],
+                            stdout=sys.stderr, timeout=LIMIT_TORCH_INSTALL).returncode
+    except subprocess.TimeoutExpired as e:
+        log(f"Python {python} + torch {torch}: {e.cmd[1:4]} ran past {e.timeout:.0f} s")
+        return False
     if rc != 0 or installed_torch(py) != torch:
         log(f"Python {python} + torch {torch}: pip install torch=={torch} failed")
         return False
@@ -135,10 +164,10 @@ def make_venv(python, torch, interpreter):
     return True
 
 
-def cmd_venvs(_):
+def cmd_venvs(cells):
     os.makedirs(VENVS, exist_ok=True)
     ready = {}
-    for python, torch in CELLS:
+    for python, torch in cells:
         interpreter = find_interpreter(python)
         if interpreter is None:
             log(f"Python {python} + torch {torch}: skipped, no python{python} on this machine")
@@ -211,17 +240,18 @@ def install(py, wheel, work):
     requirements) and returns what the package says about itself, imported
     from outside the source tree."""
     subprocess.run([py, "-m", "pip", "uninstall", "--quiet", "--yes", "sdc-guard"],
-                   capture_output=True)
+                   capture_output=True, timeout=LIMIT_WHEEL_INSTALL)
     out = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-input", "--no-index",
                           "--disable-pip-version-check", wheel],
-                         capture_output=True, text=True, cwd=work, env=clean_env({}))
+                         capture_output=True, text=True, cwd=work, env=clean_env({}),
+                         timeout=LIMIT_WHEEL_INSTALL)
     if out.returncode != 0:
         raise RuntimeError(f"pip install of the wheel failed: {(out.stdout + out.stderr)[-600:]}")
     probe = ("import json, sys, torch, sdc_guard, sdc_guard._C as c;"
              "print(json.dumps({'file': sdc_guard.__file__, 'library': c.LIBRARY,"
              "'python': sys.version.split()[0], 'torch': torch.__version__}))")
     out = subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=work,
-                         env=clean_env({}))
+                         env=clean_env({}), timeout=LIMIT_PROBE)
     if out.returncode != 0:
         raise RuntimeError(f"import sdc_guard failed: {out.stderr.strip()[-600:]}")
     info = json.loads(out.stdout.strip().splitlines()[-1])
@@ -310,10 +340,10 @@ def check_job(work, incidents):
             f"{FAULT_RANK} blamed, {acked} reports acknowledged")
 
 
-def cmd_run(args):
+def cmd_run(args, cells):
     wheel = os.path.abspath(args.wheel)
     results = {}  # (python, torch) -> (status, detail, seconds)
-    for python, torch in CELLS:
+    for python, torch in cells:
         py = venv_python(python, torch)
         if installed_torch(py) != torch:
             why = (f"no python{python} on this machine" if find_interpreter(python) is None
@@ -333,16 +363,16 @@ def cmd_run(args):
             results[(python, torch)] = ("FAIL", f"{e} (logs: {work})", time.monotonic() - start)
         status, detail, seconds = results[(python, torch)]
         log(f"Python {python} + torch {torch}: {status} in {seconds:.0f} s: {detail}")
-    return report(wheel, results)
+    return report(wheel, results, cells)
 
 
 def by_version(versions):
     return sorted(versions, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
-def report(wheel, results):
-    pythons = by_version({p for p, _ in CELLS})
-    torches = by_version({t for _, t in CELLS})
+def report(wheel, results, cells):
+    pythons = by_version({p for p, _ in cells})
+    torches = by_version({t for _, t in cells})
     print(f"sdc_guard wheel {os.path.basename(wheel)}: guarded smoke job per Python and torch")
     print("%-12s" % "" + "".join("%-16s" % f"torch {t}" for t in torches))
     for p in pythons:
@@ -371,18 +401,30 @@ def report(wheel, results):
     return 0
 
 
+def stop_on_sigterm(signum, _frame):
+    """timeout(1) sends SIGTERM: unwind, so each cell's `finally` kills its
+    sdcd and ranks (their own sessions, which the signal does not reach)."""
+    raise SystemExit(128 + signum)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("venvs", help="make the environments; print 'TORCH VENV' lines")
+    venvs = sub.add_parser("venvs", help="make the environments; print 'TORCH VENV' lines")
     run = sub.add_parser("run", help="install the wheel in each environment, run the smoke job")
     run.add_argument("--wheel", required=True)
     run.add_argument("--bin", required=True, help="where daemon/sdcd and ctl/sdcctl are built")
+    for p in (venvs, run):
+        p.add_argument("--full", action="store_true",
+                       help=f"the full matrix ({len(FULL_CELLS)} cells), not CI's "
+                            f"({len(CI_CELLS)})")
     args = parser.parse_args()
+    cells = FULL_CELLS if args.full else CI_CELLS
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     if args.command == "venvs":
-        cmd_venvs(args)
+        cmd_venvs(cells)
         return 0
-    return cmd_run(args)
+    return cmd_run(args, cells)
 
 
 if __name__ == "__main__":
