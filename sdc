@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev patchelf
-  libsqlite3-dev sqlite3 libssl-dev libgoogle-perftools-dev
+  libsqlite3-dev sqlite3 libssl-dev libgoogle-perftools-dev prometheus-cpp-dev
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
   binutils
   python3-venv python3-dev python3-pip
@@ -324,6 +324,49 @@ fuzz_coordinator() {
   grep -E "^stat::number_of_executed_units" "$dir/last.log" | sed 's/^/sdc: fuzz /' >&2 || true
 }
 
+# The package layering (docs/ARCHITECTURE.md, "Arrows run one way"), read
+# from Bazel's own graph: every dependency, transitive, of every target
+# (tests and file dependencies included). Each rule is "NAME|FROM|FORBIDDEN":
+# nothing in FROM may depend on anything in FORBIDDEN. //:VERSION is the
+# root package's file that //common:version reads.
+OURS='//...:*'
+LAYER_RULES=(
+  "the trainer client (client/) must not depend on sdcd (daemon/)|//client/...:*|//daemon/...:*"
+  "sdcd (daemon/) must not depend on the trainer client (client/)|//daemon/...:*|//client/...:*"
+  "protocol/ depends only on proto/ and kernels/|//protocol/...:*|$OURS except (//protocol/...:* + //proto/...:* + //kernels/...:*)"
+  "sdcctl (ctl/) depends only on proto/ and common/|//ctl/...:*|$OURS except (//ctl/...:* + //proto/...:* + //common/...:* + //:VERSION)"
+  "common/ depends only on proto/|//common/...:*|$OURS except (//common/...:* + //proto/...:* + //:VERSION)"
+  "sdc-agent (agent/) must not depend on sdcd or the trainer client|//agent/...:*|//daemon/...:* + //client/...:*"
+)
+
+# Bazel's query takes no build flags (--define): only the venv for @torch.
+layers_query() {
+  bazel query --noshow_progress "--repo_env=SDC_VENV=$VENV" "$1"
+}
+
+cmd_layers() {
+  local rule name from forbidden out broken=0
+  local -a found path
+  local log="$SDC_CACHE/layers.log"
+  mkdir -p "$SDC_CACHE"
+  for rule in "${LAYER_RULES[@]}"; do
+    IFS='|' read -r name from forbidden <<<"$rule"
+    out=$(layers_query "deps($from) intersect ($forbidden)" 2>"$log") ||
+      { tail -20 "$log" >&2; die "bazel query failed checking that $name (log: $log)"; }
+    [[ -z "$out" ]] && continue
+    broken=1
+    mapfile -t found <<<"$out"
+    log "layering broken: $name, but $from reaches:"
+    printf '  %s\n' "${found[@]}" >&2
+    out=$(layers_query "somepath($from, ${found[0]})" 2>/dev/null) || out=""
+    mapfile -t path <<<"$out"
+    log "one path, from the top:"
+    printf '  %s\n' "${path[@]}" >&2
+  done
+  ((broken == 0)) || die "package dependencies break docs/ARCHITECTURE.md's arrows (see above)"
+  log "layering holds: client -> protocol <- daemon; ctl -> proto, common; common -> proto"
+}
+
 cmd_test() {
   setup
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -332,10 +375,33 @@ cmd_test() {
     log "no nvcc at /usr/local/cuda/bin: CUDA kernels are not built"
   fi
   local start=$SECONDS
+  cmd_layers
   bazel_run test //... "$@"
   cmd_pytest
+  smoke_python_bench
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
+}
+
+# `./sdc bench overhead --trainer=python` at a smoke size, checked by
+# bench/smoke_test.sh as bench/BUILD checks every other bench: it needs the
+# wheel, which ./sdc builds outside Bazel (cmd_pytest just did). Two loops,
+# not three, and 12 steps: 12 Python ranks importing torch (about 50 CPU
+# seconds) are most of its time.
+smoke_python_bench() {
+  build_targets //bench:overhead_bench
+  [[ -n "${SDC_PYTHONPATH:-}" ]] || build_python >/dev/null  # cmd_pytest built it.
+  local log="$SDC_CACHE/bench-smoke-overhead-python.log" start=$SECONDS
+  log "smoke run: ./sdc bench overhead --trainer=python (log: $log)"
+  if ! "$ROOT/bench/smoke_test.sh" \
+    overhead_pct,step_ms_unguarded,step_ms_guarded,audit_step_ratio,weight_check_pct_of_step,trainer \
+    "$ROOT/bazel-bin/bench/overhead_bench" --trainer=python --variants=unguarded,guarded \
+    --steps=12 --warmup=2 --rounds=1 --audit_every=6 --weight_check_every=3 --turn_steps=6 \
+    >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "the smoke run of ./sdc bench overhead --trainer=python failed (log: $log)"
+  fi
+  log "smoke run of ./sdc bench overhead --trainer=python passed in $((SECONDS - start)) s"
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a
@@ -430,6 +496,7 @@ usage: ./sdc COMMAND [ARGS]
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
+  layers               check the package dependency arrows (also the first step of test)
   gpu-bundle           build what tests/gpu/run.sh needs on a GPU machine (gpu-bundle/)
   setup                install the Debian packages and the pinned torch the project needs
 TXT
@@ -449,6 +516,7 @@ main() {
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
     compat) setup; cmd_compat "$@" ;;
+    layers) cmd_layers ;;
     setup) setup ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command '$cmd'" ;;

@@ -3,27 +3,46 @@
 // tensors. Every report goes through Coordinator::Ingest with the in-memory
 // store, exactly as the service calls it.
 //
-//   healthy_vote_ms   the vote itself: the Ingest call of the last weight
-//                     report of a step, when all 16,384 ranks agree
-//   minority_vote_ms  the same when 3 ranks differ in a few tensors (the
-//                     minority is compared tensor by tensor)
-//   attribution_ms    the Ingest call that completes a replay audit of 16,384
-//                     ranks with one faulty rank and attributes it
+//   healthy_vote_ms     the vote itself: the Ingest call of the last weight
+//                       report of a step, when all 16,384 ranks agree
+//   minority_vote_ms    the same when 3 ranks differ in a few tensors (the
+//                       minority is compared tensor by tensor)
+//   attribution_ms      attributing one faulty rank in a ring replay audit of
+//                       16,384 ranks, tie-break included: the Ingest call
+//                       that completes the ring (Attribute, which asks for
+//                       tie-breaks) plus the calls that take the tie-break
+//                       results, the last of which names the rank
+//   attribution_ring_ms the first of those alone (Attribute over the ring)
+//   tiebreak_ms         the rest: the tie-break results' Ingest calls
+//   tiebreak_settle_ms  the last of them (settles the verdict, records the
+//                       incident)
+//   tiebreaks           tie-breaks the coordinator asked for (2: a ring gives
+//                       the faulty rank two partners, which are not proof;
+//                       see docs/ARCHITECTURE.md, "Two partners are not
+//                       proof")
 // and, for the whole step, the time to ingest every report
-// (weight_step_ingest_ms, audit_step_ingest_ms). Last line: JSON.
+// (weight_step_ingest_ms, audit_step_ingest_ms: the tie-break results too).
+// The bench plays the ranks as the client does: the ranks the coordinator
+// names replay the disputed micro-batches and send their tie-break results.
+// Every figure is printed only after the decision it times was checked.
+// Last line: JSON.
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/core/coordinator.h"
 #include "kernels/model_digest.h"
@@ -59,6 +78,17 @@ int Fail(const std::string& what) {
 struct Timing {
   double last_ms = 0;   // The Ingest call that completed the check.
   double total_ms = 0;  // Every report of the step.
+  std::vector<WeightVerdictMessage> verdicts;  // Sent by any call of the step.
+};
+
+// A replay audit's attribution: the ring, then its tie-breaks.
+struct AuditTiming {
+  double ring_ms = 0;      // The Ingest call that completed the ring (Attribute).
+  double tiebreak_ms = 0;  // Every tie-break result's Ingest call.
+  double settle_ms = 0;    // The last of them: the verdict naming the rank.
+  size_t tiebreaks = 0;
+  double total_ms = 0;     // Every report of the step, tie-break results included.
+  double attribution_ms() const { return ring_ms + tiebreak_ms; }
 };
 
 class Bench {
@@ -121,15 +151,22 @@ class Bench {
       rep.sequence = ++sequence_[r];
       const auto call = std::chrono::steady_clock::now();
       absl::StatusOr<Effects> e = coordinator_.Ingest(rep);
-      if (!e.ok()) return e.status();
       if (r + 1 == ranks_) t.last_ms = Ms(std::chrono::steady_clock::now() - call);
+      if (!e.ok()) return e.status();
+      for (const OutMessage& m : e->messages) {
+        if (const auto* v = std::get_if<WeightVerdictMessage>(&m.body)) t.verdicts.push_back(*v);
+      }
     }
     t.total_ms = Ms(std::chrono::steady_clock::now() - start);
     return t;
   }
 
-  // A scheduled audit of `step` where `faulty` is wrong in both roles.
-  absl::StatusOr<Timing> AuditStep(Step step, Rank faulty) {
+  // A scheduled audit of `step` where `faulty` is wrong in every role: every
+  // rank's original and replay, then the tie-breaks the coordinator asks
+  // for, each replayed by the rank it names (wrong only if that is
+  // `faulty`), as the client does in-band. Fails unless the ring alone
+  // leaves the verdict to tie-breaks and they name exactly `faulty`.
+  absl::StatusOr<AuditTiming> AuditStep(Step step, Rank faulty) {
     std::vector<PlanMember> members;
     for (Rank r = 0; r < ranks_; ++r) members.push_back({r, absl::StrCat("node-", r / kGpusPerNode)});
     const Topology topology(std::move(members));
@@ -138,32 +175,77 @@ class Bench {
     report.job_id = "bench";
     report.step = step;
     report.incarnation = 1;
-    Timing t;
-    const auto start = std::chrono::steady_clock::now();
-    auto send = [&](Rank r, AuditRole role, Rank subject, bool wrong) -> absl::Status {
+    AuditTiming t;
+    const size_t incidents_before = coordinator_.ListIncidents("bench").size();
+    std::vector<TieBreakMessage> asked;
+    std::vector<AuditVerdictMessage> verdicts;
+    double call_ms = 0;
+    // Every result of rank r's replay of `subject`'s micro-batch is the same
+    // on healthy ranks; the faulty rank's is off by one.
+    auto send = [&](Rank r, AuditRole role, Rank subject) -> absl::Status {
       AuditResult a;
       a.role = role;
       a.subject = subject;
-      a.loss_bits = 0x3ff0000000000000ull + subject + (wrong ? 1 : 0);
+      a.loss_bits = 0x3ff0000000000000ull + subject + (r == faulty ? 1 : 0);
       a.gradient_digest = a.loss_bits * 31;
       report.rank = r;
       report.sequence = ++sequence_[r];
       report.body = std::move(a);
       const auto call = std::chrono::steady_clock::now();
       absl::StatusOr<Effects> e = coordinator_.Ingest(report);
-      t.last_ms = Ms(std::chrono::steady_clock::now() - call);
-      return e.status();
+      call_ms = Ms(std::chrono::steady_clock::now() - call);
+      if (!e.ok()) return e.status();
+      for (const OutMessage& m : e->messages) {
+        if (const auto* tb = std::get_if<TieBreakMessage>(&m.body)) asked.push_back(*tb);
+        if (const auto* v = std::get_if<AuditVerdictMessage>(&m.body)) verdicts.push_back(*v);
+      }
+      return absl::OkStatus();
     };
+    const auto start = std::chrono::steady_clock::now();
     for (Rank r = 0; r < ranks_; ++r) {
-      if (absl::Status s = send(r, AuditRole::kOriginal, r, r == faulty); !s.ok()) return s;
+      if (absl::Status s = send(r, AuditRole::kOriginal, r); !s.ok()) return s;
     }
     for (const Assignment& a : plan.assignments) {
-      if (absl::Status s = send(a.replayer, AuditRole::kReplay, a.subject, a.replayer == faulty);
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = send(a.replayer, AuditRole::kReplay, a.subject); !s.ok()) return s;
     }
+    t.ring_ms = call_ms;
     t.total_ms = Ms(std::chrono::steady_clock::now() - start);
+    // Two partners are not proof: the ring alone names nobody and asks for
+    // a tie-break of each of the faulty rank's two comparisons.
+    if (asked.size() != 2 || verdicts.size() != 1 ||
+        verdicts[0].outcome != AuditOutcome::kTieBreakPending || !verdicts[0].faulty.empty()) {
+      return absl::InternalError(absl::StrCat(
+          "the ring audit should leave its verdict to 2 tie-breaks; the coordinator asked for ",
+          asked.size(), " and sent ", verdicts.size(), " verdict(s)",
+          verdicts.empty() ? "" : absl::StrCat(", the first ", AuditOutcomeName(verdicts[0].outcome))));
+    }
+    if (coordinator_.ListIncidents("bench").size() != incidents_before) {
+      return absl::InternalError("the ring audit recorded an incident before its tie-breaks");
+    }
+    t.tiebreaks = asked.size();
+    verdicts.clear();
+    const std::vector<TieBreakMessage> tiebreaks = std::move(asked);
+    asked.clear();
+    const auto tiebreaks_start = std::chrono::steady_clock::now();
+    for (const TieBreakMessage& m : tiebreaks) {
+      if (m.step != step || m.replayer == faulty) {
+        return absl::InternalError(absl::StrCat("tie-break of rank ", m.subject, " at step ",
+                                                m.step, " assigned to rank ", m.replayer));
+      }
+      if (absl::Status s = send(m.replayer, AuditRole::kTieBreak, m.subject); !s.ok()) return s;
+      t.tiebreak_ms += call_ms;
+    }
+    t.settle_ms = call_ms;
+    t.total_ms += Ms(std::chrono::steady_clock::now() - tiebreaks_start);
+    if (!asked.empty() || verdicts.size() != 1 || verdicts[0].step != step ||
+        verdicts[0].outcome != AuditOutcome::kFaulty ||
+        verdicts[0].faulty != std::vector<Rank>{faulty} || !verdicts[0].suspects.empty()) {
+      return absl::InternalError(absl::StrCat(
+          "the tie-breaks should name exactly rank ", faulty, "; the coordinator sent ",
+          verdicts.size(), " verdict(s)",
+          verdicts.empty() ? "" : absl::StrCat(", the first ", AuditOutcomeName(verdicts[0].outcome),
+                                               " naming ", absl::StrJoin(verdicts[0].faulty, ","))));
+    }
     return t;
   }
 
@@ -201,42 +283,56 @@ int Main(int argc, char** argv) {
   if (auto w = bench.WeightStep(10, {}, {}); !w.ok()) return Fail(w.status().ToString());
   absl::StatusOr<Timing> healthy = bench.WeightStep(20, {}, {});
   if (!healthy.ok()) return Fail(healthy.status().ToString());
+  if (healthy->verdicts.size() != 1 || !healthy->verdicts[0].pass ||
+      !healthy->verdicts[0].minority.empty()) {
+    return Fail("the healthy weight step did not end in one passing vote");
+  }
   if (!bench.coordinator().ListIncidents("bench").empty()) return Fail("healthy vote raised an incident");
 
   const std::vector<Rank> minority = {17, ranks / 2, ranks - 5};
-  const WeightReport bad = bench.MakeWeights(1, {3, 500 % tensors, tensors - 1});
+  // At the default 1,000 tensors: tensors 3, 500 and 999.
+  const WeightReport bad = bench.MakeWeights(1, {3, tensors / 2, tensors - 1});
   absl::StatusOr<Timing> minority_vote = bench.WeightStep(30, minority, bad);
   if (!minority_vote.ok()) return Fail(minority_vote.status().ToString());
   std::vector<Incident> incidents = bench.coordinator().ListIncidents("bench");
-  if (incidents.size() != 1 || incidents[0].ranks != minority ||
-      incidents[0].differing_tensors.size() != 3) {
+  if (minority_vote->verdicts.size() != 1 || minority_vote->verdicts[0].pass ||
+      minority_vote->verdicts[0].minority != minority || incidents.size() != 1 ||
+      incidents[0].ranks != minority || incidents[0].differing_tensors.size() != 3) {
     return Fail("minority vote did not name exactly the 3 minority ranks and 3 tensors");
   }
 
   const Rank faulty = ranks / 3;
-  absl::StatusOr<Timing> audit = bench.AuditStep(100, faulty);
+  absl::StatusOr<AuditTiming> audit = bench.AuditStep(100, faulty);
   if (!audit.ok()) return Fail(audit.status().ToString());
   incidents = bench.coordinator().ListIncidents("bench");
-  if (incidents.size() != 2 || incidents[1].ranks != std::vector<Rank>{faulty}) {
-    return Fail("the audit did not attribute exactly the faulty rank");
+  if (incidents.size() != 2 || incidents[1].ranks != std::vector<Rank>{faulty} ||
+      !incidents[1].confirmed || incidents[1].outcome != "faulty") {
+    return Fail("the audit did not record one confirmed incident naming exactly the faulty rank");
   }
 
   const double rss = PeakRssMib();
   std::printf("ranks %u, tensors %u\n", ranks, tensors);
-  std::printf("%-34s %10s %12s\n", "", "decide ms", "ingest ms");
-  std::printf("%-34s %10.2f %12.1f\n", "weight vote, all agree", healthy->last_ms,
+  std::printf("%-40s %10s %12s\n", "", "decide ms", "ingest ms");
+  std::printf("%-40s %10.2f %12.1f\n", "weight vote, all agree", healthy->last_ms,
               healthy->total_ms);
-  std::printf("%-34s %10.2f %12.1f\n", "weight vote, 3 ranks differ", minority_vote->last_ms,
+  std::printf("%-40s %10.2f %12.1f\n", "weight vote, 3 ranks differ", minority_vote->last_ms,
               minority_vote->total_ms);
-  std::printf("%-34s %10.2f %12.1f\n", "replay audit, 1 faulty rank", audit->last_ms,
-              audit->total_ms);
+  std::printf("%-40s %10.2f %12.1f\n", "replay audit, 1 faulty rank, tie-breaks",
+              audit->attribution_ms(), audit->total_ms);
+  std::printf("%-40s %10.2f\n", "  the ring (Attribute, asks tie-breaks)", audit->ring_ms);
+  std::printf("%-40s %10.2f\n",
+              absl::StrCat("  ", audit->tiebreaks, " tie-break results (last settles)").c_str(),
+              audit->tiebreak_ms);
   std::printf("peak RSS %.0f MiB\n", rss);
   std::printf(
       "{\"ranks\":%u,\"tensors\":%u,\"healthy_vote_ms\":%.3f,\"minority_vote_ms\":%.3f,"
       "\"attribution_ms\":%.3f,\"weight_step_ingest_ms\":%.1f,"
-      "\"minority_step_ingest_ms\":%.1f,\"audit_step_ingest_ms\":%.1f,\"peak_rss_mib\":%.0f}\n",
-      ranks, tensors, healthy->last_ms, minority_vote->last_ms, audit->last_ms,
-      healthy->total_ms, minority_vote->total_ms, audit->total_ms, rss);
+      "\"minority_step_ingest_ms\":%.1f,\"audit_step_ingest_ms\":%.1f,\"peak_rss_mib\":%.0f,"
+      "\"attribution_ring_ms\":%.3f,\"tiebreak_ms\":%.3f,\"tiebreak_settle_ms\":%.3f,"
+      "\"tiebreaks\":%zu}\n",
+      ranks, tensors, healthy->last_ms, minority_vote->last_ms, audit->attribution_ms(),
+      healthy->total_ms, minority_vote->total_ms, audit->total_ms, rss, audit->ring_ms,
+      audit->tiebreak_ms, audit->settle_ms, audit->tiebreaks);
   return 0;
 }
 

@@ -56,9 +56,9 @@
 #include "absl/time/clock.h"
 #include "agent/weight_elision.h"
 #include "daemon/convert.h"
-#include "daemon/core/replay_plan.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/model_digest.h"
+#include "protocol/replay_plan.h"
 #include "tests/testing/process.h"
 #include "tests/testing/sdcd.h"
 #include "trainer.grpc.pb.h"
@@ -147,7 +147,11 @@ class RankLedger {
     if (in.has_audit_verdict() && in.audit_verdict().outcome() != v1::TIEBREAK_PENDING) {
       verdict_at_ = now;
       verdict_outcome_ = in.audit_verdict().outcome();
+      (in.audit_verdict().outcome() == v1::PASS ? audits_passed_ : unexpected_) += 1;
     }
+    if (in.has_weight_verdict()) (in.weight_verdict().pass() ? weights_passed_ : unexpected_) += 1;
+    // A clean run asks no rank for a tie-break or a targeted audit.
+    if (in.has_tiebreak() || in.has_audit_plan()) unexpected_ += 1;
   }
 
   // Everything up to `acked` is acknowledged, at `now`.
@@ -208,6 +212,17 @@ class RankLedger {
     absl::MutexLock lock(&mu_);
     return last_ack_;
   }
+  // Passing audit and weight verdicts received, and anything a clean run
+  // should never bring (a failed verdict, a tie-break, a targeted plan).
+  struct Verdicts {
+    int audits_passed = 0;
+    int weights_passed = 0;
+    int unexpected = 0;
+  };
+  Verdicts verdicts() const {
+    absl::MutexLock lock(&mu_);
+    return {audits_passed_, weights_passed_, unexpected_};
+  }
 
  private:
   mutable absl::Mutex mu_;
@@ -226,10 +241,13 @@ class RankLedger {
   absl::Time last_ack_ ABSL_GUARDED_BY(mu_);
   absl::Time verdict_at_ ABSL_GUARDED_BY(mu_);
   int verdict_outcome_ ABSL_GUARDED_BY(mu_) = 0;
+  int audits_passed_ ABSL_GUARDED_BY(mu_) = 0;
+  int weights_passed_ ABSL_GUARDED_BY(mu_) = 0;
+  int unexpected_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A client stream on one of the load generator's completion queues
-// (asynchronous API, for the reason given in daemon/service.h: the callback
+// (asynchronous API, for the reason given in daemon/stream_call.h: the callback
 // API would put all 16,384 streams' operations on one queue, and Debian's
 // libgrpc scans that queue on every completion). One write in flight; what
 // is sent meanwhile waits, and Batch() may fold it into fewer writes.
@@ -691,8 +709,32 @@ int LoadGen(const Args& a) {
   others.insert(others.end(), audit_acks.begin(), audit_acks.end());
   latencies = others;
   latencies.insert(latencies.end(), weight_acks.begin(), weight_acks.end());
-  // Verdicts arrive after the acks of the last audit result; wait briefly.
+  // Verdicts arrive after the acks of the last audit result; wait briefly,
+  // then until every rank holds every verdict of the run (bounded).
   absl::SleepFor(absl::Seconds(2));
+  int audit_steps = 0, weight_steps = 0;
+  for (uint32_t i = 0; i < a.steps; ++i) {
+    audit_steps += (a.first_step + i) % 100 == 0 ? 1 : 0;
+    weight_steps += (a.first_step + i) % 10 == 0 ? 1 : 0;
+  }
+  const absl::Time verdict_deadline = absl::Now() + absl::Seconds(60);
+  for (core::Rank r = 0; r < a.ranks; ++r) {
+    for (;;) {
+      const RankLedger::Verdicts v = ledgers[r].verdicts();
+      if (v.unexpected > 0) {
+        Abandon(absl::StrCat("rank ", r, " received ", v.unexpected,
+                             " failed verdict(s), tie-break or audit plan(s) in a clean run"));
+      }
+      if (v.audits_passed == audit_steps && v.weights_passed == weight_steps) break;
+      if (v.audits_passed > audit_steps || v.weights_passed > weight_steps ||
+          absl::Now() > verdict_deadline) {
+        Abandon(absl::StrCat("rank ", r, " holds ", v.audits_passed, " audit and ",
+                             v.weights_passed, " weight verdicts; the run had ", audit_steps,
+                             " audit and ", weight_steps, " weight steps"));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
   // Also from the moment the last audit result was handed out: the verdict
   // needs every rank's results, and real ranks send theirs at about the
   // same time, not one after another as this one process has to.

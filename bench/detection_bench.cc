@@ -27,9 +27,16 @@
 // goes to stderr as runs complete.
 //
 // Flags: --quick (one run per scenario, a 500-step soak), --runs=N (per
-// scenario, default 3), --soak_steps=N (default 2000), --out_dir=DIR (default
-// a temporary folder; one run folder per run under it), --keep (keep the run
-// folders; they are deleted at the end otherwise).
+// scenario, default 3), --scenarios=A,B (only these fault scenarios; default
+// all), --soak_steps=N (default 2000), --transformer_steps=N (the clean
+// transformer run, default 60), --soak_run_steps=N (steps per soak run,
+// default 500), --out_dir=DIR (default a temporary folder; one run folder per
+// run under it), --keep (keep the run folders; they are deleted at the end
+// otherwise). The smoke run in the test suite (bench/BUILD) is one scenario
+// and a few dozen soak steps.
+//
+// Exits 1 when a goal is missed (after printing the table and the JSON), so
+// a rule change that breaks detection or attribution fails the smoke run.
 //
 // --soak_only (./sdc bench soak): only a long clean soak, every step audited
 // and weight-checked, in runs of 500 steps alternating the BatchNorm MLP and
@@ -37,7 +44,8 @@
 // updates), until at least --min_audits (default 15,320) audits and
 // --min_weight_checks (default 3,080) weight checks ran: AWS's published
 // sample. Prints one JSON line: audits, weight_checks, false_alarms, wall_s,
-// and the 95% upper bound on the false-alarm rate per audit (rule of three).
+// and the 95% upper bound on the false-alarm rate per audit (rule of three);
+// exits 1 when the sample was not reached or anything alarmed.
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -61,6 +69,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "demo/launcher.h"
@@ -70,7 +79,12 @@
 
 ABSL_FLAG(bool, quick, false, "One run per scenario and a 500-step soak.");
 ABSL_FLAG(int, runs, 0, "Runs per scenario (0: 3, or 1 with --quick).");
+ABSL_FLAG(std::string, scenarios, "",
+          "Comma-separated fault scenarios to run (default: every one; see ./sdc demo --help).");
 ABSL_FLAG(int, soak_steps, 0, "Clean bn-mlp soak steps in total (0: 2000, or 500 with --quick).");
+ABSL_FLAG(int, transformer_steps, 0,
+          "Steps of the clean transformer run (0: 60, or 30 with --quick).");
+ABSL_FLAG(int, soak_run_steps, 500, "Steps per clean soak run (the matrix's and --soak_only's).");
 ABSL_FLAG(std::string, out_dir, "", "Where the run folders go (default: a temporary folder).");
 ABSL_FLAG(bool, keep, false, "Keep the run folders (deleted at the end otherwise).");
 ABSL_FLAG(bool, soak_only, false,
@@ -101,15 +115,15 @@ constexpr int kRestartCoordinatorAt = 8;
 constexpr int kFaultRanks[] = {1, 3, 4, 2, 5, 0};
 // Audit-aligned fault steps, in order of use.
 constexpr int kFaultSteps[] = {15, 20, 25};
-// Soak runs are at most this long.
-constexpr int kSoakRunSteps = 500;
 
 // The flags, read once (see FlagsFromCommandLine).
 struct Flags {
   bool quick = false;
   int runs = 3;
+  std::vector<std::string> scenarios;  // Empty: every fault scenario.
   int soak_steps = 2000;
   int transformer_steps = 60;
+  int soak_run_steps = 500;  // Soak runs are at most this long.
   std::string out_dir;
   bool keep = false;
   bool soak_only = false;
@@ -125,14 +139,19 @@ struct Flags {
 Flags FlagsFromCommandLine(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the detection matrix of sdc-guard on a local cluster.\n"
-      "  detection_bench [--quick] [--runs=N] [--soak_steps=N] [--out_dir=DIR] [--keep]\n"
-      "  detection_bench --soak_only [--min_audits=N] [--min_weight_checks=N]");
+      "  detection_bench [--quick] [--runs=N] [--scenarios=A,B] [--soak_steps=N]\n"
+      "                  [--transformer_steps=N] [--soak_run_steps=N] [--out_dir=DIR] [--keep]\n"
+      "  detection_bench --soak_only [--min_audits=N] [--min_weight_checks=N] "
+      "[--soak_run_steps=N]");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) Usage(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   Flags f;
   f.quick = absl::GetFlag(FLAGS_quick);
   f.runs = absl::GetFlag(FLAGS_runs);
+  f.scenarios = absl::StrSplit(absl::GetFlag(FLAGS_scenarios), ',', absl::SkipEmpty());
   f.soak_steps = absl::GetFlag(FLAGS_soak_steps);
+  f.transformer_steps = absl::GetFlag(FLAGS_transformer_steps);
+  f.soak_run_steps = absl::GetFlag(FLAGS_soak_run_steps);
   f.out_dir = absl::GetFlag(FLAGS_out_dir);
   f.keep = absl::GetFlag(FLAGS_keep);
   f.soak_only = absl::GetFlag(FLAGS_soak_only);
@@ -140,9 +159,17 @@ Flags FlagsFromCommandLine(int argc, char** argv) {
   f.min_weight_checks = absl::GetFlag(FLAGS_min_weight_checks);
   if (f.runs == 0) f.runs = f.quick ? 1 : 3;
   if (f.soak_steps == 0) f.soak_steps = f.quick ? 500 : 2000;
-  if (f.quick) f.transformer_steps = 30;
+  if (f.transformer_steps == 0) f.transformer_steps = f.quick ? 30 : 60;
+  for (const std::string& name : f.scenarios) {
+    const std::optional<Scenario> s = demo::FindScenario(name);
+    if (!s.has_value() || s->fault.empty()) {
+      Usage(absl::StrCat("--scenarios: '", name, "' is not a fault scenario"));
+    }
+  }
   for (const auto& [flag, value] : {std::pair<const char*, int>{"runs", f.runs},
                                     {"soak_steps", f.soak_steps},
+                                    {"transformer_steps", f.transformer_steps},
+                                    {"soak_run_steps", f.soak_run_steps},
                                     {"min_audits", f.min_audits},
                                     {"min_weight_checks", f.min_weight_checks}}) {
     if (value < 1) Usage(absl::StrCat("--", flag, " must be at least 1, got ", value));
@@ -254,7 +281,7 @@ class Bench {
     if (flags_.soak_only) return LongSoak(start);
     PlanRuns();
     for (const Scenario& s : demo::Scenarios()) {
-      if (s.fault.empty()) continue;  // clean: the soak below.
+      if (!Selected(s)) continue;
       ScenarioResult r;
       r.scenario = s;
       r.nodes = s.nodes > 0 ? s.nodes : kNodes;
@@ -267,6 +294,18 @@ class Bench {
     PrintTable(wall);
     PrintJson(wall);
     Cleanup();
+    std::vector<std::string> missed;
+    for (const ScenarioResult& r : scenarios_) {
+      if (!r.missed.empty()) {
+        missed.push_back(absl::StrCat(r.scenario.name, ": ", absl::StrJoin(r.missed, "; ")));
+      }
+    }
+    for (const std::string& m : SoakMissed(Totals(""))) missed.push_back("clean soak: " + m);
+    if (!missed.empty()) {
+      std::fprintf(stderr, "detection_bench: goals missed: %s\n",
+                   absl::StrJoin(missed, " | ").c_str());
+      return 1;
+    }
     return 0;
   }
 
@@ -296,11 +335,19 @@ class Bench {
     return true;
   }
 
+  // A fault scenario that --scenarios names (all of them by default); the
+  // clean one is the soak.
+  bool Selected(const Scenario& s) const {
+    if (s.fault.empty()) return false;
+    return flags_.scenarios.empty() || std::find(flags_.scenarios.begin(), flags_.scenarios.end(),
+                                                 s.name) != flags_.scenarios.end();
+  }
+
   void PlanRuns() {
     for (const Scenario& s : demo::Scenarios()) {
-      if (!s.fault.empty()) total_runs_ += flags_.runs;
+      if (Selected(s)) total_runs_ += flags_.runs;
     }
-    soak_runs_ = (flags_.soak_steps + kSoakRunSteps - 1) / kSoakRunSteps;
+    soak_runs_ = (flags_.soak_steps + flags_.soak_run_steps - 1) / flags_.soak_run_steps;
     total_runs_ += soak_runs_ + 1;  // And the clean transformer run.
   }
 
@@ -538,7 +585,7 @@ class Bench {
   // ./sdc bench soak: clean runs until the sample is as large as AWS's.
   int LongSoak(absl::Time start) {
     const int goal = std::max(flags_.min_audits, flags_.min_weight_checks);
-    total_runs_ = (goal + kSoakRunSteps - 1) / kSoakRunSteps;
+    total_runs_ = (goal + flags_.soak_run_steps - 1) / flags_.soak_run_steps;
     for (int i = 0;; ++i) {
       const SoakTotals t = Totals("");
       if (t.audits >= flags_.min_audits && t.weight_checks >= flags_.min_weight_checks) break;
@@ -547,7 +594,8 @@ class Bench {
         break;
       }
       total_runs_ = std::max(total_runs_, i + 1);
-      soak_.push_back(RunClean(i % 2 == 0 ? "bn-mlp" : "center-mlp", kSoakRunSteps, 1, 1, 50, i));
+      soak_.push_back(
+          RunClean(i % 2 == 0 ? "bn-mlp" : "center-mlp", flags_.soak_run_steps, 1, 1, 50, i));
     }
     const absl::Duration wall = absl::Now() - start;
     const SoakTotals t = Totals("");
@@ -597,6 +645,10 @@ class Bench {
     int checkpoints_allowed = 0;
     int checkpoints_vetoed = 0;
     int replicas_differ = 0;
+    // What the runs' cadences schedule: fewer performed means a check
+    // stopped running, which no alarm count would show.
+    int audits_scheduled = 0;
+    int weight_checks_scheduled = 0;
   };
 
   SoakTotals Totals(const std::string& model_filter) const {
@@ -619,6 +671,8 @@ class Bench {
       t.checkpoints_allowed += r.checkpoints_allowed;
       t.checkpoints_vetoed += r.checkpoints_vetoed;
       t.replicas_differ += r.weights_identical ? 0 : 1;
+      t.audits_scheduled += r.steps / r.audit_every;
+      t.weight_checks_scheduled += r.steps / r.weight_check_every;
     }
     return t;
   }
@@ -632,6 +686,13 @@ class Bench {
     if (t.skipped > 0) missed.push_back(absl::StrCat(t.skipped, " skipped step(s)"));
     if (t.checkpoints_vetoed > 0) missed.push_back(absl::StrCat(t.checkpoints_vetoed, " checkpoint(s) vetoed"));
     if (t.replicas_differ > 0) missed.push_back(absl::StrCat(t.replicas_differ, " run(s) ended with differing replicas"));
+    if (t.audits < t.audits_scheduled) {
+      missed.push_back(absl::StrCat(t.audits, " of ", t.audits_scheduled, " scheduled audits ran"));
+    }
+    if (t.weight_checks < t.weight_checks_scheduled) {
+      missed.push_back(absl::StrCat(t.weight_checks, " of ", t.weight_checks_scheduled,
+                                    " scheduled weight checks ran"));
+    }
     return missed;
   }
 

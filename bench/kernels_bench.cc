@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -40,6 +42,8 @@
 #endif
 
 ABSL_FLAG(int, reps, 7, "Timed repetitions of each measurement.");
+ABSL_FLAG(int, d_model, 1024,
+          "Width of the transformer-shaped parameter set (1024: 517 MiB; smaller for a smoke run).");
 
 namespace sdc::bench {
 namespace {
@@ -53,10 +57,10 @@ struct Tensor {
   std::vector<float> values;
 };
 
-// A GPT-style decoder: d_model 1024, 8 layers, vocabulary 32000, context
-// 2048 (135.6M parameters, 517 MiB of fp32).
-std::vector<Tensor> TransformerParameters() {
-  constexpr int64_t d = 1024, layers = 8, vocab = 32000, context = 2048;
+// A GPT-style decoder: d_model `d` (1024: 135.6M parameters, 517 MiB of
+// fp32), 8 layers, vocabulary 32000, context 2048.
+std::vector<Tensor> TransformerParameters(int64_t d) {
+  constexpr int64_t layers = 8, vocab = 32000, context = 2048;
   std::vector<std::pair<std::string, int64_t>> shapes = {
       {"embed.weight", vocab * d}, {"pos_embed.weight", context * d}};
   for (int l = 0; l < layers; ++l) {
@@ -301,13 +305,15 @@ int Main(int argc, char** argv) {
   if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
   const int reps = absl::GetFlag(FLAGS_reps);
   if (reps < 1) return Fail("--reps must be a positive integer");
+  const int d_model = absl::GetFlag(FLAGS_d_model);
+  if (d_model < 8) return Fail("--d_model must be at least 8");
   ThreadPool& pool = ThreadPool::Default();
   const int threads = pool.threads();
   const double load_before = LoadAverage();
   torch::set_num_threads(threads);
 
   std::fprintf(stderr, "building a transformer-shaped parameter set...\n");
-  std::vector<Tensor> params = TransformerParameters();
+  std::vector<Tensor> params = TransformerParameters(d_model);
   std::vector<ByteSpan> spans;
   std::vector<kernels::TensorRef> fp32_refs;
   uint64_t bytes = 0;
@@ -344,6 +350,29 @@ int Main(int argc, char** argv) {
         torch::kFloat32);
     if (TorchOpsFingerprint(view) != ours[t]) {
       return Fail(absl::StrCat("torch-ops fingerprint disagrees on ", params[t].name));
+    }
+  }
+
+  // The scans must see no non-finite value in these finite weights, and
+  // must see the one planted in a copy of the last tensor.
+  std::vector<kernels::ScanResult> checked(spans.size());
+  for (const auto* refs : {&fp32_refs, &bf16_refs}) {
+    if (auto s = kernels::ScanNonFinite(*refs, absl::MakeSpan(checked)); !s.ok()) {
+      return Fail(s.ToString());
+    }
+    for (size_t t = 0; t < checked.size(); ++t) {
+      if (checked[t].nonfinite != 0 || !std::isfinite(checked[t].sum_squares)) {
+        return Fail(absl::StrCat("the scan found non-finite values in finite ", params[t].name));
+      }
+    }
+  }
+  {
+    std::vector<float> planted = params.back().values;
+    planted[planted.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    const kernels::TensorRef ref{planted.data(), planted.size(), kernels::DType::kFloat32};
+    kernels::ScanResult one;
+    if (auto s = kernels::ScanNonFinite({&ref, 1}, {&one, 1}); !s.ok() || one.nonfinite != 1) {
+      return Fail("the scan missed a NaN planted in a copy of " + params.back().name);
     }
   }
 

@@ -37,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
+#include "demo/progress_line.h"
 
 ABSL_FLAG(int, steps, 300, "Steps per loop and round, warm-up included.");
 ABSL_FLAG(int, rounds, 2, "Rounds; each starts with a different loop.");
@@ -95,6 +96,39 @@ bool WriteTurn(const std::string& path, const std::string& name) {
 
 double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+}
+
+// What makes a loop's timings worth printing: every rank ran every step and
+// applied it, the replicas ended identical, and a guarded loop audited at
+// its cadence with every audit passed (a clean run; a guard that stopped
+// auditing would look cheap). Returns what went wrong, or "".
+std::string CheckLoop(const demo::ClusterResult& r, const Args& a, bool guarded) {
+  for (size_t rank = 0; rank < r.ranks.size(); ++rank) {
+    if (static_cast<int>(r.ranks[rank].size()) != a.steps) {
+      return absl::StrCat("rank ", rank, " recorded ", r.ranks[rank].size(), " of ", a.steps,
+                          " steps");
+    }
+    for (const demo::StepRecord& s : r.ranks[rank]) {
+      if (!s.apply) {
+        return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
+      }
+    }
+  }
+  if (r.ranks.empty() || r.weight_digests.size() != r.ranks.size()) return "no final weights";
+  for (const std::string& d : r.weight_digests) {
+    if (d.empty() || d != r.weight_digests[0]) return "the replicas ended with different weights";
+  }
+  if (!guarded) return "";
+  int audits = 0;
+  for (const demo::StepRecord& s : r.ranks[0]) {
+    if (!s.audited) continue;
+    ++audits;
+    if (s.outcome != "pass") return absl::StrCat("the audit of step ", s.step, " ended ", s.outcome);
+  }
+  if (audits != a.steps / a.audit_every) {
+    return absl::StrCat(audits, " audits ran; the cadence schedules ", a.steps / a.audit_every);
+  }
+  return "";
 }
 
 int Main(int argc, char** argv) {
@@ -208,6 +242,9 @@ int Main(int argc, char** argv) {
       cpu_ms[name].push_back(r->cpu_seconds * 1000 / a.steps);
       if (guard) sdcd_cpu_ms.push_back(r->sdcd_cpu_seconds * 1000 / a.steps);
       if (guard && !r->incidents.empty()) return Fail("the guarded clean run raised an incident");
+      if (const std::string wrong = CheckLoop(*r, a, guard || no_sdcd); !wrong.empty()) {
+        return Fail(absl::StrCat(name, ": ", wrong));
+      }
       // Slowest rank per step, and rank 0's record of what ran.
       std::map<int, double> slowest;
       for (const auto& rank : r->ranks) {

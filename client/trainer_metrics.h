@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics/exposer.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 
 namespace sdc::client {
 
@@ -52,16 +52,16 @@ class TrainerMetrics {
  private:
   TrainerMetrics(const std::string& job_id, uint32_t rank, std::function<bool()> link_up);
 
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   const std::function<bool()> link_up_;
-  metrics::Counter& steps_;
-  metrics::Counter& skipped_;
-  metrics::Counter& nonfinite_;
-  metrics::Counter& audits_;
-  metrics::Histogram& audit_seconds_;
-  metrics::Counter& guard_seconds_;
-  metrics::Counter& weight_checks_;
-  metrics::Gauge& link_gauge_;
+  prometheus::Counter& steps_;
+  prometheus::Counter& skipped_;
+  prometheus::Counter& nonfinite_;
+  prometheus::Counter& audits_;
+  prometheus::Histogram& audit_seconds_;
+  prometheus::Counter& guard_seconds_;
+  prometheus::Counter& weight_checks_;
+  prometheus::Gauge& link_gauge_;
   std::unique_ptr<metrics::Exposer> exposer_;  // Last: stops before the metrics go.
 };
 

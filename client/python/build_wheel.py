@@ -3,8 +3,8 @@
 Bazel built (//client/python:libsdc_engine.so) for each torch version given,
 in sdc_guard/engines/torch<major>.<minor>/, and the shared libraries they need
 that a machine with torch does not have (Debian's gRPC, protobuf, Abseil,
-c-ares, RE2, OpenSSL, zlib), in sdc_guard.libs/ with RPATH $ORIGIN, as
-auditwheel lays out a wheel. torch's own libraries are not bundled: the
+c-ares, RE2, OpenSSL, zlib, prometheus-cpp's core), in sdc_guard.libs/ with
+RPATH $ORIGIN, as auditwheel lays out a wheel. torch's own libraries are not bundled: the
 package imports torch first and the engine binds to the copies torch loaded.
 
 The engine libraries hold no CPython code (the build fails, naming the

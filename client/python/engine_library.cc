@@ -113,13 +113,13 @@ Dict SummaryDict(const GuardSummary& s) {
                    {"audits_off", s.audits_off}});
 }
 
-const char* StandingName(core::CheckpointLedger::Standing s) {
+const char* StandingName(protocol::CheckpointLedger::Standing s) {
   switch (s) {
-    case core::CheckpointLedger::Standing::kFinal:
+    case protocol::CheckpointLedger::Standing::kFinal:
       return "final";
-    case core::CheckpointLedger::Standing::kProvisional:
+    case protocol::CheckpointLedger::Standing::kProvisional:
       return "provisional";
-    case core::CheckpointLedger::Standing::kRevoked:
+    case protocol::CheckpointLedger::Standing::kRevoked:
       return "revoked";
   }
   return "provisional";
