@@ -166,7 +166,8 @@ make_wheel() {
 # cell under ~/.cache/sdc-guard/compat (Python 3.10 to 3.13; torch 2.9, 2.10,
 # 2.11; several GB of downloads the first time), pip installs that wheel and
 # a guarded 3-rank Gloo job runs against a real sdcd (tests/compat/compat.py).
-# CI's matrix (4 cells, each Python once) unless --full (8 cells). Prints the
+# CI's matrix (4 cells, each Python once; torch 2.9 and 2.11, so the wheel
+# carries those two engines) unless --full (8 cells, 3 engines). Prints the
 # matrix; fails when a cell fails or fewer than 2 Python or 2 torch versions
 # ran. Every step has a time limit (compat.py's; ENGINE_BUILD_LIMIT_S here).
 cmd_compat() {
@@ -209,7 +210,9 @@ build_engine() {
   local base="$SDC_CACHE/compat/bazel-torch$torch"
   BUILD_VENV=$venv
   BAZEL_STARTUP=("--output_base=$base" "--max_idle_secs=120")
-  BAZEL_LIMIT=("timeout" "--kill-after=30" "$ENGINE_BUILD_LIMIT_S")
+  # --foreground: in the caller's process group, which an outer timeout
+  # (.ci/run's) signals as a whole.
+  BAZEL_LIMIT=("timeout" "--foreground" "--kill-after=30" "$ENGINE_BUILD_LIMIT_S")
   if [[ -x /usr/local/cuda/bin/nvcc ]] && ! cuda_matches "$venv"; then
     log "compat: torch $torch is built for another CUDA than nvcc here: its engine has no CUDA kernels"
   fi
@@ -492,7 +495,7 @@ usage: ./sdc COMMAND [ARGS]
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
-                       (4 cells, each Python once, as CI; --full: 8)
+                       (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
