@@ -221,32 +221,43 @@ std::tuple<std::string, std::string> JobIdOp(c10::Dict<std::string, std::string>
   return {id->id, id->source};
 }
 
-kernels::Fingerprint FingerprintOf(const at::Tensor& t) {
+// The key of `seed` (its 64 bits as int: TorchScript has no unsigned type);
+// none is the fixed seed, so separate processes agree (a guarded job draws
+// its own key).
+kernels::FingerprintKey KeyOf(std::optional<int64_t> seed) {
+  return kernels::FingerprintKey::FromSeed(seed ? static_cast<uint64_t>(*seed)
+                                                : kernels::kFixedFingerprintSeed);
+}
+
+kernels::Fingerprint FingerprintOf(const at::Tensor& t, const kernels::FingerprintKey& key) {
   const at::Tensor c = t.detach().contiguous().cpu();
   const kernels::ByteSpan span{c.data_ptr(), static_cast<uint64_t>(c.numel()) * c.element_size()};
   kernels::Fingerprint fp;
-  Check(kernels::FingerprintTensors({&span, 1}, {&fp, 1}));
+  Check(kernels::FingerprintTensors({&span, 1}, key, {&fp, 1}));
   return fp;
 }
 
-// The weight fingerprint of the kernels (the wire definition), for tests and
-// tools that compare replicas: (byte_length, s1, s2), each 64 bits as int
-// (_C.py reads them unsigned).
-std::tuple<int64_t, int64_t, int64_t> FingerprintOp(at::Tensor t) {
-  const kernels::Fingerprint fp = FingerprintOf(t);
+// The weight fingerprint of the kernels (the wire definition) under the
+// seed's key, for tests and tools that compare replicas: (byte_length, s1,
+// s2), each 64 bits as int (_C.py reads them unsigned).
+std::tuple<int64_t, int64_t, int64_t> FingerprintOp(at::Tensor t, std::optional<int64_t> seed) {
+  const kernels::Fingerprint fp = FingerprintOf(t, KeyOf(seed));
   return {static_cast<int64_t>(fp.byte_length), static_cast<int64_t>(fp.s1),
           static_cast<int64_t>(fp.s2)};
 }
 
 // The model digest sdcd's weight vote compares: a stable hash of the ordered
-// (name, fingerprint) list (64 bits as int).
-int64_t ModelDigestOp(std::vector<std::string> names, std::vector<at::Tensor> tensors) {
+// (name, fingerprint) list, fingerprints under the seed's key (64 bits as
+// int).
+int64_t ModelDigestOp(std::vector<std::string> names, std::vector<at::Tensor> tensors,
+                      std::optional<int64_t> seed) {
   if (names.size() != tensors.size()) {
     Raise(absl::InvalidArgumentError(
         absl::StrCat(names.size(), " names for ", tensors.size(), " tensors")));
   }
+  const kernels::FingerprintKey key = KeyOf(seed);
   kernels::ModelDigestBuilder digest;
-  for (size_t i = 0; i < names.size(); ++i) digest.Add(names[i], FingerprintOf(tensors[i]));
+  for (size_t i = 0; i < names.size(); ++i) digest.Add(names[i], FingerprintOf(tensors[i], key));
   return static_cast<int64_t>(digest.Finish());
 }
 
@@ -261,8 +272,9 @@ TORCH_LIBRARY(sdc, m) {
   m.def("optimizer_state(int engine) -> Tensor[]");
 
   m.def("job_id(Dict(str, str) variables) -> (str, str)", &ops::JobIdOp);
-  m.def("fingerprint(Tensor tensor) -> (int, int, int)", &ops::FingerprintOp);
-  m.def("model_digest(str[] names, Tensor[] tensors) -> int", &ops::ModelDigestOp);
+  m.def("fingerprint(Tensor tensor, int? seed=None) -> (int, int, int)", &ops::FingerprintOp);
+  m.def("model_digest(str[] names, Tensor[] tensors, int? seed=None) -> int",
+        &ops::ModelDigestOp);
 
   m.class_<Engine>("Engine")
       .def(torch::init<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<std::string>,

@@ -61,5 +61,22 @@ def test_fingerprints_and_digests_are_unsigned_64_bit():
     assert any(d >= 2**63 for d in digests)
 
 
+def test_fingerprints_take_the_key_of_a_seed():
+    t = torch.arange(1000, dtype=torch.float32)
+    fixed = _C.fingerprint(t)
+    assert _C.fingerprint(t, seed=0) == fixed  # kernels::kFixedFingerprintSeed
+    keyed = _C.fingerprint(t, seed=2**64 - 5)  # Crosses as a negative int.
+    assert keyed[0] == fixed[0] and keyed[1:] != fixed[1:]
+    assert _C.fingerprint(t.clone(), seed=2**64 - 5) == keyed
+    assert _C.fingerprint(t, seed=7) not in (fixed, keyed)
+    names, tensors = ["w", "b"], [t, torch.ones(3)]
+    assert _C.model_digest(names, tensors, seed=0) == _C.model_digest(names, tensors)
+    assert _C.model_digest(names, tensors, seed=2**63) != _C.model_digest(names, tensors)
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        _C.fingerprint(t, seed=2**64)
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        _C.model_digest(names, tensors, seed=-1)
+
+
 def test_job_id_from_the_variables():
     assert _C.job_id({"SDC_JOB_ID": "job-7"}) == ("job-7", "SDC_JOB_ID")

@@ -138,11 +138,24 @@ def job_id(variables):
     return tuple(_call(torch.ops.sdc.job_id, dict(variables)))
 
 
-def fingerprint(tensor):
-    """The kernels' weight fingerprint of ``tensor``: (byte_length, s1, s2)."""
-    return tuple(v & _U64 for v in _call(torch.ops.sdc.fingerprint, tensor))
+def _seed(seed):
+    """An unsigned 64-bit seed as the library's int (None stays None: the
+    fixed seed, which every process shares)."""
+    if seed is None:
+        return None
+    if not 0 <= seed <= _U64:
+        raise ValueError(f"a fingerprint seed is an unsigned 64-bit integer, not {seed}")
+    return seed - (1 << 64) if seed >> 63 else seed
 
 
-def model_digest(names, tensors):
-    """The model digest sdcd's weight vote compares (an unsigned 64-bit int)."""
-    return _call(torch.ops.sdc.model_digest, list(names), list(tensors)) & _U64
+def fingerprint(tensor, seed=None):
+    """The kernels' weight fingerprint of ``tensor`` under the key of ``seed``
+    (None: the fixed seed, so separate processes agree; a guarded job uses
+    its own): (byte_length, s1, s2)."""
+    return tuple(v & _U64 for v in _call(torch.ops.sdc.fingerprint, tensor, _seed(seed)))
+
+
+def model_digest(names, tensors, seed=None):
+    """The model digest sdcd's weight vote compares (an unsigned 64-bit int),
+    fingerprints under the key of ``seed`` as in ``fingerprint``."""
+    return _call(torch.ops.sdc.model_digest, list(names), list(tensors), _seed(seed)) & _U64
