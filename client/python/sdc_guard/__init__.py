@@ -3,8 +3,9 @@
 Catches silent data corruption (a GPU returning wrong but plausible numbers)
 inside training, names the faulty GPU through the sdcd coordinator, and keeps
 corrupted weights out of checkpoints. The checks are sdc-guard's C++ trainer
-client (the extension module ``sdc_guard._C``); this package fits it to an
-ordinary DDP loop::
+client, a libtorch class library built for each supported torch version and
+loaded by ``sdc_guard._C`` (no CPython code in it: one package for every
+Python); this package fits it to an ordinary DDP loop::
 
     model = DDP(net, device_ids=[local_rank])
     guard = sdc_guard.Guard(model, optimizer, loss_fn=lambda m, batch: ...)
@@ -21,8 +22,8 @@ Settings come from the same SDC_* environment variables as the C++ client
 (SDC_COORDINATOR, SDC_JOB_ID, ...); keyword arguments of Guard override them.
 """
 
-import torch  # First: the extension module finds torch's libraries in the process.
-import torch.distributed  # noqa: F401  (registers the ProcessGroup type _C takes)
+import torch  # First: the engine library finds torch's libraries in the process.
+import torch.distributed  # noqa: F401  (registers the ProcessGroup class the engine takes)
 
 from sdc_guard import notices
 from sdc_guard._C import GuardError
