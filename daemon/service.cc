@@ -357,12 +357,26 @@ class RankSession {
     if (!converted.ok()) return ToGrpc(converted.status());
     absl::StatusOr<core::Effects> effects = service_->coordinator_->Ingest(*converted);
     if (!effects.ok()) {
-      // A rank contradicting what it said (a conflicting resend, a result
-      // after its verdict) is worth an operator's attention.
-      if (effects.status().code() == absl::StatusCode::kAlreadyExists) {
-        core::Effects note;
-        note.notes.push_back(absl::StrCat("refused: ", effects.status().message()));
-        service_->delivery_->Deliver(std::move(note));
+      // A report that contradicts what the rank said or is malformed is
+      // consumed: acknowledged with the refusal, so the rank drops it and
+      // its later reports flow on (ending the stream made the rank resend
+      // it, and everything behind it, forever). The refusal is logged.
+      const absl::StatusCode code = effects.status().code();
+      if (code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kAlreadyExists) {
+        absl::StatusOr<core::Effects> consumed =
+            service_->coordinator_->Consume(*converted, effects.status());
+        if (consumed.ok()) {
+          service_->metrics_->Rejected(ReasonOf(code));
+          v1::CoordinatorMessage ack;
+          ack.mutable_ack()->set_acked_sequence(consumed->acked_sequence);
+          ack.mutable_ack()->set_refused_sequence(converted->sequence);
+          ack.mutable_ack()->set_refused_reason(std::string(effects.status().message()));
+          std::shared_ptr<Outbox> outbox = outbox_;
+          service_->delivery_->Deliver(*std::move(consumed), [outbox, ack](absl::Status s) {
+            if (s.ok()) outbox->Push(ack);
+          });
+          return grpc::Status::OK;
+        }
       }
       return ToGrpc(effects.status());
     }
