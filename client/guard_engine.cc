@@ -171,7 +171,9 @@ absl::Status GuardEngine::Impl::Init() {
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<TrainerMetrics>> m = TrainerMetrics::Start(
         options_.metrics_listen, options_.job_id, rank_,
-        [this] { return link_ != nullptr && link_->stats().connected; });
+        [this] {
+          return link_ != nullptr ? std::optional(link_->stats()) : std::nullopt;
+        });
     if (!m.ok()) return m.status();
     metrics_ = *std::move(m);
     Log(absl::StrCat("serving metrics on port ", metrics_->port()));
