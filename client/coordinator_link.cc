@@ -225,7 +225,8 @@ void CoordinatorLink::Shed() {
                          ") for sdcd, past the buffer's bound (SDC_REPORT_BUFFER ",
                          options_.report_buffer, ", SDC_REPORT_BUFFER_MB ",
                          options_.report_buffer_bytes >> 20,
-                         "): what is left is evidence of faults, which is kept"));
+                         "): what is left is on its way to sdcd or evidence of faults, which "
+                         "is kept"));
       }
       return;
     }
@@ -464,9 +465,17 @@ void CoordinatorLink::Acknowledged(uint64_t sequence, uint64_t refused, const st
   for (size_t i = 0; i < numbered_ && refused != 0; ++i) {
     if (buffer_[i].sequence != refused) continue;
     buffer_[i].refused = true;
-    Log(absl::StrCat("sdcd refused report ", refused, " (", KindName(buffer_[i].kind), ", step ",
-                     buffer_[i].step, "): ", reason,
-                     "; it is dropped and the reports after it go on"));
+    // Each of the first ten, then the 100th, 1000th...: a client sdcd
+    // refuses wholesale (mismatched versions) must not flood its log.
+    const uint64_t n = stats_.rejected + 1;
+    uint64_t power = 1;
+    while (power * 10 <= n) power *= 10;
+    if (n <= 10 || n == power) {
+      Log(absl::StrCat("sdcd refused report ", refused, " (", KindName(buffer_[i].kind), ", step ",
+                       buffer_[i].step, "): ", reason,
+                       "; it is dropped and the reports after it go on", n > 1 ? " (" : "",
+                       n > 1 ? absl::StrCat(n, " refused so far)") : ""));
+    }
   }
   while (numbered_ > 0 && buffer_.front().sequence <= sequence) {
     if (buffer_.front().refused) {
