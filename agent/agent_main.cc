@@ -28,7 +28,7 @@
 #include "common/diagnostic_plan.h"
 #include "common/identity.h"
 #include "common/metrics/exposer.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 #include "common/version.h"
 #include "agent/core/link_machine.h"
 #include "agent/diagnostic.h"
@@ -202,7 +202,7 @@ int Main(int argc, char** argv) {
   SerialWorker actions;
   AgentLink* link = nullptr;  // Set below; the handlers run only after Start().
   std::unique_ptr<TrainerRelay> relay;
-  metrics::Registry registry;
+  metrics::Collector registry;
   // Scrapes start only after both are set (the exposer starts below them).
   AgentMetrics agent_metrics(
       &registry, kVersion, [&] { return link != nullptr ? link->Stats() : LinkStats{}; },

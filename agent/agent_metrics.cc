@@ -6,11 +6,11 @@ namespace sdc::agent {
 namespace {
 
 // Counters mirror totals kept elsewhere: advance to `total` (never back).
-void AdvanceTo(metrics::Counter& counter, double total) {
+void AdvanceTo(prometheus::Counter& counter, double total) {
   counter.Increment(total - counter.Value());
 }
 
-metrics::Counter& Diagnostics(metrics::Registry& registry, const std::string& result) {
+prometheus::Counter& Diagnostics(metrics::Collector& registry, const std::string& result) {
   return metrics::BuildCounter()
       .Name("sdc_agent_diagnostics_total")
       .Help("Confirmation diagnostics run on this node, one per device, by result (pass, fail, "
@@ -21,7 +21,7 @@ metrics::Counter& Diagnostics(metrics::Registry& registry, const std::string& re
 
 }  // namespace
 
-AgentMetrics::AgentMetrics(metrics::Registry* registry, const std::string& version,
+AgentMetrics::AgentMetrics(metrics::Collector* registry, const std::string& version,
                            std::function<LinkStats()> link_stats,
                            std::function<RelayStats()> relay_stats)
     : link_stats_(std::move(link_stats)),

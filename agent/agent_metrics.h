@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/link.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 
 namespace sdc::agent {
 
@@ -34,7 +34,7 @@ class AgentMetrics {
   // HealthDetail()), from the exposer's threads; either may be empty (no
   // link yet, no relay: zeros).
   // REQUIRES: `registry` outlives this object.
-  AgentMetrics(metrics::Registry* registry, const std::string& version,
+  AgentMetrics(metrics::Collector* registry, const std::string& version,
                std::function<LinkStats()> link_stats, std::function<RelayStats()> relay_stats);
 
   // Counts one device's diagnostic result.
@@ -49,14 +49,14 @@ class AgentMetrics {
 
   const std::function<LinkStats()> link_stats_;
   const std::function<RelayStats()> relay_stats_;
-  metrics::Gauge& link_up_;
-  metrics::Counter& reconnects_;
-  metrics::Counter& heartbeats_;
-  metrics::Gauge& relay_open_;
-  metrics::Counter& relay_opened_;
-  metrics::Counter& diagnostics_pass_;
-  metrics::Counter& diagnostics_fail_;
-  metrics::Counter& diagnostics_error_;
+  prometheus::Gauge& link_up_;
+  prometheus::Counter& reconnects_;
+  prometheus::Counter& heartbeats_;
+  prometheus::Gauge& relay_open_;
+  prometheus::Counter& relay_opened_;
+  prometheus::Counter& diagnostics_pass_;
+  prometheus::Counter& diagnostics_fail_;
+  prometheus::Counter& diagnostics_error_;
   // Overlapping scrapes must not both advance the mirrored counters.
   absl::Mutex refresh_mu_;
 };

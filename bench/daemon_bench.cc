@@ -56,9 +56,9 @@
 #include "absl/time/clock.h"
 #include "agent/weight_elision.h"
 #include "daemon/convert.h"
-#include "daemon/core/replay_plan.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/model_digest.h"
+#include "protocol/replay_plan.h"
 #include "tests/testing/process.h"
 #include "tests/testing/sdcd.h"
 #include "trainer.grpc.pb.h"
@@ -247,7 +247,7 @@ class RankLedger {
 };
 
 // A client stream on one of the load generator's completion queues
-// (asynchronous API, for the reason given in daemon/service.h: the callback
+// (asynchronous API, for the reason given in daemon/stream_call.h: the callback
 // API would put all 16,384 streams' operations on one queue, and Debian's
 // libgrpc scans that queue on every completion). One write in flight; what
 // is sent meanwhile waits, and Batch() may fold it into fewer writes.

@@ -11,44 +11,44 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/channel.h"
-#include "daemon/convert.h"
+#include "protocol/convert.h"
 
 namespace sdc::client {
 namespace {
 
 // A report that may wait for company: a clean step's (see report_linger).
-bool CanWait(const decltype(core::Report::body)& body) {
-  const auto* s = std::get_if<core::StepReport>(&body);
+bool CanWait(const decltype(protocol::Report::body)& body) {
+  const auto* s = std::get_if<protocol::StepReport>(&body);
   return s != nullptr && s->applied && s->local_nonfinite == 0 && s->reduced_nonfinite == 0 &&
          !s->audit_unverified;
 }
 
-CoordinatorLink::Kind KindOf(const decltype(core::Report::body)& body) {
-  if (std::holds_alternative<core::AuditResult>(body)) return CoordinatorLink::Kind::kAudit;
-  if (std::holds_alternative<core::WeightReport>(body)) return CoordinatorLink::Kind::kWeights;
+CoordinatorLink::Kind KindOf(const decltype(protocol::Report::body)& body) {
+  if (std::holds_alternative<protocol::AuditResult>(body)) return CoordinatorLink::Kind::kAudit;
+  if (std::holds_alternative<protocol::WeightReport>(body)) return CoordinatorLink::Kind::kWeights;
   return CoordinatorLink::Kind::kStep;
 }
 
 // What an incident is made of: never dropped. An audit's own results join
 // once its step turns out skipped (Send).
-bool IsEvidence(const decltype(core::Report::body)& body) {
-  if (const auto* s = std::get_if<core::StepReport>(&body)) {
+bool IsEvidence(const decltype(protocol::Report::body)& body) {
+  if (const auto* s = std::get_if<protocol::StepReport>(&body)) {
     return s->local_nonfinite > 0 || s->reduced_nonfinite > 0 || !s->applied ||
            !s->audits_off.empty();
   }
-  if (const auto* a = std::get_if<core::AuditResult>(&body)) {
-    return a->role == core::AuditRole::kTieBreak || a->role == core::AuditRole::kConfirm;
+  if (const auto* a = std::get_if<protocol::AuditResult>(&body)) {
+    return a->role == protocol::AuditRole::kTieBreak || a->role == protocol::AuditRole::kConfirm;
   }
   return false;
 }
 
-size_t BytesOf(const decltype(core::Report::body)& body) {
-  size_t n = sizeof(core::Report) + 64;  // The entry and the deque's share.
-  if (const auto* s = std::get_if<core::StepReport>(&body)) {
+size_t BytesOf(const decltype(protocol::Report::body)& body) {
+  size_t n = sizeof(protocol::Report) + 64;  // The entry and the deque's share.
+  if (const auto* s = std::get_if<protocol::StepReport>(&body)) {
     n += s->skip_reason.capacity() + s->audits_off.capacity();
-  } else if (const auto* a = std::get_if<core::AuditResult>(&body)) {
+  } else if (const auto* a = std::get_if<protocol::AuditResult>(&body)) {
     n += a->gradients.capacity() * sizeof(kernels::Fingerprint);
-  } else if (const auto* w = std::get_if<core::WeightReport>(&body)) {
+  } else if (const auto* w = std::get_if<protocol::WeightReport>(&body)) {
     n += w->tensors.capacity() * sizeof(kernels::Fingerprint);
   }
   return n;
@@ -109,7 +109,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
       {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 
-CoordinatorLink::CoordinatorLink(const GuardOptions& options, core::Hello hello)
+CoordinatorLink::CoordinatorLink(const GuardOptions& options, protocol::Hello hello)
     : options_(options),
       hello_(std::move(hello)),
       channel_(MakeChannel(options)),
@@ -168,9 +168,9 @@ void CoordinatorLink::Stop(absl::Duration flush) {
                    " in all"));
 }
 
-uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) body) {
+uint64_t CoordinatorLink::Send(protocol::Step step, decltype(protocol::Report::body) body) {
   absl::MutexLock lock(&mu_);
-  if (const auto* s = std::get_if<core::StepReport>(&body); s != nullptr && !s->applied) {
+  if (const auto* s = std::get_if<protocol::StepReport>(&body); s != nullptr && !s->applied) {
     // The step was skipped in-band: its audit results are an incident's
     // evidence now.
     for (Pending& p : buffer_) {
@@ -247,14 +247,14 @@ void CoordinatorLink::DropAt(size_t index, Drop reason) {
 }
 
 v1::Report CoordinatorLink::Build(const Pending& p) const {
-  core::Report r;
+  protocol::Report r;
   r.job_id = hello_.job_id;
   r.rank = hello_.placement.rank;
   r.incarnation = hello_.incarnation;
   r.sequence = p.sequence;
   r.step = p.step;
   r.body = p.body;
-  return daemon::ToProto(r);
+  return protocol::ToProto(r);
 }
 
 void CoordinatorLink::Run() {
@@ -360,7 +360,7 @@ bool CoordinatorLink::Session() {
   bool welcomed = false;
   auto stream = stub_->Attach(&context);
   v1::TrainerMessage hello;
-  *hello.mutable_hello() = daemon::ToProto(hello_);
+  *hello.mutable_hello() = protocol::ToProto(hello_);
   bool ok = stream->Write(hello);
   // The reader: acks, the welcome, and everything else into the inbox.
   std::thread reader([&] {
@@ -542,7 +542,7 @@ std::vector<v1::CoordinatorMessage> CoordinatorLink::TakeMessages() {
   return out;
 }
 
-std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(core::Step step,
+std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(protocol::Step step,
                                                                   absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   std::optional<v1::AuditVerdict> found;
@@ -563,7 +563,7 @@ std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(core::Step ste
   return found;
 }
 
-absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(core::Step step,
+absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(protocol::Step step,
                                                                       absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   v1::CheckpointRequest q;

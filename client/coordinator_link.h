@@ -60,7 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/options.h"
-#include "daemon/core/types.h"
+#include "protocol/types.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer.grpc.pb.h"
 
@@ -98,7 +98,7 @@ class CoordinatorLink {
   };
 
   // REQUIRES: !options.coordinator.empty().
-  CoordinatorLink(const GuardOptions& options, core::Hello hello);
+  CoordinatorLink(const GuardOptions& options, protocol::Hello hello);
   ~CoordinatorLink();
 
   void Start();
@@ -110,14 +110,14 @@ class CoordinatorLink {
 
   // Queues a report (never blocks on sdcd). Returns how many reports this
   // link queued so far, this one included.
-  uint64_t Send(core::Step step, decltype(core::Report::body) body);
+  uint64_t Send(protocol::Step step, decltype(protocol::Report::body) body);
 
   // Plans, verdicts and tie-break requests received since the last call.
   std::vector<v1::CoordinatorMessage> TakeMessages();
 
   // The final audit verdict of `step` (not a tie-break-pending interim one),
   // or nullopt after `timeout`.
-  std::optional<v1::AuditVerdict> WaitAuditVerdict(core::Step step, absl::Duration timeout);
+  std::optional<v1::AuditVerdict> WaitAuditVerdict(protocol::Step step, absl::Duration timeout);
 
   // The checkpoint gate, asked again while the answer is retryable, until
   // `timeout`. A call sdcd could not answer (it went away) is asked again
@@ -125,7 +125,7 @@ class CoordinatorLink {
   // s, or twice reconnect_max, after the link went down: a restart of sdcd;
   // an older outage is not waited for, so training does not stall at every
   // checkpoint); Unavailable when the coordinator cannot be reached in time.
-  absl::StatusOr<v1::CheckpointDecision> MayCheckpoint(core::Step step, absl::Duration timeout);
+  absl::StatusOr<v1::CheckpointDecision> MayCheckpoint(protocol::Step step, absl::Duration timeout);
   // Which checkpoints are confirmed and revoked, deciding nothing.
   absl::StatusOr<v1::CheckpointDecision> CheckpointStatus(absl::Duration timeout);
 
@@ -136,8 +136,8 @@ class CoordinatorLink {
 
  private:
   struct Pending {
-    core::Step step = 0;
-    decltype(core::Report::body) body;
+    protocol::Step step = 0;
+    decltype(protocol::Report::body) body;
     uint64_t sequence = 0;  // 0 until first written.
     absl::Time queued;
     Kind kind = Kind::kStep;
@@ -177,7 +177,7 @@ class CoordinatorLink {
   void Log(const std::string& line) const;
 
   const GuardOptions options_;
-  const core::Hello hello_;
+  const protocol::Hello hello_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TrainerService::Stub> stub_;
   std::thread thread_;

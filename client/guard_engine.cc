@@ -1,219 +1,271 @@
 #include "client/guard_engine.h"
 
-#include <cstring>
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/audit_determinism.h"
+#include "client/checkpoint_gate.h"
 #include "client/device.h"
-#include "client/guard_engine_internal.h"
-#include "kernels/nonfinite.h"
+#include "client/engine_context.h"
+#include "client/model_tensors.h"
+#include "client/peer_replay.h"
+#include "client/replay_audit.h"
+#include "client/step_core.h"
+#include "client/step_pipeline.h"
+#include "client/tensor_checks.h"
+#include "client/weight_check.h"
 
-// GuardEngine's set-up, coordinator messages and public methods; the step,
-// the audit and the weight check live beside it (guard_engine_internal.h).
+// The engine composes its parts: it owns them and the context they share,
+// sets them up, routes sdcd's messages to them, and runs a step's parts in
+// the one order every rank follows (Finish below is the per-step
+// collectives table of docs/ARCHITECTURE.md, in code).
 
 namespace sdc::client {
 
-double MsSince(absl::Time t) { return absl::ToDoubleMilliseconds(absl::Now() - t); }
+class GuardEngine::Impl {
+ public:
+  Impl(GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> pg, ModelTensors model,
+       OptimizerStateFn optimizer_state, LossFn loss_fn)
+      : ctx_(std::move(options), std::move(pg)),
+        model_(std::move(model)),
+        pipeline_(ctx_, model_),
+        determinism_(ctx_),
+        replay_(ctx_, model_, std::move(loss_fn)),
+        audit_(ctx_, model_, replay_),
+        weights_(ctx_, model_, std::move(optimizer_state)),
+        gate_(ctx_) {}
 
-uint64_t LossBits(const torch::Tensor& loss) {
-  const double v = loss.detach().to(torch::kDouble).item<double>();
-  uint64_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return bits;
-}
+  // The collective part of set-up, then the link and metrics.
+  absl::Status Start();
 
-void ThrowIfFailed(const absl::Status& s) {
-  if (!s.ok()) TORCH_CHECK(false, "sdc-guard kernels: ", std::string(s.message()));
-}
+  absl::Status BeginStep(uint64_t step, std::vector<torch::Tensor> batch, int64_t micro_batches);
+  void RecordFirstMicroBatch(const torch::Tensor& loss, const torch::Tensor& loss_scale);
+  absl::StatusOr<StepDecision> Finish();
 
-std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> dense;
-  std::vector<size_t> index;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].defined()) continue;
-    dense.push_back(tensors[i].detach().contiguous());
-    index.push_back(i);
+  absl::StatusOr<double> AfterOptimizerStep(bool checkpoint) {
+    return weights_.AfterOptimizerStep(step_, checkpoint);
   }
-  std::vector<kernels::Fingerprint> packed;
-  ThrowIfFailed(FingerprintOnDevice(dense, &packed));
-  std::vector<kernels::Fingerprint> out(tensors.size());
-  for (size_t k = 0; k < index.size(); ++k) out[index[k]] = packed[k];
-  return out;
-}
-
-uint64_t NonFinite(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> dense;
-  for (const torch::Tensor& t : tensors) {
-    if (t.defined() && DTypeOf(t).ok()) dense.push_back(t.detach().contiguous());
+  absl::StatusOr<bool> MayCheckpoint() { return gate_.MayCheckpoint(step_, weights_); }
+  const protocol::CheckpointLedger& checkpoints() const { return gate_.ledger(); }
+  absl::StatusOr<protocol::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout) {
+    return gate_.Refresh(timeout);
   }
-  std::vector<kernels::ScanResult> out;
-  ThrowIfFailed(ScanOnDevice(dense, &out));
-  uint64_t n = 0;
-  for (const auto& r : out) n += r.nonfinite;
-  return n;
-}
 
-void FlipMantissaBit(torch::Tensor t, int bit) {
-  torch::NoGradGuard no_grad;
-  auto flat = t.view({-1});
-  float v = flat[0].item<float>();
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  bits ^= (1u << bit);
-  std::memcpy(&v, &bits, 4);
-  flat[0].fill_(v);
-}
-
-std::string GuardSummary::ToString() const {
-  return absl::StrFormat(
-      "steps=%d skipped=%d audits=%d (unverified %d, mismatches %d) weight_checks=%d "
-      "repairs=%d checkpoints allowed=%d vetoed=%d reports sent=%d acked=%d dropped=%d "
-      "coordinator=%s%s",
-      steps, skipped, audits, audits_unverified, audit_mismatches, weight_checks, repairs,
-      checkpoints_allowed, checkpoints_vetoed, reports_sent, reports_acked, reports_dropped,
-      coordinator_connected ? "connected" : "not connected",
-      audits_off.empty() ? "" : absl::StrCat(" audits=off (", audits_off, ")"));
-}
-
-absl::Status GuardEngine::Impl::Init() {
-  if (params_.empty()) return absl::InvalidArgumentError("the model has no trainable parameters");
-  if (param_names_.size() != params_.size() || state_names_.size() != state_.size()) {
-    return absl::InvalidArgumentError("a name for every parameter and buffer is required");
+  void CaptureForwardBuffers() { model_.CaptureForwardBuffers(); }
+  void NoteNondeterministic(const std::string& what) { determinism_.Note(what); }
+  bool WantsOriginalGradients() const { return audit_.WantsOriginalGradients(); }
+  void RecordOriginalGradients(const std::vector<size_t>& indices,
+                               const std::vector<torch::Tensor>& gradients) {
+    audit_.RecordOriginalGradients(indices, gradients);
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].defined()) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", param_names_[i], " is undefined"));
+  void RecordOriginalGradientsFromParameters() {
+    std::vector<size_t> indices;
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < model_.parameters().size(); ++i) {
+      indices.push_back(i);
+      grads.push_back(model_.parameters()[i].grad());
     }
-    if (absl::StatusOr<kernels::DType> d = DTypeOf(params_[i]); !d.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(param_names_[i], ": ", d.status().message()));
-    }
+    audit_.RecordOriginalGradients(indices, grads);
   }
-  // One device for the whole model, one the kernels can read (a CUDA
-  // tensor's pointer is device memory: with no usable GPU it is refused,
-  // never read; see ARCHITECTURE.md, "The CUDA path").
-  device_ = params_.front().device();
-  std::vector<std::string> names = param_names_;
-  names.insert(names.end(), state_names_.begin(), state_names_.end());
-  std::vector<torch::Tensor> all = params_;
-  all.insert(all.end(), state_.begin(), state_.end());
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].defined()) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer ", names[i], " is undefined"));
-    }
-    if (all[i].device() != device_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          names[i], " is on ", all[i].device().str(), ", ", names.front(), " on ",
-          device_.str(), ": the guard needs the model on one device"));
-    }
+  void ScanLocalBucket(const torch::Tensor& local) { pipeline_.ScanLocalBucket(step_, local); }
+  void AddReducedBucket(size_t index, const torch::Tensor& reduced) {
+    pipeline_.AddReducedBucket(step_, index, reduced);
   }
-  SDC_TORCH_TRY({
-    for (const torch::Tensor& b : buffers_) forward_buffers_.push_back(b.detach().clone());
-  });
-  const std::vector<torch::Tensor> weights = Weights();
-  if (absl::Status s = CheckDevice(device_); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(weight_names_.front(), " is on ", device_.str(),
-                                               ": ", s.message()));
+  torch::Tensor FaultPoint(const torch::Tensor& x) const {
+    return pipeline_.FaultPoint(step_, x, replay_.replaying());
   }
-  // Every rank's node name and replica group, for the replay plans.
-  constexpr int64_t kNameBytes = 128;
-  torch::Tensor mine = torch::zeros({kNameBytes + 1}, torch::kUInt8);
-  const std::string node = options_.node_name.substr(0, kNameBytes);
-  std::memcpy(mine.data_ptr(), node.data(), node.size());
-  mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
-  std::vector<std::vector<torch::Tensor>> gathered(1);
-  std::vector<torch::Tensor> input;
-  SDC_TORCH_TRY({
-    input.push_back(mine.to(collective_device_));
-    for (uint32_t r = 0; r < world_; ++r) gathered[0].push_back(torch::zeros_like(input[0]));
-    pg_->allgather(gathered, input)->wait();
-    for (torch::Tensor& t : gathered[0]) t = t.cpu();
-  });
-  std::vector<core::PlanMember> members;
-  for (uint32_t r = 0; r < world_; ++r) {
-    const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
-    if (static_cast<uint8_t>(bytes[kNameBytes]) == (options_.replica_group & 0xff)) {
-      members.push_back({r, std::string(bytes, strnlen(bytes, kNameBytes))});
-    }
+
+  GuardSummary Summary() const {
+    GuardSummary s;
+    pipeline_.Summarize(s);
+    audit_.Summarize(s);
+    weights_.Summarize(s);
+    gate_.Summarize(s);
+    ctx_.Summarize(s);
+    return s;
   }
-  topology_ = std::make_unique<core::Topology>(std::move(members));
-  gpu_uuid_ = options_.gpu_uuid;
-  if (!options_.gpu_uuid_set && device_.is_cuda()) {
-    absl::StatusOr<std::string> uuid = DeviceUuid(device_);
+  void Shutdown(absl::Duration flush) { ctx_.Stop(flush); }
+  uint32_t rank() const { return ctx_.rank(); }
+  uint32_t world() const { return ctx_.world(); }
+  uint64_t step() const { return step_.step; }
+  bool auditing() const { return audit_.auditing(); }
+  const GuardOptions& options() const { return ctx_.options(); }
+
+ private:
+  // sdcd's targeted audit plans go to the audit, its weight minorities to
+  // the weight check.
+  void DrainMessages();
+
+  // Declared in the order they are built: the context and the model first,
+  // which every part refers to; destroyed in reverse (the parts, then the
+  // metrics exposer, then the link).
+  EngineContext ctx_;
+  ModelTensors model_;
+  StepContext step_;
+  StepPipeline pipeline_;        // Check 1, the agreement, apply or skip.
+  AuditDeterminism determinism_; // Deterministic algorithms on audit steps.
+  PeerReplay replay_;            // Check 2's micro-batch exchange and replay.
+  ReplayAudit audit_;            // Check 2: plans, in-band verdict, tie-breaks, confirmations.
+  WeightCheck weights_;          // Check 3 and weight repair.
+  CheckpointGate gate_;          // The checkpoint gate and ledger.
+};
+
+absl::Status GuardEngine::Impl::Start() {
+  if (absl::Status s = ctx_.ExchangeTopology(); !s.ok()) return s;
+  const GuardOptions& options = ctx_.options();
+  std::string gpu_uuid = options.gpu_uuid;
+  if (!options.gpu_uuid_set && model_.device().is_cuda()) {
+    absl::StatusOr<std::string> uuid = DeviceUuid(model_.device());
     if (uuid.ok()) {
-      gpu_uuid_ = *uuid;
+      gpu_uuid = *uuid;
     } else {
-      Log(absl::StrCat("GPU UUID unknown (", uuid.status().message(), "): reporting ", gpu_uuid_,
-                       "; set SDC_GPU_UUID"));
+      ctx_.Log(absl::StrCat("GPU UUID unknown (", uuid.status().message(), "): reporting ",
+                            gpu_uuid, "; set SDC_GPU_UUID"));
     }
   }
-  if (!options_.coordinator.empty()) {
-    core::Hello hello;
-    hello.job_id = options_.job_id;
-    hello.placement = {rank_, options_.node_name, options_.local_rank, gpu_uuid_,
-                       options_.replica_group};
-    hello.world_size = world_;
-    hello.incarnation = options_.incarnation;
-    hello.weight_tensors = weight_names_;
-    hello.parameter_count = static_cast<uint32_t>(params_.size());
-    kernels::ModelDigestBuilder layout;
-    for (size_t i = 0; i < weights.size(); ++i) {
-      layout.Add(weight_names_[i],
-                 {static_cast<uint64_t>(weights[i].numel()) * weights[i].element_size(), 0, 0});
-    }
-    hello.layout_digest = layout.Finish();
-    hello.deterministic = true;
-    hello.audit_every = options_.audit_every;
-    hello.weight_check_every = options_.weight_check_every;
-    link_ = std::make_unique<CoordinatorLink>(options_, std::move(hello));
-    link_->Start();
+  protocol::Hello hello;
+  hello.job_id = options.job_id;
+  hello.placement = {ctx_.rank(), options.node_name, options.local_rank, gpu_uuid,
+                     options.replica_group};
+  hello.world_size = ctx_.world();
+  hello.incarnation = options.incarnation;
+  hello.weight_tensors = model_.weight_names();
+  hello.parameter_count = static_cast<uint32_t>(model_.parameters().size());
+  hello.layout_digest = model_.LayoutDigest();
+  hello.deterministic = true;
+  hello.audit_every = options.audit_every;
+  hello.weight_check_every = options.weight_check_every;
+  if (absl::Status s = ctx_.Connect(std::move(hello)); !s.ok()) return s;
+  if (ctx_.fault().enabled()) {
+    ctx_.Log(absl::StrCat("FAULT INJECTION ARMED: ", ctx_.fault().Describe()));
   }
-  if (!options_.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<TrainerMetrics>> m = TrainerMetrics::Start(
-        options_.metrics_listen, options_.job_id, rank_,
-        [this] {
-          return link_ != nullptr ? std::optional(link_->stats()) : std::nullopt;
-        });
-    if (!m.ok()) return m.status();
-    metrics_ = *std::move(m);
-    Log(absl::StrCat("serving metrics on port ", metrics_->port()));
-  }
-  if (fault_.enabled()) Log(absl::StrCat("FAULT INJECTION ARMED: ", fault_.Describe()));
   return absl::OkStatus();
 }
 
 void GuardEngine::Impl::DrainMessages() {
-  if (link_ == nullptr) return;
-  for (const v1::CoordinatorMessage& m : link_->TakeMessages()) {
+  CoordinatorLink* link = ctx_.link();
+  if (link == nullptr) return;
+  for (const v1::CoordinatorMessage& m : link->TakeMessages()) {
     if (m.has_audit_plan()) {
-      core::ReplayPlan p;
-      for (const auto& a : m.audit_plan().assignments()) p.assignments.push_back({a.replayer(), a.subject()});
-      p.capability = topology_->capability();
-      plans_[m.audit_plan().plan_id()] = std::move(p);
-      while (plans_.count(plans_held_ + 1) > 0) ++plans_held_;
+      std::vector<protocol::Assignment> assignments;
+      for (const auto& a : m.audit_plan().assignments()) {
+        assignments.push_back({a.replayer(), a.subject()});
+      }
+      audit_.AddPlan(m.audit_plan().plan_id(), assignments);
     } else if (m.has_weight_verdict() && !m.weight_verdict().pass() &&
-               m.weight_verdict().minority_ranks_size() > 0 &&
-               m.weight_verdict().step() > repair_step_) {
-      repair_step_ = m.weight_verdict().step();
-      repair_source_ = m.weight_verdict().majority_source_rank();
-      Log(absl::StrCat("weight minority at step ", repair_step_, ": ",
-                       m.weight_verdict().explanation(), "; repair from rank ", repair_source_,
-                       " once every rank knows"));
+               m.weight_verdict().minority_ranks_size() > 0) {
+      const v1::WeightVerdict& v = m.weight_verdict();
+      weights_.NoteMinority(v.step(), v.majority_source_rank(), v.explanation());
     }
   }
 }
 
-GuardSummary GuardEngine::Impl::Summary() const {
-  GuardSummary s = summary_;
-  s.audits_off = audits_off_;
-  if (link_ != nullptr) {
-    const CoordinatorLink::Stats l = link_->stats();
-    s.reports_sent = l.sent;
-    s.reports_acked = l.acked;
-    s.reports_dropped = l.dropped;
-    s.coordinator_connected = l.connected;
+absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tensor> batch,
+                                          int64_t micro_batches) {
+  // Checked at every step on every rank: refused at an audit, the job would
+  // wait on this rank.
+  if (absl::Status s = PeerReplay::CheckSendable(batch, micro_batches); !s.ok()) return s;
+  DrainMessages();
+  step_ = {step, micro_batches};
+  replay_.BeginStep(std::move(batch), micro_batches);
+  weights_.BeginStep();
+  pipeline_.BeginStep();
+  audit_.BeginStep(step_);
+  SDC_TORCH_TRY({
+    // Undefined gradients: the first backward writes them exactly, so the
+    // audited fingerprints equal a replay's torch::autograd::grad bits.
+    model_.ClearGradients();
+    replay_.CaptureRng();
+    model_.CaptureForwardBuffers();
+  });
+  determinism_.BeginStep(audit_.auditing());
+  return absl::OkStatus();
+}
+
+void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss,
+                                              const torch::Tensor& loss_scale) {
+  const uint64_t bits = LossBits(loss);
+  replay_.SetLossScale(loss_scale);
+  audit_.RecordFirstMicroBatch(bits);
+}
+
+absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
+  StepDecision decision;
+  decision.audited = audit_.auditing();
+
+  // Check 1 on the reduced buckets (local work).
+  absl::StatusOr<StepPipeline::Gradients> gradients = pipeline_.CheckGradients(step_);
+  if (!gradients.ok()) {
+    // No backward reached the engine: nothing ran that the mode matters to.
+    if (absl::IsFailedPrecondition(gradients.status())) determinism_.Restore();
+    return gradients.status();
   }
-  return s;
+  decision.check1_ms = gradients->ms;
+  decision.grad_norm = std::sqrt(gradients->sum_squares);
+  LocalView view;
+  view.local_nonfinite = gradients->local_nonfinite > 0;
+  view.reduced_nonfinite = gradients->reduced_nonfinite > 0;
+  view.reduced_digest = gradients->reduced_digest;
+
+  // Audit steps: one small all-reduce says whether any rank ran an op with
+  // no deterministic implementation; then audits stop for the job.
+  std::string audits_off_now;
+  if (audit_.auditing()) {
+    absl::StatusOr<std::string> off = determinism_.Agree();
+    if (!off.ok()) return off.status();
+    if (!off->empty()) {
+      audit_.TurnOff(step_, *off);
+      audits_off_now = *off;
+      decision.audited = false;
+      decision.audit_outcome = "audits_off";
+    }
+  }
+
+  // Check 2: replay audit, compared in-band so every rank decides alike.
+  if (audit_.auditing()) {
+    const absl::Time audit_start = absl::Now();
+    if (absl::Status s = audit_.Run(step_, decision, view); !s.ok()) return s;
+    decision.audit_ms = MsSince(audit_start);
+  }
+
+  // The one agreement all-reduce, and the decision every rank derives from it.
+  const absl::Time agreement_start = absl::Now();
+  DrainMessages();
+  view.plans_held = audit_.plans_held();
+  view.repair_step = weights_.repair_step();
+  absl::StatusOr<Agreement> agreement = pipeline_.Agree(view);
+  if (!agreement.ok()) return agreement.status();
+  audit_.PlansHeldByAll(agreement->plans_held_by_all);
+  decision.agreement_ms = MsSince(agreement_start);
+  const Decision d = Decide(*agreement);
+  decision.apply = d.apply;
+  decision.reason = d.reason;
+
+  if (absl::Status s = audit_.ConfirmLoneNonFinite(step_, *agreement); !s.ok()) return s;
+  if (absl::Status s = weights_.RepairIfAgreed(*agreement, decision); !s.ok()) return s;
+  if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
+  determinism_.Restore();
+  if (TrainerMetrics* metrics = ctx_.metrics(); metrics != nullptr) {
+    metrics->StepChecked(!decision.apply, gradients->local_nonfinite > 0, decision.audited,
+                         decision.audit_ms, decision.check1_ms + decision.agreement_ms);
+  }
+  // Every rank took the same decision: the in-band checkpoint fallback
+  // vetoes the next checkpoint on all of them.
+  if (!decision.apply) gate_.StepSkipped(step_, decision.reason);
+
+  protocol::StepReport report;
+  report.local_nonfinite = gradients->local_nonfinite;
+  report.reduced_nonfinite = gradients->reduced_nonfinite;
+  report.reduced_sum_squares = gradients->sum_squares;
+  report.reduced_digest = gradients->reduced_digest;
+  report.applied = decision.apply;
+  report.skip_reason = decision.reason;
+  report.audit_unverified = decision.audit_unverified;
+  report.audits_off = audits_off_now;
+  ctx_.Send(step_.step, std::move(report));
+  return decision;
 }
 
 // ---------------------------------------------------------------------------
@@ -227,16 +279,13 @@ absl::StatusOr<std::unique_ptr<GuardEngine>> GuardEngine::Create(
   if (!process_group) return absl::InvalidArgumentError("a process group is required");
   // Frozen parameters join the weight vote as state the step does not
   // change (after the trainable parameters, before the buffers).
-  if (frozen.names.size() != frozen.tensors.size()) {
-    return absl::InvalidArgumentError("a name for every frozen parameter is required");
-  }
-  frozen.names.insert(frozen.names.end(), buffers.names.begin(), buffers.names.end());
-  frozen.tensors.insert(frozen.tensors.end(), buffers.tensors.begin(), buffers.tensors.end());
+  absl::StatusOr<ModelTensors> model = ModelTensors::Create(
+      std::move(parameters), std::move(frozen), std::move(buffers), options.vote_buffers);
+  if (!model.ok()) return model.status();
   auto impl = std::make_unique<Impl>(std::move(options), std::move(process_group),
-                                     std::move(parameters), std::move(frozen),
-                                     buffers.tensors.size(), std::move(optimizer_state),
+                                     *std::move(model), std::move(optimizer_state),
                                      std::move(loss_fn));
-  if (absl::Status s = impl->Init(); !s.ok()) return s;
+  if (absl::Status s = impl->Start(); !s.ok()) return s;
   return std::unique_ptr<GuardEngine>(new GuardEngine(std::move(impl)));
 }
 
@@ -260,13 +309,7 @@ void GuardEngine::RecordOriginalGradients(const std::vector<size_t>& parameter_i
   impl_->RecordOriginalGradients(parameter_indices, gradients);
 }
 void GuardEngine::RecordOriginalGradientsFromParameters() {
-  std::vector<size_t> indices;
-  std::vector<torch::Tensor> grads;
-  for (size_t i = 0; i < impl_->params().size(); ++i) {
-    indices.push_back(i);
-    grads.push_back(impl_->params()[i].grad());
-  }
-  impl_->RecordOriginalGradients(indices, grads);
+  impl_->RecordOriginalGradientsFromParameters();
 }
 void GuardEngine::ScanLocalBucket(const torch::Tensor& local) { impl_->ScanLocalBucket(local); }
 void GuardEngine::AddReducedBucket(size_t index, const torch::Tensor& reduced) {
@@ -277,8 +320,8 @@ absl::StatusOr<double> GuardEngine::AfterOptimizerStep(bool checkpoint) {
   return impl_->AfterOptimizerStep(checkpoint);
 }
 absl::StatusOr<bool> GuardEngine::MayCheckpoint() { return impl_->MayCheckpoint(); }
-const core::CheckpointLedger& GuardEngine::Checkpoints() const { return impl_->checkpoints(); }
-absl::StatusOr<core::CheckpointLedger> GuardEngine::RefreshCheckpoints(absl::Duration timeout) {
+const protocol::CheckpointLedger& GuardEngine::Checkpoints() const { return impl_->checkpoints(); }
+absl::StatusOr<protocol::CheckpointLedger> GuardEngine::RefreshCheckpoints(absl::Duration timeout) {
   return impl_->RefreshCheckpoints(timeout);
 }
 torch::Tensor GuardEngine::FaultPoint(const torch::Tensor& x) { return impl_->FaultPoint(x); }

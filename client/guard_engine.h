@@ -12,6 +12,17 @@
 // apply-or-skip decision, weight fingerprints, the checkpoint gate, weight
 // repair, and the reports to sdcd.
 //
+// The engine composes parts, each a class with its own state, sharing only
+// an explicit context (engine_context.h: the job's EngineContext, the
+// step's StepContext) and the model's tensors (model_tensors.h):
+//   StepPipeline      check 1 on the buckets, the agreement, apply or skip
+//   AuditDeterminism  deterministic algorithms on audit steps
+//   PeerReplay        check 2's micro-batch exchange and replay
+//   ReplayAudit       check 2: plans, in-band verdict, tie-breaks, confirmations
+//   WeightCheck       check 3 and weight repair
+//   CheckpointGate    the checkpoint gate and ledger
+// guard_engine.cc runs them in the order every rank follows.
+//
 // A step:
 //   BeginStep(step, first_micro_batch, micro_batches)
 //   ... the trainer's forward/backward of each micro-batch; after the first:
@@ -33,7 +44,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,63 +51,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/engine_types.h"
 #include "client/options.h"
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 
 namespace sdc::client {
-
-// Computes the training loss of one micro-batch (a list of tensors) with the
-// trainer's model. The engine calls it to replay a peer's micro-batch; it
-// must be a pure function of the batch, the parameters, the buffers and the
-// RNG state, and must not run the gradient all-reduce (for DDP: the wrapped
-// module, not the DDP wrapper).
-using LossFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
-
-// The tensors of the optimizer's state, in a fixed order (the same on every
-// rank). Called at checkpoint steps and for a weight repair.
-using OptimizerStateFn = std::function<std::vector<torch::Tensor>()>;
-
-struct NamedTensors {
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> tensors;
-};
-
-struct StepDecision {
-  bool apply = true;       // Run optimizer.step(); else the step is skipped.
-  std::string reason;      // Why skipped.
-  double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
-  double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
-  bool audited = false;    // A replay audit ran on this step.
-  // No coordinator verdict: with verdict_wait 0 (the default) when sdcd was
-  // not connected (the results wait in the link); else none arrived in time.
-  bool audit_unverified = false;
-  std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
-  bool repaired = false;   // Weights were restored from the majority this step.
-  // Time spent in the guard's own work this step, in milliseconds:
-  double check1_ms = 0;    // Non-finite scans and the reduced-gradient digest (local work).
-  double agreement_ms = 0; // The agreement all-reduce, waiting for the slowest rank included.
-  double audit_ms = 0;     // Batch exchange, replays, in-band comparison, verdict wait.
-  double weight_ms = 0;    // Weight fingerprints after the optimizer step (of this step).
-};
-
-struct GuardSummary {
-  uint64_t steps = 0;
-  uint64_t skipped = 0;
-  uint64_t audits = 0;
-  uint64_t audits_unverified = 0;
-  uint64_t audit_mismatches = 0;
-  uint64_t weight_checks = 0;
-  uint64_t repairs = 0;
-  uint64_t checkpoints_allowed = 0;
-  uint64_t checkpoints_vetoed = 0;
-  uint64_t reports_sent = 0;
-  uint64_t reports_acked = 0;
-  uint64_t reports_dropped = 0;
-  bool coordinator_connected = false;
-  std::string last_veto;
-  std::string audits_off;  // Why replay audits are off for the job; empty while on.
-  std::string ToString() const;
-};
 
 class GuardEngine {
  public:
@@ -186,10 +144,10 @@ class GuardEngine {
 
   // Where the job's checkpoints stand, as of the last MayCheckpoint or
   // RefreshCheckpoints (see sdc::Guard::Checkpoints).
-  const core::CheckpointLedger& Checkpoints() const;
+  const protocol::CheckpointLedger& Checkpoints() const;
   // Asks the coordinator (not a collective). Unavailable when it cannot be
   // reached within `timeout`; FailedPrecondition without a coordinator.
-  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  absl::StatusOr<protocol::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
 
   // An op with no deterministic implementation ran on this rank during an
   // audit step (`what` names it). Ops run from C++ are noticed by the

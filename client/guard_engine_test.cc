@@ -5,24 +5,15 @@
 
 #include "client/guard_engine.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
 
-#include "client/gloo_group.h"
+#include "client/one_rank_group.h"
 #include "gtest/gtest.h"
 
 namespace sdc::client {
 namespace {
-
-c10::intrusive_ptr<c10d::ProcessGroup> OneRankGroup(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
-  std::remove(path.c_str());
-  return MakeGlooGroup(path, 0, 1);
-}
 
 GuardOptions Options() {
   GuardOptions o;

@@ -8,7 +8,7 @@
 namespace sdc::client {
 namespace {
 
-metrics::Counter& CounterOf(metrics::Registry& registry, const metrics::Labels& labels,
+prometheus::Counter& CounterOf(metrics::Collector& registry, const prometheus::Labels& labels,
                             const std::string& name, const std::string& help) {
   return metrics::BuildCounter().Name(name).Help(help).Labels(labels).Register(registry).Add({});
 }
@@ -33,7 +33,7 @@ TrainerMetrics::TrainerMetrics(const std::string& job_id, uint32_t rank, LinkSta
                                "comparison, verdict wait.")
                          .Labels({{"sdc_job", job_id}, {"rank", std::to_string(rank)}})
                          .Register(registry_)
-                         .Add({}, metrics::Histogram::BucketBoundaries{
+                         .Add({}, prometheus::Histogram::BucketBoundaries{
                                       0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
       guard_seconds_(CounterOf(registry_, {{"sdc_job", job_id}, {"rank", std::to_string(rank)}},
                                "sdc_trainer_guard_seconds_total",
@@ -59,7 +59,7 @@ TrainerMetrics::TrainerMetrics(const std::string& job_id, uint32_t rank, LinkSta
                         .Labels({{"sdc_job", job_id}, {"rank", std::to_string(rank)}})
                         .Register(registry_)
                         .Add({})) {
-  metrics::Family<metrics::Counter>& dropped =
+  prometheus::Family<prometheus::Counter>& dropped =
       metrics::BuildCounter()
           .Name("sdc_trainer_reports_dropped_total")
           .Help("Reports given up: past the buffer's bound (overflow; never an incident's "

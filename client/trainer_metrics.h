@@ -36,7 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/coordinator_link.h"
 #include "common/metrics/exposer.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/collector.h"
 
 namespace sdc::client {
 
@@ -66,21 +66,21 @@ class TrainerMetrics {
   // Brings the link's series up to `stats` (at a scrape).
   void CollectLink();
 
-  metrics::Registry registry_;
+  metrics::Collector registry_;
   const LinkStats link_;
-  metrics::Counter& steps_;
-  metrics::Counter& skipped_;
-  metrics::Counter& nonfinite_;
-  metrics::Counter& audits_;
-  metrics::Histogram& audit_seconds_;
-  metrics::Counter& guard_seconds_;
-  metrics::Counter& weight_checks_;
-  metrics::Gauge& link_gauge_;
-  metrics::Counter& reports_sent_;
-  metrics::Counter& reports_acked_;
-  std::array<std::array<metrics::Counter*, CoordinatorLink::kDrops>, CoordinatorLink::kKinds>
+  prometheus::Counter& steps_;
+  prometheus::Counter& skipped_;
+  prometheus::Counter& nonfinite_;
+  prometheus::Counter& audits_;
+  prometheus::Histogram& audit_seconds_;
+  prometheus::Counter& guard_seconds_;
+  prometheus::Counter& weight_checks_;
+  prometheus::Gauge& link_gauge_;
+  prometheus::Counter& reports_sent_;
+  prometheus::Counter& reports_acked_;
+  std::array<std::array<prometheus::Counter*, CoordinatorLink::kDrops>, CoordinatorLink::kKinds>
       reports_dropped_{};
-  metrics::Gauge& reports_held_;
+  prometheus::Gauge& reports_held_;
   // What the counters above hold (they only grow: a scrape adds the
   // difference). Two scrapes may collect at once.
   absl::Mutex collect_mu_;

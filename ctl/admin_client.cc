@@ -11,7 +11,7 @@
 namespace sdc::sdcctl {
 namespace {
 
-// sdcd sends messages of up to 16 MiB (daemon/service.h kMaxMessageBytes);
+// sdcd sends messages of up to 16 MiB (kMaxMessageBytes in daemon/grpc_edge.h);
 // gRPC clients accept 4 MiB by default.
 constexpr int kMaxReceiveBytes = 16 << 20;
 

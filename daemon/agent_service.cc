@@ -2,11 +2,12 @@
 
 #include <algorithm>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/stream.h"
 #include "common/version.h"
+#include "daemon/grpc_edge.h"
+#include "protocol/convert.h"
 
 namespace sdc::daemon {
 
@@ -14,10 +15,6 @@ using common::QueuedStream;
 using common::StreamHandle;
 
 namespace {
-
-int64_t UnixMillis(absl::Time t) {
-  return t == absl::InfinitePast() ? 0 : absl::ToUnixMillis(t);
-}
 
 v1::DiagnosticState ToProto(DiagnosticState s) {
   switch (s) {
@@ -43,10 +40,6 @@ v1::NodeStatus ToProto(NodeStatus s) {
       return v1::NODE_DISCONNECTED;
   }
   return v1::NODE_STATUS_UNSPECIFIED;
-}
-
-std::string ReasonOf(absl::StatusCode code) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(code));
 }
 
 // What the orchestrator would be told for this request, for the agent's log.
@@ -121,8 +114,8 @@ v1::Diagnostic ToProto(const Diagnostic& d) {
   p.set_state(ToProto(d.state));
   for (const DeviceResult& r : d.results) *p.add_results() = ToProto(r, d.id);
   p.set_error(d.error);
-  p.set_requested_unix_ms(UnixMillis(d.requested));
-  p.set_finished_unix_ms(UnixMillis(d.finished));
+  p.set_requested_unix_ms(protocol::UnixMillis(d.requested));
+  p.set_finished_unix_ms(protocol::UnixMillis(d.finished));
   return p;
 }
 
@@ -140,8 +133,8 @@ v1::Node ToProto(const NodeView& n) {
   p.set_gpu_note(n.identity.gpu_note);
   p.set_agent_version(n.identity.agent_version);
   p.set_status(ToProto(n.status));
-  p.set_registered_unix_ms(UnixMillis(n.registered));
-  p.set_last_heartbeat_unix_ms(UnixMillis(n.last_heartbeat));
+  p.set_registered_unix_ms(protocol::UnixMillis(n.registered));
+  p.set_last_heartbeat_unix_ms(protocol::UnixMillis(n.last_heartbeat));
   p.set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(n.identity.heartbeat_interval)));
   for (const Diagnostic& d : n.diagnostics) *p.add_diagnostics() = ToProto(d);
@@ -414,7 +407,7 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
     }
     const absl::Status handled = Handle();
     if (!handled.ok()) {
-      service_->metrics_->Rejected(ReasonOf(handled.code()));
+      service_->metrics_->Rejected(RejectReason(handled.code()));
       RequestFinish(ToGrpc(handled));
       return;
     }
@@ -461,7 +454,7 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
   // dropped and counted; a malformed one ends the stream.
   absl::Status Answered(const absl::Status& s) {
     if (s.code() == absl::StatusCode::kNotFound) {
-      service_->metrics_->Rejected(ReasonOf(s.code()));
+      service_->metrics_->Rejected(RejectReason(s.code()));
       return absl::OkStatus();
     }
     return s;
@@ -512,7 +505,7 @@ grpc::ServerUnaryReactor* NodeAdminService::GetNode(grpc::CallbackServerContext*
       [this](const Principal&, const v1::GetNodeRequest& q, auto* reactor) {
         absl::StatusOr<NodeView> node = hub_->registry().GetNode(q.node_name());
         if (!node.ok()) {
-          metrics_->Rejected(ReasonOf(node.status().code()));
+          metrics_->Rejected(RejectReason(node.status().code()));
           reactor->Reply(ToGrpc(node.status()));
           return;
         }
@@ -600,7 +593,7 @@ grpc::ServerUnaryReactor* NodeAdminService::Diagnose(grpc::CallbackServerContext
   const v1::DiagnoseRequest* q = &request;
   absl::StatusOr<Diagnostic> d =
       hub_->StartDiagnostic(q->node_name(), q->gpu_uuid(), q->size(), q->repetitions());
-  if (!d.ok()) metrics_->Rejected(ReasonOf(d.status().code()));
+  if (!d.ok()) metrics_->Rejected(RejectReason(d.status().code()));
   if (!d.ok() || !q->wait()) {
     call->Complete(d);
     return reactor;

@@ -11,9 +11,9 @@
 //   NodeAdminService  ListNodes, GetNode, Diagnose for sdcctl, on the admin
 //                     listener with AdminService's authentication.
 //
-// The patterns are daemon/service.cc's: a stream's outgoing side is a
-// shared outbox that outlives the reactor; no lock is held across
-// StartWrite or Finish, which may run reactions inline.
+// The patterns are common/stream.h's (QueuedStream, StreamHandle): a
+// stream's outgoing side is a shared outbox that outlives the reactor; no
+// lock is held across StartWrite or Finish, which may run reactions inline.
 
 #include <functional>
 #include <map>
@@ -32,7 +32,8 @@
 #include "daemon/agents.h"
 #include "daemon/agents_actuator.h"
 #include "daemon/core/clock.h"
-#include "daemon/service.h"
+#include "daemon/admin_auth.h"
+#include "daemon/service_metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sdc::daemon {

@@ -28,16 +28,22 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/version.h"
 #include "daemon/actuator.h"
+#include "daemon/admin_service.h"
 #include "daemon/agent_service.h"
 #include "daemon/agents.h"
 #include "daemon/agents_actuator.h"
 #include "daemon/config.h"
 #include "daemon/core/coordinator.h"
-#include "common/metrics/exposer.h"
-#include "common/metrics/registry.h"
-#include "daemon/service.h"
+#include "common/metrics/collector.h"
+#include "common/metrics/pull_exposer.h"
+#include "daemon/delivery.h"
+#include "daemon/grpc_edge.h"
+#include "daemon/service_metrics.h"
 #include "daemon/sqlite_store.h"
+#include "daemon/stream_registry.h"
+#include "daemon/trainer_service.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -272,7 +278,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Actuator> actuator = *MakeActuatorWithAgents(
       config.actuator, &agent_hub, [&agents] { return agents.InstanceIds(); });
 
-  metrics::Registry registry;
+  // Shared with the exposer, which holds it weakly (prometheus-cpp's way).
+  const auto collector = std::make_shared<metrics::Collector>();
+  metrics::Collector& registry = *collector;
   ServiceMetrics service_metrics(registry);
   metrics::BuildGauge()
       .Name("sdc_build_info")
@@ -351,8 +359,8 @@ int Main(int argc, char** argv) {
     absl::MutexLock lock(&collect_mu);
     commits.Increment(static_cast<double>(db->commits()) - commits.Value());
   });
-  absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =
-      metrics::Exposer::Start(config.metrics_listen, &registry);
+  absl::StatusOr<std::unique_ptr<metrics::PullExposer>> exposer =
+      metrics::PullExposer::Start(config.metrics_listen, collector);
   if (!exposer.ok()) Die(absl::StrCat("--metrics_listen: ", exposer.status().message()));
 
   StreamRegistry streams;
@@ -379,7 +387,7 @@ int Main(int argc, char** argv) {
   Delivery delivery(db, &streams, &service_metrics, log_effects);
   absl::Mutex wake_mu;
   bool wake = false;
-  TrainerService trainer(&coordinator, &delivery, &streams, &service_metrics);
+  TrainerService trainer(TrainerContext{&coordinator, &delivery, &streams, &service_metrics});
   auto& relays = metrics::BuildGauge()
                      .Name("sdc_relay_streams")
                      .Help("Relay streams open (sdc-agent --relay_listen), each carrying its "
@@ -412,7 +420,7 @@ int Main(int argc, char** argv) {
   trainer_builder.RegisterService(&agent_service);
   ConfigureKeepalive(trainer_builder);
   // Trainer streams spread over this many completion queues, one thread
-  // each (see daemon/service.h): 1,024 streams per queue at 16,384 ranks.
+  // each (see daemon/stream_call.h): 1,024 streams per queue at 16,384 ranks.
   constexpr int kAttachQueues = 16;
   trainer.AddQueues(trainer_builder, kAttachQueues);
   std::unique_ptr<grpc::Server> trainer_server = trainer_builder.BuildAndStart();

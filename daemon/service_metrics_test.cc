@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/metrics/registry.h"
-#include "daemon/service.h"
+#include "common/metrics/collector.h"
+#include "daemon/service_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -39,7 +39,7 @@ core::Suspect SuspectOf(const std::string& gpu, const std::string& node, int64_t
 }
 
 TEST(ServiceMetricsTest, AttributedIncidentsCountPerGpuAndTheOldestSeriesGoesBeyondTheCap) {
-  metrics::Registry registry;
+  metrics::Collector registry;
   ServiceMetrics m(registry, /*max_gpu_series=*/2);
   core::Effects e;
   e.incidents = {Attributed("job", "n1", "GPU-a"), Attributed("job", "n1", "GPU-a"),
@@ -66,7 +66,7 @@ TEST(ServiceMetricsTest, AttributedIncidentsCountPerGpuAndTheOldestSeriesGoesBey
 }
 
 TEST(ServiceMetricsTest, SuspectSeriesFollowTheSuspectsNewestFirstWithinTheCap) {
-  metrics::Registry registry;
+  metrics::Collector registry;
   ServiceMetrics m(registry, /*max_gpu_series=*/2);
   m.SetSuspects({SuspectOf("GPU-old", "n1", 100), SuspectOf("GPU-new", "n2", 300),
                  SuspectOf("GPU-mid", "n3", 200)});
@@ -84,7 +84,7 @@ TEST(ServiceMetricsTest, SuspectSeriesFollowTheSuspectsNewestFirstWithinTheCap) 
 }
 
 TEST(ServiceMetricsTest, NodeRequestsCountByLowerSnakeState) {
-  metrics::Registry registry;
+  metrics::Collector registry;
   ServiceMetrics m(registry);
   std::vector<core::ReplacementRequest> requests(3);
   requests[0].node = "n1";

@@ -159,22 +159,22 @@ class CheckpointFiles {
     pending_.push_back(step);
   }
 
-  void Reconcile(const core::CheckpointLedger& ledger) {
+  void Reconcile(const protocol::CheckpointLedger& ledger) {
     std::vector<int> still;
     for (int step : pending_) {
       switch (ledger.Of(step)) {
-        case core::CheckpointLedger::Standing::kFinal:
+        case protocol::CheckpointLedger::Standing::kFinal:
           if (std::rename(Path(step, true).c_str(), Path(step, false).c_str()) != 0) {
             Die(absl::StrCat("renaming ", Path(step, true), ": ", std::strerror(errno)));
           }
           std::fprintf(stderr, "sdc-trainer: checkpoint of step %d confirmed: %s\n", step,
                        Path(step, false).c_str());
           break;
-        case core::CheckpointLedger::Standing::kRevoked:
+        case protocol::CheckpointLedger::Standing::kRevoked:
           std::remove(Path(step, true).c_str());
           std::fprintf(stderr, "sdc-trainer: checkpoint of step %d revoked and deleted\n", step);
           break;
-        case core::CheckpointLedger::Standing::kProvisional:
+        case protocol::CheckpointLedger::Standing::kProvisional:
           still.push_back(step);
           break;
       }
@@ -392,7 +392,8 @@ int Main(int argc, char** argv) {
       pg->barrier()->wait();
     }
     if (files != nullptr) {
-      absl::StatusOr<core::CheckpointLedger> ledger = guard->RefreshCheckpoints(absl::Seconds(5));
+      absl::StatusOr<protocol::CheckpointLedger> ledger =
+          guard->RefreshCheckpoints(absl::Seconds(5));
       if (ledger.ok()) {
         files->Reconcile(*ledger);
       } else {

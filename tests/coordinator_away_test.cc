@@ -32,11 +32,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_link.h"
-#include "daemon/core/attribution.h"
-#include "daemon/core/replay_plan.h"
 #include "demo/tcp_proxy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/attribution.h"
+#include "protocol/replay_plan.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scripted_rank.h"
 #include "tests/testing/sdcd.h"
@@ -142,7 +142,7 @@ class AwayTest : public ::testing::Test {
       o.report_linger = absl::ZeroDuration();
       o.reconnect_max = absl::Seconds(1);
       hellos_.push_back(TestHello(job, r, kWorld, kGpus, kTensors));
-      members_.push_back({static_cast<core::Rank>(r), hellos_.back().placement.node});
+      members_.push_back({static_cast<protocol::Rank>(r), hellos_.back().placement.node});
       links_.push_back(std::make_unique<client::CoordinatorLink>(o, hellos_.back()));
       links_.back()->Start();
     }
@@ -153,43 +153,43 @@ class AwayTest : public ::testing::Test {
   // derive in-band from all of them. `part` picks which ranks send now
   // (the others send with Finish...): ranks whose reports reach sdcd first.
   struct Audit {
-    std::vector<std::vector<core::AuditResult>> results;    // By rank.
-    std::vector<std::vector<core::AuditResult>> tiebreaks;  // By rank.
+    std::vector<std::vector<protocol::AuditResult>> results;    // By rank.
+    std::vector<std::vector<protocol::AuditResult>> tiebreaks;  // By rank.
   };
-  Audit AuditOf(core::Step step, std::optional<core::Rank> faulty) const {
-    const core::Topology topology(members_);
-    const core::ReplayPlan plan = core::PlanFullAudit(topology, step / 10);
-    auto value = [](core::Rank subject) { return 0x3ff0000000000000ull + subject; };
+  Audit AuditOf(protocol::Step step, std::optional<protocol::Rank> faulty) const {
+    const protocol::Topology topology(members_);
+    const protocol::ReplayPlan plan = protocol::PlanFullAudit(topology, step / 10);
+    auto value = [](protocol::Rank subject) { return 0x3ff0000000000000ull + subject; };
     Audit out;
     out.results.resize(kWorld);
     out.tiebreaks.resize(kWorld);
-    absl::flat_hash_map<core::Rank, core::Evidence> originals, replays;
+    absl::flat_hash_map<protocol::Rank, protocol::Evidence> originals, replays;
     for (int r = 0; r < kWorld; ++r) {
-      core::AuditResult a;
-      a.role = core::AuditRole::kOriginal;
+      protocol::AuditResult a;
+      a.role = protocol::AuditRole::kOriginal;
       a.subject = r;
-      a.loss_bits = a.gradient_digest = value(r) + (faulty == core::Rank(r) ? 1 : 0);
+      a.loss_bits = a.gradient_digest = value(r) + (faulty == protocol::Rank(r) ? 1 : 0);
       out.results[r].push_back(a);
       originals[r] = {a.loss_bits, a.gradient_digest, {}};
     }
-    for (const core::Assignment& x : plan.assignments) {
-      core::AuditResult a;
-      a.role = core::AuditRole::kReplay;
+    for (const protocol::Assignment& x : plan.assignments) {
+      protocol::AuditResult a;
+      a.role = protocol::AuditRole::kReplay;
       a.subject = x.subject;
       a.loss_bits = a.gradient_digest = value(x.subject) + (x.replayer == faulty ? 2 : 0);
       out.results[x.replayer].push_back(a);
       replays[x.replayer] = {a.loss_bits, a.gradient_digest, {}};
     }
-    core::AuditInput in;
+    protocol::AuditInput in;
     in.plan = &plan;
     in.topology = &topology;
     in.originals = &originals;
     in.replays = &replays;
     in.compare_gradients = true;
     in.salt = step;
-    for (const core::TieBreak& t : core::Attribute(in).tiebreaks) {
-      core::AuditResult a;
-      a.role = core::AuditRole::kTieBreak;
+    for (const protocol::TieBreak& t : protocol::Attribute(in).tiebreaks) {
+      protocol::AuditResult a;
+      a.role = protocol::AuditRole::kTieBreak;
       a.subject = t.subject;
       a.loss_bits = a.gradient_digest = value(t.subject) + (t.tiebreaker == faulty ? 3 : 0);
       out.tiebreaks[t.tiebreaker].push_back(a);
@@ -197,8 +197,8 @@ class AwayTest : public ::testing::Test {
     return out;
   }
 
-  static core::WeightReport Weights(bool checkpoint) {
-    core::WeightReport w;
+  static protocol::WeightReport Weights(bool checkpoint) {
+    protocol::WeightReport w;
     w.digest = 0x5eed;
     w.tensors = {{8, 1, 2}, {8, 3, 4}};
     w.checkpoint = checkpoint;
@@ -216,12 +216,12 @@ class AwayTest : public ::testing::Test {
   // Steps `from` .. `to` as the ranks run them: audits every 10 steps
   // (`faults` says who is wrong at which), weights every 10, a checkpoint
   // gate every 20 (asked by rank 0, as the engine's leader does).
-  void Run(core::Step from, core::Step to, const std::map<core::Step, core::Rank>& faults = {},
-           const std::map<core::Step, Hooks>& hooks = {}) {
-    for (core::Step s = from; s <= to; ++s) {
+  void Run(protocol::Step from, protocol::Step to, const std::map<protocol::Step, protocol::Rank>& faults = {},
+           const std::map<protocol::Step, Hooks>& hooks = {}) {
+    for (protocol::Step s = from; s <= to; ++s) {
       auto fault = faults.find(s);
-      const std::optional<core::Rank> faulty =
-          fault == faults.end() ? std::nullopt : std::optional<core::Rank>(fault->second);
+      const std::optional<protocol::Rank> faulty =
+          fault == faults.end() ? std::nullopt : std::optional<protocol::Rank>(fault->second);
       auto hook = hooks.find(s);
       const Hooks none;
       const Hooks& h = hook == hooks.end() ? none : hook->second;
@@ -237,7 +237,7 @@ class AwayTest : public ::testing::Test {
         }
       }
       for (int r = 0; r < kWorld; ++r) {
-        core::StepReport report;
+        protocol::StepReport report;
         report.applied = !faulty.has_value();
         if (faulty.has_value()) report.skip_reason = "replay audit mismatch";
         links_[r]->Send(s, report);
@@ -270,7 +270,7 @@ class AwayTest : public ::testing::Test {
 
   // What every test checks once the job is over: everything delivered,
   // every fault an incident, no request twice, the database sound.
-  void ExpectNothingLost(const std::map<core::Step, core::Rank>& faults) {
+  void ExpectNothingLost(const std::map<protocol::Step, protocol::Rank>& faults) {
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_TRUE(links_[r]->Flush(absl::Seconds(60)))
           << "rank " << r << ": " << links_[r]->stats().last_error;
@@ -321,11 +321,11 @@ class AwayTest : public ::testing::Test {
   int restarts_ = 0;
   std::vector<std::unique_ptr<demo::TcpProxy>> proxies_;
   std::vector<std::unique_ptr<Process>> agents_;
-  std::vector<core::Hello> hellos_;
-  std::vector<core::PlanMember> members_;
+  std::vector<protocol::Hello> hellos_;
+  std::vector<protocol::PlanMember> members_;
   std::vector<std::unique_ptr<client::CoordinatorLink>> links_;
   absl::Mutex gates_mu_;
-  std::map<core::Step, std::string> gates_;  // Each gate's answer to rank 0.
+  std::map<protocol::Step, std::string> gates_;  // Each gate's answer to rank 0.
 };
 
 // The common Kubernetes case: trainer pods ready before the coordinator.
@@ -335,7 +335,7 @@ class AwayTest : public ::testing::Test {
 // last step in sdcd froze at 9 and the later faults were never recorded.
 TEST_F(AwayTest, SdcdStartsAfterTheJobsFirstSteps) {
   StartJob("late");
-  const std::map<core::Step, core::Rank> faults = {{10, 3}, {30, 3}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{10, 3}, {30, 3}};
   Run(1, 12, faults);
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
   Run(13, 40, faults);
@@ -351,9 +351,9 @@ TEST_F(AwayTest, SdcdStartsAfterTheJobsFirstSteps) {
 TEST_F(AwayTest, SdcdKilledAtSixPointsLosesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
   StartJob("killed");
-  const std::map<core::Step, core::Rank> faults = {{30, 3}, {50, 1}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{30, 3}, {50, 1}};
   auto restart = [this] { Restart(); };
-  std::map<core::Step, Hooks> hooks;
+  std::map<protocol::Step, Hooks> hooks;
   hooks[10].mid_audit = restart;         // Half the ranks' audit results are in.
   hooks[20].mid_weights = restart;       // Half the weight vote.
   hooks[30].before_tiebreaks = restart;  // The fault's audit, before its tie-breaks.
@@ -373,9 +373,9 @@ TEST_F(AwayTest, SdcdKilledAtSixPointsLosesNothing) {
 TEST_F(AwayTest, SdcdBackOnANewPortBehindTheSameName) {
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
   StartJob("moved");
-  const std::map<core::Step, core::Rank> faults = {{20, 5}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{20, 5}};
   const int first = sdcd_->trainer_port();
-  std::map<core::Step, Hooks> hooks;
+  std::map<protocol::Step, Hooks> hooks;
   hooks[20].before_tiebreaks = [this] { Restart(/*new_port=*/true, absl::Seconds(2)); };
   Run(1, 30, faults, hooks);
   EXPECT_NE(sdcd_->trainer_port(), first);
@@ -388,7 +388,7 @@ TEST_F(AwayTest, SdcdBackOnANewPortBehindTheSameName) {
 TEST_F(AwayTest, ANodeCutOffForAWhile) {
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
   StartJob("cut");
-  const std::map<core::Step, core::Rank> faults = {{20, 4}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{20, 4}};
   Run(1, 15, faults);
   proxies_[2]->Cut();  // node-c: ranks 4 and 5.
   Run(16, 25, faults);
@@ -405,7 +405,7 @@ TEST_F(AwayTest, ANodeCutOffLongerThanTheReportDeadline) {
   report_deadline_ = "2s";
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
   StartJob("cut-long");
-  const std::map<core::Step, core::Rank> faults = {{20, 4}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{20, 4}};
   Run(1, 15, faults);
   proxies_[2]->Cut();
   Run(16, 25, faults);
@@ -430,10 +430,10 @@ TEST_F(AwayTest, ANodeCutOffLongerThanTheReportDeadline) {
 TEST_F(AwayTest, ThroughTheRelaySdcdLateKilledMovedAndANodeCutOff) {
   ASSERT_NO_FATAL_FAILURE(StartRelays());
   StartJob("relayed");
-  const std::map<core::Step, core::Rank> faults = {{10, 3}, {30, 0}};
+  const std::map<protocol::Step, protocol::Rank> faults = {{10, 3}, {30, 0}};
   Run(1, 5, faults);
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
-  std::map<core::Step, Hooks> hooks;
+  std::map<protocol::Step, Hooks> hooks;
   hooks[10].mid_audit = [this] { Restart(); };
   hooks[30].before_tiebreaks = [this] { Restart(/*new_port=*/true); };
   Run(6, 24, faults, hooks);

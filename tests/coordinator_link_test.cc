@@ -29,7 +29,7 @@ namespace {
 using ::testing::HasSubstr;
 using client::CoordinatorLink;
 
-core::StepReport Clean() { return core::StepReport{}; }
+protocol::StepReport Clean() { return protocol::StepReport{}; }
 
 uint64_t Dropped(const CoordinatorLink::Stats& s, CoordinatorLink::Kind kind,
                  CoordinatorLink::Drop reason) {
@@ -90,17 +90,17 @@ class CoordinatorLinkTest : public ::testing::Test {
 
 TEST_F(CoordinatorLinkTest, CleanStepReportsWaitForTheNextThatCannot) {
   std::unique_ptr<client::CoordinatorLink> link = Link("job-wait", absl::Seconds(60));
-  for (core::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
+  for (protocol::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
   absl::SleepFor(absl::Seconds(1));
   EXPECT_EQ(link->stats().acked, 0u) << "clean step reports went before the linger ran out";
   // A step whose verdict never came: it goes at once, and the three with it.
-  core::StepReport unverified;
+  protocol::StepReport unverified;
   unverified.audit_unverified = true;
   EXPECT_EQ(link->Send(4, unverified), 4u) << "the fourth report queued";
   EXPECT_TRUE(WaitAcked(*link, 4));
   // A skipped step cannot wait either.
   link->Send(5, Clean());
-  core::StepReport skipped;
+  protocol::StepReport skipped;
   skipped.applied = false;
   skipped.skip_reason = "local NaN/Inf";
   link->Send(6, skipped);
@@ -155,7 +155,7 @@ TEST_F(CoordinatorLinkTest, TheExitFlushRetriesUntilItsDeadlineWhateverTheBackof
   const int trainer = sdcd_->trainer_port(), admin = sdcd_->admin_port(),
             metrics = sdcd_->metrics_port();
   sdcd_->process().Kill();
-  for (core::Step s = 2; s <= 4; ++s) link->Send(s, Clean());
+  for (protocol::Step s = 2; s <= 4; ++s) link->Send(s, Clean());
   absl::SleepFor(absl::Seconds(6));
   absl::StatusOr<std::unique_ptr<Sdcd>> back =
       Sdcd::Start(dir_, {}, {}, trainer, admin, metrics);  // The same database.
@@ -175,7 +175,7 @@ TEST_F(CoordinatorLinkTest, TheExitFlushRetriesUntilItsDeadlineWhateverTheBackof
 TEST_F(CoordinatorLinkTest, ARefusedReportIsCountedAndTheNextOnesGoOn) {
   std::unique_ptr<CoordinatorLink> link = Link("job-refused", absl::ZeroDuration());
   ::testing::internal::CaptureStderr();
-  core::WeightReport wrong;
+  protocol::WeightReport wrong;
   wrong.tensors = {{8, 1, 1}, {8, 2, 2}};  // The layout has one tensor.
   link->Send(10, wrong);
   link->Send(11, Clean());
@@ -209,10 +209,10 @@ TEST(CoordinatorLinkAwayTest, WhileSdcdIsAwayTheBufferKeepsWhatMatters) {
   ::testing::internal::CaptureStderr();
   auto link = std::make_unique<CoordinatorLink>(o, TestHello("job-away", 0, /*world=*/1, 1, {"w"}));
   link->Start();
-  core::WeightReport w;
+  protocol::WeightReport w;
   w.digest = 7;
   w.tensors = {{8, 1, 1}};
-  core::StepReport nan;
+  protocol::StepReport nan;
   nan.local_nonfinite = 3;
   nan.applied = false;
   nan.skip_reason = "NaN/Inf in the local gradients of rank 0";
@@ -222,7 +222,7 @@ TEST(CoordinatorLinkAwayTest, WhileSdcdIsAwayTheBufferKeepsWhatMatters) {
   link->Send(2, nan);      // Evidence.
   link->Send(3, w);
   link->Send(3, Clean());  // Six held.
-  for (core::Step step = 4; step <= 7; ++step) link->Send(step, Clean());  // Steps 1-4's go.
+  for (protocol::Step step = 4; step <= 7; ++step) link->Send(step, Clean());  // Steps 1-4's go.
   link->Send(8, w);        // Step 5's clean report goes.
   CoordinatorLink::Stats s = link->stats();
   EXPECT_EQ(s.held, 6u);
@@ -231,7 +231,7 @@ TEST(CoordinatorLinkAwayTest, WhileSdcdIsAwayTheBufferKeepsWhatMatters) {
   link->Send(9, w);        // Steps 6 and 7's clean reports go.
   link->Send(10, w);
   link->Send(11, w);       // No clean step report left: step 1's weights (superseded).
-  core::StepReport skipped;
+  protocol::StepReport skipped;
   skipped.applied = false;
   skipped.skip_reason = "replay audit mismatch";
   link->Send(12, skipped);  // Step 3's weights.
@@ -263,7 +263,7 @@ TEST(CoordinatorLinkAwayTest, WhileSdcdIsAwayTheBufferKeepsWhatMatters) {
 // from its Welcome and delivered; none is refused for a gap.
 TEST_F(CoordinatorLinkTest, ASdcdThatLostItsDatabaseGetsWhatItLacks) {
   std::unique_ptr<CoordinatorLink> link = Link("job-lost-db", absl::ZeroDuration());
-  for (core::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
+  for (protocol::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
   ASSERT_TRUE(link->Flush(absl::Seconds(10)));
   const int trainer = sdcd_->trainer_port();
   sdcd_->process().Kill();

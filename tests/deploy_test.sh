@@ -69,7 +69,7 @@ export KUBECONFIG="$work/no-kubeconfig"
 # Sources the checks compare the manifests with: sdcd's flags and metrics,
 # the trainer's environment variables.
 sdcd_main="$src/daemon/sdcd_main.cc"
-service_cc="$src/daemon/service.cc"
+service_cc="$src/daemon/service_metrics.cc"
 actuator_cc="$src/daemon/actuator.cc"
 options_h="$src/client/options.h"
 trainer_metrics_cc="$src/client/trainer_metrics.cc"

@@ -136,12 +136,15 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   s = admin->ListJobs(&no_token, {}, &jobs);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(s.error_message(), HasSubstr("authorization: Bearer"));
+  // A wrong token names nobody: UNAUTHENTICATED, as no token (gRPC keeps
+  // PERMISSION_DENIED for a known caller without the role).
   grpc::ClientContext wrong_token;
   wrong_token.AddMetadata("authorization", "Bearer not-the-token");
   s = admin->ListJobs(&wrong_token, {}, &jobs);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 1);
-  EXPECT_EQ(sdcd_->Rejected("permission_denied"), 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(), "the admin token is not valid");
+  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 2);
+  EXPECT_EQ(sdcd_->Rejected("permission_denied"), 0);
   v1::DecideRequest approve_unknown;
   approve_unknown.set_id(77);
   approve_unknown.set_reason("r");
@@ -210,6 +213,15 @@ TEST_F(SdcdBadInputTest, MalformedFramesEndStreamsWithInvalidArgument) {
   EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(empty.error_message(), HasSubstr("must be a Hello"));
   EXPECT_GE(sdcd_->Rejected("invalid_argument"), 4);
+  // The unary checkpoint gate parses its own request too: INVALID_ARGUMENT
+  // (gRPC's typed method would answer INTERNAL), counted as a refusal, not
+  // as a malformed stream frame.
+  const double refused_before = sdcd_->Rejected("invalid_argument");
+  grpc::Status gate = SendRawFrame(Channel(sdcd_->trainer_address()),
+                                   "/sdc.v1.TrainerService/MayCheckpoint", garbage);
+  EXPECT_EQ(gate.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << gate.error_message();
+  EXPECT_EQ(gate.error_message(), "the request is not a valid sdc.v1.CheckpointRequest");
+  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), refused_before + 1);
   // Still serving.
   ScriptedRank fresh(Channel(sdcd_->trainer_address()), TestHello("job-m", 0, 1, 1, kTensors));
   ASSERT_TRUE(fresh.Connect().ok());

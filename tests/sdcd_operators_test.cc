@@ -244,8 +244,9 @@ TEST_F(OperatorsTest, OperatorManagementNeedsAnAdmin) {
   EXPECT_THAT(db, Not(HasSubstr(TokenOf(adm))));
 }
 
-// Authentication precedes parsing: an unauthenticated request is refused
-// UNAUTHENTICATED whatever its bytes, a huge one included; the same bytes
+// Authentication precedes parsing: an unauthenticated request (no token, or
+// a wrong one) is refused UNAUTHENTICATED whatever its bytes, a huge one
+// included; the same bytes
 // with a token reach the parser (INVALID_ARGUMENT). Before, the typed
 // service parsed first and answered INTERNAL for malformed bytes.
 TEST_F(OperatorsTest, UnauthenticatedBytesAreNeverParsed) {
@@ -256,14 +257,14 @@ TEST_F(OperatorsTest, UnauthenticatedBytesAreNeverParsed) {
     grpc::Status s = RawUnary(sdcd_->admin_address(), "/sdc.v1.AdminService/Approve", *frame, "");
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
     s = RawUnary(sdcd_->admin_address(), "/sdc.v1.AdminService/ListJobs", *frame, "wrong");
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
   }
   // NodeAdminService too.
   grpc::Status diagnose =
       RawUnary(sdcd_->admin_address(), "/sdc.v1.NodeAdminService/Diagnose", huge, "");
   EXPECT_EQ(diagnose.error_code(), grpc::StatusCode::UNAUTHENTICATED) << diagnose.error_message();
   EXPECT_EQ(sdcd_->Rejected("invalid_argument"), invalid_before);
-  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 3);
+  EXPECT_EQ(sdcd_->Rejected("unauthenticated"), 5);
   grpc::Status nodes = RawUnary(sdcd_->admin_address(), "/sdc.v1.NodeAdminService/GetNode",
                                 malformed, TokenOf(sdcd_->token_file()));
   EXPECT_EQ(nodes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

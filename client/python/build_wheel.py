@@ -2,8 +2,8 @@
 """Makes the sdc_guard wheel: the Python package, the extension module that
 Bazel built (//client/python:_C.so) and the shared libraries it needs that a
 machine with torch does not have (Debian's gRPC, protobuf, Abseil, c-ares,
-RE2, OpenSSL, zlib), in sdc_guard.libs/ with RPATH $ORIGIN, as auditwheel lays
-out a wheel. torch's own libraries are not bundled: the package imports
+RE2, OpenSSL, zlib, prometheus-cpp's core), in sdc_guard.libs/ with RPATH
+$ORIGIN, as auditwheel lays out a wheel. torch's own libraries are not bundled: the package imports
 torch first and the extension binds to the copies torch loaded.
 
 The wheel leaves glibc and libstdc++ to the machine, so every file in it must

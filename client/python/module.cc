@@ -86,13 +86,13 @@ py::dict SummaryDict(const GuardSummary& s) {
   return out;
 }
 
-const char* StandingName(core::CheckpointLedger::Standing s) {
+const char* StandingName(protocol::CheckpointLedger::Standing s) {
   switch (s) {
-    case core::CheckpointLedger::Standing::kFinal:
+    case protocol::CheckpointLedger::Standing::kFinal:
       return "final";
-    case core::CheckpointLedger::Standing::kProvisional:
+    case protocol::CheckpointLedger::Standing::kProvisional:
       return "provisional";
-    case core::CheckpointLedger::Standing::kRevoked:
+    case protocol::CheckpointLedger::Standing::kRevoked:
       return "revoked";
   }
   return "provisional";
@@ -236,7 +236,7 @@ PYBIND11_MODULE(_C, m) {
       .def("refresh_checkpoints",
            [](Engine& e, double timeout_seconds) {
              GuardEngine& engine = e.engine();
-             absl::StatusOr<core::CheckpointLedger> ledger;
+             absl::StatusOr<protocol::CheckpointLedger> ledger;
              {
                py::gil_scoped_release release;
                ledger = engine.RefreshCheckpoints(absl::Seconds(timeout_seconds));

@@ -15,9 +15,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/metrics/listen_address.h"
+#include "prometheus/text_serializer.h"
 
 namespace sdc::metrics {
 namespace {
@@ -30,41 +31,6 @@ constexpr size_t kMaxRequestBytes = 16 << 10;
 constexpr int kIoTimeoutSeconds = 10;
 // Connections served at once; more are closed unanswered.
 constexpr int kMaxConnections = 16;
-
-struct ListenAddress {
-  in_addr ip;  // INADDR_ANY for every interface.
-  uint16_t port;
-};
-
-// Parses "host:port" (see Exposer::Start).
-absl::StatusOr<ListenAddress> ParseAddress(const std::string& address) {
-  const auto bad = [&address](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address \"", address, "\": ", why,
-                                                   " (expected host:port, e.g. 127.0.0.1:9464)"));
-  };
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return bad("no port");
-  std::string host = address.substr(0, colon);
-  const std::string port_text = address.substr(colon + 1);
-  uint32_t port = 0;
-  if (port_text.empty() || port_text.size() > 5 ||
-      port_text.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(port_text, &port) || port > 65535) {
-    return bad("port \"" + port_text + "\" is not a number in 0..65535");
-  }
-  ListenAddress parsed;
-  parsed.port = static_cast<uint16_t>(port);
-  if (host.empty()) {  // Every IPv4 interface.
-    parsed.ip.s_addr = htonl(INADDR_ANY);
-    return parsed;
-  }
-  if (host == "localhost") host = "127.0.0.1";
-  if (host.front() == '[') return bad("IPv6 is not supported");
-  if (inet_pton(AF_INET, host.c_str(), &parsed.ip) != 1) {
-    return bad("host \"" + host + "\" is not an IPv4 literal or localhost");
-  }
-  return parsed;
-}
 
 bool SendAll(int fd, const std::string& data) {
   size_t sent = 0;
@@ -86,9 +52,9 @@ std::string Response(const std::string& version, const char* status, const char*
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(
-    const std::string& address, Registry* registry,
+    const std::string& address, const prometheus::Collectable* metrics,
     std::function<std::string()> health_detail) {
-  absl::StatusOr<ListenAddress> parsed = ParseAddress(address);
+  absl::StatusOr<ListenAddress> parsed = ParseListenAddress(address);
   if (!parsed.ok()) return parsed.status();
   const auto unavailable = [&address](const std::string& why) {
     return absl::UnavailableError(
@@ -100,7 +66,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr = parsed->ip;
+  inet_pton(AF_INET, parsed->host.c_str(), &addr.sin_addr);  // Parsed: a valid literal.
   addr.sin_port = htons(parsed->port);
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
     const std::string why = std::strerror(errno);
@@ -117,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(
   }
   auto exposer = std::unique_ptr<Exposer>(new Exposer());
   exposer->port_ = ntohs(addr.sin_port);
-  exposer->registry_ = registry;
+  exposer->metrics_ = metrics;
   exposer->health_detail_ = std::move(health_detail);
   exposer->listen_fd_ = fd;
   exposer->wake_read_fd_ = wake[0];
@@ -204,7 +170,8 @@ void Exposer::Serve(int fd) {
   // The path without a query string.
   const std::string path = words[1].substr(0, words[1].find('?'));
   if (words[0] == "GET" && path == "/metrics") {
-    SendAll(fd, Response(version, "200 OK", kMetricsContentType, registry_->Serialize()));
+    const std::string text = prometheus::TextSerializer().Serialize(metrics_->Collect());
+    SendAll(fd, Response(version, "200 OK", kMetricsContentType, text));
   } else if (words[0] == "GET" && path == "/healthz") {
     SendAll(fd, Response(version, "200 OK", "text/plain; charset=utf-8",
                          health_detail_ ? "ok\n" + health_detail_() : std::string("ok\n")));

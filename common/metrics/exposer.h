@@ -1,9 +1,11 @@
 #ifndef SDC_COMMON_METRICS_EXPOSER_H_
 #define SDC_COMMON_METRICS_EXPOSER_H_
 
-// Serves a Registry over HTTP for Prometheus to scrape and for probes:
+// Serves a process's metrics over HTTP on plain sockets, for Prometheus to
+// scrape and for probes, inside the processes that load libtorch (sdc-agent
+// and trainers); sdcd serves prometheus-cpp's own exposer (pull_exposer.h).
 //   GET /metrics  200, Content-Type: text/plain; version=0.0.4; charset=utf-8,
-//                 body Registry::Serialize()
+//                 body the collectable's families in the text format
 //   GET /healthz  200, "ok\n", or "ok\n" followed by the health detail
 //                 function's text when one is given (sdc-agent: link state)
 //   anything else 404 (other paths, and other methods on these paths); a
@@ -13,9 +15,11 @@
 // most 16 at once; more are closed unanswered); a client gets 10 s to send
 // its request and take the answer.
 //
-// A plain socket server rather than an HTTP library: it runs inside trainer
-// processes and sdc-agent, which load libtorch, whose large static TLS does
-// not fit the small thread stacks such libraries ask for.
+// Why not prometheus-cpp's exposer here: it serves through civetweb, whose
+// worker threads ask for 100 KiB stacks; libtorch's static TLS (about 170
+// KiB) is carved out of every thread's stack, so glibc refuses to start
+// them in a process that loaded libtorch. These threads take the default
+// stack size.
 //
 // Thread-safe. Stop() or the destructor stops accepting and waits for the
 // connections in flight (each bounded by the 10 s timeout).
@@ -30,23 +34,22 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/metrics/registry.h"
+#include "prometheus/collectable.h"
 
 namespace sdc::metrics {
 
 class Exposer {
  public:
-  // Starts serving `registry` on `address`, "host:port": host is an IPv4
-  // literal, "localhost" (127.0.0.1), or empty for every IPv4 interface
-  // (":9464"); port 0 picks a free port (see port()). IPv4 only.
-  // Returns kInvalidArgument if `address` cannot be parsed, kUnavailable if
-  // it cannot be listened on (port in use, address not local); messages name
-  // the address and the reason.
-  // REQUIRES: `registry` outlives the exposer.
+  // Starts serving `metrics` (a metrics::Collector, or any prometheus
+  // Collectable) on `address` (listen_address.h; port 0 picks a free port,
+  // see port()). Returns kInvalidArgument if `address` cannot be parsed,
+  // kUnavailable if it cannot be listened on (port in use, address not
+  // local); messages name the address and the reason.
+  // REQUIRES: `metrics` outlives the exposer.
   // `health_detail`, when set, is called on each GET /healthz (on a
   // connection's thread, so it must be thread-safe) and its text follows "ok\n".
   static absl::StatusOr<std::unique_ptr<Exposer>> Start(
-      const std::string& address, Registry* registry,
+      const std::string& address, const prometheus::Collectable* metrics,
       std::function<std::string()> health_detail = nullptr);
 
   ~Exposer();
@@ -67,7 +70,7 @@ class Exposer {
 
   // Set before the accept thread starts, then read-only.
   int port_ = 0;
-  Registry* registry_ = nullptr;
+  const prometheus::Collectable* metrics_ = nullptr;
   std::function<std::string()> health_detail_;  // May be empty.
   int listen_fd_ = -1;
   int wake_read_fd_ = -1;   // Readable once Stop() was called.

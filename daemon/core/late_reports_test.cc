@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "daemon/core/attribution.h"
 #include "daemon/core/coordinator.h"
-#include "daemon/core/replay_plan.h"
 #include "daemon/core/testing_cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/attribution.h"
+#include "protocol/replay_plan.h"
 
 namespace sdc::core {
 namespace {
@@ -151,7 +151,9 @@ TEST(LateReportsTest, AnAuditDecidedWithoutACutOffNodeIsJudgedWhenItsResultsCome
   const std::vector<AuditPart> parts = ScheduledAudit(cl, 10, /*faulty=*/4);
   const std::set<Rank> cut = {4, 5};  // node-c
   for (const AuditPart& p : parts) {
-    if (cut.count(p.from) == 0) ASSERT_TRUE(cl.Send(p.from, 10, p.result).ok());
+    if (cut.count(p.from) == 0) {
+      ASSERT_TRUE(cl.Send(p.from, 10, p.result).ok());
+    }
   }
   cl.clock().Advance(absl::Minutes(3));
   cl.Collect(cl.c().Tick());

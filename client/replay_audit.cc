@@ -1,0 +1,226 @@
+#include "client/replay_audit.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "client/tensor_checks.h"
+
+namespace sdc::client {
+
+ReplayAudit::ReplayAudit(const EngineContext& ctx, const ModelTensors& model, PeerReplay& replay)
+    : ctx_(ctx), model_(model), replay_(replay) {}
+
+void ReplayAudit::BeginStep(const StepContext& step) {
+  original_loss_bits_ = 0;
+  original_buffers_.assign(model_.buffers().size(), kernels::Fingerprint{});
+  // The audit schedule: a scheduled audit, else a targeted plan every rank
+  // holds, at the first step that is not a scheduled audit.
+  const GuardOptions& o = ctx_.options();
+  const uint64_t next_plan = last_plan_run_ < plans_held_by_all_ ? last_plan_run_ + 1 : 0;
+  StepPlan sp = PlanStep(step.step, o.audit_every, o.weight_check_every, next_plan);
+  if (!off_.empty()) sp.scheduled_audit = false, sp.targeted_plan = 0;
+  plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
+  if (sp.scheduled_audit) {
+    plan_ = protocol::PlanFullAudit(ctx_.topology(), step.step / o.audit_every);
+  } else if (sp.targeted_plan != 0) {
+    plan_ = plans_[sp.targeted_plan];
+    last_plan_run_ = sp.targeted_plan;
+  }
+  absl::MutexLock lock(&mu_);
+  auditing_ = sp.scheduled_audit || sp.targeted_plan != 0;
+  original_gradients_.assign(model_.parameters().size(), kernels::Fingerprint{});
+  original_recorded_ = false;
+}
+
+bool ReplayAudit::auditing() const {
+  absl::MutexLock lock(&mu_);
+  return auditing_;
+}
+
+void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments) {
+  protocol::ReplayPlan p;
+  p.assignments = assignments;
+  p.capability = ctx_.topology().capability();
+  plans_[plan_id] = std::move(p);
+  while (plans_.count(plans_held_ + 1) > 0) ++plans_held_;
+}
+
+void ReplayAudit::TurnOff(const StepContext& step, const std::string& why) {
+  off_ = why;
+  {
+    absl::MutexLock lock(&mu_);
+    auditing_ = false;
+  }
+  ctx_.Log(absl::StrCat("replay audits are off for this job from step ", step.step, ": ", off_,
+                        " (non-finite checks and weight votes go on)"));
+}
+
+void ReplayAudit::RecordFirstMicroBatch(uint64_t loss_bits) {
+  original_loss_bits_ = loss_bits;
+  // The buffers as the first micro-batch's forward left them (backward
+  // does not touch them): what a replay must reproduce.
+  if (auditing()) original_buffers_ = Fingerprints(model_.buffers());
+}
+
+bool ReplayAudit::WantsOriginalGradients() const {
+  absl::MutexLock lock(&mu_);
+  return auditing_ && !original_recorded_;
+}
+
+void ReplayAudit::RecordOriginalGradients(const std::vector<size_t>& indices,
+                                          const std::vector<torch::Tensor>& gradients) {
+  TORCH_CHECK(indices.size() == gradients.size(), "sdc-guard: ", indices.size(),
+              " parameter indices for ", gradients.size(), " gradients");
+  const size_t parameters = model_.parameters().size();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    TORCH_CHECK(indices[k] < parameters, "sdc-guard: parameter index ", indices[k], " of ",
+                parameters);
+  }
+  std::vector<kernels::Fingerprint> fps = Fingerprints(gradients);
+  absl::MutexLock lock(&mu_);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    if (gradients[k].defined()) original_gradients_[indices[k]] = fps[k];
+  }
+  original_recorded_ = true;
+}
+
+absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, LocalView& view) {
+  ++audits_;
+  const uint32_t rank = ctx_.rank();
+  const GuardOptions& options = ctx_.options();
+  const bool subject = std::any_of(plan_.assignments.begin(), plan_.assignments.end(),
+                                   [&](const protocol::Assignment& a) { return a.subject == rank; });
+  auto replayed = replay_.ExchangeAndReplay(plan_.assignments, /*tag_base=*/1000);
+  if (!replayed.ok()) return replayed.status();
+  std::vector<kernels::Fingerprint> original;
+  bool has_original = false;
+  {
+    absl::MutexLock lock(&mu_);
+    original = original_gradients_;
+    has_original = original_recorded_;
+  }
+  for (size_t i = 0; i < original.size(); ++i) {
+    // No gradient recorded: zeros, as a replay's.
+    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(i);
+  }
+  AuditExchange mine;
+  if (subject && has_original) {
+    mine.has_original = true;
+    mine.original_loss_bits = original_loss_bits_;
+    mine.original_digest = model_.AuditDigest(original, original_buffers_);
+    protocol::AuditResult a;
+    a.role = protocol::AuditRole::kOriginal;
+    a.plan_id = plan_id_;
+    a.subject = rank;
+    a.loss_bits = original_loss_bits_;
+    a.gradient_digest = mine.original_digest;
+    if (options.parameter_fingerprints) a.gradients = std::move(original);
+    ctx_.Send(step.step, std::move(a));
+  }
+  if (replayed->has_value()) {
+    const auto& [who, r] = **replayed;
+    mine.replay_subject = who;
+    mine.replay_loss_bits = r.loss_bits;
+    mine.replay_digest = r.digest;
+    protocol::AuditResult a;
+    a.role = protocol::AuditRole::kReplay;
+    a.plan_id = plan_id_;
+    a.subject = who;
+    a.loss_bits = r.loss_bits;
+    a.gradient_digest = r.digest;
+    a.nonfinite = r.nonfinite;
+    if (options.parameter_fingerprints) a.gradients = r.gradients;
+    ctx_.Send(step.step, std::move(a));
+  }
+  std::vector<int64_t> all;
+  SDC_TORCH_TRY(all = ctx_.AllGather(EncodeAudit(mine)));
+  const std::vector<AuditExchange> audits = DecodeAudits(all, ctx_.world());
+  const protocol::AuditVerdict inband =
+      InBandVerdict(plan_, ctx_.topology(), audits, /*deterministic=*/true, step.step);
+  decision.audit_outcome = protocol::AuditOutcomeName(inband.outcome);
+  view.audit_mismatch = protocol::IsFailure(inband.outcome);
+  if (view.audit_mismatch) ++mismatches_;
+  // Tie-breaks, in-band: every rank derived the same list.
+  if (!inband.tiebreaks.empty()) {
+    std::vector<protocol::Assignment> pairs;
+    for (const protocol::TieBreak& t : inband.tiebreaks) pairs.push_back({t.tiebreaker, t.subject});
+    // One tie-break per tiebreaker at a time keeps each rank's receive single.
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      auto tb = replay_.ExchangeAndReplay({pairs[i]}, 3000 + static_cast<int>(i) * 64);
+      if (!tb.ok()) return tb.status();
+      if (tb->has_value()) {
+        protocol::AuditResult a;
+        a.role = protocol::AuditRole::kTieBreak;
+        a.plan_id = plan_id_;
+        a.subject = (*tb)->first;
+        a.loss_bits = (*tb)->second.loss_bits;
+        a.gradient_digest = (*tb)->second.digest;
+        if (options.parameter_fingerprints) a.gradients = (*tb)->second.gradients;
+        ctx_.Send(step.step, std::move(a));
+      }
+    }
+  }
+  if (CoordinatorLink* link = ctx_.link(); link != nullptr) {
+    // The in-band verdict decides the step; sdcd's own changes nothing on
+    // this rank, so by default it is taken only when already here.
+    std::optional<v1::AuditVerdict> v = link->WaitAuditVerdict(step.step, options.verdict_wait);
+    const bool unverified =
+        !v.has_value() && (options.verdict_wait > absl::ZeroDuration() || !link->stats().connected);
+    if (unverified) {
+      decision.audit_unverified = true;
+      ++unverified_;
+    } else if (v.has_value()) {
+      // The coordinator's final word (after any tie-break) names the outcome.
+      decision.audit_outcome = absl::AsciiStrToLower(v1::VerdictOutcome_Name(v->outcome()));
+      if (v->outcome() != v1::PASS) {
+        ctx_.Log(absl::StrCat("sdcd verdict for step ", step.step, ": ", v->explanation()));
+      }
+    }
+  } else {
+    decision.audit_unverified = true;
+    ++unverified_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement& a) {
+  if (!a.any_local_nonfinite || a.all_local_nonfinite || a.highest_local_nonfinite_rank < 0) {
+    return absl::OkStatus();
+  }
+  const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
+  // Every rank of a DDP job accumulates alike, so all take the same branch.
+  if (step.micro_batches != 1) {
+    if (ctx_.rank() == subject) {
+      ctx_.Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step.step, " (",
+                            step.micro_batches,
+                            " micro-batches): not replayable as it ran, so not confirmed; a "
+                            "suspect"));
+    }
+    return absl::OkStatus();
+  }
+  std::optional<protocol::Rank> confirmer = protocol::ChooseConfirmer(ctx_.topology(), subject, step.step);
+  if (!confirmer.has_value()) return absl::OkStatus();
+  auto confirmed = replay_.ExchangeAndReplay({{*confirmer, subject}}, 5000);
+  if (!confirmed.ok()) return confirmed.status();
+  if (confirmed->has_value()) {
+    protocol::AuditResult c;
+    c.role = protocol::AuditRole::kConfirm;
+    c.subject = subject;
+    c.loss_bits = (*confirmed)->second.loss_bits;
+    c.nonfinite = (*confirmed)->second.nonfinite;
+    ctx_.Send(step.step, std::move(c));
+  }
+  return absl::OkStatus();
+}
+
+void ReplayAudit::Summarize(GuardSummary& summary) const {
+  summary.audits = audits_;
+  summary.audits_unverified = unverified_;
+  summary.audit_mismatches = mismatches_;
+  summary.audits_off = off_;
+}
+
+}  // namespace sdc::client

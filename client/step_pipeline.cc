@@ -1,0 +1,158 @@
+#include "client/step_pipeline.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/tensor_checks.h"
+
+namespace sdc::client {
+
+StepPipeline::StepPipeline(const EngineContext& ctx, ModelTensors& model)
+    : ctx_(ctx), model_(model) {}
+
+void StepPipeline::BeginStep() {
+  absl::MutexLock lock(&mu_);
+  local_nonfinite_ = 0;
+  local_fault_done_ = false;
+  reduced_.clear();
+  local_ms_ = 0;
+}
+
+void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor& local) {
+  const absl::Time start = absl::Now();
+  const FaultPlan& f = ctx_.fault();
+  bool inject = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (f.kind == FaultKind::kNanGradient && f.FiresAt(ctx_.rank(), step.step) &&
+        !local_fault_done_) {
+      inject = local_fault_done_ = true;
+    }
+  }
+  if (inject) {
+    torch::NoGradGuard no_grad;
+    local.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+    ctx_.Log(absl::StrCat("INJECTED NaN into a local gradient at step ", step.step));
+  }
+  const uint64_t n = NonFinite({local});
+  absl::MutexLock lock(&mu_);
+  local_nonfinite_ += n;
+  local_ms_ += MsSince(start);
+}
+
+void StepPipeline::AddReducedBucket(const StepContext& step, size_t index,
+                                    const torch::Tensor& reduced) {
+  const FaultPlan& f = ctx_.fault();
+  absl::MutexLock lock(&mu_);
+  if (f.kind == FaultKind::kReducedGradient && f.FiresAt(ctx_.rank(), step.step) &&
+      reduced_.empty()) {
+    FlipMantissaBit(reduced, 20);
+    ctx_.Log(absl::StrCat("INJECTED a bit flip into the reduced gradients at step ", step.step));
+  }
+  reduced_.emplace_back(index, reduced);
+}
+
+absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepContext& step) {
+  Gradients out;
+  std::vector<std::pair<size_t, torch::Tensor>> reduced;
+  {
+    absl::MutexLock lock(&mu_);
+    reduced.swap(reduced_);
+    out.local_nonfinite = local_nonfinite_;
+    out.ms = local_ms_;
+  }
+  if (reduced.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step.step, ": no gradients were all-reduced (run the backward pass between "
+        "BeginStep and Finish)"));
+  }
+  std::sort(reduced.begin(), reduced.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const absl::Time start = absl::Now();
+  std::vector<torch::Tensor> buckets;
+  std::vector<std::string> names;
+  for (const auto& [index, t] : reduced) {
+    buckets.push_back(t);
+    names.push_back(absl::StrCat("bucket.", index));
+  }
+  std::vector<kernels::ScanResult> scans;
+  std::vector<kernels::Fingerprint> fps;
+  SDC_TORCH_TRY({
+    scans = ScanTensors(buckets);
+    fps = Fingerprints(buckets);
+  });
+  for (const kernels::ScanResult& r : scans) {
+    out.reduced_nonfinite += r.nonfinite;
+    out.sum_squares += r.sum_squares;
+  }
+  out.reduced_digest = Digest(names, fps);
+  out.ms += MsSince(start);
+  return out;
+}
+
+absl::StatusOr<Agreement> StepPipeline::Agree(const LocalView& view) const {
+  std::vector<int64_t> agree = EncodeAgreement(view, ctx_.rank());
+  SDC_TORCH_TRY(ctx_.AllReduceMax(agree));
+  return DecodeAgreement(agree);
+}
+
+absl::Status StepPipeline::ApplyOrSkip(const StepContext& step, StepDecision& decision) {
+  torch::NoGradGuard no_grad;
+  const double max_norm = ctx_.options().max_grad_norm;
+  if (decision.apply && max_norm > 0 && decision.grad_norm > max_norm) {
+    decision.clip_coef = max_norm / (decision.grad_norm + 1e-6);
+  }
+  SDC_TORCH_TRY({
+    for (const torch::Tensor& p : model_.parameters()) {
+      torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (!decision.apply) {
+        g.zero_();
+      } else if (decision.clip_coef < 1) {
+        g.mul_(decision.clip_coef);
+      }
+    }
+  });
+  ++steps_;
+  if (!decision.apply) {
+    ++skipped_;
+    ctx_.Log(absl::StrCat("step ", step.step, " skipped on every rank: ", decision.reason));
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor StepPipeline::FaultPoint(const StepContext& step, const torch::Tensor& x,
+                                       bool replaying) const {
+  const FaultPlan& f = ctx_.fault();
+  if (!f.FiresAt(ctx_.rank(), step.step)) return x;
+  const bool activation =
+      f.kind == FaultKind::kActivationScale || f.kind == FaultKind::kMantissaBitflip;
+  if (!(activation || (f.kind == FaultKind::kReplay && replaying))) return x;
+  torch::Tensor y = x.detach().clone();
+  {
+    // The largest value, so the error is never lost below rounding.
+    torch::NoGradGuard no_grad;
+    auto flat = y.view({-1});
+    const int64_t at = flat.abs().argmax().item<int64_t>();
+    if (f.kind == FaultKind::kActivationScale) {
+      flat[at].mul_(f.magnitude);
+    } else {
+      torch::Tensor element = flat.narrow(0, at, 1);
+      FlipMantissaBit(element, 12);
+    }
+  }
+  ctx_.Log(absl::StrCat("INJECTED ", FaultKindName(f.kind), " into an activation at step ",
+                        step.step, replaying ? " (while replaying a peer)" : ""));
+  // Gradients flow through the corrupted value as they would on faulty hardware.
+  return x + (y - x).detach();
+}
+
+void StepPipeline::Summarize(GuardSummary& summary) const {
+  summary.steps = steps_;
+  summary.skipped = skipped_;
+}
+
+}  // namespace sdc::client

@@ -1,0 +1,97 @@
+#ifndef SDC_CLIENT_STEP_PIPELINE_H_
+#define SDC_CLIENT_STEP_PIPELINE_H_
+
+// What every step runs, whatever else it checks: check 1 on the gradient
+// buckets the caller hands over (a non-finite scan of each local bucket
+// before its all-reduce; after the backward, a scan, the squared norm and a
+// digest of the reduced buckets), the one agreement all-reduce every rank
+// decides from (step_core.h), and applying or skipping the step alike on
+// every rank. Also the faults a step's forward and gradients can carry
+// (tests and demos only).
+//
+// Thread-safe for ScanLocalBucket and AddReducedBucket, which autograd's
+// threads (a DDP communication hook) may call while the training thread
+// waits in backward(): they take a lock. Everything else is the training
+// thread's.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/engine_context.h"
+#include "client/engine_types.h"
+#include "client/model_tensors.h"
+#include "client/step_core.h"
+
+namespace sdc::client {
+
+class StepPipeline {
+ public:
+  // Check 1's results for a step.
+  struct Gradients {
+    uint64_t local_nonfinite = 0;    // NaN/Inf elements in this rank's local buckets.
+    uint64_t reduced_nonfinite = 0;  // NaN/Inf elements in the reduced buckets.
+    double sum_squares = 0;          // Of the reduced gradients.
+    uint64_t reduced_digest = 0;     // Over the reduced buckets in index order.
+    double ms = 0;                   // The scans and the digest (local work).
+  };
+
+  // REQUIRES: `ctx` and `model` outlive the pipeline.
+  StepPipeline(const EngineContext& ctx, ModelTensors& model);
+
+  // Forgets the previous step's buckets.
+  void BeginStep();
+
+  // Before a bucket's all-reduce: scans its local gradients.
+  void ScanLocalBucket(const StepContext& step, const torch::Tensor& local);
+  // After bucket `index`'s all-reduce. The tensor must hold the reduced
+  // gradients until CheckGradients.
+  void AddReducedBucket(const StepContext& step, size_t index, const torch::Tensor& reduced);
+
+  // Check 1 on what the buckets brought: scans and digests the reduced
+  // buckets (in index order, whatever order they arrived in) and hands them
+  // back. FailedPrecondition when no bucket was reduced this step; Internal
+  // on a libtorch or kernel failure.
+  absl::StatusOr<Gradients> CheckGradients(const StepContext& step);
+
+  // The agreement: one MAX all-reduce of every rank's `view` (collective).
+  // Internal on a libtorch failure.
+  absl::StatusOr<Agreement> Agree(const LocalView& view) const;
+
+  // Applies `decision` to the gradients identically on every rank: on skip
+  // they are zeroed; on apply they are clipped to options.max_grad_norm
+  // when it is set and exceeded (decision.clip_coef says by what). Counts
+  // the step. Internal on a libtorch failure.
+  absl::Status ApplyOrSkip(const StepContext& step, StepDecision& decision);
+
+  // A point in the model's forward where activation faults are injected:
+  // returns `activation` unless this rank's injected fault fires at this
+  // step (`replaying`: the forward is a replay of a peer's micro-batch).
+  torch::Tensor FaultPoint(const StepContext& step, const torch::Tensor& activation,
+                           bool replaying) const;
+
+  // steps and skipped.
+  void Summarize(GuardSummary& summary) const;
+
+ private:
+  const EngineContext& ctx_;
+  ModelTensors& model_;
+  uint64_t steps_ = 0;
+  uint64_t skipped_ = 0;
+
+  mutable absl::Mutex mu_;
+  uint64_t local_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
+  double local_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  bool local_fault_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<size_t, torch::Tensor>> reduced_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sdc::client
+
+#endif  // SDC_CLIENT_STEP_PIPELINE_H_

@@ -1,0 +1,111 @@
+#include "client/weight_check.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/tensor_checks.h"
+
+namespace sdc::client {
+
+WeightCheck::WeightCheck(const EngineContext& ctx, ModelTensors& model,
+                         OptimizerStateFn optimizer_state)
+    : ctx_(ctx), model_(model), optimizer_state_(std::move(optimizer_state)) {}
+
+void WeightCheck::BeginStep() { checkpoint_weights_sent_ = false; }
+
+void WeightCheck::InjectFaults(const StepContext& step) {
+  const FaultPlan& f = ctx_.fault();
+  if (!f.FiresAt(ctx_.rank(), step.step)) return;
+  if (f.kind == FaultKind::kWeight) {
+    FlipMantissaBit(model_.parameters().front(), 16);
+    ctx_.Log(absl::StrCat("INJECTED a bit flip into weight ", model_.parameter_names().front(),
+                          " after step ", step.step));
+  }
+  if (f.kind == FaultKind::kFrozenWeight && !model_.frozen().empty()) {
+    FlipMantissaBit(model_.frozen().front(), 16);
+    ctx_.Log(absl::StrCat("INJECTED a bit flip into frozen weight ", model_.frozen_names().front(),
+                          " after step ", step.step));
+  }
+  if (f.kind == FaultKind::kOptimizerState && optimizer_state_) {
+    for (torch::Tensor& t : optimizer_state_()) {
+      if (!t.is_floating_point() || t.numel() == 0) continue;
+      FlipMantissaBit(t, 16);
+      ctx_.Log(absl::StrCat("INJECTED a bit flip into optimizer state after step ", step.step));
+      break;
+    }
+  }
+}
+
+absl::StatusOr<double> WeightCheck::AfterOptimizerStep(const StepContext& step, bool checkpoint) {
+  SDC_TORCH_TRY(InjectFaults(step));
+  const uint32_t every = ctx_.options().weight_check_every;
+  const bool scheduled = every > 0 && step.step % every == 0;
+  if (!scheduled && !checkpoint) return 0.0;
+  const absl::Time start = absl::Now();
+  ++weight_checks_;
+  protocol::WeightReport w;
+  SDC_TORCH_TRY({
+    w.tensors = Fingerprints(model_.Weights());
+    w.digest = client::Digest(model_.weight_names(), w.tensors);
+    w.checkpoint = checkpoint;
+    if (checkpoint) {
+      const std::vector<torch::Tensor> state =
+          optimizer_state_ ? optimizer_state_() : std::vector<torch::Tensor>{};
+      std::vector<std::string> names;
+      for (size_t i = 0; i < state.size(); ++i) names.push_back(absl::StrCat("optimizer.", i));
+      w.has_optimizer_digest = true;
+      w.optimizer_digest = client::Digest(names, Fingerprints(state));
+      checkpoint_weights_sent_ = true;
+    }
+  });
+  ctx_.Send(step.step, std::move(w));
+  const double ms = MsSince(start);
+  if (TrainerMetrics* metrics = ctx_.metrics(); metrics != nullptr) metrics->WeightsChecked(ms);
+  return ms;
+}
+
+uint64_t WeightCheck::Digest() const {
+  return client::Digest(model_.weight_names(), Fingerprints(model_.Weights()));
+}
+
+void WeightCheck::NoteMinority(uint64_t step, uint32_t majority_source,
+                               const std::string& explanation) {
+  if (step <= repair_step_) return;
+  repair_step_ = step;
+  repair_source_ = majority_source;
+  ctx_.Log(absl::StrCat("weight minority at step ", repair_step_, ": ", explanation,
+                        "; repair from rank ", repair_source_, " once every rank knows"));
+}
+
+absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decision) {
+  if (a.repair_step_known_by_all <= repaired_step_ || a.repair_step_known_by_all != repair_step_) {
+    return absl::OkStatus();
+  }
+  std::vector<torch::Tensor> all = model_.Weights(/*live=*/true);
+  SDC_TORCH_TRY({
+    if (optimizer_state_) {
+      for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
+    }
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& t : all) {
+      std::vector<torch::Tensor> one = {t.detach()};
+      c10d::BroadcastOptions o;
+      o.rootRank = repair_source_;
+      ctx_.group().broadcast(one, o)->wait();
+    }
+  });
+  repaired_step_ = repair_step_;
+  decision.repaired = true;
+  ++repairs_;
+  ctx_.Log(absl::StrCat("weights, buffers and optimizer state restored from rank ",
+                        repair_source_));
+  return absl::OkStatus();
+}
+
+void WeightCheck::Summarize(GuardSummary& summary) const {
+  summary.weight_checks = weight_checks_;
+  summary.repairs = repairs_;
+}
+
+}  // namespace sdc::client

@@ -1,0 +1,210 @@
+// TrainerService over real gRPC on loopback, with a real Coordinator (an
+// in-memory store, a fake clock): an Attach stream's Hello and report, a
+// relay's sessions (one refused, the relay carrying on) and its end at
+// shutdown, and the checkpoint gate's answers, an undecodable request
+// included.
+
+#include "daemon/trainer_service.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/collector.h"
+#include "common/version.h"
+#include "daemon/convert.h"
+#include "daemon/core/clock.h"
+#include "daemon/core/coordinator.h"
+#include "daemon/core/store.h"
+#include "daemon/delivery.h"
+#include "daemon/service_metrics.h"
+#include "daemon/stream_registry.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/testing/sdcd.h"
+
+namespace sdc::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::TrainerMessage HelloOf(core::Rank rank, uint32_t world = 2) {
+  core::Hello h;
+  h.job_id = "job-t";
+  h.placement = {rank, "node-a", rank, absl::StrCat("GPU-", rank), 0};
+  h.world_size = world;
+  h.incarnation = 1;
+  h.weight_tensors = {"w", "b"};
+  h.parameter_count = 2;
+  h.layout_digest = 7;
+  h.audit_every = 10;
+  h.weight_check_every = 10;
+  v1::TrainerMessage m;
+  *m.mutable_hello() = ToProto(h);
+  return m;
+}
+
+v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step step) {
+  core::Report r;
+  r.job_id = "job-t";
+  r.rank = rank;
+  r.incarnation = 1;
+  r.sequence = sequence;
+  r.step = step;
+  r.body = core::StepReport{};
+  v1::TrainerMessage m;
+  *m.mutable_report() = ToProto(r);
+  return m;
+}
+
+class TrainerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    service_.AddQueues(builder, 2);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    service_.Start();
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::TrainerService::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    service_.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+    streams_.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    service_.Stop();
+  }
+
+  static void WithDeadline(grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  }
+
+  grpc::Status Gate(const v1::CheckpointRequest& q, v1::CheckpointDecision* d) {
+    grpc::ClientContext context;
+    WithDeadline(&context);
+    return stub_->MayCheckpoint(&context, q, d);
+  }
+
+  std::string Metrics() { return registry_.Serialize(); }
+
+  core::FakeClock clock_;
+  core::MemoryStore store_;
+  core::Coordinator coordinator_{core::CoordinatorOptions{}, &clock_, &store_};
+  metrics::Collector registry_;
+  ServiceMetrics metrics_{registry_};
+  StreamRegistry streams_;
+  Delivery delivery_{&store_, &streams_, &metrics_};
+  TrainerService service_{TrainerContext{&coordinator_, &delivery_, &streams_, &metrics_}};
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TrainerService::Stub> stub_;
+};
+
+TEST_F(TrainerServiceTest, AnAttachStreamIsWelcomedAndAcknowledged) {
+  grpc::ClientContext context;
+  WithDeadline(&context);
+  auto stream = stub_->Attach(&context);
+  ASSERT_TRUE(stream->Write(HelloOf(0)));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_welcome());
+  EXPECT_EQ(reply.welcome().coordinator_version(), kVersion);
+  ASSERT_TRUE(stream->Write(StepReportOf(0, 1, 1)));
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_EQ(reply.ack().acked_sequence(), 1u);
+  EXPECT_EQ(coordinator_.AttachedRanks(), 1u);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(TrainerServiceTest, ARelayCarriesSessionsEndsARefusedOneAndEndsAtShutdown) {
+  grpc::ClientContext context;
+  WithDeadline(&context);
+  auto relay = stub_->Relay(&context);
+  v1::RelayUp up;
+  auto* first = up.add_messages();
+  first->set_session(1);
+  *first->mutable_message() = HelloOf(0);
+  auto* refused = up.add_messages();
+  refused->set_session(2);
+  *refused->mutable_message() = StepReportOf(1, 1, 1);  // Not a Hello first.
+  ASSERT_TRUE(relay->Write(up));
+  // Session 2's end and session 1's welcome, in either order (the end is
+  // queued at once, the welcome once durable).
+  bool welcomed = false;
+  bool ended = false;
+  v1::RelayDown down;
+  while ((!welcomed || !ended) && relay->Read(&down)) {
+    for (const v1::RelayedReply& r : down.replies()) {
+      if (r.session() == 1 && r.message().has_welcome()) welcomed = true;
+      if (r.session() == 2 && r.end()) {
+        ended = true;
+        EXPECT_EQ(r.status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+        EXPECT_EQ(r.status_message(), "the first message of a stream must be a Hello");
+      }
+    }
+  }
+  EXPECT_TRUE(welcomed);
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(service_.relays(), 1u);
+  EXPECT_EQ(coordinator_.AttachedRanks(), 1u);
+  EXPECT_THAT(Metrics(), HasSubstr("sdc_rejected_inputs_total{reason=\"invalid_argument\"} 1\n"));
+
+  service_.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
+  while (relay->Read(&down)) {
+  }
+  grpc::Status status = relay->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(status.error_message(), "sdcd is shutting down");
+  EXPECT_EQ(coordinator_.AttachedRanks(), 0u);
+}
+
+TEST_F(TrainerServiceTest, TheCheckpointGateAnswersAndCountsItsDecisions) {
+  v1::CheckpointRequest q;
+  q.set_job_id("nope");
+  q.set_step(5);
+  v1::CheckpointDecision d;
+  grpc::Status s = Gate(q, &d);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown job nope"));
+  EXPECT_THAT(Metrics(), HasSubstr("sdc_rejected_inputs_total{reason=\"not_found\"} 1\n"));
+
+  grpc::ClientContext context;
+  WithDeadline(&context);
+  auto stream = stub_->Attach(&context);
+  ASSERT_TRUE(stream->Write(HelloOf(0, /*world=*/1)));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  q.set_job_id("job-t");
+  ASSERT_TRUE(Gate(q, &d).ok());
+  EXPECT_FALSE(d.allowed());
+  EXPECT_TRUE(d.retryable());
+  EXPECT_THAT(d.reason(), HasSubstr("not yet reported by ranks"));
+  EXPECT_THAT(Metrics(), HasSubstr("sdc_checkpoint_decisions_total{decision=\"wait\"} 1\n"));
+  q.set_status_only(true);  // A question, not a decision: not counted.
+  ASSERT_TRUE(Gate(q, &d).ok());
+  EXPECT_THAT(Metrics(), HasSubstr("sdc_checkpoint_decisions_total{decision=\"wait\"} 1\n"));
+  stream->WritesDone();
+  while (stream->Read(&reply)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(TrainerServiceTest, AnUndecodableCheckpointRequestIsInvalidArgument) {
+  grpc::Status s = testing::SendRawFrame(channel_, "/sdc.v1.TrainerService/MayCheckpoint",
+                                         std::string("\xff\xff\xff\xff", 4));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "the request is not a valid sdc.v1.CheckpointRequest");
+  EXPECT_THAT(Metrics(), HasSubstr("sdc_rejected_inputs_total{reason=\"invalid_argument\"} 1\n"));
+}
+
+}  // namespace
+}  // namespace sdc::daemon
