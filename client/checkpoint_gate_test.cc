@@ -26,7 +26,10 @@ struct Fixture {
         model(*ModelTensors::Create({{"w"}, {torch::ones({3}, torch::requires_grad())}}, {}, {},
                                     true)),
         weights(ctx, model, nullptr),
-        gate(ctx) {}
+        gate(ctx) {
+    // Collective on the one-rank group; gives the job's fingerprint key.
+    EXPECT_TRUE(ctx.ExchangeTopology().ok());
+  }
   // The checkpoint weights of `step` sent, as AfterOptimizerStep(true) does.
   StepContext Checkpointed(uint64_t step) {
     weights.BeginStep();

@@ -25,12 +25,27 @@ EngineContext::EngineContext(GuardOptions options,
 EngineContext::~EngineContext() = default;
 
 absl::Status EngineContext::ExchangeTopology() {
-  // Every rank's node name and replica group, for the replay plans.
+  // Every rank's node name and replica group, for the replay plans, and rank
+  // 0's fingerprint seed, for the job's key (with a byte saying whether it
+  // could draw one: a failure must reach every rank, not leave the others
+  // waiting in the all-gather).
   constexpr int64_t kNameBytes = 128;
-  torch::Tensor mine = torch::zeros({kNameBytes + 1}, torch::kUInt8);
+  constexpr int64_t kSeedAt = kNameBytes + 1;
+  constexpr int64_t kSeedBytes = sizeof(uint64_t);
+  constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;
+  uint64_t seed = 0;
+  absl::Status drawn_status;
+  if (rank_ == 0) {
+    absl::StatusOr<uint64_t> drawn = kernels::DrawFingerprintSeed();
+    drawn_status = drawn.status();
+    if (drawn.ok()) seed = *drawn;
+  }
+  torch::Tensor mine = torch::zeros({kSeedDrawnAt + 1}, torch::kUInt8);
   const std::string node = options_.node_name.substr(0, kNameBytes);
   std::memcpy(mine.data_ptr(), node.data(), node.size());
   mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kSeedAt, &seed, kSeedBytes);
+  mine[kSeedDrawnAt] = drawn_status.ok() ? 1 : 0;
   std::vector<std::vector<torch::Tensor>> gathered(1);
   std::vector<torch::Tensor> input;
   SDC_TORCH_TRY({
@@ -47,6 +62,15 @@ absl::Status EngineContext::ExchangeTopology() {
     }
   }
   topology_ = std::make_unique<protocol::Topology>(std::move(members));
+  const auto* rank0 = static_cast<const uint8_t*>(gathered[0][0].data_ptr());
+  if (rank0[kSeedDrawnAt] == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank 0 could not draw the job's fingerprint seed",
+        drawn_status.ok() ? "" : absl::StrCat(": ", drawn_status.message())));
+  }
+  std::memcpy(&seed, rank0 + kSeedAt, kSeedBytes);
+  fingerprint_key_ =
+      std::make_unique<kernels::FingerprintKey>(kernels::FingerprintKey::FromSeed(seed));
   return absl::OkStatus();
 }
 

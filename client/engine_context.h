@@ -25,6 +25,7 @@
 #include "client/fault_injection.h"
 #include "client/options.h"
 #include "client/trainer_metrics.h"
+#include "kernels/fingerprint.h"
 #include "protocol/replay_plan.h"
 #include "protocol/types.h"
 
@@ -54,7 +55,10 @@ class EngineContext {
 
   // Collective: every rank's node name and replica group, gathered from
   // every rank, give this rank's replay topology (its replica group's
-  // members and their nodes). Internal on a libtorch failure.
+  // members and their nodes); rank 0's fingerprint seed, drawn here and
+  // carried in the same exchange, gives every rank the job's fingerprint
+  // key. Internal on a libtorch failure; Unavailable on every rank when
+  // rank 0 could not draw a seed.
   absl::Status ExchangeTopology();
 
   // Starts the link to sdcd with `hello` (when options.coordinator is set)
@@ -75,6 +79,9 @@ class EngineContext {
   const FaultPlan& fault() const { return fault_; }
   // REQUIRES: ExchangeTopology succeeded.
   const protocol::Topology& topology() const { return *topology_; }
+  // The job's fingerprint key, the same on every rank, so all ranks
+  // compare alike. REQUIRES: ExchangeTopology succeeded.
+  const kernels::FingerprintKey& fingerprint_key() const { return *fingerprint_key_; }
   // Null without a coordinator.
   CoordinatorLink* link() const { return link_.get(); }
   // Null unless options.metrics_listen is set.
@@ -101,6 +108,7 @@ class EngineContext {
   const SmallCollectives small_collectives_;  // Resolved: never kAuto.
   const torch::Device collective_device_;
   std::unique_ptr<protocol::Topology> topology_;
+  std::unique_ptr<const kernels::FingerprintKey> fingerprint_key_;
   std::unique_ptr<CoordinatorLink> link_;
   // Declared after link_, so it stops (and no scrape reads link_) before
   // the link goes.

@@ -62,7 +62,7 @@ void ReplayAudit::RecordFirstMicroBatch(uint64_t loss_bits) {
   original_loss_bits_ = loss_bits;
   // The buffers as the first micro-batch's forward left them (backward
   // does not touch them): what a replay must reproduce.
-  if (auditing()) original_buffers_ = Fingerprints(model_.buffers());
+  if (auditing()) original_buffers_ = Fingerprints(ctx_.fingerprint_key(), model_.buffers());
 }
 
 bool ReplayAudit::WantsOriginalGradients() const {
@@ -79,7 +79,7 @@ void ReplayAudit::RecordOriginalGradients(const std::vector<size_t>& indices,
     TORCH_CHECK(indices[k] < parameters, "sdc-guard: parameter index ", indices[k], " of ",
                 parameters);
   }
-  std::vector<kernels::Fingerprint> fps = Fingerprints(gradients);
+  std::vector<kernels::Fingerprint> fps = Fingerprints(ctx_.fingerprint_key(), gradients);
   absl::MutexLock lock(&mu_);
   for (size_t k = 0; k < indices.size(); ++k) {
     if (gradients[k].defined()) original_gradients_[indices[k]] = fps[k];
@@ -104,7 +104,7 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   }
   for (size_t i = 0; i < original.size(); ++i) {
     // No gradient recorded: zeros, as a replay's.
-    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(i);
+    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
   }
   AuditExchange mine;
   if (subject && has_original) {
