@@ -266,7 +266,7 @@ cmd_build() {
 # The pytest suite: the sdc_guard package in real torch.distributed Gloo
 # groups against a real sdcd (tests/python).
 cmd_pytest() {
-  build_targets //demo:sdc-demo //daemon:sdcd //ctl:sdcctl
+  build_targets //demo:sdc-demo //demo:tcp-proxy //daemon:sdcd //ctl:sdcctl
   build_python >/dev/null
   log "pytest: the Python package under torch.distributed (tests/python)"
   SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \

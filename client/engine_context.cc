@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,7 +82,9 @@ absl::Status EngineContext::Connect(protocol::Hello hello) {
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<TrainerMetrics>> m = TrainerMetrics::Start(
         options_.metrics_listen, options_.job_id, rank_,
-        [this] { return link_ != nullptr && link_->stats().connected; });
+        [this] {
+          return link_ != nullptr ? std::optional(link_->stats()) : std::nullopt;
+        });
     if (!m.ok()) return m.status();
     metrics_ = *std::move(m);
     Log(absl::StrCat("serving metrics on port ", metrics_->port()));

@@ -152,6 +152,18 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   }
   if (absl::Status s = ReadInt(vars, "SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
   if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
+  size_t buffer_mb = o.report_buffer_bytes >> 20;
+  if (absl::Status s = ReadInt(vars, "SDC_REPORT_BUFFER_MB", &buffer_mb); !s.ok()) return s;
+  if (buffer_mb == 0 || buffer_mb > (size_t{1} << 20)) {
+    return absl::InvalidArgumentError("SDC_REPORT_BUFFER_MB: must be 1 to 1048576");
+  }
+  o.report_buffer_bytes = buffer_mb << 20;
+  if (absl::Status s = ReadMillis(vars, "SDC_RECONNECT_MAX_MS", &o.reconnect_max); !s.ok()) {
+    return s;
+  }
+  if (o.reconnect_max < o.reconnect_min || o.reconnect_max > absl::Minutes(10)) {
+    return absl::InvalidArgumentError("SDC_RECONNECT_MAX_MS: must be 100 to 600000");
+  }
   if (absl::Status s = ReadMillis(vars, "SDC_REPORT_LINGER_MS", &o.report_linger); !s.ok()) return s;
   if (o.report_linger > absl::Seconds(60)) {
     // sdcd waits --report_deadline (default 120 s) for a step's reports.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "daemon/core/testing_cluster.h"
 #include "kernels/model_digest.h"
 
 namespace sdc::core {
@@ -17,179 +18,9 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::SizeIs;
-
-constexpr char kJob[] = "job-a";
-const std::vector<std::string> kTensors = {"embed.weight", "layers.0.w", "layers.0.b",
-                                           "norm.weight"};
-
-// A cluster of `nodes` x `gpus` ranks talking to one coordinator, with the
-// bookkeeping a trainer would do (sequence numbers per rank).
-class Cluster {
- public:
-  Cluster(int nodes, int gpus, uint32_t audit_every = 10, uint32_t weight_every = 10,
-          CoordinatorOptions options = {})
-      : nodes_(nodes), gpus_(gpus), audit_every_(audit_every), weight_every_(weight_every) {
-    options_ = options;
-    Reset();
-  }
-
-  // A fresh coordinator on the same store, as after a restart.
-  void Reset() {
-    coordinator_ = std::make_unique<Coordinator>(options_, &clock_, &store_);
-  }
-
-  uint32_t world() const { return nodes_ * gpus_; }
-  std::string NodeOf(Rank r) const { return std::string("node-") + static_cast<char>('a' + r / gpus_); }
-  std::string GpuOf(Rank r) const { return absl::StrCat("GPU-", r); }
-
-  Hello HelloOf(Rank r, uint64_t incarnation = 1) const {
-    Hello h;
-    h.job_id = kJob;
-    h.placement = {r, NodeOf(r), r % static_cast<uint32_t>(gpus_), GpuOf(r), 0};
-    h.world_size = world();
-    h.incarnation = incarnation;
-    h.weight_tensors = kTensors;
-    h.parameter_count = 3;
-    h.layout_digest = 77;
-    h.deterministic = true;
-    h.audit_every = audit_every_;
-    h.weight_check_every = weight_every_;
-    return h;
-  }
-
-  void AttachAll() {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(coordinator_->Attach(HelloOf(r)).ok()) << r;
-    }
-  }
-
-  absl::StatusOr<Effects> Send(Rank r, Step step, decltype(Report::body) body,
-                               uint64_t incarnation = 1) {
-    Report rep;
-    rep.job_id = kJob;
-    rep.rank = r;
-    rep.incarnation = incarnation;
-    rep.sequence = next_seq_[{r, incarnation}] + 1;
-    rep.step = step;
-    rep.body = std::move(body);
-    absl::StatusOr<Effects> e = coordinator_->Ingest(rep);
-    if (e.ok() && !e->duplicate) next_seq_[{r, incarnation}] = rep.sequence;
-    if (e.ok()) Collect(*e);
-    return e;
-  }
-
-  // Every rank reports a clean step (same reduced digest, applied).
-  void CleanStep(Step step) {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(Send(r, step, StepReport{0, 0, 1.0, 1234, true, "", false}).ok());
-    }
-  }
-
-  static WeightReport Weights(uint64_t salt = 0) {
-    WeightReport w;
-    for (size_t t = 0; t < kTensors.size(); ++t) w.tensors.push_back({16, 100 + t, 200 + t + salt * (t == 1)});
-    std::vector<kernels::NamedFingerprint> named;
-    for (size_t t = 0; t < kTensors.size(); ++t) named.push_back({kTensors[t], w.tensors[t]});
-    w.digest = kernels::ModelDigest(named);
-    return w;
-  }
-
-  void AllWeights(Step step, Rank corrupt = UINT32_MAX) {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(Send(r, step, Weights(r == corrupt ? 1 : 0)).ok());
-    }
-  }
-
-  // The scheduled audit of `step`: `wrong_own` ranks compute their own batch
-  // wrongly, `wrong_replay` ranks compute replays wrongly.
-  void Audit(Step step, std::set<Rank> wrong_own, std::set<Rank> wrong_replay,
-             uint64_t plan_id = 0, std::vector<Assignment> assignments = {},
-             std::set<Rank> silent = {}) {
-    if (assignments.empty()) {
-      Topology t(Members());
-      assignments = PlanFullAudit(t, step / audit_every_).assignments;
-    }
-    std::set<Rank> subjects;
-    for (const Assignment& a : assignments) subjects.insert(a.subject);
-    for (Rank s : subjects) {
-      if (silent.count(s)) continue;
-      AuditResult o;
-      o.role = AuditRole::kOriginal;
-      o.plan_id = plan_id;
-      o.subject = s;
-      o.loss_bits = BatchValue(s) + (wrong_own.count(s) ? 1 : 0);
-      o.gradient_digest = o.loss_bits;
-      ASSERT_TRUE(Send(s, step, o).ok()) << "original " << s;
-    }
-    for (const Assignment& a : assignments) {
-      if (silent.count(a.replayer)) continue;
-      AuditResult rp;
-      rp.role = AuditRole::kReplay;
-      rp.plan_id = plan_id;
-      rp.subject = a.subject;
-      rp.loss_bits = BatchValue(a.subject) + (wrong_replay.count(a.replayer) ? 7 + a.replayer : 0);
-      rp.gradient_digest = rp.loss_bits;
-      ASSERT_TRUE(Send(a.replayer, step, rp).ok()) << "replay " << a.replayer;
-    }
-  }
-
-  absl::StatusOr<Effects> TieBreakResult(Rank tiebreaker, Rank subject, Step step,
-                                         bool wrong = false, uint64_t plan_id = 0) {
-    AuditResult t;
-    t.role = AuditRole::kTieBreak;
-    t.plan_id = plan_id;
-    t.subject = subject;
-    t.loss_bits = BatchValue(subject) + (wrong ? 99 : 0);
-    t.gradient_digest = t.loss_bits;
-    return Send(tiebreaker, step, t);
-  }
-
-  // Answers every tie-break asked for `step` so far from healthy tie-breakers.
-  void SettleTieBreaks(Step step, uint64_t plan_id = 0) {
-    for (const TieBreakMessage& t : MessagesOf<TieBreakMessage>()) {
-      if (t.step != step) continue;
-      ASSERT_TRUE(TieBreakResult(t.replayer, t.subject, step, false, plan_id).ok());
-    }
-  }
-
-  static uint64_t BatchValue(Rank r) { return 1000 + 10 * r; }
-
-  std::vector<PlanMember> Members() const {
-    std::vector<PlanMember> m;
-    for (Rank r = 0; r < world(); ++r) m.push_back({r, NodeOf(r)});
-    return m;
-  }
-
-  void Collect(const Effects& e) {
-    for (const auto& m : e.messages) messages_.push_back(m);
-    for (const auto& c : e.checks) checks_.push_back(c);
-  }
-
-  template <typename T>
-  std::vector<T> MessagesOf() const {
-    std::vector<T> out;
-    for (const auto& m : messages_) {
-      if (const T* t = std::get_if<T>(&m.body)) out.push_back(*t);
-    }
-    return out;
-  }
-
-  Coordinator& c() { return *coordinator_; }
-  FakeClock& clock() { return clock_; }
-  MemoryStore& store() { return store_; }
-  std::vector<CheckEvent>& checks() { return checks_; }
-
- private:
-  int nodes_, gpus_;
-  uint32_t audit_every_, weight_every_;
-  CoordinatorOptions options_;
-  FakeClock clock_;
-  MemoryStore store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::map<std::pair<Rank, uint64_t>, uint64_t> next_seq_;
-  std::vector<OutMessage> messages_;
-  std::vector<CheckEvent> checks_;
-};
+using testing::Cluster;
+using testing::kJob;
+using testing::kTensors;
 
 // ---------------------------------------------------------------------------
 // Registry and bad input
@@ -658,9 +489,10 @@ TEST(CoordinatorTest, ReplayAuditAttributesAFaultyRank) {
 }
 
 // A result that arrives after its audit's verdict (a rank resending after
-// a reconnect, say) is refused, before and after a restart, instead of
-// opening the audit again and deciding it a second time at its deadline.
-TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
+// a reconnect, say) is taken and acknowledged, before and after a restart,
+// without opening the audit again and deciding it a second time at its
+// deadline (issue 37: a refused report blocked the rank's every later one).
+TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsTakenWithoutOpeningItAgain) {
   Cluster cl(3, 2);
   cl.AttachAll();
   cl.Audit(10, {}, {});
@@ -670,10 +502,9 @@ TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
   late.subject = 0;
   late.loss_bits = Cluster::BatchValue(0);
   late.gradient_digest = late.loss_bits;
-  auto refused = cl.Send(0, 10, late);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+  auto taken = cl.Send(0, 10, late);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_THAT(taken->notes, Contains(HasSubstr("taken after its check was decided")));
   cl.clock().Advance(absl::Minutes(10));
   cl.Collect(cl.c().Tick());
   EXPECT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
@@ -682,9 +513,12 @@ TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
   cl.AttachAll();
-  refused = cl.Send(0, 10, late);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+  taken = cl.Send(0, 10, late);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  cl.clock().Advance(absl::Minutes(10));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
+  EXPECT_EQ(cl.store().pending_count(), 0u);
 }
 
 TEST(CoordinatorTest, LoneMismatchIsSettledByATieBreak) {
