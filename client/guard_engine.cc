@@ -243,7 +243,8 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   decision.apply = d.apply;
   decision.reason = d.reason;
 
-  if (absl::Status s = audit_.ConfirmLoneNonFinite(step_, *agreement); !s.ok()) return s;
+  absl::StatusOr<std::string> no_confirmation = audit_.ConfirmLoneNonFinite(step_, *agreement);
+  if (!no_confirmation.ok()) return no_confirmation.status();
   if (absl::Status s = weights_.RepairIfAgreed(*agreement, decision); !s.ok()) return s;
   if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
   determinism_.Restore();
@@ -264,6 +265,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   report.skip_reason = decision.reason;
   report.audit_unverified = decision.audit_unverified;
   report.audits_off = audits_off_now;
+  report.no_confirmation = *std::move(no_confirmation);
   ctx_.Send(step_.step, std::move(report));
   return decision;
 }
@@ -275,6 +277,7 @@ absl::StatusOr<std::unique_ptr<GuardEngine>> GuardEngine::Create(
     NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
     LossFn loss_fn, NamedTensors frozen) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("options.job_id is empty");
+  if (absl::Status s = CheckNodeName(options.node_name); !s.ok()) return s;
   if (!loss_fn) return absl::InvalidArgumentError("a loss function is required");
   if (!process_group) return absl::InvalidArgumentError("a process group is required");
   // Frozen parameters join the weight vote as state the step does not

@@ -232,6 +232,8 @@ class Coordinator {
     absl::flat_hash_set<Rank> applied;
     absl::flat_hash_set<Rank> skipped;
     std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
+    // Why no confirmation replay comes (StepReport::no_confirmation).
+    std::string no_confirmation;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {

@@ -465,6 +465,44 @@ TEST(CoordinatorTest, UnconfirmedLocalNanMakesASuspectWithTargetedAudits) {
   EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
 }
 
+// Issue 39, case 7: under gradient accumulation (or with audits off) the
+// trainers run no confirmation replay of a lone NaN/Inf, and sdcd waited
+// for one until the deadline, vetoing checkpoints meanwhile. The step
+// report says none comes: the step is decided at once, no clock advance.
+TEST(CoordinatorTest, NoConfirmationComingDecidesALoneNanAtOnce) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 2; ++s) cl.CleanStep(s);
+  for (Rank r = 0; r < 6; ++r) {
+    StepReport rep{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite", false};
+    rep.no_confirmation = "the step accumulated 4 micro-batches";
+    ASSERT_TRUE(cl.Send(r, 3, rep).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1)) << "decided without waiting for the deadline";
+  EXPECT_EQ(incidents[0].check, CheckKind::kNonFinite);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("no confirmation replay runs: 'the step accumulated 4 micro-batches'"));
+  ASSERT_THAT(cl.c().ListSuspects(), SizeIs(1));
+  ASSERT_THAT(cl.MessagesOf<PlanMessage>(), SizeIs(1)) << "a targeted audit of the suspect";
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  auto d = cl.c().MayCheckpoint(kJob, 3);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable) << d->reason;
+  EXPECT_THAT(d->reason, Not(HasSubstr("awaits a confirmation replay")));
+  EXPECT_THAT(d->reason, HasSubstr("failed the nonfinite check"));
+  // Without the note the step still waits for the replay.
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 4, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "n", false}).ok());
+  }
+  EXPECT_THAT(cl.c().ListIncidents(kJob), SizeIs(1));
+  EXPECT_THAT(cl.c().MayCheckpoint(kJob, 4)->reason, HasSubstr("awaits a confirmation replay"));
+}
+
 TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   Cluster cl(3, 2);
   cl.AttachAll();
