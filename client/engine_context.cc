@@ -29,7 +29,9 @@ absl::Status EngineContext::ExchangeTopology() {
   // 0's fingerprint seed, for the job's key (with a byte saying whether it
   // could draw one: a failure must reach every rank, not leave the others
   // waiting in the all-gather).
-  constexpr int64_t kNameBytes = 128;
+  // Whole names (OptionsFromVariables and GuardEngine::Create refuse longer
+  // ones): a cut would merge two nodes sdcd keeps apart.
+  constexpr int64_t kNameBytes = protocol::kMaxNodeNameBytes;
   constexpr int64_t kSeedAt = kNameBytes + 1;
   constexpr int64_t kSeedBytes = sizeof(uint64_t);
   constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;

@@ -397,7 +397,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   decision.reason = d.reason;
   decision.overflow = d.overflow;
 
-  audit_.ConfirmLoneNonFinite(step_, *agreement);
+  std::string no_confirmation = audit_.ConfirmLoneNonFinite(step_, *agreement);
   if (absl::Status s = weights_.RepairIfAgreed(*agreement, decision); !s.ok()) return s;
   if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
   if (TrainerMetrics* metrics = ctx_.metrics(); metrics != nullptr) {
@@ -419,6 +419,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   report.audit_unverified = decision.audit_unverified;
   report.audits_off = audits_off_now;
   report.loss_scaled = decision.loss_scaled;
+  report.no_confirmation = std::move(no_confirmation);
   ctx_.Send(step_.step, std::move(report));
   return decision;
 }
@@ -430,6 +431,7 @@ absl::StatusOr<std::unique_ptr<GuardEngine>> GuardEngine::Create(
     NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
     LossFn loss_fn, NamedTensors frozen) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("options.job_id is empty");
+  if (absl::Status s = CheckNodeName(options.node_name); !s.ok()) return s;
   if (!loss_fn) return absl::InvalidArgumentError("a loss function is required");
   if (!process_group) return absl::InvalidArgumentError("a process group is required");
   // Frozen parameters join the weight vote as state the step does not

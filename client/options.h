@@ -135,6 +135,11 @@ absl::StatusOr<JobId> JobIdFromVariables(const std::map<std::string, std::string
 // the variable: "SDC_AUDIT_EVERY: expected a non-negative integer, got 'x'".
 absl::StatusOr<GuardOptions> OptionsFromEnvironment();
 
+// InvalidArgument unless `node_name` is one sdcd accepts
+// (common::IsSafeNodeName: at most protocol::kMaxNodeNameBytes), so a
+// trainer refuses it at start instead of sdcd at Hello.
+absl::Status CheckNodeName(const std::string& node_name);
+
 // The same with `overrides` (variable name -> value) taking the place of the
 // environment's values: the Python package passes its keyword arguments
 // this way, so both are validated by the same code.

@@ -239,29 +239,39 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   return failure;
 }
 
-void ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement& a) {
+std::string ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement& a) {
   if (!a.any_local_nonfinite || a.all_local_nonfinite || a.highest_local_nonfinite_rank < 0) {
-    return;
+    return std::string();
   }
   const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
-  // Every rank of a DDP job accumulates alike, so all take the same branch.
-  if (step.micro_batches != 1) {
-    if (ctx_.rank() == subject) {
-      ctx_.Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step.step, " (",
-                            step.micro_batches,
-                            " micro-batches): not replayable as it ran, so not confirmed"));
-    }
-    return;
+  // Every rank takes the same branch: a DDP job accumulates alike on every
+  // rank, audits turn off on every rank at once, and audit_every is the
+  // job's. The reason goes in the step report, so sdcd decides at once.
+  std::string none;
+  if (!off_.empty()) {
+    none = absl::StrCat("replay audits are off for this job (", off_, ")");
+  } else if (ctx_.options().audit_every == 0) {
+    none = "replay audits are off for this job (audit_every is 0)";
+  } else if (step.micro_batches != 1) {
+    none = absl::StrCat("the step accumulated ", step.micro_batches,
+                        " micro-batches, and the NaN/Inf may come from one nobody holds");
   }
-  std::optional<protocol::Rank> confirmer =
-      protocol::ChooseConfirmer(ctx_.topology(), subject, step.step);
-  if (!confirmer.has_value()) return;
+  if (!none.empty()) {
+    if (ctx_.rank() == subject) {
+      ctx_.Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step.step,
+                            " not confirmed by a replay: ", none, "; a suspect"));
+    }
+    return none;
+  }
+  std::optional<protocol::Rank> confirmer = protocol::ChooseConfirmer(ctx_.topology(), subject, step.step);
+  if (!confirmer.has_value()) return std::string();
   auto confirmed = replay_.ExchangeAndReplay({{*confirmer, subject}}, 5000);
   if (!confirmed.ok()) {
     // Skipped on every rank anyway; unconfirmed, sdcd names nobody for it.
-    ctx_.Log(absl::StrCat("the confirmation replay of rank ", subject, " at step ", step.step,
-                          " failed: ", confirmed.status().message()));
-    return;
+    std::string why = absl::StrCat("the confirmation replay of rank ", subject, " at step ",
+                                   step.step, " failed: ", confirmed.status().message());
+    ctx_.Log(why);
+    return why;
   }
   if (confirmed->has_value()) {
     protocol::AuditResult c;
@@ -271,6 +281,7 @@ void ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement&
     c.nonfinite = (*confirmed)->second.nonfinite;
     ctx_.Send(step.step, std::move(c));
   }
+  return std::string();
 }
 
 void ReplayAudit::Summarize(GuardSummary& summary) const {

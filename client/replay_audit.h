@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/engine_context.h"
 #include "client/engine_types.h"
@@ -111,11 +112,15 @@ class ReplayAudit {
   // over the pair) and reports the result. Only a step of one micro-batch
   // can be replayed as it ran: with accumulation the NaN may come from a
   // later micro-batch nobody holds, and a finite replay of the first would
-  // wrongly clear the GPU; then no replay runs and sdcd keeps the rank a
-  // suspect. An error of the replay is logged, not returned: the step is
-  // skipped on every rank anyway, and without a confirmation sdcd names
-  // nobody for it.
-  void ConfirmLoneNonFinite(const StepContext& step, const Agreement& agreement);
+  // wrongly clear the GPU. Nor where replay audits are off for the job
+  // (turned off because an op has no deterministic implementation, or
+  // audit_every 0): a replay there proves nothing. Then no replay runs and
+  // this returns why (for StepReport::no_confirmation, so sdcd decides at
+  // once and keeps the rank a suspect); empty otherwise. A failure of the
+  // replay is logged and returned as the reason, not as an error: the step
+  // is skipped on every rank anyway, and an error returned by one rank here,
+  // after the agreement, would leave the others in the next collective.
+  std::string ConfirmLoneNonFinite(const StepContext& step, const Agreement& agreement);
 
   // audits, audits_unverified, audit_mismatches, audits_off.
   void Summarize(GuardSummary& summary) const;

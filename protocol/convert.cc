@@ -101,7 +101,7 @@ absl::StatusOr<Report> FromProto(const v1::Report& r) {
                             s.reduced_sum_squares(), s.reduced_digest(),
                             s.applied(),             s.skip_reason(),
                             s.audit_unverified(),    s.audits_off(),
-                            s.loss_scaled()};
+                            s.loss_scaled(),         s.no_confirmation()};
       break;
     }
     case v1::Report::kAudit: {
@@ -163,6 +163,7 @@ v1::Report ToProto(const Report& r) {
     p->set_audit_unverified(s->audit_unverified);
     p->set_audits_off(s->audits_off);
     p->set_loss_scaled(s->loss_scaled);
+    p->set_no_confirmation(s->no_confirmation);
   } else if (const auto* a = std::get_if<AuditResult>(&r.body)) {
     v1::AuditResult* p = out.mutable_audit();
     p->set_role(ToProto(a->role));

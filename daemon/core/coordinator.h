@@ -249,6 +249,8 @@ class Coordinator {
     std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
     bool loss_scaled = false;  // Some rank's report: the step ran under a loss scaler.
     std::map<uint32_t, uint64_t> reduced_majority;  // By group: the digest most ranks got.
+    // Why no confirmation replay comes (StepReport::no_confirmation).
+    std::string no_confirmation;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {

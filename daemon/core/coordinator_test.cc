@@ -296,6 +296,44 @@ TEST(CoordinatorTest, UnconfirmedLocalNanMakesASuspectWithTargetedAudits) {
   EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
 }
 
+// Issue 39, case 7: under gradient accumulation (or with audits off) the
+// trainers run no confirmation replay of a lone NaN/Inf, and sdcd waited
+// for one until the deadline, vetoing checkpoints meanwhile. The step
+// report says none comes: the step is decided at once, no clock advance.
+TEST(CoordinatorTest, NoConfirmationComingDecidesALoneNanAtOnce) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 2; ++s) cl.CleanStep(s);
+  for (Rank r = 0; r < 6; ++r) {
+    StepReport rep{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite", false};
+    rep.no_confirmation = "the step accumulated 4 micro-batches";
+    ASSERT_TRUE(cl.Send(r, 3, rep).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1)) << "decided without waiting for the deadline";
+  EXPECT_EQ(incidents[0].check, CheckKind::kNonFinite);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("no confirmation replay runs: 'the step accumulated 4 micro-batches'"));
+  ASSERT_THAT(cl.c().ListSuspects(), SizeIs(1));
+  ASSERT_THAT(cl.MessagesOf<PlanMessage>(), SizeIs(1)) << "a targeted audit of the suspect";
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  auto d = cl.c().MayCheckpoint(kJob, 3);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable) << d->reason;
+  EXPECT_THAT(d->reason, Not(HasSubstr("awaits a confirmation replay")));
+  EXPECT_THAT(d->reason, HasSubstr("failed the nonfinite check"));
+  // Without the note the step still waits for the replay.
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 4, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "n", false}).ok());
+  }
+  EXPECT_THAT(cl.c().ListIncidents(kJob), SizeIs(1));
+  EXPECT_THAT(cl.c().MayCheckpoint(kJob, 4)->reason, HasSubstr("awaits a confirmation replay"));
+}
+
 TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   Cluster cl(3, 2);
   cl.AttachAll();
@@ -946,6 +984,50 @@ TEST(CoordinatorTest, ASystemicFailureRevokesNoCheckpoint) {
   cl.Audit(20, {}, {0, 1, 2, 3, 4, 5});  // Every replay differs: the software.
   auto status = cl.c().CheckpointStatus(kJob);
   EXPECT_THAT(status->revoked, IsEmpty());
+}
+
+// Issue 39, case 2: two faulty GPUs of three single-GPU nodes (or opposite
+// in a ring of four) make every comparison mismatch with no rank in all of
+// them. That was "systemic": nobody suspected, no targeted audit, and the
+// provisional checkpoint stayed to become final. Now every rank is a
+// suspect with a targeted audit, the provisional checkpoint is revoked, and
+// still no GPU is named (non-determinism looks the same).
+TEST(CoordinatorTest, TwoFaultyGpusOfASmallRingRevokeTheCheckpointAndAreAudited) {
+  for (int nodes : {3, 4}) {
+    SCOPED_TRACE(absl::StrCat(nodes, " nodes"));
+    Cluster cl(nodes, 1, /*audit_every=*/10, /*weight_every=*/10);
+    cl.AttachAll();
+    for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+    cl.Audit(10, {}, {});
+    cl.AllWeights(10);
+    ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
+    for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+    // Rank 0 and, along step 20's ring, its subject (three nodes) or the
+    // rank opposite (four): both corrupt their own and others' batches.
+    std::map<Rank, Rank> subject_of;
+    for (const Assignment& a : PlanFullAudit(Topology(cl.Members()), 2).assignments) {
+      subject_of[a.replayer] = a.subject;
+    }
+    const Rank f2 = nodes == 3 ? subject_of.at(0) : subject_of.at(subject_of.at(0));
+    cl.Audit(20, {0, f2}, {0, f2});
+    auto incidents = cl.c().ListIncidents(kJob);
+    ASSERT_THAT(incidents, SizeIs(1));
+    EXPECT_EQ(incidents[0].outcome, "inconclusive");
+    EXPECT_FALSE(incidents[0].confirmed);
+    EXPECT_THAT(incidents[0].ranks, SizeIs(nodes));
+    EXPECT_THAT(incidents[0].explanation, HasSubstr("two faulty GPUs or non-determinism"));
+    EXPECT_THAT(cl.MessagesOf<TieBreakMessage>(), IsEmpty());
+    EXPECT_THAT(cl.c().ListRequests(), IsEmpty()) << "no GPU is named";
+    EXPECT_THAT(cl.c().ListSuspects(), SizeIs(nodes));
+    auto plans = cl.MessagesOf<PlanMessage>();
+    ASSERT_THAT(plans, SizeIs(nodes)) << "a targeted audit for every suspect";
+    EXPECT_THAT(plans[0].reason, HasSubstr("targeted audit of suspect rank 0"));
+    auto status = cl.c().CheckpointStatus(kJob);
+    ASSERT_TRUE(status.ok());
+    EXPECT_THAT(status->revoked, ElementsAre(10u));
+    EXPECT_EQ(status->confirmed_through, 0u);
+    EXPECT_FALSE(cl.c().MayCheckpoint(kJob, 20)->allowed);
+  }
 }
 
 // ---------------------------------------------------------------------------

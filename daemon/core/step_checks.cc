@@ -92,6 +92,9 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
   if (s.loss_scaled) ps.loss_scaled = true;
   if (s.reduced_nonfinite > 0) ps.reduced_nonfinite.insert(r.rank);
   (s.applied ? ps.applied : ps.skipped).insert(r.rank);
+  if (!s.no_confirmation.empty() && ps.no_confirmation.empty()) {
+    ps.no_confirmation = s.no_confirmation;
+  }
   ps.keys.push_back(KeyOf(r));
   if (!s.audits_off.empty() && !replaying_) NoteAuditsOff(job, group, r.step, s.audits_off, txn);
   MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
@@ -199,9 +202,10 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   if (!complete && !deadline) return;
   const std::vector<Rank> local = ToVector(ps.local_nonfinite);
   // A lone rank's local NaN/Inf waits for the in-band confirmation replay of
-  // the highest such rank (the one every rank agreed on).
+  // the highest such rank (the one every rank agreed on), unless a rank said
+  // none comes.
   const bool subset = !local.empty() && local.size() < group.members.size();
-  if (subset && !deadline &&
+  if (subset && !deadline && ps.no_confirmation.empty() &&
       ChooseConfirmer(TopologyOf(job, group), local.back(), step).has_value() &&
       ps.confirms.count(local.back()) == 0) {
     return;
@@ -422,8 +426,12 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
         note("suspect");
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "suspect", {r}, false,
-            absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
-                         " only; no replay confirmed it"),
+            ps.no_confirmation.empty()
+                ? absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
+                               " only; no replay confirmed it")
+                : absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
+                               " only; no confirmation replay runs: ",
+                               Echo(ps.no_confirmation), "; a suspect until audits decide"),
             {}, txn));
       }
     }
