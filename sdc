@@ -382,6 +382,7 @@ cmd_test() {
   bazel_run test //... "$@"
   cmd_pytest
   smoke_python_bench
+  smoke_configs_bench
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
 }
@@ -405,6 +406,21 @@ smoke_python_bench() {
     die "the smoke run of ./sdc bench overhead --trainer=python failed (log: $log)"
   fi
   log "smoke run of ./sdc bench overhead --trainer=python passed in $((SECONDS - start)) s"
+}
+
+# `./sdc bench configs` at a smoke size: fp32 only, 12 steps. The bench
+# checks what each figure claims (bit for bit as unguarded, 0 incidents, the
+# fault named) and exits 1 before printing one that is wrong.
+smoke_configs_bench() {
+  local log="$SDC_CACHE/bench-smoke-configs.log" start=$SECONDS
+  log "smoke run: ./sdc bench configs (log: $log)"
+  if ! SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="${SDC_PYTHONPATH:-}" timeout 600 \
+    "$VENV/bin/python3" "$ROOT/bench/configs.py" --configs=fp32 --steps=12 --warmup=4 \
+    --turn_steps=4 --audit_every=4 --timeout=300 >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "the smoke run of ./sdc bench configs failed (log: $log)"
+  fi
+  log "smoke run of ./sdc bench configs passed in $((SECONDS - start)) s"
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a

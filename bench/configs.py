@@ -63,6 +63,7 @@ def fail(what):
 
 class Sdcd:
     def __init__(self, directory):
+        os.makedirs(directory, exist_ok=True)
         self.token = os.path.join(directory, "admin.token")
         self.log = os.path.join(directory, "sdcd.log")
         with open(self.log, "w") as log:
