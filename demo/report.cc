@@ -54,7 +54,74 @@ std::map<int, double> MeanLoss(const ClusterResult& r) {
   return out;
 }
 
+bool IntoWeights(const Injection& inj) {
+  for (const char* what : {"into weight", "into frozen weight", "into optimizer state"}) {
+    if (inj.what.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Each injection's fate, from the ranks' per-step decisions and sdcd's
+// incidents: nothing here takes an injection's word that it was harmless.
+void ClassifyInjections(const std::map<int, StepRecord>& steps, RunFacts* f) {
+  for (Injection& inj : f->injections) {
+    if (inj.while_replaying) {
+      inj.fate = Fate::kReplay;
+      continue;
+    }
+    if (IntoWeights(inj)) {
+      bool found = false;
+      for (const auto& [step, s] : steps) found |= step >= inj.step && s.repaired;
+      for (const v1::Incident& i : f->incidents) {
+        found |= i.check() == v1::CHECK_WEIGHTS && static_cast<int>(i.step()) >= inj.step;
+      }
+      inj.fate = found ? Fate::kCaughtRepaired : Fate::kUndetected;
+    } else {
+      auto it = steps.find(inj.step);
+      bool named = false;
+      for (const v1::Incident& i : f->incidents) {
+        named |= i.outcome() != "audits_off" && static_cast<int>(i.step()) == inj.step;
+      }
+      if (it != steps.end() && !it->second.apply) {
+        inj.fate = Fate::kCaughtSkipped;
+      } else {
+        inj.fate = named ? Fate::kDetectedApplied : Fate::kUndetected;
+      }
+    }
+    switch (inj.fate) {
+      case Fate::kCaughtSkipped:
+      case Fate::kCaughtRepaired:
+        ++f->caught;
+        break;
+      case Fate::kDetectedApplied:
+        ++f->detected_applied;
+        break;
+      case Fate::kUndetected:
+        f->undetected_steps.push_back(inj.step);
+        break;
+      case Fate::kReplay:
+        break;
+    }
+  }
+}
+
 }  // namespace
+
+std::string FateName(Fate fate) {
+  switch (fate) {
+    case Fate::kCaughtSkipped:
+      return "caught, step skipped";
+    case Fate::kCaughtRepaired:
+      return "caught by the weight vote";
+    case Fate::kDetectedApplied:
+      return "detected after it was applied";
+    case Fate::kReplay:
+      return "in a replay (never trained on)";
+    case Fate::kUndetected:
+      return "TRAINED ON UNDETECTED";
+  }
+  return "unknown";
+}
 
 std::string HtmlEscape(const std::string& s) {
   std::string out;
@@ -150,6 +217,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
       if (it != steps.end() && it->second.apply) corrupted.push_back({inj.step, INT32_MAX});
     }
   }
+  ClassifyInjections(steps, &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
   auto on_disk = [&](int c) {
@@ -179,6 +247,23 @@ std::string AuditCount(const RunFacts& f) {
   if (f.audits_unverified == 0) return absl::StrCat(f.audits, " audits");
   return absl::StrCat(f.audits, " audits (", f.audits_unverified,
                       " unverified: checked in-band only, no verdict from sdcd in time)");
+}
+
+// "20 into training: 3 caught, 17 TRAINED ON UNDETECTED (steps 2, 9, ...); 3 into replays".
+std::string InjectionTally(const RunFacts& f) {
+  int replays = 0;
+  for (const Injection& i : f.injections) replays += i.while_replaying ? 1 : 0;
+  const int training = static_cast<int>(f.injections.size()) - replays;
+  std::string out = absl::StrCat(training, " into training: ", f.caught, " caught");
+  if (f.detected_applied > 0) {
+    absl::StrAppend(&out, ", ", f.detected_applied, " detected after they were applied");
+  }
+  absl::StrAppend(&out, ", ", f.undetected_steps.size(), " trained on undetected");
+  if (!f.undetected_steps.empty()) {
+    absl::StrAppend(&out, " (steps ", absl::StrJoin(f.undetected_steps, ", "), ")");
+  }
+  if (replays > 0) absl::StrAppend(&out, "; ", replays, " into replays of a peer");
+  return out;
 }
 
 namespace {
@@ -238,10 +323,14 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                                                : "  nothing fired (the fault's steps never came)\n");
   }
   const size_t shown = std::min<size_t>(f.injections.size(), 6);
-  for (size_t i = 0; i < shown; ++i) absl::StrAppend(&out, "  ", f.injections[i].what, "\n");
+  for (size_t i = 0; i < shown; ++i) {
+    absl::StrAppend(&out, "  ", f.injections[i].what, "  -> ", FateName(f.injections[i].fate),
+                    "\n");
+  }
   if (f.injections.size() > shown) {
     absl::StrAppend(&out, "  ... and ", f.injections.size() - shown, " more\n");
   }
+  if (!f.injections.empty()) absl::StrAppend(&out, "  ", InjectionTally(f), "\n");
   absl::StrAppend(&out, "\nDetected:\n");
   if (f.incidents.empty()) absl::StrAppend(&out, "  nothing\n");
   for (const v1::Incident& i : f.incidents) {
@@ -277,6 +366,10 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
   absl::StrAppend(&out, "Replicas at the end: ",
                   f.weights_identical ? "identical weights on every rank"
                                       : "WEIGHTS DIFFER between ranks",
+                  f.undetected_steps.empty()
+                      ? ""
+                      : absl::StrCat(", but ", f.undetected_steps.size(),
+                                     " corruption(s) went into them undetected"),
                   "\n");
   for (const v1::ReplacementRequest& q : r.requests) {
     absl::StrAppend(&out, "\nReplacement request ", q.id(), " for ", q.node_name(), " is ",
@@ -402,8 +495,14 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   auto row = [&](const std::string& k, const std::string& v, bool good) {
     absl::StrAppend(&html, "<tr><th>", k, "</th><td class=\"", good ? "ok" : "bad", "\">", v, "</td></tr>");
   };
+  const bool all_seen = f.undetected_steps.empty();
   row("Injected", f.injections.empty() ? "nothing" : HtmlEscape(absl::StrCat(f.injections.size(), " injection(s), first at step ", f.first_injection_step)), true);
-  row("Detected", f.incidents.empty() ? "nothing" : absl::StrCat("first at step ", f.first_detection_step, f.latency_steps >= 0 ? absl::StrCat(", ", f.latency_steps, " steps after the first injection") : ""), f.fault_rank < 0 ? f.incidents.empty() : f.detected);
+  if (!f.injections.empty()) {
+    row("Corruptions trained on undetected",
+        all_seen ? "none" : HtmlEscape(absl::StrCat(f.undetected_steps.size(), " of ", f.injections.size(), ", at steps ", List(f.undetected_steps))),
+        all_seen);
+  }
+  row("Detected", f.incidents.empty() ? "nothing" : absl::StrCat("first at step ", f.first_detection_step, f.latency_steps >= 0 ? absl::StrCat(", ", f.latency_steps, " steps after the first injection") : ""), f.fault_rank < 0 ? f.incidents.empty() : f.detected && all_seen);
   row("Blamed correctly", f.fault_rank < 0 ? "n/a" : (f.attributed_correctly ? "yes" : "no"), f.fault_rank < 0 || f.attributed_correctly || !f.scenario.attributable);
   row("False alarms", absl::StrCat(f.false_alarms), f.false_alarms == 0);
   row("Skipped steps", List(f.skipped_steps), true);
@@ -413,7 +512,10 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   row("Checkpoints still provisional", List(f.checkpoints_provisional), true);
   row("Checkpoints revoked and deleted", List(f.checkpoints_revoked), true);
   row("Checkpoints on disk with corrupted weights", List(f.bad_checkpoints), f.bad_checkpoints.empty());
-  row("Replicas at the end", f.weights_identical ? "identical" : "differ", f.weights_identical);
+  row("Replicas at the end",
+      absl::StrCat(f.weights_identical ? "identical" : "differ",
+                   all_seen ? "" : absl::StrCat(", with ", f.undetected_steps.size(), " undetected corruption(s) in all of them")),
+      f.weights_identical && all_seen);
   absl::StrAppend(&html, "</table>");
   absl::StrAppend(&html, "<h2>Incident timeline</h2>");
   if (f.incidents.empty()) absl::StrAppend(&html, "<p>No incident.</p>");
@@ -435,7 +537,11 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   if (f.injections.empty()) absl::StrAppend(&html, "<p>None.</p>");
   else {
     absl::StrAppend(&html, "<ul>");
-    for (const Injection& i : f.injections) absl::StrAppend(&html, "<li>", HtmlEscape(i.what), "</li>");
+    for (const Injection& i : f.injections) {
+      absl::StrAppend(&html, "<li>", HtmlEscape(i.what), " &rarr; <span class=\"",
+                      i.fate == Fate::kUndetected ? "bad" : "ok", "\">", HtmlEscape(FateName(i.fate)),
+                      "</span></li>");
+    }
     absl::StrAppend(&html, "</ul>");
   }
   absl::StrAppend(&html, "<h2>Replacement requests</h2>");
@@ -474,6 +580,9 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   j["bad_checkpoints"] = f.bad_checkpoints;
   j["bad_checkpoints_revoked"] = f.bad_checkpoints_revoked;
   j["weights_identical"] = f.weights_identical;
+  j["injections_caught"] = f.caught;
+  j["injections_detected_applied"] = f.detected_applied;
+  j["undetected_steps"] = f.undetected_steps;
   j["audits"] = f.audits;
   j["audits_unverified"] = f.audits_unverified;
   j["weight_checks"] = f.weight_checks;
@@ -482,7 +591,8 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   j["injections"] = nlohmann::json::array();
   for (const Injection& i : f.injections) {
     j["injections"].push_back({{"rank", i.rank}, {"step", i.step}, {"what", i.what},
-                               {"while_replaying", i.while_replaying}});
+                               {"while_replaying", i.while_replaying},
+                               {"fate", FateName(i.fate)}});
   }
   std::vector<uint32_t> blamed;
   j["incidents"] = nlohmann::json::array();

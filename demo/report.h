@@ -13,11 +13,26 @@
 
 namespace sdc::demo {
 
+// What became of one injected corruption.
+enum class Fate {
+  kCaughtSkipped,    // Its step was skipped on every rank: never trained on.
+  kCaughtRepaired,   // A corrupted weight or optimizer state, found by the weight
+                     // vote (or repaired) before the run ended.
+  kDetectedApplied,  // An incident names its step, but the step was applied: trained
+                     // on, and checkpoints from then on are revoked or vetoed.
+  kReplay,           // Injected into a replay of a peer's micro-batch: it can only
+                     // make the replayer look faulty, never reach the weights.
+  kUndetected,       // Trained on undetected: averaged into every replica, unseen.
+};
+
+std::string FateName(Fate fate);
+
 struct Injection {
   int rank = -1;
   int step = -1;
   std::string what;
   bool while_replaying = false;
+  Fate fate = Fate::kUndetected;
 };
 
 struct RunFacts {
@@ -46,6 +61,11 @@ struct RunFacts {
   // Corrupted checkpoints that were written provisional and then revoked.
   std::vector<int> bad_checkpoints_revoked;
   bool weights_identical = false;  // All replicas ended with the same digest.
+  // Injections into training (not into replays) by fate; the steps of those
+  // trained on undetected.
+  int caught = 0;
+  int detected_applied = 0;
+  std::vector<int> undetected_steps;
   int audits = 0;
   int audits_unverified = 0;  // Audited steps with no verdict from sdcd in time.
   int weight_checks = 0;

@@ -1,0 +1,120 @@
+#include "demo/report.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace sdc::demo {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// One rank's decisions for steps 1..n: every step applied unless listed.
+std::vector<StepRecord> Steps(int n, std::vector<int> skipped, int repaired_at = -1) {
+  std::vector<StepRecord> out;
+  for (int s = 1; s <= n; ++s) {
+    StepRecord r;
+    r.step = s;
+    r.apply = std::find(skipped.begin(), skipped.end(), s) == skipped.end();
+    r.repaired = s == repaired_at;
+    out.push_back(r);
+  }
+  return out;
+}
+
+v1::Incident IncidentAt(int step, v1::CheckKind check) {
+  v1::Incident i;
+  i.set_step(step);
+  i.set_check(check);
+  i.set_outcome("mismatch");
+  i.set_confirmed(true);
+  i.add_ranks(3);
+  i.add_node_names("node-b");
+  i.add_gpu_uuids("GPU-3");
+  return i;
+}
+
+ClusterResult Result(std::vector<StepRecord> steps, std::vector<std::string> injections) {
+  ClusterResult r;
+  r.ranks.push_back(std::move(steps));
+  r.injections = std::move(injections);
+  r.weight_digests = {"abc", "abc"};
+  return r;
+}
+
+const Scenario kScenario = {"intermittent", "test", "mantissa-bitflip:{rank}:p=0.2"};
+
+ClusterConfig Config() {
+  ClusterConfig c;
+  c.fault = "mantissa-bitflip:3:p=0.2";
+  return c;
+}
+
+TEST(ReportTest, AnInjectionOnAnAppliedStepWithNoIncidentIsTrainedOnUndetected) {
+  ClusterResult r = Result(Steps(12, {5}, /*repaired_at=*/10),
+                           {"rank 3: INJECTED mantissa-bitflip into an activation at step 3",
+                            "rank 3: INJECTED mantissa-bitflip into an activation at step 5",
+                            "rank 3: INJECTED a bit flip into weight w after step 7",
+                            "rank 3: INJECTED mantissa-bitflip into an activation at step 8 "
+                            "(while replaying a peer)",
+                            "rank 3: INJECTED mantissa-bitflip into an activation at step 11"});
+  r.incidents.push_back(IncidentAt(5, v1::CHECK_REPLAY));
+  r.incidents.push_back(IncidentAt(11, v1::CHECK_REPLAY));  // Its step was applied.
+  const RunFacts f = Analyze(r, kScenario, Config(), 3);
+
+  ASSERT_EQ(f.injections.size(), 5u);
+  EXPECT_EQ(f.injections[0].fate, Fate::kUndetected);
+  EXPECT_EQ(f.injections[1].fate, Fate::kCaughtSkipped);
+  EXPECT_EQ(f.injections[2].fate, Fate::kCaughtRepaired);
+  EXPECT_EQ(f.injections[3].fate, Fate::kReplay);
+  EXPECT_EQ(f.injections[4].fate, Fate::kDetectedApplied);
+  EXPECT_EQ(f.caught, 2);
+  EXPECT_EQ(f.detected_applied, 1);
+  EXPECT_THAT(f.undetected_steps, ElementsAre(3));
+
+  const std::string text = SummaryText(f, r, Config(), "");
+  EXPECT_THAT(text, HasSubstr("4 into training: 2 caught, 1 detected after they were applied, "
+                              "1 trained on undetected (steps 3); 1 into replays of a peer"));
+  EXPECT_THAT(text, HasSubstr("1 corruption(s) went into them undetected"));
+
+  // Identical replicas are not a green outcome when corruption went in unseen.
+  const std::string html = HtmlReport(f, r, Config());
+  EXPECT_THAT(html, HasSubstr("<th>Replicas at the end</th><td class=\"bad\">identical, with 1 "
+                              "undetected corruption(s) in all of them"));
+  EXPECT_THAT(html, HasSubstr("<th>Corruptions trained on undetected</th><td class=\"bad\">"));
+  EXPECT_THAT(html, HasSubstr("<th>Detected</th><td class=\"bad\">"));
+
+  const nlohmann::json j = nlohmann::json::parse(FactsJson(f, r));
+  EXPECT_EQ(j["undetected_steps"], nlohmann::json::array({3}));
+  EXPECT_EQ(j["injections"][0]["fate"], "TRAINED ON UNDETECTED");
+}
+
+TEST(ReportTest, EveryInjectionCaughtIsGreen) {
+  ClusterResult r = Result(Steps(12, {5, 9}),
+                           {"rank 3: INJECTED mantissa-bitflip into an activation at step 5",
+                            "rank 3: INJECTED mantissa-bitflip into an activation at step 9"});
+  r.incidents.push_back(IncidentAt(5, v1::CHECK_REPLAY));
+  const RunFacts f = Analyze(r, kScenario, Config(), 3);
+  EXPECT_EQ(f.caught, 2);
+  EXPECT_TRUE(f.undetected_steps.empty());
+  const std::string html = HtmlReport(f, r, Config());
+  EXPECT_THAT(html, HasSubstr("<th>Replicas at the end</th><td class=\"ok\">identical</td>"));
+  EXPECT_THAT(html, HasSubstr("<th>Corruptions trained on undetected</th><td class=\"ok\">none"));
+  EXPECT_THAT(SummaryText(f, r, Config(), ""), Not(HasSubstr("went into them undetected")));
+}
+
+TEST(ReportTest, AWeightFlipNobodyFoundIsUndetected) {
+  ClusterResult r = Result(Steps(12, {}),
+                           {"rank 3: INJECTED a bit flip into weight w after step 4"});
+  r.incidents.push_back(IncidentAt(2, v1::CHECK_WEIGHTS));  // Before the flip: not it.
+  const RunFacts f = Analyze(r, kScenario, Config(), 3);
+  ASSERT_EQ(f.injections.size(), 1u);
+  EXPECT_EQ(f.injections[0].fate, Fate::kUndetected);
+  EXPECT_THAT(f.undetected_steps, ElementsAre(4));
+}
+
+}  // namespace
+}  // namespace sdc::demo
