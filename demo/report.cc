@@ -499,7 +499,7 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
   row("Injected", f.injections.empty() ? "nothing" : HtmlEscape(absl::StrCat(f.injections.size(), " injection(s), first at step ", f.first_injection_step)), true);
   if (!f.injections.empty()) {
     row("Corruptions trained on undetected",
-        all_seen ? "none" : HtmlEscape(absl::StrCat(f.undetected_steps.size(), " of ", f.injections.size(), ", at steps ", List(f.undetected_steps))),
+        all_seen ? "none" : HtmlEscape(InjectionTally(f)),
         all_seen);
   }
   row("Detected", f.incidents.empty() ? "nothing" : absl::StrCat("first at step ", f.first_detection_step, f.latency_steps >= 0 ? absl::StrCat(", ", f.latency_steps, " steps after the first injection") : ""), f.fault_rank < 0 ? f.incidents.empty() : f.detected && all_seen);
