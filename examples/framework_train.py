@@ -147,7 +147,7 @@ def train_hf(args, setup, rank, world, reporter):
     trainer.add_callback(Progress())
     setup.net.fault_hook = fault_point(lambda: trainer.sdc_guard)
     trainer.train()
-    return trainer.sdc_summary
+    return trainer.sdc_summary, trainer.optimizer
 
 
 def train_lightning(args, setup, rank, world, reporter):
@@ -238,7 +238,7 @@ def train_lightning(args, setup, rank, world, reporter):
     loader = torch.utils.data.DataLoader(Examples(args, examples_needed(args, world)),
                                          batch_size=args.batch, shuffle=True, drop_last=True)
     trainer.fit(module, loader)
-    return strategy.sdc_summary
+    return strategy.sdc_summary, strategy.optimizers[0]
 
 
 def train_accelerate(args, setup, rank, world, reporter):
@@ -275,7 +275,14 @@ def train_accelerate(args, setup, rank, world, reporter):
         if step == args.steps:
             break
         step += 1
-    return guard.finish()  # sdc-guard: the last reports, a late revocation
+    return guard.finish(), optimizer  # sdc-guard: the last reports, a late revocation
+
+
+def optimizer_steps(optimizer):
+    """How many steps AdamW applied (its per-parameter step count): a step the
+    guard skipped is not one."""
+    counts = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    return max(counts, default=0)
 
 
 def main():
@@ -297,9 +304,9 @@ def main():
     torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
     reporter = Reporter(args, rank)
     train = {"hf": train_hf, "lightning": train_lightning, "accelerate": train_accelerate}
-    summary = train[args.framework](args, setup, rank, world, reporter)
+    summary, optimizer = train[args.framework](args, setup, rank, world, reporter)
     print(f"sdc-guard rank {rank} summary: {summary}", file=sys.stderr)
-    reporter.progress.final(setup.net, summary)
+    reporter.progress.final(setup.net, summary, {"optimizer_steps": optimizer_steps(optimizer)})
     if dist.is_initialized():
         dist.destroy_process_group()
 

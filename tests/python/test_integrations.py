@@ -45,11 +45,12 @@ def run_demo(tmp_path, framework, scenario):
                    for p in sorted(run_dir.glob("trainer-*.log"))[:2])
     assert proc.returncode == 0, out[-4000:] + logs
     f = json.loads(facts.read_text())
-    ranks = []
+    ranks, finals = [], []
     for r in range(6):
         lines = [json.loads(l) for l in open(run_dir / f"progress-{r}.jsonl")]
         ranks.append({l["step"]: l for l in lines if "final" not in l})
-    return f, ranks, out, run_dir
+        finals.append(next(l for l in lines if l.get("final")))
+    return f, ranks, finals, run_dir
 
 
 def same_decisions(ranks):
@@ -68,15 +69,17 @@ def checkpoints_on_disk(run_dir):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_fault_caught_blamed_and_checkpoint_vetoed(tmp_path, framework):
-    f, ranks, out, run_dir = run_demo(tmp_path, framework, "activation-x10000")
+    f, ranks, finals, run_dir = run_demo(tmp_path, framework, "activation-x10000")
     steps = same_decisions(ranks)
     assert f["false_alarms"] == 0, f["incidents"]
-    assert f["detected"], out[-3000:]
+    assert f["detected"], f
     assert f["blamed"] == [FAULT_RANK], f["incidents"]
     assert f["attributed_correctly"]
     assert f["requests"] == ["node-b"]
     assert not steps[FAULT_STEP]["apply"] and FAULT_STEP in f["skipped_steps"]
     assert all(line["apply"] for step, line in steps.items() if step != FAULT_STEP)
+    # The framework's optimizer never applied the skipped step, on any rank.
+    assert [x["optimizer_steps"] for x in finals] == [STEPS - 1] * 6, finals
     assert f["weights_identical"], "replicas ended with different weights"
     # Checkpoint 4 predates the fault: revoked once attributed (deleted);
     # 8 comes with the faulty GPU still in the job: vetoed, never written.
@@ -89,11 +92,12 @@ def test_fault_caught_blamed_and_checkpoint_vetoed(tmp_path, framework):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_clean_run_has_no_incident(tmp_path, framework):
-    f, ranks, out, run_dir = run_demo(tmp_path, framework, "clean")
+    f, ranks, finals, run_dir = run_demo(tmp_path, framework, "clean")
     steps = same_decisions(ranks)
     assert f["incidents"] == [] and f["blamed"] == [] and f["requests"] == [], f["incidents"]
     assert f["false_alarms"] == 0 and f["skipped_steps"] == []
     assert all(line["apply"] for line in steps.values())
+    assert [x["optimizer_steps"] for x in finals] == [STEPS] * 6, finals
     audited = [s for s, line in steps.items() if line["audited"]]
     assert audited and all(steps[s]["outcome"] == "pass" for s in audited), steps
     assert f["weights_identical"]

@@ -169,7 +169,7 @@ class ProvisionalPaths:
             else:  # Revoked: a GPU of the job was found faulty since.
                 self.deleted.append(step)
                 if rank() == self.writer_rank:
-                    _remove(self.provisional(path))
+                    remove(self.provisional(path))
 
     def finish(self, flush_seconds=10.0):
         """At the end of training: this rank's last reports to sdcd, a barrier
@@ -186,7 +186,8 @@ class ProvisionalPaths:
         return self.guard.summary()
 
 
-def _remove(path):
+def remove(path):
+    """Deletes a checkpoint file or directory, if there."""
     if os.path.isdir(path):
         shutil.rmtree(path)
     elif os.path.exists(path):

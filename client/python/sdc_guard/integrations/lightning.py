@@ -137,10 +137,12 @@ class GuardedDDPStrategy(DDPStrategy):
         return None
 
     def remove_checkpoint(self, filepath):
+        """ModelCheckpoint's rotation: the file, or its provisional name (a
+        vetoed checkpoint has neither)."""
         if self.is_global_zero:
-            for path in (str(filepath), self.sdc_checkpoints.provisional(str(filepath))
-                         if self.sdc_checkpoints else str(filepath)):
-                _common._remove(path)
+            path = str(filepath)
+            _common.remove(path)
+            _common.remove(_common.ProvisionalPaths.provisional(path))
 
     def on_train_end(self):
         super().on_train_end()
