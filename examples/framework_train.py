@@ -16,6 +16,7 @@ plumbing (its progress lines and fault points).
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -133,8 +134,9 @@ def train_hf(args, setup, rank, world, reporter):
             gate = trainer.sdc_checkpoints  # Decided at this step end, before this callback.
             reporter.step(trainer.sdc_guard, gate.outcomes.get(state.global_step, "none"))
 
+    scratch = None if args.checkpoint_dir else tempfile.TemporaryDirectory()
     targs = TrainingArguments(
-        output_dir=args.checkpoint_dir or os.path.join("/tmp", f"sdc-hf-{os.getpid()}"),
+        output_dir=args.checkpoint_dir or scratch.name,
         per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.micro_batches,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
         logging_strategy="no", report_to="none", use_cpu=True, ddp_backend="gloo",
@@ -147,6 +149,8 @@ def train_hf(args, setup, rank, world, reporter):
     trainer.add_callback(Progress())
     setup.net.fault_hook = fault_point(lambda: trainer.sdc_guard)
     trainer.train()
+    if scratch is not None:
+        scratch.cleanup()
     return trainer.sdc_summary, trainer.optimizer
 
 
@@ -202,6 +206,7 @@ def train_lightning(args, setup, rank, world, reporter):
     class Progress(L.Callback):
         """A step's line once its checkpoint (ModelCheckpoint runs last) is decided."""
         pending = None
+        reported = 0
 
         def flush(self):
             if self.pending is not None:
@@ -216,8 +221,9 @@ def train_lightning(args, setup, rank, world, reporter):
             self.flush()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if strategy.sdc_guard is not None and not strategy.sdc_guard.step_pending:
-                self.pending = strategy.sdc_guard.last_step.step
+            s = strategy.sdc_guard.last_step if strategy.sdc_guard is not None else None
+            if s is not None and s.step != self.reported:  # Not an accumulation micro-batch.
+                self.pending = self.reported = s.step
 
         def on_train_end(self, trainer, module):
             self.flush()
