@@ -195,7 +195,9 @@ def train_lightning(args, setup, rank, world, reporter):
             self.model = WithLoss(setup)
 
         def training_step(self, batch, batch_idx):
-            return self.model(**batch)["loss"]
+            loss = self.model(**batch)["loss"]
+            self.log("train_loss", loss)  # Dropped in a replay (the adapter).
+            return loss
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=args.lr)

@@ -24,9 +24,9 @@ model in DDP, so the guard sits where Lightning already does that work:
     not written. ``on_train_end`` asks sdcd once more.
 
 The replayed loss is ``training_step(batch, 0)``'s (its "loss" when it
-returns a dict), under the precision plugin's autocast: pass ``loss_fn``
-when training_step has side effects (``self.log`` is fine in a step, not in
-a replay) or reads ``batch_idx``. One optimizer; fp16 with a GradScaler
+returns a dict), under the precision plugin's autocast, with its ``self.log``
+calls dropped: pass ``loss_fn`` when training_step has other side effects or
+reads ``batch_idx``. One optimizer; fp16 with a GradScaler
 ("16-mixed") is not carried (use "bf16-mixed" or 32). Guard options go in
 ``guard_options``.
 """
@@ -35,6 +35,10 @@ from lightning.pytorch.strategies import DDPStrategy
 
 import sdc_guard
 from sdc_guard.integrations import _common
+
+
+def _no_log(*args, **kwargs):
+    pass
 
 
 def _loss_of(output):
@@ -73,8 +77,14 @@ class GuardedDDPStrategy(DDPStrategy):
         self.sdc_guard = guard
 
     def _sdc_replay_loss(self, module, batch):
-        with self.precision_plugin.train_step_context():
-            return _loss_of(module.training_step(batch, 0))
+        # A replay (of a peer's batch, or this rank's own) is no training step
+        # of this rank: what its training_step logs is dropped.
+        module.log = module.log_dict = _no_log
+        try:
+            with self.precision_plugin.train_step_context():
+                return _loss_of(module.training_step(batch, 0))
+        finally:
+            del module.log, module.log_dict
 
     def training_step(self, *args, **kwargs):
         if self.sdc_guard is None:
