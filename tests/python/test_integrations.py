@@ -107,3 +107,13 @@ def test_clean_run_has_no_incident(tmp_path, framework):
     assert f["checkpoints_final"] == allowed[:-1], checkpoints_on_disk(run_dir)
     assert f["checkpoints_provisional"] == allowed[-1:], checkpoints_on_disk(run_dir)
     assert f["last_loss"] < f["first_loss"]
+
+
+def test_the_trainer_never_resumes_from_a_provisional_checkpoint(tmp_path):
+    # What the Trainer adapter relies on: resume_from_checkpoint=True takes
+    # get_last_checkpoint's answer, which must skip checkpoint-N.provisional.
+    from transformers.trainer_utils import get_last_checkpoint
+
+    for name in ("checkpoint-4", "checkpoint-8.provisional"):
+        (tmp_path / name).mkdir()
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-4")
