@@ -27,7 +27,10 @@ PACKAGES=(
 # sometimes lent has preinstalled (2.11.0+cu130), so what is built here runs
 # there.
 TORCH_VERSION=2.11.0
-PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0")
+# The training frameworks sdc_guard.integrations adapts (tested in
+# tests/python/test_integrations.py, run by ./sdc demo --trainer=hf|lightning|accelerate).
+PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0"
+  "transformers==5.25.0" "lightning==2.6.6" "accelerate==1.16.0")
 SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
 VENV="$SDC_CACHE/venv"
 
@@ -88,7 +91,7 @@ venv_ready() {
 # first on PATH), so the environment matches python3-dev's headers.
 setup_venv() {
   venv_ready && return 0
-  log "installing torch $TORCH_VERSION (CUDA wheel, about 4 GB with its CUDA libraries) into $VENV"
+  log "installing torch $TORCH_VERSION (CUDA wheel, about 4 GB with its CUDA libraries) and the pinned Python packages into $VENV"
   if [[ ! -x "$VENV/bin/python3" ]]; then
     /usr/bin/python3 -m venv "$VENV" || die "could not create the virtual environment $VENV"
   fi
@@ -489,7 +492,8 @@ cmd_demo() {
   setup
   log "building the demo (the first build on a fresh machine takes several minutes)"
   build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //ctl:sdcctl
-  if [[ " $* " == *" --trainer python "* || " $* " == *" --trainer=python "* ]]; then
+  # Every trainer but the C++ one imports the sdc_guard package.
+  if [[ " $* " =~ \ --trainer[=\ ](python|hf|lightning|accelerate)\  ]]; then
     build_python >/dev/null
   fi
   exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"

@@ -96,9 +96,13 @@ int PortAfter(const std::string& line, const std::string& marker) {
   return n;
 }
 
-// The trainer's checkpoint files, as rank 0 left them.
+// The trainer's checkpoint files, as rank 0 left them: step-N.pt (the
+// Python and C++ trainers), checkpoint-N/ (transformers.Trainer),
+// step-N.ckpt (Lightning), step-N.state/ (Accelerate); each with
+// .provisional until the guard calls it final.
 void ListCheckpoints(const std::string& dir, ClusterResult* result) {
-  static const std::regex kName(R"re(step-(\d+)\.pt(\.provisional)?)re");
+  static const std::regex kName(
+      R"re((?:step-|checkpoint-)(\d+)(?:\.pt|\.ckpt|\.state)?(\.provisional)?)re");
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
   while (const dirent* e = readdir(d)) {
@@ -154,7 +158,8 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   std::string python_path;
   if (c.trainer == "cpp") {
     trainer_command = {c.trainer_binary.empty() ? BinaryPath("demo/sdc-trainer") : c.trainer_binary};
-  } else if (c.trainer == "python") {
+  } else if (c.trainer == "python" || c.trainer == "hf" || c.trainer == "lightning" ||
+             c.trainer == "accelerate") {
     const char* python = std::getenv("SDC_PYTHON");
     if (python == nullptr || *python == '\0') {
       return absl::FailedPreconditionError(
@@ -163,10 +168,15 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     }
     const char* path = std::getenv("SDC_PYTHONPATH");
     if (path != nullptr) python_path = path;
-    trainer_command = {python, BinaryPath("examples/ddp_train.py")};
+    if (c.trainer == "python") {
+      trainer_command = {python, BinaryPath("examples/ddp_train.py")};
+    } else {  // The same ranks, trained by a framework through sdc_guard.integrations.
+      trainer_command = {python, BinaryPath("examples/framework_train.py"),
+                         "--framework=" + c.trainer};
+    }
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer '", c.trainer, "': expected cpp or python"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer '", c.trainer, "': expected cpp, python, hf, lightning or accelerate"));
   }
   ClusterResult result;
   result.db = c.run_dir + "/sdcd.db";

@@ -101,7 +101,9 @@ struct ClusterConfig {
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
   // Which trainer each rank runs: "cpp" (demo/sdc-trainer, sdc::Guard) or
   // "python" (examples/ddp_train.py: PyTorch DDP with the sdc_guard package,
-  // run by $SDC_PYTHON with $SDC_PYTHONPATH, which ./sdc sets). Same flags,
+  // run by $SDC_PYTHON with $SDC_PYTHONPATH, which ./sdc sets), or "hf",
+  // "lightning", "accelerate" (examples/framework_train.py: the same model
+  // trained by that framework through sdc_guard.integrations). Same flags,
   // same progress lines.
   std::string trainer = "cpp";
   std::string trainer_binary;         // Default: BinaryPath("demo/sdc-trainer").

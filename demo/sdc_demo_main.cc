@@ -53,12 +53,22 @@ ABSL_FLAG(std::string, model, "transformer",
           "set its own).");
 ABSL_FLAG(std::string, trainer, "cpp",
           "cpp: the C++ trainer (sdc::Guard); python: PyTorch DDP ranks with the sdc_guard "
-          "package (./sdc builds it).");
+          "package (./sdc builds it); hf, lightning, accelerate: the same ranks trained by "
+          "transformers.Trainer, Lightning or Accelerate through sdc_guard.integrations.");
 ABSL_FLAG(std::string, facts, "",
           "Also write what the run showed as one JSON object to this file (tests, scripts).");
 
 namespace sdc::demo {
 namespace {
+
+// How the header names the --trainer's ranks.
+std::string TrainerName(const std::string& trainer) {
+  if (trainer == "python") return "Python DDP";
+  if (trainer == "hf") return "transformers.Trainer";
+  if (trainer == "lightning") return "Lightning";
+  if (trainer == "accelerate") return "Accelerate";
+  return "C++";
+}
 
 // The flags, read once (flags stay near main).
 struct Config {
@@ -138,9 +148,10 @@ absl::Status Validate(const Config& c) {
           "--", m.flag, " must be at least ", m.min, " (or -1: chosen for you), got ", m.value));
     }
   }
-  if (c.trainer != "cpp" && c.trainer != "python") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trainer must be cpp or python, got '", c.trainer, "'"));
+  if (c.trainer != "cpp" && c.trainer != "python" && c.trainer != "hf" &&
+      c.trainer != "lightning" && c.trainer != "accelerate") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--trainer must be cpp, python, hf, lightning or accelerate, got '", c.trainer, "'"));
   }
   return absl::OkStatus();
 }
@@ -156,7 +167,8 @@ void SetUpFlags() {
   absl::SetProgramUsageMessage(absl::StrFormat(
       "the sdc-guard demo: sdcd and a local training cluster (CPU ranks over Gloo) with an "
       "injected fault, live progress, a summary and an HTML report.\n"
-      "  ./sdc demo [--scenario=NAME|list] [--trainer=cpp|python] [--steps=N] [--nodes=N]\n"
+      "  ./sdc demo [--scenario=NAME|list] [--trainer=cpp|python|hf|lightning|accelerate]\n"
+      "             [--steps=N] [--nodes=N]"
       "             [--gpus_per_node=N] [--audit_every=N] [--weight_check_every=N]\n"
       "             [--checkpoint_every=N] [--fault_rank=R] [--fault_step=S] [--run_dir=DIR]\n"
       "             [--quiet] [--nokeep_coordinator] [--facts=FILE]\n"
@@ -272,7 +284,7 @@ int Main(int argc, char** argv) {
   c.keep_coordinator = f.keep_coordinator;
   std::printf("sdc-guard demo: %s\n  %s\n  %d nodes x %d GPUs (%s trainers), %d steps; run folder %s\n",
               scenario->name.c_str(), scenario->description.c_str(), f.nodes, f.gpus_per_node,
-              f.trainer == "python" ? "Python DDP" : "C++", f.steps, f.run_dir.c_str());
+              TrainerName(f.trainer).c_str(), f.steps, f.run_dir.c_str());
   if (!c.fault.empty()) std::printf("  fault: %s\n", c.fault.c_str());
   if (c.start_coordinator_after >= 0) {
     std::printf("  sdcd starts once every rank passed step %d\n", c.start_coordinator_after);

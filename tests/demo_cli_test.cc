@@ -34,7 +34,8 @@ TEST(DemoCliTest, BadFlagsFailAtOnceWithOneLine) {
            {{"--scenario", "nope"}, 2, "sdc demo: unknown scenario 'nope'"},
            {{"--nodes=0"}, 2, "sdc demo: --nodes must be at least 1, got 0"},
            {{"--fault_step=-5"}, 2, "--fault_step must be at least 1 (or -1: chosen for you), got -5"},
-           {{"--trainer=go"}, 2, "--trainer must be cpp or python, got 'go'"},
+           {{"--trainer=go"}, 2,
+            "--trainer must be cpp, python, hf, lightning or accelerate, got 'go'"},
            {{"--run_dir", "/proc/sdc-demo-cannot-write"}, 2, "sdc demo: --run_dir: cannot create"},
            {{"stray"}, 2, "sdc demo: unexpected argument 'stray'"},
            // What Abseil's flag parser refuses: exit 1, as in every program here.
@@ -53,6 +54,7 @@ TEST(DemoCliTest, HelpListsTheDemosFlagsWithTheirHelp) {
   const RunResult r = Demo({"--help"});
   EXPECT_EQ(r.exit_code, 1);  // Abseil's --help exits 1.
   EXPECT_THAT(r.output, HasSubstr("./sdc demo [--scenario=NAME|list]"));
+  EXPECT_THAT(r.output, HasSubstr("[--trainer=cpp|python|hf|lightning|accelerate]"));
   EXPECT_THAT(r.output, HasSubstr("--gpus_per_node (Ranks (\"GPUs\") per node.); default: 2;"));
   EXPECT_THAT(r.output, HasSubstr("--scenario (The fault to inject; --scenario=list names every "
                                   "scenario.);"));

@@ -42,6 +42,9 @@ SYSTEM = re.compile(
 
 
 # The newest symbol version each target-provided library may be asked for.
+# The package's pure-Python subpackages, copied beside its modules.
+SUBPACKAGES = ("integrations",)
+
 FLOOR = {"GLIBC": (2, 34), "GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13)}
 
 
@@ -163,6 +166,12 @@ def main():
         for f in sorted(os.listdir(args.package)):
             if f.endswith(".py"):
                 shutil.copy(os.path.join(args.package, f), package)
+        for sub in SUBPACKAGES:  # Pure Python: the framework adapters.
+            os.makedirs(os.path.join(package, sub))
+            source = os.path.join(args.package, sub)
+            for f in sorted(os.listdir(source)):
+                if f.endswith(".py"):
+                    shutil.copy(os.path.join(source, f), os.path.join(package, sub))
         bundled = {}  # soname -> the file copied
         copies = []
         for folder, (_, path) in sorted(engines.items()):

@@ -501,3 +501,35 @@ def test_training_state_round_trips_through_dcp_checkpoints(group, tmp_path):
         assert not torch.equal(next(fresh.parameters()), torch.zeros_like(next(fresh.parameters())))
     finally:
         guard.shutdown(0)
+
+
+def test_optimizer_step_runs_a_frameworks_own_step_only_when_applied(group):
+    # What the framework adapters (sdc_guard.integrations) build on.
+    from sdc_guard.integrations import _common
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0)
+    try:
+        _common.guard_optimizer_step(guard, opt)
+        with pytest.raises(sdc_guard.GuardError, match="FAILED_PRECONDITION: optimizer.step"):
+            opt.step()  # No guarded step checked these gradients.
+        ran = []
+        for step, poison in ((1, False), (2, True)):
+            x, y = batch(step)
+            if poison:
+                x[0, 0] = float("nan")
+            assert not guard.step_pending
+            with guard.step(step, (x, y)) as s:
+                s.backward(mse(model, (x, y)))
+            assert guard.step_pending
+            before = [p.detach().clone() for p in model.parameters()]
+            with pytest.raises(TypeError, match="apply: expected a callable"):
+                guard.optimizer_step(apply=1)
+            opt.step()  # The instance's step now applies or skips.
+            assert not guard.step_pending
+            moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+            ran.append((s.apply, moved))
+        assert ran == [(True, True), (False, False)]
+    finally:
+        guard.shutdown(0)

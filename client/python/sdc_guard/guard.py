@@ -428,14 +428,18 @@ class Guard:
             raise ValueError(f"micro_batches={micro_batches!r}: expected a positive integer")
         return Step(self, int(step), batch, int(micro_batches))
 
-    def optimizer_step(self, optimizer=None, scaler=None):
+    def optimizer_step(self, optimizer=None, scaler=None, *, apply=None):
         """Ends the guarded step as ``GradScaler.step`` ends an iteration:
         steps ``optimizer`` (the guard's by default; or a list) when the step
         applies, and under a loss scaler (the guard's ``grad_scaler``) runs
         ``scaler.step`` and always ``scaler.update()``, so an overflow backs
         the scale off and a step the guard skipped leaves the scale as it
-        was (amp.py). Check 3 then runs before the next step or checkpoint.
-        Returns whether the optimizer stepped (the same on every rank)."""
+        was (amp.py). ``apply``: a callable that steps the optimizer the
+        framework's own way (a precision plugin, a wrapped optimizer), called
+        in place of ``optimizer.step()`` only when the step applies (not with
+        a loss scaler: the framework's then owns the step). Check 3 then runs
+        before the next step or checkpoint. Returns whether the optimizer
+        stepped (the same on every rank)."""
         s = self.last_step
         if s is None or self._stepped:
             raise GuardError("FAILED_PRECONDITION: optimizer_step() needs a guarded step that "
@@ -443,8 +447,17 @@ class Guard:
         if scaler is not None and scaler is not self.grad_scaler:
             raise ValueError("scaler: not the guard's grad_scaler (pass the GradScaler to "
                              "Guard(grad_scaler=...), whose scale replays multiply by)")
+        if apply is not None and not callable(apply):
+            raise TypeError(f"apply: expected a callable, got {type(apply).__name__}")
+        if apply is not None and self.grad_scaler is not None:
+            raise ValueError("apply: not with the guard's grad_scaler (its step and update are "
+                             "the guard's to run)")
         self._stepped = True
         self._weight_check_due = True
+        if apply is not None:
+            if s.apply:
+                apply()
+            return s.apply
         return amp.finish_step(s, self.optimizer if optimizer is None else optimizer,
                                self.grad_scaler)
 
@@ -492,6 +505,12 @@ class Guard:
     def summary(self):
         """Counters of this rank's guard (steps, skips, audits, reports...)."""
         return self._engine().summary()
+
+    @property
+    def step_pending(self):
+        """True between a guarded step's end and its ``optimizer_step``: the
+        gradients the guard checked, waiting to be applied or skipped."""
+        return self.last_step is not None and not self._stepped
 
     @property
     def rank(self):
