@@ -1,0 +1,447 @@
+#include "kernels/abft.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_dispatch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// WHY THE GUARANTEED THRESHOLD HOLDS. Write the check on columns of
+// C = L R, L p x q, R q x s (for kColumns L = A, R = B; a bias is one more
+// column of ones in L and one more row, the bias, in R, so K = q + 1 terms).
+// 1. Each stored C_ij = fl_out(c^_ij), where c^_ij is the fp32 dot product of
+//    K terms. Higham (Accuracy and Stability of Numerical Algorithms, 3.1):
+//    in any order, |c^_ij - c_ij| <= gamma_K sum_l |L'_il R'_lj|, where L', R'
+//    are the inputs the product multiplied. With L' = L (1 + a), |a| <= u_in,
+//    the same for R', |c^_ij - c_ij| <= beta sum_l |L_il||R_lj|.
+// 2. Rounding to C's dtype: |C_ij - c^_ij| <= u_out |c^_ij|
+//    <= u_out / (1 - u_out) |C_ij|.
+// 3. Summing over i: |e^T C - e^T L R|_j <= beta T_j + uo S_j (T, S as in
+//    abft.h), since e^T L R = (e^T L) R exactly.
+// 4. The check evaluates e^T C and (e^T L) R in fp64: each is a sum of at most
+//    p + q + 1 rounded operations on values whose magnitudes sum to S_j or
+//    T_j, so each is off by at most gamma64_N (S_j or T_j), N = p + q + 4;
+//    the computed T^ and S^ themselves are at least (1 - gamma64_N) T and S.
+// 5. Underflow breaks the relative model: a flushed (or gradually underflowed)
+//    fp32 product or partial sum loses less than 2^-126, at most 2K times per
+//    element; rounding C to bf16 loses less than 2^-126 and to fp16 less than
+//    2^-14 (flushed) per element.
+// The threshold is the sum of these, times (1 + 2^-40) for the few roundings
+// in evaluating it and the discrepancy. The probabilistic rule replaces the
+// first-order part of 1-3 by lambda sigma, with sigma^2 <= sum over rounding
+// sites of (unit roundoff x operand)^2 bounded by
+//   sum_i K u^2 (sum_l |L_il||R_lj|)^2 + 2 u_in^2 sum_i sum_l (L_il R_lj)^2
+//     + uo^2 sum_i C_ij^2,
+// and the first term by Cauchy-Schwarz, (sum_l |L_il||R_lj|)^2 <=
+// (sum_l |L_il|) (sum_l |L_il| R_lj^2), so everything is a weighted sum over
+// l of R_lj or its square: O(pq + qs + ps) work.
+
+namespace sdc::kernels {
+namespace {
+
+constexpr double kFp32UnitRoundoff = 0x1p-24;
+constexpr double kFp64UnitRoundoff = 0x1p-53;
+constexpr double kFp32MinNormal = 0x1p-126;
+constexpr double kEvaluationSlack = 1.0 + 0x1p-40;
+
+// The ones of a bias's companion column/row, read with stride 0.
+constexpr float kOne = 1.0f;
+
+float BitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Exact IEEE binary16 -> binary32, subnormals included.
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+double LoadValue(const unsigned char* p, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, sizeof(f));
+      return f;
+    }
+    case DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, sizeof(h));
+      return BitsToFloat(static_cast<uint32_t>(h) << 16);
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, sizeof(h));
+      return HalfToFloat(h);
+    }
+    case DType::kFloat64:
+      break;
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+// Where one row of values goes: sum[j] += w_sum * x_j, abs[j] += w_abs *
+// |x_j|, sq[j] += w_sq * (x_j * x_j); a null array is skipped.
+struct RowSinks {
+  double w_sum = 0.0;
+  double* sum = nullptr;
+  double w_abs = 0.0;
+  double* abs = nullptr;
+  double w_sq = 0.0;
+  double* sq = nullptr;
+};
+
+inline void AccumulateOne(double x, int64_t j, const RowSinks& s) {
+  if (s.sum != nullptr) s.sum[j] += s.w_sum * x;
+  if (s.abs != nullptr) s.abs[j] += s.w_abs * std::fabs(x);
+  if (s.sq != nullptr) s.sq[j] += s.w_sq * (x * x);
+}
+
+// Elements [from, n) of a row at p, `stride` elements apart.
+void AccumulateRowPortable(const unsigned char* p, int64_t stride, DType dtype,
+                           int64_t from, int64_t n, const RowSinks& s) {
+  const int64_t step = stride * DTypeSize(dtype);
+  for (int64_t j = from; j < n; ++j) AccumulateOne(LoadValue(p + j * step, dtype), j, s);
+}
+
+#if defined(__x86_64__)
+
+#define SDC_AVX2 __attribute__((target("avx2,f16c")))
+
+SDC_AVX2 inline void Sink4(__m256d x, __m256d w, double* out) {
+  _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), _mm256_mul_pd(w, x)));
+}
+
+// A contiguous row: eight values a round, the same operations per element
+// (multiply, then add; never fused) as the portable path, so both agree to
+// the bit.
+SDC_AVX2 void AccumulateRowAvx2(const unsigned char* p, DType dtype, int64_t n,
+                                const RowSinks& s) {
+  const __m256d w_sum = _mm256_set1_pd(s.w_sum);
+  const __m256d w_abs = _mm256_set1_pd(s.w_abs);
+  const __m256d w_sq = _mm256_set1_pd(s.w_sq);
+  const __m256d sign_mask = _mm256_set1_pd(-0.0);
+  const int64_t size = DTypeSize(dtype);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const unsigned char* q = p + j * size;
+    __m256 x;
+    if (dtype == DType::kFloat32) {
+      x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      x = dtype == DType::kFloat16
+              ? _mm256_cvtph_ps(h)
+              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    const __m256d halves[2] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                               _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+    for (int h = 0; h < 2; ++h) {
+      const __m256d v = halves[h];
+      const int64_t at = j + 4 * h;
+      if (s.sum != nullptr) Sink4(v, w_sum, s.sum + at);
+      if (s.abs != nullptr) Sink4(_mm256_andnot_pd(sign_mask, v), w_abs, s.abs + at);
+      if (s.sq != nullptr) Sink4(_mm256_mul_pd(v, v), w_sq, s.sq + at);
+    }
+  }
+  AccumulateRowPortable(p, 1, dtype, j, n, s);
+}
+
+#endif  // defined(__x86_64__)
+
+void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath path) {
+  const auto* p = static_cast<const unsigned char*>(m.data) +
+                  row * m.row_stride * DTypeSize(m.dtype);
+#if defined(__x86_64__)
+  if (path != CpuPath::kPortable && m.col_stride == 1) {
+    AccumulateRowAvx2(p, m.dtype, m.cols, s);
+    return;
+  }
+#else
+  (void)path;
+#endif
+  AccumulateRowPortable(p, m.col_stride, m.dtype, 0, m.cols, s);
+}
+
+double ElementAt(const MatrixRef& m, int64_t r, int64_t c) {
+  const auto* p = static_cast<const unsigned char*>(m.data) +
+                  (r * m.row_stride + c * m.col_stride) * DTypeSize(m.dtype);
+  return LoadValue(p, m.dtype);
+}
+
+double Gamma(double count, double unit_roundoff) {
+  const double nu = count * unit_roundoff;
+  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
+}
+
+// Absolute error of rounding one value to C's dtype, below the normal range.
+double OutputUnderflow(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return kFp32MinNormal;
+    case DType::kFloat16:
+      return 0x1p-14;
+    default:
+      return 0.0;
+  }
+}
+
+struct LineResult {
+  bool passed = true;
+  int64_t index = -1;
+  double ratio = -1.0;
+  double discrepancy = 0.0;
+  double threshold = 0.0;
+  double reference = 0.0;
+};
+
+// The column check of C = [L | lx] [R ; ry] (lx: p x 1 or null; ry: 1 x s or
+// null; both or neither).
+LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef& r,
+                        const MatrixRef* ry, const MatrixRef& c,
+                        const AbftOptions& options, CpuPath path) {
+  const int64_t p = l.rows, q = l.cols, s = r.cols;
+  const bool extra = lx != nullptr;
+  const int64_t terms = q + (extra ? 1 : 0);
+  const bool probabilistic = options.rule == AbftRule::kProbabilistic;
+  const bool input_rounding = options.input_unit_roundoff > 0.0;
+  const double u = kFp32UnitRoundoff;
+  const double u_in = options.input_unit_roundoff;
+
+  // Pass over L: its column sums, absolute column sums, and for the
+  // probabilistic rule sum_i rowabs_i |L_il| and sum_i L_il^2.
+  std::vector<double> l_sum(terms, 0.0), l_abs(terms, 0.0), l_weighted, l_sq;
+  if (probabilistic) l_weighted.assign(terms, 0.0);
+  if (probabilistic && input_rounding) l_sq.assign(terms, 0.0);
+  std::vector<double> row_abs(probabilistic ? q : 0);
+  for (int64_t i = 0; i < p; ++i) {
+    RowSinks sinks{1.0, l_sum.data(), 1.0, l_abs.data(), 1.0,
+                   l_sq.empty() ? nullptr : l_sq.data()};
+    AccumulateRow(l, i, sinks, path);
+    const double x = extra ? ElementAt(*lx, i, 0) : 0.0;
+    if (extra) {
+      l_sum[q] += x;
+      l_abs[q] += std::fabs(x);
+    }
+    if (probabilistic) {
+      double abs_sum = 0.0;
+      for (int64_t j = 0; j < q; ++j) abs_sum += std::fabs(ElementAt(l, i, j));
+      abs_sum += std::fabs(x);
+      AccumulateRow(l, i, RowSinks{0.0, nullptr, abs_sum, l_weighted.data(), 0.0, nullptr},
+                    path);
+      if (extra) l_weighted[q] += abs_sum * std::fabs(x);
+    }
+  }
+
+  // Pass over R: reference_j, T_j and (probabilistic) the variance's
+  // operand part.
+  std::vector<double> reference(s, 0.0), t(s, 0.0), variance;
+  if (probabilistic) variance.assign(s, 0.0);
+  const double site_weight = static_cast<double>(terms) * u * u;
+  for (int64_t k = 0; k < terms; ++k) {
+    RowSinks sinks{l_sum[k], reference.data(), l_abs[k], t.data(), 0.0, nullptr};
+    if (probabilistic) {
+      sinks.sq = variance.data();
+      sinks.w_sq = site_weight * l_weighted[k] +
+                   (k < q && input_rounding ? 2.0 * u_in * u_in * l_sq[k] : 0.0);
+    }
+    if (k < q) {
+      AccumulateRow(r, k, sinks, path);
+    } else {
+      AccumulateRow(*ry, 0, sinks, path);
+    }
+  }
+
+  // Pass over C: observed_j, S_j and sum_i C_ij^2.
+  std::vector<double> observed(s, 0.0), s_abs(s, 0.0), c_sq;
+  if (probabilistic) c_sq.assign(s, 0.0);
+  for (int64_t i = 0; i < p; ++i) {
+    AccumulateRow(c, i,
+                  RowSinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
+                           c_sq.empty() ? nullptr : c_sq.data()},
+                  path);
+  }
+
+  const double u_out = AbftOutputUnitRoundoff(c.dtype);
+  const double uo = u_out / (1.0 - u_out);
+  const double beta = (1.0 + u_in) * (1.0 + u_in) * (1.0 + Gamma(terms, u)) - 1.0;
+  const double beta_first_order = static_cast<double>(terms) * u + 2.0 * u_in;
+  const double g64 = Gamma(static_cast<double>(p + q + 4), kFp64UnitRoundoff);
+  const double lift = 1.0 / (1.0 - g64);
+  const double underflow =
+      static_cast<double>(p) * (2.0 * static_cast<double>(terms) * kFp32MinNormal +
+                                OutputUnderflow(c.dtype));
+
+  LineResult out;
+  for (int64_t j = 0; j < s; ++j) {
+    const double t_j = t[j] * lift, s_j = s_abs[j] * lift;
+    const double check = g64 * (t_j + s_j) + underflow;
+    double threshold = (beta * t_j + uo * s_j + check) * kEvaluationSlack;
+    if (probabilistic) {
+      const double sigma = std::sqrt((variance[j] + uo * uo * c_sq[j]) * lift);
+      const double second_order = (beta - beta_first_order) * t_j + uo * beta * t_j;
+      const double bound =
+          (options.lambda * sigma + second_order + check) * kEvaluationSlack;
+      threshold = std::min(threshold, bound);
+    }
+    const double discrepancy = observed[j] - reference[j];
+    const double magnitude = std::fabs(discrepancy);
+    // A NaN or Inf in the operands or in C makes the discrepancy NaN or Inf
+    // (and may make the threshold Inf): never a pass.
+    const bool finite = std::isfinite(discrepancy);
+    const bool ok = finite && magnitude <= threshold;
+    double ratio;
+    if (!finite) {
+      ratio = std::numeric_limits<double>::infinity();
+    } else if (threshold > 0.0) {
+      ratio = magnitude / threshold;
+    } else {
+      ratio = magnitude > 0.0 ? std::numeric_limits<double>::infinity() : 0.0;
+    }
+    if (!ok) out.passed = false;
+    if (ratio > out.ratio) {
+      out.ratio = ratio;
+      out.index = j;
+      out.discrepancy = discrepancy;
+      out.threshold = threshold;
+      out.reference = reference[j];
+    }
+  }
+  return out;
+}
+
+bool SupportedDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat16;
+}
+
+absl::Status ValidateMatrix(const MatrixRef& m, const char* name) {
+  if (!SupportedDType(m.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("abft: ", name, " has dtype ", DTypeName(m.dtype),
+                     "; only float32, bfloat16 and float16 products are checked"));
+  }
+  if (m.rows < 0 || m.cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("abft: ", name, " has negative dims ", m.rows, " x ", m.cols));
+  }
+  if (m.rows > 0 && m.cols > 0 && m.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("abft: ", name, " is null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+                      const MatrixRef* bias, const AbftOptions& options) {
+  for (const auto& [m, name] : {std::pair<const MatrixRef*, const char*>{&a, "A"},
+                                {&b, "B"}, {&c, "C"}, {bias, "bias"}}) {
+    if (m == nullptr) continue;
+    if (absl::Status st = ValidateMatrix(*m, name); !st.ok()) return st;
+  }
+  if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "abft: shapes do not multiply: A ", a.rows, " x ", a.cols, ", B ", b.rows,
+        " x ", b.cols, ", C ", c.rows, " x ", c.cols));
+  }
+  if (bias != nullptr && (bias->rows != 1 || bias->cols != b.cols)) {
+    return absl::InvalidArgumentError(absl::StrCat("abft: bias is ", bias->rows, " x ",
+                                                   bias->cols, ", want 1 x ", b.cols));
+  }
+  if (!std::isfinite(options.lambda) || options.lambda < 0.0 ||
+      !std::isfinite(options.input_unit_roundoff) || options.input_unit_roundoff < 0.0 ||
+      options.input_unit_roundoff >= 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "abft: lambda (", options.lambda, ") and input_unit_roundoff (",
+        options.input_unit_roundoff, ") must be finite, non-negative, the latter < 1"));
+  }
+  if (options.rule != AbftRule::kGuaranteed && options.rule != AbftRule::kProbabilistic) {
+    return absl::InvalidArgumentError("abft: unknown rule");
+  }
+  if (options.axis != AbftAxis::kColumns && options.axis != AbftAxis::kRows &&
+      options.axis != AbftAxis::kBoth) {
+    return absl::InvalidArgumentError("abft: unknown axis");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double AbftOutputUnitRoundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return 0x1p-8;
+    case DType::kFloat16:
+      return 0x1p-11;
+    default:
+      return 0.0;
+  }
+}
+
+namespace internal {
+
+absl::StatusOr<AbftResult> CheckMatrixProductOnPath(
+    const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+    const MatrixRef* bias, const AbftOptions& options, CpuPath path) {
+  if (absl::Status st = Validate(a, b, c, bias, options); !st.ok()) return st;
+  AbftResult result;
+  if (c.rows == 0 || c.cols == 0) return result;
+
+  // A bias is a column of ones appended to A and the bias appended to B as a
+  // row; for the row check, the transposes: bias appended to B^T as a column
+  // and ones to A^T as a row.
+  const MatrixRef ones_column{&kOne, a.rows, 1, 0, 0, DType::kFloat32};
+  const MatrixRef ones_row{&kOne, 1, a.rows, 0, 0, DType::kFloat32};
+  const MatrixRef bias_column =
+      bias != nullptr ? Transposed(*bias) : MatrixRef{};
+
+  LineResult best;
+  AbftAxis best_axis = AbftAxis::kColumns;
+  if (options.axis != AbftAxis::kRows) {
+    best = CheckColumns(a, bias ? &ones_column : nullptr, b, bias, c, options, path);
+  }
+  if (options.axis != AbftAxis::kColumns) {
+    const LineResult rows =
+        CheckColumns(Transposed(b), bias ? &bias_column : nullptr, Transposed(a),
+                     bias ? &ones_row : nullptr, Transposed(c), options, path);
+    if (!rows.passed) best.passed = false;
+    if (rows.ratio > best.ratio) {
+      const bool passed = best.passed;
+      best = rows;
+      best.passed = passed;
+      best_axis = AbftAxis::kRows;
+    }
+  }
+  result.passed = best.passed;
+  result.worst_index = best.index;
+  result.worst_axis = best_axis;
+  result.discrepancy = best.discrepancy;
+  result.threshold = best.threshold;
+  result.reference = best.reference;
+  return result;
+}
+
+}  // namespace internal
+
+absl::StatusOr<AbftResult> CheckMatrixProduct(const MatrixRef& a, const MatrixRef& b,
+                                              const MatrixRef& c, const MatrixRef* bias,
+                                              const AbftOptions& options) {
+  return internal::CheckMatrixProductOnPath(a, b, c, bias, options, DetectedCpuPath());
+}
+
+}  // namespace sdc::kernels
