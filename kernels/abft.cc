@@ -165,18 +165,130 @@ SDC_AVX2 void AccumulateRowAvx2(const unsigned char* p, DType dtype, int64_t n,
 
 #endif  // defined(__x86_64__)
 
-void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath path) {
-  const auto* p = static_cast<const unsigned char*>(m.data) +
-                  row * m.row_stride * DTypeSize(m.dtype);
+// A contiguous line x (n values) against weight vectors: sum w_sum[j] x_j,
+// sum w_abs[j] |x_j|, sum w_sq[j] (x_j * x_j); a null weight is skipped.
+// Element j goes to lane j mod 8, folded as ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)),
+// on every path, so all paths agree to the bit.
+struct DotWeights {
+  const double* sum = nullptr;
+  const double* abs = nullptr;
+  const double* sq = nullptr;
+};
+struct DotSums {
+  double sum = 0.0, abs = 0.0, sq = 0.0;
+};
+
+constexpr int kDotLanes = 8;
+
+double FoldLanes(const double* l) {
+  return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+struct DotLanes {
+  double sum[kDotLanes] = {}, abs[kDotLanes] = {}, sq[kDotLanes] = {};
+};
+
+void DotTailPortable(const unsigned char* p, DType dtype, int64_t from, int64_t n,
+                     const DotWeights& w, DotLanes& lanes) {
+  const int64_t size = DTypeSize(dtype);
+  for (int64_t j = from; j < n; ++j) {
+    const double x = LoadValue(p + j * size, dtype);
+    const int lane = static_cast<int>(j % kDotLanes);
+    if (w.sum != nullptr) lanes.sum[lane] += w.sum[j] * x;
+    if (w.abs != nullptr) lanes.abs[lane] += w.abs[j] * std::fabs(x);
+    if (w.sq != nullptr) lanes.sq[lane] += w.sq[j] * (x * x);
+  }
+}
+
+DotSums FoldDot(const DotLanes& lanes) {
+  return {FoldLanes(lanes.sum), FoldLanes(lanes.abs), FoldLanes(lanes.sq)};
+}
+
 #if defined(__x86_64__)
-  if (path != CpuPath::kPortable && m.col_stride == 1) {
-    AccumulateRowAvx2(p, m.dtype, m.cols, s);
+
+SDC_AVX2 inline void Dot4(__m256d x, const double* w, __m256d& acc) {
+  acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_loadu_pd(w), x));
+}
+
+SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
+                             const DotWeights& w) {
+  const __m256d sign_mask = _mm256_set1_pd(-0.0);
+  __m256d acc[3][2];
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_pd();
+  const int64_t size = DTypeSize(dtype);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const unsigned char* q = p + j * size;
+    __m256 x;
+    if (dtype == DType::kFloat32) {
+      x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      x = dtype == DType::kFloat16
+              ? _mm256_cvtph_ps(h)
+              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    const __m256d halves[2] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                               _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+    for (int h = 0; h < 2; ++h) {
+      const __m256d v = halves[h];
+      const int64_t at = j + 4 * h;
+      if (w.sum != nullptr) Dot4(v, w.sum + at, acc[0][h]);
+      if (w.abs != nullptr) Dot4(_mm256_andnot_pd(sign_mask, v), w.abs + at, acc[1][h]);
+      if (w.sq != nullptr) Dot4(_mm256_mul_pd(v, v), w.sq + at, acc[2][h]);
+    }
+  }
+  DotLanes lanes;
+  double* out[3] = {lanes.sum, lanes.abs, lanes.sq};
+  for (int k = 0; k < 3; ++k) {
+    _mm256_storeu_pd(out[k], acc[k][0]);
+    _mm256_storeu_pd(out[k] + 4, acc[k][1]);
+  }
+  DotTailPortable(p, dtype, j, n, w, lanes);
+  return FoldDot(lanes);
+}
+
+#endif  // defined(__x86_64__)
+
+// A contiguous line of `n` values at p.
+DotSums DotLine(const unsigned char* p, DType dtype, int64_t n, const DotWeights& w,
+                CpuPath path) {
+#if defined(__x86_64__)
+  if (path != CpuPath::kPortable) return DotLineAvx2(p, dtype, n, w);
+#else
+  (void)path;
+#endif
+  DotLanes lanes;
+  DotTailPortable(p, dtype, 0, n, w, lanes);
+  return FoldDot(lanes);
+}
+
+// Column `col` of m, which must have row_stride 1 (columns contiguous).
+const unsigned char* ColumnStart(const MatrixRef& m, int64_t col) {
+  return static_cast<const unsigned char*>(m.data) + col * m.col_stride * DTypeSize(m.dtype);
+}
+
+// Whether a matrix is best read column by column.
+bool ColumnMajor(const MatrixRef& m) { return m.row_stride == 1 && m.col_stride != 1; }
+
+// n values at p, `stride` elements apart, into the sinks.
+void AccumulateLine(const unsigned char* p, int64_t stride, DType dtype, int64_t n,
+                    const RowSinks& s, CpuPath path) {
+#if defined(__x86_64__)
+  if (path != CpuPath::kPortable && stride == 1) {
+    AccumulateRowAvx2(p, dtype, n, s);
     return;
   }
 #else
   (void)path;
 #endif
-  AccumulateRowPortable(p, m.col_stride, m.dtype, 0, m.cols, s);
+  AccumulateRowPortable(p, stride, dtype, 0, n, s);
+}
+
+void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath path) {
+  const auto* p = static_cast<const unsigned char*>(m.data) +
+                  row * m.row_stride * DTypeSize(m.dtype);
+  AccumulateLine(p, m.col_stride, m.dtype, m.cols, s, path);
 }
 
 double ElementAt(const MatrixRef& m, int64_t r, int64_t c) {
@@ -229,23 +341,59 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   std::vector<double> l_sum(terms, 0.0), l_abs(terms, 0.0), l_weighted, l_sq;
   if (probabilistic) l_weighted.assign(terms, 0.0);
   if (probabilistic && input_rounding) l_sq.assign(terms, 0.0);
-  std::vector<double> row_abs(probabilistic ? q : 0);
-  for (int64_t i = 0; i < p; ++i) {
-    RowSinks sinks{1.0, l_sum.data(), 1.0, l_abs.data(), 1.0,
-                   l_sq.empty() ? nullptr : l_sq.data()};
-    AccumulateRow(l, i, sinks, path);
-    const double x = extra ? ElementAt(*lx, i, 0) : 0.0;
-    if (extra) {
+  if (ColumnMajor(l)) {
+    // Columns of L contiguous: a dot product per column.
+    const std::vector<double> ones(p, 1.0);
+    std::vector<double> row_abs(probabilistic ? p : 0, 0.0);
+    for (int64_t k = 0; k < q; ++k) {
+      const unsigned char* line = ColumnStart(l, k);
+      const DotSums d = DotLine(line, l.dtype, p,
+                                DotWeights{ones.data(), ones.data(),
+                                           l_sq.empty() ? nullptr : ones.data()},
+                                path);
+      l_sum[k] = d.sum;
+      l_abs[k] = d.abs;
+      if (!l_sq.empty()) l_sq[k] = d.sq;
+      if (probabilistic) {
+        AccumulateLine(line, 1, l.dtype, p,
+                       RowSinks{0.0, nullptr, 1.0, row_abs.data(), 0.0, nullptr}, path);
+      }
+    }
+    for (int64_t i = 0; i < p && extra; ++i) {
+      const double x = ElementAt(*lx, i, 0);
       l_sum[q] += x;
       l_abs[q] += std::fabs(x);
+      if (probabilistic) row_abs[i] += std::fabs(x);
     }
     if (probabilistic) {
-      double abs_sum = 0.0;
-      for (int64_t j = 0; j < q; ++j) abs_sum += std::fabs(ElementAt(l, i, j));
-      abs_sum += std::fabs(x);
-      AccumulateRow(l, i, RowSinks{0.0, nullptr, abs_sum, l_weighted.data(), 0.0, nullptr},
-                    path);
-      if (extra) l_weighted[q] += abs_sum * std::fabs(x);
+      for (int64_t k = 0; k < q; ++k) {
+        l_weighted[k] =
+            DotLine(ColumnStart(l, k), l.dtype, p, DotWeights{nullptr, row_abs.data(), nullptr},
+                    path)
+                .abs;
+      }
+      for (int64_t i = 0; i < p && extra; ++i) {
+        l_weighted[q] += row_abs[i] * std::fabs(ElementAt(*lx, i, 0));
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < p; ++i) {
+      RowSinks sinks{1.0, l_sum.data(), 1.0, l_abs.data(), 1.0,
+                     l_sq.empty() ? nullptr : l_sq.data()};
+      AccumulateRow(l, i, sinks, path);
+      const double x = extra ? ElementAt(*lx, i, 0) : 0.0;
+      if (extra) {
+        l_sum[q] += x;
+        l_abs[q] += std::fabs(x);
+      }
+      if (probabilistic) {
+        double abs_sum = 0.0;
+        for (int64_t j = 0; j < q; ++j) abs_sum += std::fabs(ElementAt(l, i, j));
+        abs_sum += std::fabs(x);
+        AccumulateRow(l, i, RowSinks{0.0, nullptr, abs_sum, l_weighted.data(), 0.0, nullptr},
+                      path);
+        if (extra) l_weighted[q] += abs_sum * std::fabs(x);
+      }
     }
   }
 
@@ -254,28 +402,50 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   std::vector<double> reference(s, 0.0), t(s, 0.0), variance;
   if (probabilistic) variance.assign(s, 0.0);
   const double site_weight = static_cast<double>(terms) * u * u;
-  for (int64_t k = 0; k < terms; ++k) {
-    RowSinks sinks{l_sum[k], reference.data(), l_abs[k], t.data(), 0.0, nullptr};
-    if (probabilistic) {
-      sinks.sq = variance.data();
-      sinks.w_sq = site_weight * l_weighted[k] +
+  std::vector<double> sq_weight(probabilistic ? terms : 0);
+  for (int64_t k = 0; k < terms && probabilistic; ++k) {
+    sq_weight[k] = site_weight * l_weighted[k] +
                    (k < q && input_rounding ? 2.0 * u_in * u_in * l_sq[k] : 0.0);
-    }
-    if (k < q) {
-      AccumulateRow(r, k, sinks, path);
-    } else {
-      AccumulateRow(*ry, 0, sinks, path);
-    }
   }
+  auto r_sinks = [&](int64_t k) {
+    return RowSinks{l_sum[k], reference.data(), l_abs[k], t.data(),
+                    probabilistic ? sq_weight[k] : 0.0,
+                    probabilistic ? variance.data() : nullptr};
+  };
+  if (ColumnMajor(r)) {
+    // Columns of R contiguous: reference_j, T_j and the variance are dot
+    // products of column j with the weights from L.
+    const DotWeights w{l_sum.data(), l_abs.data(), probabilistic ? sq_weight.data() : nullptr};
+    for (int64_t j = 0; j < s; ++j) {
+      const DotSums d = DotLine(ColumnStart(r, j), r.dtype, q, w, path);
+      reference[j] = d.sum;
+      t[j] = d.abs;
+      if (probabilistic) variance[j] = d.sq;
+    }
+  } else {
+    for (int64_t k = 0; k < q; ++k) AccumulateRow(r, k, r_sinks(k), path);
+  }
+  if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
   // Pass over C: observed_j, S_j and sum_i C_ij^2.
   std::vector<double> observed(s, 0.0), s_abs(s, 0.0), c_sq;
   if (probabilistic) c_sq.assign(s, 0.0);
-  for (int64_t i = 0; i < p; ++i) {
-    AccumulateRow(c, i,
-                  RowSinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
-                           c_sq.empty() ? nullptr : c_sq.data()},
-                  path);
+  if (ColumnMajor(c)) {
+    const std::vector<double> ones(p, 1.0);
+    const DotWeights w{ones.data(), ones.data(), probabilistic ? ones.data() : nullptr};
+    for (int64_t j = 0; j < s; ++j) {
+      const DotSums d = DotLine(ColumnStart(c, j), c.dtype, p, w, path);
+      observed[j] = d.sum;
+      s_abs[j] = d.abs;
+      if (probabilistic) c_sq[j] = d.sq;
+    }
+  } else {
+    for (int64_t i = 0; i < p; ++i) {
+      AccumulateRow(c, i,
+                    RowSinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
+                             c_sq.empty() ? nullptr : c_sq.data()},
+                    path);
+    }
   }
 
   const double u_out = AbftOutputUnitRoundoff(c.dtype);

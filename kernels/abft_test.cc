@@ -386,6 +386,74 @@ TEST(AbftTest, TensorFloat32InputsNeedTheirInputRoundoff) {
   EXPECT_FALSE(strict->passed);
 }
 
+// A linear layer y = x W^T + b and its two backward products, with the
+// operands as torch lays them out (row-major tensors; W^T and dY^T are
+// transposed views, read column by column): healthy passes and a
+// perturbation of one output element by a tenth of its magnitude is caught.
+TEST(AbftTest, LinearLayerForwardAndBackwardProducts) {
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t tokens = 96, in = 40, out = 56;
+  for (DType d : kInputs) {
+    SCOPED_TRACE(DTypeName(d));
+    auto gen = [&](int64_t, int64_t) { return normal(rng); };
+    const Stored x = Fill(d, tokens, in, gen), w = Fill(d, out, in, gen);
+    const Stored dy = Fill(d, tokens, out, gen), bias = Fill(d, 1, out, gen);
+    // Materialized transposes, only to compute the products here.
+    Stored wt(d, in, out), dyt(d, out, tokens);
+    for (int64_t i = 0; i < out; ++i) {
+      for (int64_t j = 0; j < in; ++j) wt.Set(j, i, w.Get(i, j));
+      for (int64_t t = 0; t < tokens; ++t) dyt.Set(i, t, dy.Get(t, i));
+    }
+    struct Product {
+      const char* name;
+      MatrixRef a, b;
+      Stored c;
+      const Stored* bias;
+    };
+    Product products[] = {
+        {"y = x W^T + b", x.Ref(), Transposed(w.Ref()),
+         Multiply(x, wt, DType::kFloat32, Order::kBlocked, &bias), &bias},
+        {"dx = dy W", dy.Ref(), w.Ref(), Multiply(dy, w, DType::kFloat32, Order::kBlocked),
+         nullptr},
+        {"dW = dy^T x", Transposed(dy.Ref()), x.Ref(),
+         Multiply(dyt, x, DType::kFloat32, Order::kBlocked), nullptr},
+    };
+    for (Product& prod : products) {
+      SCOPED_TRACE(prod.name);
+      const MatrixRef bias_ref = prod.bias ? prod.bias->Ref() : MatrixRef{};
+      for (AbftRule rule : {AbftRule::kGuaranteed, AbftRule::kProbabilistic}) {
+        AbftOptions options;
+        options.rule = rule;
+        options.axis = AbftAxis::kBoth;
+        AbftResult first;
+        for (CpuPath path : SupportedCpuPaths()) {
+          auto r = internal::CheckMatrixProductOnPath(prod.a, prod.b, prod.c.Ref(),
+                                                      prod.bias ? &bias_ref : nullptr,
+                                                      options, path);
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_TRUE(r->passed) << PathsNote(path) << " " << r->discrepancy << " > "
+                                 << r->threshold;
+          if (path == CpuPath::kPortable) {
+            first = *r;
+          } else {
+            EXPECT_EQ(r->discrepancy, first.discrepancy) << PathsNote(path);
+            EXPECT_EQ(r->threshold, first.threshold) << PathsNote(path);
+          }
+        }
+        Stored bad = prod.c;
+        const float v = bad.Get(5, 9);
+        bad.Set(5, 9, v + 0.1f * std::max(std::fabs(v), 1.0f));
+        auto r = CheckMatrixProduct(prod.a, prod.b, bad.Ref(), prod.bias ? &bias_ref : nullptr,
+                                    options);
+        ASSERT_TRUE(r.ok());
+        EXPECT_FALSE(r->passed);
+        EXPECT_EQ(r->worst_index, r->worst_axis == AbftAxis::kColumns ? 9 : 5);
+      }
+    }
+  }
+}
+
 // ---- Exact detection at the threshold.
 
 // The guaranteed threshold of one column, recomputed here from the rule as
