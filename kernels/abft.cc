@@ -97,7 +97,8 @@ double LoadValue(const unsigned char* p, DType dtype) {
 }
 
 // Where one row of values goes: sum[j] += w_sum * x_j, abs[j] += w_abs *
-// |x_j|, sq[j] += w_sq * (x_j * x_j); a null array is skipped.
+// |x_j|, abs2[j] += w_abs2 * |x_j|, sq[j] += w_sq * (x_j * x_j); a null
+// array is skipped. Rows accumulated together share the arrays.
 struct RowSinks {
   double w_sum = 0.0;
   double* sum = nullptr;
@@ -105,12 +106,15 @@ struct RowSinks {
   double* abs = nullptr;
   double w_sq = 0.0;
   double* sq = nullptr;
+  double w_abs2 = 0.0;
+  double* abs2 = nullptr;
 };
 
 inline void AccumulateOne(double x, int64_t j, const RowSinks& s) {
   if (s.sum != nullptr) s.sum[j] += s.w_sum * x;
   if (s.abs != nullptr) s.abs[j] += s.w_abs * std::fabs(x);
   if (s.sq != nullptr) s.sq[j] += s.w_sq * (x * x);
+  if (s.abs2 != nullptr) s.abs2[j] += s.w_abs2 * std::fabs(x);
 }
 
 // Elements [from, n) of a row at p, `stride` elements apart.
@@ -120,47 +124,82 @@ void AccumulateRowPortable(const unsigned char* p, int64_t stride, DType dtype,
   for (int64_t j = from; j < n; ++j) AccumulateOne(LoadValue(p + j * step, dtype), j, s);
 }
 
+// Rows accumulated in one sweep over the arrays.
+constexpr int kRowBlock = 4;
+
 #if defined(__x86_64__)
 
 #define SDC_AVX2 __attribute__((target("avx2,f16c")))
 
-SDC_AVX2 inline void Sink4(__m256d x, __m256d w, double* out) {
-  _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), _mm256_mul_pd(w, x)));
+// Eight values at q widened to fp64, low four and high four.
+SDC_AVX2 inline void Load8(const unsigned char* q, DType dtype, __m256d& lo, __m256d& hi) {
+  __m256 x;
+  if (dtype == DType::kFloat32) {
+    x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    x = dtype == DType::kFloat16
+            ? _mm256_cvtph_ps(h)
+            : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
 }
 
-// A contiguous row: eight values a round, the same operations per element
-// (multiply, then add; never fused) as the portable path, so both agree to
-// the bit.
-SDC_AVX2 void AccumulateRowAvx2(const unsigned char* p, DType dtype, int64_t n,
-                                const RowSinks& s) {
-  const __m256d w_sum = _mm256_set1_pd(s.w_sum);
-  const __m256d w_abs = _mm256_set1_pd(s.w_abs);
-  const __m256d w_sq = _mm256_set1_pd(s.w_sq);
+// `count` (1..kRowBlock) contiguous rows into the same arrays: each array
+// slot is loaded once, gets row 0's term, then row 1's, ... (multiply, then
+// add; never fused), and is stored once. Each element sees the same
+// operations in the same order as the portable path running the rows one
+// after another, so both agree to the bit.
+SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, int count, DType dtype,
+                                 int64_t n, const RowSinks* s) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
+  __m256d w_sum[kRowBlock], w_abs[kRowBlock], w_sq[kRowBlock], w_abs2[kRowBlock];
+  for (int r = 0; r < count; ++r) {
+    w_sum[r] = _mm256_set1_pd(s[r].w_sum);
+    w_abs[r] = _mm256_set1_pd(s[r].w_abs);
+    w_sq[r] = _mm256_set1_pd(s[r].w_sq);
+    w_abs2[r] = _mm256_set1_pd(s[r].w_abs2);
+  }
+  const RowSinks& a = s[0];
   const int64_t size = DTypeSize(dtype);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const unsigned char* q = p + j * size;
-    __m256 x;
-    if (dtype == DType::kFloat32) {
-      x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      x = dtype == DType::kFloat16
-              ? _mm256_cvtph_ps(h)
-              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    const __m256d halves[2] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
-                               _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+    __m256d v[kRowBlock][2];
+    for (int r = 0; r < count; ++r) Load8(rows[r] + j * size, dtype, v[r][0], v[r][1]);
     for (int h = 0; h < 2; ++h) {
-      const __m256d v = halves[h];
       const int64_t at = j + 4 * h;
-      if (s.sum != nullptr) Sink4(v, w_sum, s.sum + at);
-      if (s.abs != nullptr) Sink4(_mm256_andnot_pd(sign_mask, v), w_abs, s.abs + at);
-      if (s.sq != nullptr) Sink4(_mm256_mul_pd(v, v), w_sq, s.sq + at);
+      if (a.sum != nullptr) {
+        __m256d acc = _mm256_loadu_pd(a.sum + at);
+        for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sum[r], v[r][h]));
+        _mm256_storeu_pd(a.sum + at, acc);
+      }
+      if (a.abs != nullptr || a.abs2 != nullptr) {
+        __m256d m[kRowBlock];
+        for (int r = 0; r < count; ++r) m[r] = _mm256_andnot_pd(sign_mask, v[r][h]);
+        if (a.abs != nullptr) {
+          __m256d acc = _mm256_loadu_pd(a.abs + at);
+          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs[r], m[r]));
+          _mm256_storeu_pd(a.abs + at, acc);
+        }
+        if (a.abs2 != nullptr) {
+          __m256d acc = _mm256_loadu_pd(a.abs2 + at);
+          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs2[r], m[r]));
+          _mm256_storeu_pd(a.abs2 + at, acc);
+        }
+      }
+      if (a.sq != nullptr) {
+        __m256d acc = _mm256_loadu_pd(a.sq + at);
+        for (int r = 0; r < count; ++r) {
+          acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sq[r], _mm256_mul_pd(v[r][h], v[r][h])));
+        }
+        _mm256_storeu_pd(a.sq + at, acc);
+      }
     }
   }
-  AccumulateRowPortable(p, 1, dtype, j, n, s);
+  for (; j < n; ++j) {
+    for (int r = 0; r < count; ++r) AccumulateOne(LoadValue(rows[r] + j * size, dtype), j, s[r]);
+  }
 }
 
 #endif  // defined(__x86_64__)
@@ -276,7 +315,7 @@ void AccumulateLine(const unsigned char* p, int64_t stride, DType dtype, int64_t
                     const RowSinks& s, CpuPath path) {
 #if defined(__x86_64__)
   if (path != CpuPath::kPortable && stride == 1) {
-    AccumulateRowAvx2(p, dtype, n, s);
+    AccumulateRowsAvx2(&p, 1, dtype, n, &s);
     return;
   }
 #else
@@ -285,10 +324,34 @@ void AccumulateLine(const unsigned char* p, int64_t stride, DType dtype, int64_t
   AccumulateRowPortable(p, stride, dtype, 0, n, s);
 }
 
+const unsigned char* RowStart(const MatrixRef& m, int64_t row) {
+  return static_cast<const unsigned char*>(m.data) + row * m.row_stride * DTypeSize(m.dtype);
+}
+
 void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath path) {
-  const auto* p = static_cast<const unsigned char*>(m.data) +
-                  row * m.row_stride * DTypeSize(m.dtype);
-  AccumulateLine(p, m.col_stride, m.dtype, m.cols, s, path);
+  AccumulateLine(RowStart(m, row), m.col_stride, m.dtype, m.cols, s, path);
+}
+
+// Rows [0, rows) of m, row i into sinks_for(i) (all with the same arrays),
+// kRowBlock rows per sweep where the rows are contiguous.
+template <typename SinksFor>
+void AccumulateRows(const MatrixRef& m, int64_t rows, SinksFor sinks_for, CpuPath path) {
+#if defined(__x86_64__)
+  if (path != CpuPath::kPortable && m.col_stride == 1) {
+    for (int64_t i = 0; i < rows; i += kRowBlock) {
+      const int count = static_cast<int>(std::min<int64_t>(kRowBlock, rows - i));
+      const unsigned char* starts[kRowBlock];
+      RowSinks sinks[kRowBlock];
+      for (int r = 0; r < count; ++r) {
+        starts[r] = RowStart(m, i + r);
+        sinks[r] = sinks_for(i + r);
+      }
+      AccumulateRowsAvx2(starts, count, m.dtype, m.cols, sinks);
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i) AccumulateRow(m, i, sinks_for(i), path);
 }
 
 double ElementAt(const MatrixRef& m, int64_t r, int64_t c) {
@@ -377,23 +440,40 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
       }
     }
   } else {
-    for (int64_t i = 0; i < p; ++i) {
-      RowSinks sinks{1.0, l_sum.data(), 1.0, l_abs.data(), 1.0,
-                     l_sq.empty() ? nullptr : l_sq.data()};
-      AccumulateRow(l, i, sinks, path);
-      const double x = extra ? ElementAt(*lx, i, 0) : 0.0;
-      if (extra) {
-        l_sum[q] += x;
-        l_abs[q] += std::fabs(x);
+    // Rows of L contiguous (or strided both ways). For the probabilistic
+    // rule, each row's absolute sum weights its row in sum_i rowabs_i |L_il|.
+    std::vector<double> row_abs(probabilistic ? p : 0, 0.0);
+    if (probabilistic) {
+      const std::vector<double> ones(q, 1.0);
+      for (int64_t i = 0; i < p; ++i) {
+        if (l.col_stride == 1) {
+          row_abs[i] = DotLine(RowStart(l, i), l.dtype, q,
+                               DotWeights{nullptr, ones.data(), nullptr}, path)
+                           .abs;
+        } else {
+          for (int64_t j = 0; j < q; ++j) row_abs[i] += std::fabs(ElementAt(l, i, j));
+        }
+        if (extra) row_abs[i] += std::fabs(ElementAt(*lx, i, 0));
       }
-      if (probabilistic) {
-        double abs_sum = 0.0;
-        for (int64_t j = 0; j < q; ++j) abs_sum += std::fabs(ElementAt(l, i, j));
-        abs_sum += std::fabs(x);
-        AccumulateRow(l, i, RowSinks{0.0, nullptr, abs_sum, l_weighted.data(), 0.0, nullptr},
-                      path);
-        if (extra) l_weighted[q] += abs_sum * std::fabs(x);
-      }
+    }
+    AccumulateRows(
+        l, p,
+        [&](int64_t i) {
+          return RowSinks{1.0,
+                          l_sum.data(),
+                          1.0,
+                          l_abs.data(),
+                          1.0,
+                          l_sq.empty() ? nullptr : l_sq.data(),
+                          probabilistic ? row_abs[i] : 0.0,
+                          probabilistic ? l_weighted.data() : nullptr};
+        },
+        path);
+    for (int64_t i = 0; i < p && extra; ++i) {
+      const double x = ElementAt(*lx, i, 0);
+      l_sum[q] += x;
+      l_abs[q] += std::fabs(x);
+      if (probabilistic) l_weighted[q] += row_abs[i] * std::fabs(x);
     }
   }
 
@@ -423,7 +503,7 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
       if (probabilistic) variance[j] = d.sq;
     }
   } else {
-    for (int64_t k = 0; k < q; ++k) AccumulateRow(r, k, r_sinks(k), path);
+    AccumulateRows(r, q, r_sinks, path);
   }
   if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
@@ -440,12 +520,9 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
       if (probabilistic) c_sq[j] = d.sq;
     }
   } else {
-    for (int64_t i = 0; i < p; ++i) {
-      AccumulateRow(c, i,
-                    RowSinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
-                             c_sq.empty() ? nullptr : c_sq.data()},
-                    path);
-    }
+    const RowSinks sinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
+                         c_sq.empty() ? nullptr : c_sq.data()};
+    AccumulateRows(c, p, [&](int64_t) { return sinks; }, path);
   }
 
   const double u_out = AbftOutputUnitRoundoff(c.dtype);
