@@ -46,7 +46,6 @@
 namespace sdc::kernels {
 namespace {
 
-constexpr double kFp32UnitRoundoff = 0x1p-24;
 constexpr double kFp64UnitRoundoff = 0x1p-53;
 constexpr double kFp32MinNormal = 0x1p-126;
 constexpr double kEvaluationSlack = 1.0 + 0x1p-40;
@@ -396,7 +395,7 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   const int64_t terms = q + (extra ? 1 : 0);
   const bool probabilistic = options.rule == AbftRule::kProbabilistic;
   const bool input_rounding = options.input_unit_roundoff > 0.0;
-  const double u = kFp32UnitRoundoff;
+  const double u = options.accumulate_unit_roundoff;
   const double u_in = options.input_unit_roundoff;
 
   // Pass over L: its column sums, absolute column sums, and for the
@@ -531,8 +530,11 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   const double beta_first_order = static_cast<double>(terms) * u + 2.0 * u_in;
   const double g64 = Gamma(static_cast<double>(p + q + 4), kFp64UnitRoundoff);
   const double lift = 1.0 / (1.0 - g64);
+  // An underflow's absolute error is carried through the later roundings of
+  // the same dot product: at most (1 + gamma_K) of it reaches c^.
   const double underflow =
-      static_cast<double>(p) * (2.0 * static_cast<double>(terms) * kFp32MinNormal +
+      static_cast<double>(p) * (2.0 * static_cast<double>(terms) * kFp32MinNormal *
+                                    (1.0 + Gamma(terms, u)) +
                                 OutputUnderflow(c.dtype));
 
   LineResult out;
@@ -610,12 +612,17 @@ absl::Status Validate(const MatrixRef& a, const MatrixRef& b, const MatrixRef& c
     return absl::InvalidArgumentError(absl::StrCat("abft: bias is ", bias->rows, " x ",
                                                    bias->cols, ", want 1 x ", b.cols));
   }
-  if (!std::isfinite(options.lambda) || options.lambda < 0.0 ||
-      !std::isfinite(options.input_unit_roundoff) || options.input_unit_roundoff < 0.0 ||
-      options.input_unit_roundoff >= 1.0) {
+  if (!std::isfinite(options.lambda) || options.lambda < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("abft: lambda must be finite and non-negative, got ", options.lambda));
+  }
+  // NaN fails both comparisons, so it is rejected too.
+  if (!(options.input_unit_roundoff >= 0.0 && options.input_unit_roundoff < 0x1p-4) ||
+      !(options.accumulate_unit_roundoff > 0.0 && options.accumulate_unit_roundoff < 0x1p-4)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "abft: lambda (", options.lambda, ") and input_unit_roundoff (",
-        options.input_unit_roundoff, ") must be finite, non-negative, the latter < 1"));
+        "abft: input_unit_roundoff (", options.input_unit_roundoff,
+        ") must be in [0, 2^-4) and accumulate_unit_roundoff (",
+        options.accumulate_unit_roundoff, ") in (0, 2^-4)"));
   }
   if (options.rule != AbftRule::kGuaranteed && options.rule != AbftRule::kProbabilistic) {
     return absl::InvalidArgumentError("abft: unknown rule");

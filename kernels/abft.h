@@ -17,7 +17,8 @@
 // read as stored (or first rounded to a narrower input format, e.g. TF32),
 // each C_ij a sum of k products (plus the bias) accumulated in fp32 in ANY
 // order (sequential, blocked, tree, FMA or not), then rounded once to C's
-// dtype. Let u = 2^-24 (fp32 accumulation), u_in the input rounding
+// dtype. Let u = 2^-24 (fp32 accumulation, round to nearest; settable),
+// u_in the input rounding
 // (0 unless set), u_out C's unit roundoff (0 for fp32, 2^-8 bf16, 2^-11
 // fp16), K = k + (bias ? 1 : 0), gamma_K = K u / (1 - K u),
 // beta = (1 + u_in)^2 (1 + gamma_K) - 1, and the fp64 statistics
@@ -87,9 +88,16 @@ struct AbftOptions {
   // alarm probability at most 2e^-50 ~ 4e-22 under the model).
   double lambda = 10.0;
   // Unit roundoff of a rounding the product applies to its inputs before
-  // multiplying (TF32 tensor cores: 2^-11). Default: 0 (inputs used as
-  // stored, as in fp32 CPU products and bf16/fp16 products).
+  // multiplying (TF32 tensor cores: 2^-11), for inputs in the normal range.
+  // Default: 0 (inputs used as stored, as in fp32 CPU products and bf16/fp16
+  // products).
   double input_unit_roundoff = 0.0;
+  // The largest relative error of one fp32 accumulation step. Default: 2^-24
+  // (round to nearest). An accumulator that truncates (round toward zero,
+  // as NVIDIA tensor cores' fp32 accumulation is reported to) needs 2^-23,
+  // and its errors are biased, which the probabilistic rule's model does not
+  // allow: use kGuaranteed there.
+  double accumulate_unit_roundoff = 0x1p-24;
   AbftAxis axis = AbftAxis::kColumns;  // Default: kColumns.
 };
 
@@ -110,8 +118,9 @@ struct AbftResult {
 // doubles. Thread-safe (no shared state).
 // Returns InvalidArgument when shapes disagree (A.cols != B.rows, C not
 // A.rows x B.cols, bias not 1 x n), a dtype is not fp32/bf16/fp16, a
-// non-empty matrix has a null pointer, or lambda / input_unit_roundoff are
-// negative or not finite.
+// non-empty matrix has a null pointer, lambda is negative or not finite,
+// or a unit roundoff is not finite or outside [0, 2^-4) (accumulation:
+// (0, 2^-4)).
 absl::StatusOr<AbftResult> CheckMatrixProduct(const MatrixRef& a,
                                               const MatrixRef& b,
                                               const MatrixRef& c,

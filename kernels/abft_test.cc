@@ -1,10 +1,12 @@
 #include "kernels/abft.h"
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -109,11 +111,22 @@ enum class Order { kSequential, kPairwise, kBlocked };
 // The product as a GPU or CPU computes it: fp32 products, fp32 accumulation
 // in the given order, rounded once to C's dtype.
 Stored Multiply(const Stored& a, const Stored& b, DType out_dtype, Order order,
-                const Stored* bias = nullptr) {
+                const Stored* bias = nullptr, bool truncate = false) {
   Stored c(out_dtype, a.rows, b.cols);
+  // A truncating accumulator: every fp32 product and add rounds toward zero
+  // (the final rounding to C's dtype stays to nearest, in Set).
+  struct RoundingMode {
+    explicit RoundingMode(bool truncate) : saved(std::fegetround()) {
+      if (truncate) std::fesetround(FE_TOWARDZERO);
+    }
+    ~RoundingMode() { std::fesetround(saved); }
+    int saved;
+  };
   std::vector<float> terms(a.cols);
   for (int64_t i = 0; i < a.rows; ++i) {
     for (int64_t j = 0; j < b.cols; ++j) {
+      std::optional<RoundingMode> mode;
+      mode.emplace(truncate);
       for (int64_t l = 0; l < a.cols; ++l) terms[l] = a.Get(i, l) * b.Get(l, j);
       float acc = 0.0f;
       if (order == Order::kSequential) {
@@ -138,6 +151,7 @@ Stored Multiply(const Stored& a, const Stored& b, DType out_dtype, Order order,
         acc = level.empty() ? 0.0f : level[0];
       }
       if (bias != nullptr) acc += bias->Get(0, j);
+      mode.reset();
       c.Set(i, j, acc);
     }
   }
@@ -454,6 +468,30 @@ TEST(AbftTest, LinearLayerForwardAndBackwardProducts) {
   }
 }
 
+TEST(AbftTest, TruncatingAccumulationNeedsTwiceTheUnitRoundoff) {
+  // Round-toward-zero accumulation (every error the same sign) of positive
+  // terms: healthy under the guaranteed rule with u = 2^-23, while the
+  // probabilistic rule, whose model wants unbiased errors, trips on it.
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<float> pos(0.5f, 1.5f);
+  const int64_t m = 256, k = 256, n = 8;
+  const Stored a = Fill(DType::kFloat32, m, k, [&](int64_t, int64_t) { return pos(rng); });
+  const Stored b = Fill(DType::kFloat32, k, n, [&](int64_t, int64_t) { return pos(rng); });
+  for (Order order : kOrders) {
+    const Stored c = Multiply(a, b, DType::kFloat32, order, nullptr, /*truncate=*/true);
+    AbftOptions options;
+    options.accumulate_unit_roundoff = 0x1p-23;
+    options.axis = AbftAxis::kBoth;
+    const AbftResult guaranteed = CheckAllPaths(a, b, c, options);
+    EXPECT_TRUE(guaranteed.passed) << guaranteed.discrepancy << " > " << guaranteed.threshold;
+    if (order == Order::kSequential) {
+      options.rule = AbftRule::kProbabilistic;
+      options.accumulate_unit_roundoff = 0x1p-24;
+      EXPECT_FALSE(CheckAllPaths(a, b, c, options).passed);
+    }
+  }
+}
+
 // ---- Exact detection at the threshold.
 
 // The guaranteed threshold of one column, recomputed here from the rule as
@@ -472,7 +510,7 @@ double StatedThreshold(const Stored& a, const Stored& b, const Stored& c, int64_
   const double u_out = c.dtype == DType::kFloat32 ? 0.0
                        : c.dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
   const double g64 = (m + k + 4) * 0x1p-53;
-  const double under = m * (2.0 * kd * 0x1p-126 +
+  const double under = m * (2.0 * kd * 0x1p-126 * (1 + beta) +
                             (c.dtype == DType::kBFloat16 ? 0x1p-126
                              : c.dtype == DType::kFloat16 ? 0x1p-14 : 0.0));
   return beta * t + u_out / (1 - u_out) * s + g64 * (t + s) + under;
@@ -644,6 +682,10 @@ TEST(AbftTest, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   options = {};
   options.input_unit_roundoff = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(CheckMatrixProduct(a, a, a, nullptr, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.accumulate_unit_roundoff = 0.0;
   EXPECT_EQ(CheckMatrixProduct(a, a, a, nullptr, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Empty products pass with no worst line.
