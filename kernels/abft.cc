@@ -385,11 +385,20 @@ struct LineResult {
   double reference = 0.0;
 };
 
+// Working arrays of one check, reused across the products of a batch.
+struct Scratch {
+  std::vector<double> l_sum, l_abs, l_weighted, l_sq, row_abs, ones_p, ones_q;
+  std::vector<double> reference, t, variance, sq_weight, observed, s_abs, c_sq;
+};
+
+// Sets v to n zeros (n = 0: empty), keeping its storage.
+void Zeros(std::vector<double>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.0); }
+
 // The column check of C = [L | lx] [R ; ry] (lx: p x 1 or null; ry: 1 x s or
 // null; both or neither).
 LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef& r,
                         const MatrixRef* ry, const MatrixRef& c,
-                        const AbftOptions& options, CpuPath path) {
+                        const AbftOptions& options, CpuPath path, Scratch& w) {
   const int64_t p = l.rows, q = l.cols, s = r.cols;
   const bool extra = lx != nullptr;
   const int64_t terms = q + (extra ? 1 : 0);
@@ -400,13 +409,19 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
 
   // Pass over L: its column sums, absolute column sums, and for the
   // probabilistic rule sum_i rowabs_i |L_il| and sum_i L_il^2.
-  std::vector<double> l_sum(terms, 0.0), l_abs(terms, 0.0), l_weighted, l_sq;
-  if (probabilistic) l_weighted.assign(terms, 0.0);
-  if (probabilistic && input_rounding) l_sq.assign(terms, 0.0);
+  std::vector<double>&l_sum = w.l_sum, &l_abs = w.l_abs, &l_weighted = w.l_weighted,
+                      &l_sq = w.l_sq, &row_abs = w.row_abs;
+  Zeros(l_sum, terms);
+  Zeros(l_abs, terms);
+  Zeros(l_weighted, probabilistic ? terms : 0);
+  Zeros(l_sq, probabilistic && input_rounding ? terms : 0);
+  Zeros(row_abs, probabilistic ? p : 0);
+  w.ones_p.assign(static_cast<size_t>(p), 1.0);
+  w.ones_q.assign(static_cast<size_t>(q), 1.0);
+  const std::vector<double>&ones_p = w.ones_p, &ones_q = w.ones_q;
   if (ColumnMajor(l)) {
     // Columns of L contiguous: a dot product per column.
-    const std::vector<double> ones(p, 1.0);
-    std::vector<double> row_abs(probabilistic ? p : 0, 0.0);
+    const std::vector<double>& ones = ones_p;
     for (int64_t k = 0; k < q; ++k) {
       const unsigned char* line = ColumnStart(l, k);
       const DotSums d = DotLine(line, l.dtype, p,
@@ -441,9 +456,8 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   } else {
     // Rows of L contiguous (or strided both ways). For the probabilistic
     // rule, each row's absolute sum weights its row in sum_i rowabs_i |L_il|.
-    std::vector<double> row_abs(probabilistic ? p : 0, 0.0);
     if (probabilistic) {
-      const std::vector<double> ones(q, 1.0);
+      const std::vector<double>& ones = ones_q;
       for (int64_t i = 0; i < p; ++i) {
         if (l.col_stride == 1) {
           row_abs[i] = DotLine(RowStart(l, i), l.dtype, q,
@@ -478,10 +492,13 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
 
   // Pass over R: reference_j, T_j and (probabilistic) the variance's
   // operand part.
-  std::vector<double> reference(s, 0.0), t(s, 0.0), variance;
-  if (probabilistic) variance.assign(s, 0.0);
+  std::vector<double>&reference = w.reference, &t = w.t, &variance = w.variance,
+                      &sq_weight = w.sq_weight;
+  Zeros(reference, s);
+  Zeros(t, s);
+  Zeros(variance, probabilistic ? s : 0);
+  Zeros(sq_weight, probabilistic ? terms : 0);
   const double site_weight = static_cast<double>(terms) * u * u;
-  std::vector<double> sq_weight(probabilistic ? terms : 0);
   for (int64_t k = 0; k < terms && probabilistic; ++k) {
     sq_weight[k] = site_weight * l_weighted[k] +
                    (k < q && input_rounding ? 2.0 * u_in * u_in * l_sq[k] : 0.0);
@@ -494,9 +511,10 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   if (ColumnMajor(r)) {
     // Columns of R contiguous: reference_j, T_j and the variance are dot
     // products of column j with the weights from L.
-    const DotWeights w{l_sum.data(), l_abs.data(), probabilistic ? sq_weight.data() : nullptr};
+    const DotWeights weights{l_sum.data(), l_abs.data(),
+                             probabilistic ? sq_weight.data() : nullptr};
     for (int64_t j = 0; j < s; ++j) {
-      const DotSums d = DotLine(ColumnStart(r, j), r.dtype, q, w, path);
+      const DotSums d = DotLine(ColumnStart(r, j), r.dtype, q, weights, path);
       reference[j] = d.sum;
       t[j] = d.abs;
       if (probabilistic) variance[j] = d.sq;
@@ -507,13 +525,15 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
   // Pass over C: observed_j, S_j and sum_i C_ij^2.
-  std::vector<double> observed(s, 0.0), s_abs(s, 0.0), c_sq;
-  if (probabilistic) c_sq.assign(s, 0.0);
+  std::vector<double>&observed = w.observed, &s_abs = w.s_abs, &c_sq = w.c_sq;
+  Zeros(observed, s);
+  Zeros(s_abs, s);
+  Zeros(c_sq, probabilistic ? s : 0);
   if (ColumnMajor(c)) {
-    const std::vector<double> ones(p, 1.0);
-    const DotWeights w{ones.data(), ones.data(), probabilistic ? ones.data() : nullptr};
+    const DotWeights weights{ones_p.data(), ones_p.data(),
+                             probabilistic ? ones_p.data() : nullptr};
     for (int64_t j = 0; j < s; ++j) {
-      const DotSums d = DotLine(ColumnStart(c, j), c.dtype, p, w, path);
+      const DotSums d = DotLine(ColumnStart(c, j), c.dtype, p, weights, path);
       observed[j] = d.sum;
       s_abs[j] = d.abs;
       if (probabilistic) c_sq[j] = d.sq;
@@ -649,48 +669,82 @@ double AbftOutputUnitRoundoff(DType dtype) {
 
 namespace internal {
 
-absl::StatusOr<AbftResult> CheckMatrixProductOnPath(
-    const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
-    const MatrixRef* bias, const AbftOptions& options, CpuPath path) {
+absl::StatusOr<AbftResult> CheckBatchedMatrixProductOnPath(
+    int64_t batch, const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+    const BatchStrides& strides, const MatrixRef* bias, const AbftOptions& options,
+    CpuPath path) {
+  if (batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("abft: batch is ", batch));
+  }
   if (absl::Status st = Validate(a, b, c, bias, options); !st.ok()) return st;
   AbftResult result;
-  if (c.rows == 0 || c.cols == 0) return result;
+  if (c.rows == 0 || c.cols == 0 || batch == 0) return result;
 
   // A bias is a column of ones appended to A and the bias appended to B as a
   // row; for the row check, the transposes: bias appended to B^T as a column
   // and ones to A^T as a row.
   const MatrixRef ones_column{&kOne, a.rows, 1, 0, 0, DType::kFloat32};
   const MatrixRef ones_row{&kOne, 1, a.rows, 0, 0, DType::kFloat32};
-  const MatrixRef bias_column =
-      bias != nullptr ? Transposed(*bias) : MatrixRef{};
+  auto at = [](MatrixRef m, int64_t index, int64_t stride) {
+    m.data = static_cast<const unsigned char*>(m.data) + index * stride * DTypeSize(m.dtype);
+    return m;
+  };
 
+  Scratch scratch;
   LineResult best;
   AbftAxis best_axis = AbftAxis::kColumns;
-  if (options.axis != AbftAxis::kRows) {
-    best = CheckColumns(a, bias ? &ones_column : nullptr, b, bias, c, options, path);
-  }
-  if (options.axis != AbftAxis::kColumns) {
-    const LineResult rows =
-        CheckColumns(Transposed(b), bias ? &bias_column : nullptr, Transposed(a),
-                     bias ? &ones_row : nullptr, Transposed(c), options, path);
-    if (!rows.passed) best.passed = false;
-    if (rows.ratio > best.ratio) {
+  int64_t best_batch = 0;
+  auto consider = [&](const LineResult& line, AbftAxis axis, int64_t index) {
+    if (!line.passed) best.passed = false;
+    if (line.ratio > best.ratio) {
       const bool passed = best.passed;
-      best = rows;
+      best = line;
       best.passed = passed;
-      best_axis = AbftAxis::kRows;
+      best_axis = axis;
+      best_batch = index;
+    }
+  };
+  for (int64_t i = 0; i < batch; ++i) {
+    const MatrixRef ai = at(a, i, strides.a), bi = at(b, i, strides.b), ci = at(c, i, strides.c);
+    const MatrixRef bias_i = bias != nullptr ? at(*bias, i, strides.bias) : MatrixRef{};
+    const MatrixRef bias_column = bias != nullptr ? Transposed(bias_i) : MatrixRef{};
+    if (options.axis != AbftAxis::kRows) {
+      consider(CheckColumns(ai, bias ? &ones_column : nullptr, bi, bias ? &bias_i : nullptr, ci,
+                            options, path, scratch),
+               AbftAxis::kColumns, i);
+    }
+    if (options.axis != AbftAxis::kColumns) {
+      consider(CheckColumns(Transposed(bi), bias ? &bias_column : nullptr, Transposed(ai),
+                            bias ? &ones_row : nullptr, Transposed(ci), options, path, scratch),
+               AbftAxis::kRows, i);
     }
   }
   result.passed = best.passed;
   result.worst_index = best.index;
   result.worst_axis = best_axis;
+  result.worst_batch = best_batch;
   result.discrepancy = best.discrepancy;
   result.threshold = best.threshold;
   result.reference = best.reference;
   return result;
 }
 
+absl::StatusOr<AbftResult> CheckMatrixProductOnPath(
+    const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+    const MatrixRef* bias, const AbftOptions& options, CpuPath path) {
+  return CheckBatchedMatrixProductOnPath(1, a, b, c, BatchStrides{}, bias, options, path);
+}
+
 }  // namespace internal
+
+absl::StatusOr<AbftResult> CheckBatchedMatrixProduct(int64_t batch, const MatrixRef& a,
+                                                     const MatrixRef& b, const MatrixRef& c,
+                                                     const BatchStrides& strides,
+                                                     const MatrixRef* bias,
+                                                     const AbftOptions& options) {
+  return internal::CheckBatchedMatrixProductOnPath(batch, a, b, c, strides, bias, options,
+                                                   DetectedCpuPath());
+}
 
 absl::StatusOr<AbftResult> CheckMatrixProduct(const MatrixRef& a, const MatrixRef& b,
                                               const MatrixRef& c, const MatrixRef* bias,

@@ -107,6 +107,7 @@ struct AbftResult {
   // empty): a column of C, or a row when `worst_axis` is kRows.
   int64_t worst_index = -1;
   AbftAxis worst_axis = AbftAxis::kColumns;
+  int64_t worst_batch = 0;   // The product of a batch holding it (else 0).
   double discrepancy = 0.0;  // observed - reference at worst_index (signed).
   double threshold = 0.0;    // The threshold at worst_index.
   double reference = 0.0;    // The reference checksum at worst_index.
@@ -127,6 +128,26 @@ absl::StatusOr<AbftResult> CheckMatrixProduct(const MatrixRef& a,
                                               const MatrixRef* bias = nullptr,
                                               const AbftOptions& options = {});
 
+// Where product i of a batch starts: each operand's data + i * stride
+// elements (bmm, attention's products per sequence and head).
+struct BatchStrides {
+  int64_t a = 0;
+  int64_t b = 0;
+  int64_t c = 0;
+  int64_t bias = 0;
+};
+
+// CheckMatrixProduct on each of `batch` products of one shape, reusing its
+// working memory: one call per bmm rather than one per matrix. The result
+// is the worst check over the batch (worst_batch names the product); passed
+// only when every product passes. InvalidArgument as CheckMatrixProduct, or
+// for a negative batch; batch 0 passes.
+absl::StatusOr<AbftResult> CheckBatchedMatrixProduct(int64_t batch, const MatrixRef& a,
+                                                     const MatrixRef& b, const MatrixRef& c,
+                                                     const BatchStrides& strides,
+                                                     const MatrixRef* bias = nullptr,
+                                                     const AbftOptions& options = {});
+
 // C's unit roundoff as the rule uses it: 0 for fp32 (the fp32 accumulator is
 // stored as is), 2^-8 for bf16, 2^-11 for fp16.
 double AbftOutputUnitRoundoff(DType dtype);
@@ -137,6 +158,10 @@ namespace internal {
 absl::StatusOr<AbftResult> CheckMatrixProductOnPath(
     const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
     const MatrixRef* bias, const AbftOptions& options, CpuPath path);
+absl::StatusOr<AbftResult> CheckBatchedMatrixProductOnPath(
+    int64_t batch, const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+    const BatchStrides& strides, const MatrixRef* bias, const AbftOptions& options,
+    CpuPath path);
 }  // namespace internal
 
 }  // namespace sdc::kernels

@@ -492,6 +492,61 @@ TEST(AbftTest, TruncatingAccumulationNeedsTwiceTheUnitRoundoff) {
   }
 }
 
+TEST(AbftTest, BatchedProductsFindTheWrongOne) {
+  // Attention's Q K^T per (sequence, head): K stored [batch, 20, 16] and read
+  // as K_b^T; the batch shares one call.
+  std::mt19937_64 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t batch = 6, m = 24, k = 16, n = 20;
+  std::vector<Stored> qs, ks, cs;
+  Stored q_all(DType::kBFloat16, batch * m, k), k_all(DType::kBFloat16, batch * n, k);
+  for (int64_t i = 0; i < batch * m * k; ++i) q_all.half[i] = ToBf16(normal(rng));
+  for (int64_t i = 0; i < batch * n * k; ++i) k_all.half[i] = ToBf16(normal(rng));
+  Stored c_all(DType::kFloat32, batch * m, n);
+  for (int64_t b = 0; b < batch; ++b) {
+    Stored qb(DType::kBFloat16, m, k), kt(DType::kBFloat16, k, n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t l = 0; l < k; ++l) qb.Set(i, l, q_all.Get(b * m + i, l));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t l = 0; l < k; ++l) kt.Set(l, j, k_all.Get(b * n + j, l));
+    }
+    const Stored cb = Multiply(qb, kt, DType::kFloat32, Order::kPairwise);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c_all.Set(b * m + i, j, cb.Get(i, j));
+    }
+  }
+  const MatrixRef a = RowMajor(q_all.half.data(), m, k, DType::kBFloat16);
+  const MatrixRef bt = Transposed(RowMajor(k_all.half.data(), n, k, DType::kBFloat16));
+  const MatrixRef c = RowMajor(c_all.f32.data(), m, n, DType::kFloat32);
+  const BatchStrides strides{m * k, n * k, m * n, 0};
+  for (AbftRule rule : {AbftRule::kGuaranteed, AbftRule::kProbabilistic}) {
+    AbftOptions options;
+    options.rule = rule;
+    options.axis = AbftAxis::kBoth;
+    for (CpuPath path : SupportedCpuPaths()) {
+      auto r = internal::CheckBatchedMatrixProductOnPath(batch, a, bt, c, strides, nullptr,
+                                                         options, path);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->passed) << PathsNote(path);
+    }
+    const float saved = c_all.Get(4 * m + 3, 7);
+    c_all.Set(4 * m + 3, 7, saved + 0.5f);
+    options.axis = AbftAxis::kColumns;
+    auto r = CheckBatchedMatrixProduct(batch, a, bt, c, strides, nullptr, options);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->passed);
+    EXPECT_EQ(r->worst_batch, 4);
+    EXPECT_EQ(r->worst_index, 7);
+    c_all.Set(4 * m + 3, 7, saved);
+  }
+  EXPECT_EQ(CheckBatchedMatrixProduct(-1, a, bt, c, strides).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto none = CheckBatchedMatrixProduct(0, a, bt, c, strides);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->passed);
+}
+
 // ---- Exact detection at the threshold.
 
 // The guaranteed threshold of one column, recomputed here from the rule as
