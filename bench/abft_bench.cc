@@ -3,7 +3,8 @@
 // width 64, 4 heads, 2 layers; --width and --tokens scale it), against the
 // products themselves computed by MKL's sgemm, the routine torch's CPU
 // matmul calls for fp32, taken from libtorch_cpu. Both single-threaded (the
-// check runs on the caller's thread). Before printing any figure it asserts
+// check runs on the caller's thread); attention's products are one batched
+// check per bmm. Before printing any figure it asserts
 // that every healthy sgemm output passes both threshold rules and that one
 // output element moved by twice the probabilistic threshold fails it, and
 // reports that threshold as a fraction of the column's rms: the smallest
@@ -50,7 +51,8 @@ struct ProductSpec {
   std::string name;
   int m, k, n;
   bool a_transposed, b_transposed;
-  int count;  // How many of these per step.
+  int count;     // How many of these per step.
+  bool batched;  // One bmm of `count` products (attention), else separate calls.
 };
 
 std::vector<ProductSpec> StepProducts(int tokens, int width) {
@@ -58,9 +60,9 @@ std::vector<ProductSpec> StepProducts(int tokens, int width) {
   const int sequences = std::max(1, tokens / context), vocab = 256;
   std::vector<ProductSpec> out;
   auto linear = [&](const std::string& name, int in, int outs, int count) {
-    out.push_back({name + " fwd", tokens, in, outs, false, true, count});     // x W^T
-    out.push_back({name + " dx", tokens, outs, in, false, false, count});     // dy W
-    out.push_back({name + " dW", outs, tokens, in, true, false, count});      // dy^T x
+    out.push_back({name + " fwd", tokens, in, outs, false, true, count, false});  // x W^T
+    out.push_back({name + " dx", tokens, outs, in, false, false, count, false});  // dy W
+    out.push_back({name + " dW", outs, tokens, in, true, false, count, false});   // dy^T x
   };
   const int layers = 2;
   linear("qkv", width, 3 * width, layers);
@@ -69,26 +71,31 @@ std::vector<ProductSpec> StepProducts(int tokens, int width) {
   linear("fc2", 4 * width, width, layers);
   linear("head", width, vocab, 1);
   const int attn = layers * sequences * heads;
-  out.push_back({"attn QK^T", context, head_dim, context, false, true, attn});
-  out.push_back({"attn PV", context, context, head_dim, false, false, attn});
-  out.push_back({"attn dP = dO V^T", context, head_dim, context, false, true, attn});
-  out.push_back({"attn dV = P^T dO", context, context, head_dim, true, false, attn});
-  out.push_back({"attn dQ = dS K", context, context, head_dim, false, false, attn});
-  out.push_back({"attn dK = dS^T Q", context, context, head_dim, true, false, attn});
+  out.push_back({"attn QK^T", context, head_dim, context, false, true, attn, true});
+  out.push_back({"attn PV", context, context, head_dim, false, false, attn, true});
+  out.push_back({"attn dP = dO V^T", context, head_dim, context, false, true, attn, true});
+  out.push_back({"attn dV = P^T dO", context, context, head_dim, true, false, attn, true});
+  out.push_back({"attn dQ = dS K", context, context, head_dim, false, false, attn, true});
+  out.push_back({"attn dK = dS^T Q", context, context, head_dim, true, false, attn, true});
   return out;
 }
 
+// The operands of one product, or of a batch of them stored back to back.
 struct Operands {
+  int batch = 1;
   std::vector<float> a, b, c;
-  MatrixRef a_ref, b_ref, c_ref;
+  MatrixRef a_ref, b_ref, c_ref;  // Product 0; product i at + i * strides.
+  kernels::BatchStrides strides;
 };
 
 Operands Make(const ProductSpec& p, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Operands o;
-  o.a.resize(size_t(p.m) * p.k);
-  o.b.resize(size_t(p.k) * p.n);
-  o.c.assign(size_t(p.m) * p.n, 0.0f);
+  o.batch = p.batched ? p.count : 1;
+  o.strides = {int64_t(p.m) * p.k, int64_t(p.k) * p.n, int64_t(p.m) * p.n, 0};
+  o.a.resize(size_t(p.m) * p.k * o.batch);
+  o.b.resize(size_t(p.k) * p.n * o.batch);
+  o.c.assign(size_t(p.m) * p.n * o.batch, 0.0f);
   for (float& v : o.a) v = normal(rng);
   for (float& v : o.b) v = normal(rng);
   // A stored as [m, k] or, transposed, as [k, m]; the same for B.
@@ -102,13 +109,21 @@ Operands Make(const ProductSpec& p, std::mt19937_64& rng) {
   return o;
 }
 
-// Row-major C = A B is column-major C^T = B^T A^T.
+// Row-major C = A B is column-major C^T = B^T A^T; a batch is one sgemm per
+// product, as torch's CPU bmm does for small matrices.
 void Sgemm(const ProductSpec& p, Operands& o) {
   const char ta = p.a_transposed ? 'T' : 'N', tb = p.b_transposed ? 'T' : 'N';
   const int lda = p.a_transposed ? p.m : p.k, ldb = p.b_transposed ? p.k : p.n;
   const float one = 1.0f, zero = 0.0f;
-  sgemm_(&tb, &ta, &p.n, &p.m, &p.k, &one, o.b.data(), &ldb, o.a.data(), &lda, &zero,
-         o.c.data(), &p.n);
+  for (int i = 0; i < o.batch; ++i) {
+    sgemm_(&tb, &ta, &p.n, &p.m, &p.k, &one, o.b.data() + i * o.strides.b, &ldb,
+           o.a.data() + i * o.strides.a, &lda, &zero, o.c.data() + i * o.strides.c, &p.n);
+  }
+}
+
+absl::StatusOr<kernels::AbftResult> Check(const Operands& o, const AbftOptions& options) {
+  return kernels::CheckBatchedMatrixProduct(o.batch, o.a_ref, o.b_ref, o.c_ref, o.strides,
+                                            nullptr, options);
 }
 
 template <typename Fn>
@@ -153,7 +168,7 @@ int Main() {
     for (int i = 0; i < p.m; ++i) rms += double(o.c[size_t(i) * p.n]) * o.c[size_t(i) * p.n];
     rms = std::sqrt(rms / p.m);
     for (const AbftOptions* opt : {&guaranteed, &probabilistic}) {
-      auto r = kernels::CheckMatrixProduct(o.a_ref, o.b_ref, o.c_ref, nullptr, *opt);
+      auto r = Check(o, *opt);
       if (!r.ok()) Die(std::string(r.status().message()));
       if (!r->passed) {
         Die(absl::StrFormat("%s: the healthy sgemm output failed (discrepancy %g > %g)",
@@ -165,28 +180,30 @@ int Main() {
     }
     const float saved = o.c[0];
     o.c[0] = static_cast<float>(saved + 2.0 * prob_threshold);
-    auto bad = kernels::CheckMatrixProduct(o.a_ref, o.b_ref, o.c_ref, nullptr, probabilistic);
+    auto bad = Check(o, probabilistic);
     if (!bad.ok() || bad->passed || bad->worst_index != 0) {
       Die(absl::StrFormat("%s: an error of twice the threshold in C[0][0] went undetected",
                           p.name));
     }
     o.c[0] = saved;
 
-    const int inner = std::max(1, int(2e6 / (double(p.m) * p.k * p.n)));
+    const int inner = std::max(1, int(2e6 / (double(p.m) * p.k * p.n * o.batch)));
     const double g = BestSeconds(reps, inner, [&] { Sgemm(p, o); });
     auto check = [&](const AbftOptions& opt) {
       return BestSeconds(reps, inner, [&] {
-        auto r = kernels::CheckMatrixProduct(o.a_ref, o.b_ref, o.c_ref, nullptr, opt);
+        auto r = Check(o, opt);
         if (!r.ok() || !r->passed) Die("a check failed while timed");
       });
     };
     const double cg = check(guaranteed), cp = check(probabilistic);
+    // Per-product times (a batch's divided by its size).
+    const double per = p.batched ? 1.0 / p.count : 1.0;
     std::printf("%-18s %5d %5d %5d %5d %10.2f %10.2f %10.2f %8.1f %8.1f\n", p.name.c_str(),
-                p.m, p.k, p.n, p.count, g * 1e6, cg * 1e6, cp * 1e6, 100 * cg / g,
-                100 * cp / g);
-    gemm_s += g * p.count;
-    guar_s += cg * p.count;
-    prob_s += cp * p.count;
+                p.m, p.k, p.n, p.count, g * per * 1e6, cg * per * 1e6, cp * per * 1e6,
+                100 * cg / g, 100 * cp / g);
+    gemm_s += g * per * p.count;
+    guar_s += cg * per * p.count;
+    prob_s += cp * per * p.count;
     products += p.count;
   }
   std::printf(
