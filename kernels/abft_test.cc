@@ -651,6 +651,87 @@ TEST(AbftTest, OneUlpAboveTheThresholdIsDetectedAndBelowIsNot) {
   }
 }
 
+// The probabilistic threshold of one column, recomputed here from the rule
+// as abft.h and abft.cc state it (fp32 inputs and output, no bias).
+double StatedProbabilisticThreshold(const Stored& a, const Stored& b, const Stored& c,
+                                    int64_t j, double lambda) {
+  const int64_t m = a.rows, k = a.cols;
+  const double u = 0x1p-24, kd = static_cast<double>(k);
+  std::vector<double> row_abs(m, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t l = 0; l < k; ++l) row_abs[i] += std::fabs(a.Get(i, l));
+  }
+  double variance = 0.0, c_sq = 0.0, t = 0.0, s = 0.0;
+  for (int64_t l = 0; l < k; ++l) {
+    double weighted = 0.0, col = 0.0;
+    for (int64_t i = 0; i < m; ++i) {
+      weighted += row_abs[i] * std::fabs(a.Get(i, l));
+      col += std::fabs(a.Get(i, l));
+    }
+    const double blj = b.Get(l, j);
+    variance += kd * u * u * weighted * blj * blj;
+    t += col * std::fabs(blj);
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    c_sq += double(c.Get(i, j)) * c.Get(i, j);
+    s += std::fabs(c.Get(i, j));
+  }
+  (void)c_sq;  // u_out = 0 for fp32 output: C's own term vanishes.
+  const double gamma = kd * u / (1 - kd * u);
+  const double second = (gamma - kd * u) * t;
+  const double check = (m + k + 4) * 0x1p-53 * (t + s) + m * 2.0 * kd * 0x1p-126 * (1 + gamma);
+  return std::min(lambda * std::sqrt(variance) + second + check, StatedThreshold(a, b, c, j));
+}
+
+TEST(AbftTest, ProbabilisticBoundaryIsTheStatedFormula) {
+  // Random data: the healthy discrepancy is not zero, so the walk moves one
+  // element up through consecutive floats until the check fails, and the
+  // flip must be where |discrepancy| crosses the stated threshold.
+  std::mt19937_64 rng(47);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t m = 80, k = 120, n = 12, i0 = 33, j0 = 5;
+  const Stored a = Fill(DType::kFloat32, m, k, [&](int64_t, int64_t) { return normal(rng); });
+  const Stored b = Fill(DType::kFloat32, k, n, [&](int64_t, int64_t) { return normal(rng); });
+  Stored c = Multiply(a, b, DType::kFloat32, Order::kBlocked);
+  AbftOptions options;
+  options.rule = AbftRule::kProbabilistic;
+  auto healthy = CheckMatrixProduct(a.Ref(), b.Ref(), c.Ref(), nullptr, options);
+  ASSERT_TRUE(healthy.ok());
+  ASSERT_TRUE(healthy->passed);
+  const float original = c.Get(i0, j0);
+  const double tau0 = StatedProbabilisticThreshold(a, b, c, j0, options.lambda);
+  ASSERT_LT(tau0, StatedThreshold(a, b, c, j0));  // The probabilistic term binds.
+  // Start 1% below the boundary (the healthy discrepancy is far smaller).
+  float value = static_cast<float>(original + 0.99 * tau0), below = value;
+  AbftResult at_fail;
+  for (int steps = 0;; ++steps) {
+    ASSERT_LT(steps, 1 << 20) << "no failure near the threshold";
+    c.Set(i0, j0, value);
+    auto r = CheckMatrixProduct(a.Ref(), b.Ref(), c.Ref(), nullptr, options);
+    ASSERT_TRUE(r.ok());
+    if (!r->passed) {
+      at_fail = *r;
+      break;
+    }
+    below = value;
+    value = std::nextafter(value, 1e30f);
+  }
+  ASSERT_NE(below, value);
+  EXPECT_EQ(at_fail.worst_index, j0);
+  const double stated = StatedProbabilisticThreshold(a, b, c, j0, options.lambda);
+  EXPECT_NEAR(at_fail.threshold, stated, 1e-9 * stated);
+  EXPECT_GT(std::fabs(at_fail.discrepancy), stated);
+  // One float below: within the threshold, and passing.
+  c.Set(i0, j0, below);
+  auto r = CheckMatrixProduct(a.Ref(), b.Ref(), c.Ref(), nullptr, options);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->passed);
+  EXPECT_LE(std::fabs(r->discrepancy),
+            StatedProbabilisticThreshold(a, b, c, j0, options.lambda) * (1 + 1e-9));
+  std::printf("probabilistic: threshold %.9g; C[%d][%d] = %.9g fails, %.9g passes\n",
+              at_fail.threshold, int(i0), int(j0), value, below);
+}
+
 TEST(AbftTest, BothAxesLocateTheElement) {
   std::mt19937_64 rng(21);
   std::normal_distribution<float> normal(0.0f, 1.0f);
