@@ -18,9 +18,9 @@
 // each C_ij a sum of k products (plus the bias) accumulated in fp32 in ANY
 // order (sequential, blocked, tree, FMA or not), then rounded once to C's
 // dtype. Let u = 2^-24 (fp32 accumulation, round to nearest; settable),
-// u_in the input rounding
-// (0 unless set), u_out C's unit roundoff (0 for fp32, 2^-8 bf16, 2^-11
-// fp16), K = k + (bias ? 1 : 0), gamma_K = K u / (1 - K u),
+// u_in the input rounding (0 unless set), u_out C's unit roundoff (0 for
+// fp32, 2^-8 bf16, 2^-11 fp16), K = k + (bias ? 1 : 0),
+// gamma_K = K u / (1 - K u),
 // beta = (1 + u_in)^2 (1 + gamma_K) - 1, and the fp64 statistics
 //   T_j = sum_l (sum_i |A_il|) |B_lj|  (+ m |bias_j|)     = (e^T |A| |B|)_j
 //   S_j = sum_i |C_ij|.

@@ -370,6 +370,26 @@ TEST(AbftTest, BiasAndStridedViewsPass) {
                               Transposed(plain.Ref()), nullptr, options);
   ASSERT_TRUE(t.ok());
   EXPECT_TRUE(t->passed);
+
+  // Negative strides: A and C read bottom row first (still C = A B), and
+  // one element of the reversed view wrong is found at its reversed row.
+  Stored wrong = plain;
+  MatrixRef a_rev = a.Ref(), c_rev = wrong.Ref();
+  a_rev.data = a.half.data() + (a.rows - 1) * a.cols;
+  a_rev.row_stride = -a.cols;
+  c_rev.data = wrong.f32.data() + (wrong.rows - 1) * wrong.cols;
+  c_rev.row_stride = -wrong.cols;
+  for (CpuPath path : SupportedCpuPaths()) {
+    auto rev = internal::CheckMatrixProductOnPath(a_rev, b.Ref(), c_rev, nullptr, options, path);
+    ASSERT_TRUE(rev.ok());
+    EXPECT_TRUE(rev->passed) << PathsNote(path);
+  }
+  wrong.Set(2, 3, wrong.Get(2, 3) + 4.0f);  // Row 2 is row rows-3 of the view.
+  options.axis = AbftAxis::kRows;
+  auto rev = CheckMatrixProduct(a_rev, b.Ref(), c_rev, nullptr, options);
+  ASSERT_TRUE(rev.ok());
+  EXPECT_FALSE(rev->passed);
+  EXPECT_EQ(rev->worst_index, wrong.rows - 3);
 }
 
 TEST(AbftTest, TensorFloat32InputsNeedTheirInputRoundoff) {
