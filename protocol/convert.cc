@@ -69,6 +69,8 @@ Hello FromProto(const v1::Hello& h) {
   out.deterministic = h.deterministic();
   out.audit_every = h.audit_every();
   out.weight_check_every = h.weight_check_every();
+  const v1::SoftwareStack& sw = h.software();
+  out.software = {sw.driver(), sw.cuda(), sw.cublas(), sw.torch(), sw.device(), sw.isa()};
   return out;
 }
 
@@ -84,6 +86,15 @@ v1::Hello ToProto(const Hello& h) {
   out.set_deterministic(h.deterministic);
   out.set_audit_every(h.audit_every);
   out.set_weight_check_every(h.weight_check_every);
+  if (!h.software.unknown()) {
+    v1::SoftwareStack* sw = out.mutable_software();
+    sw->set_driver(h.software.driver);
+    sw->set_cuda(h.software.cuda);
+    sw->set_cublas(h.software.cublas);
+    sw->set_torch(h.software.torch);
+    sw->set_device(h.software.device);
+    sw->set_isa(h.software.isa);
+  }
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "daemon/core/coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -205,6 +206,10 @@ struct Coordinator::AuditFindings {
   AuditOutcome outcome = AuditOutcome::kPass;
   std::set<Rank> faulty;
   std::set<Rank> suspects;
+  std::set<Rank> software;  // Mismatches explained by a software stack (ExplainBySoftware).
+  // Every rank named was explained by software: the weights are not
+  // suspect, so the step's verdict does not fail (no checkpoint veto).
+  bool only_software() const { return !software.empty() && faulty.empty() && suspects.empty(); }
   std::vector<std::string> notes;  // Attribution's explanation, then the tie-breaks'.
 };
 
@@ -238,7 +243,8 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
 
   // Final verdict.
   const AuditVerdict& v = *pa.verdict;
-  const AuditFindings findings = SettleAudit(pa, deterministic);
+  AuditFindings findings = SettleAudit(pa, deterministic);
+  ExplainBySoftware(job, pa, findings);
   const AuditOutcome outcome = findings.outcome;
   const std::set<Rank>& faulty = findings.faulty;
   const std::set<Rank>& suspects = findings.suspects;
@@ -251,10 +257,10 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   verdict.step = step;
   verdict.check = CheckKind::kReplay;
   verdict.complete = v.missing.empty();
-  verdict.failed = IsFailure(outcome);
+  verdict.failed = IsFailure(outcome) && !findings.only_software();
   verdict.incident_id =
       RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
-  verdict.summary = verdict.failed
+  verdict.summary = IsFailure(outcome)
                         ? absl::StrCat(AuditOutcomeName(outcome), ": ", explanation,
                                        verdict.incident_id != 0
                                            ? absl::StrCat(" (incident ", verdict.incident_id, ")")
@@ -414,7 +420,8 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   // The ranks ran the tie-breaks in-band when the step happened; their
   // results come (or came) with the rest.
   if (!ResolveEarlyTieBreaks(pa)) return;
-  const AuditFindings findings = SettleAudit(pa, deterministic);
+  AuditFindings findings = SettleAudit(pa, deterministic);
+  ExplainBySoftware(job, pa, findings);
   const std::vector<std::string> differing = TensorNames(group, pa.verdict->differing_parameters);
   const std::string explanation = absl::StrCat(
       "decided in-band while sdcd was away (results of this audit arrived after it was decided "
@@ -426,10 +433,10 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   verdict.step = step;
   verdict.check = CheckKind::kReplay;
   verdict.complete = true;
-  verdict.failed = IsFailure(findings.outcome);
+  verdict.failed = IsFailure(findings.outcome) && !findings.only_software();
   verdict.incident_id =
       RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
-  verdict.summary = verdict.failed
+  verdict.summary = IsFailure(findings.outcome)
                         ? absl::StrCat(AuditOutcomeName(findings.outcome), ": ", explanation,
                                        verdict.incident_id != 0
                                            ? absl::StrCat(" (incident ", verdict.incident_id, ")")
@@ -513,6 +520,65 @@ Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool
   return out;
 }
 
+void Coordinator::ExplainBySoftware(const JobState& job, const PendingAudit& pa,
+                                    AuditFindings& findings) const {
+  if (findings.faulty.empty() && findings.suspects.empty()) return;
+  static const protocol::SoftwareStack kUnknown;
+  auto stack = [&](Rank r) -> const protocol::SoftwareStack& {
+    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->software : kUnknown;
+  };
+  auto node = [&](Rank r) -> std::string {
+    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->record.placement.node
+                                                            : "?";
+  };
+  // Who was compared with whom in this audit.
+  std::map<Rank, std::set<Rank>> partners;
+  auto pair = [&](Rank a, Rank b) {
+    if (a == b) return;
+    partners[a].insert(b);
+    partners[b].insert(a);
+  };
+  for (const Assignment& x : pa.plan.assignments) pair(x.subject, x.replayer);
+  for (const PendingTieBreak& t : pa.tiebreaks) {
+    pair(t.tiebreak.subject, t.tiebreak.tiebreaker);
+    pair(t.tiebreak.disputed, t.tiebreak.tiebreaker);
+  }
+  auto explained = [&](Rank r) {
+    const protocol::SoftwareStack& own = stack(r);
+    auto p = partners.find(r);
+    if (own.unknown() || p == partners.end()) return false;
+    for (Rank other : p->second) {
+      const protocol::SoftwareStack& theirs = stack(other);
+      if (theirs.unknown() || theirs == own) return false;
+    }
+    return true;
+  };
+  std::vector<std::string> notes;
+  for (const std::set<Rank>* named : {&findings.faulty, &findings.suspects}) {
+    for (Rank r : *named) {
+      if (!explained(r)) continue;
+      findings.software.insert(r);
+      const Rank other = *partners[r].begin();
+      notes.push_back(absl::StrCat(
+          "software mismatch: node ", node(r), " (rank ", r, ") runs ",
+          stack(r).Describe(), "; the ranks it was compared with run another "
+          "stack (rank ", other, ": ", stack(other).Describe(),
+          "): results that differ across stacks blame no GPU"));
+    }
+  }
+  if (findings.software.empty()) return;
+  for (Rank r : findings.software) {
+    findings.faulty.erase(r);
+    findings.suspects.erase(r);
+  }
+  findings.notes.insert(findings.notes.end(), notes.begin(), notes.end());
+  if (findings.faulty.empty() && findings.suspects.empty()) {
+    findings.outcome = AuditOutcome::kSystemic;
+  } else if (findings.faulty.empty() && findings.outcome == AuditOutcome::kFaulty) {
+    findings.outcome = AuditOutcome::kInconclusive;
+  }
+}
+
 uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Step step,
                                            const AuditFindings& findings,
                                            const std::string& explanation,
@@ -521,6 +587,20 @@ uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Ste
   const std::set<Rank>& faulty = findings.faulty;
   const std::set<Rank>& suspects = findings.suspects;
   uint64_t incident_id = 0;
+  if (!findings.software.empty()) {
+    // No GPU named: the incident names the nodes and their stacks.
+    std::vector<std::string> stacks;
+    for (Rank r : findings.software) {
+      stacks.push_back(absl::StrCat("node ", RankOf(job, r).placement.node, " (rank ", r,
+                                    "): ", job.ranks[r]->software.Describe()));
+    }
+    const Incident& inc = RecordIncident(
+        job, group, step, CheckKind::kReplay, kSoftwareMismatch, {}, false,
+        absl::StrCat("software mismatch on ", absl::StrJoin(stacks, "; "), ": ", explanation),
+        differing, txn);
+    incident_id = inc.id;
+    if (outcome == AuditOutcome::kSystemic) return incident_id;
+  }
   switch (outcome) {
     case AuditOutcome::kFaulty: {
       for (Rank r : faulty) {
