@@ -36,6 +36,8 @@ const char* FaultKindName(FaultKind kind) {
       return "scan-error";
     case FaultKind::kExchangeError:
       return "exchange-error";
+    case FaultKind::kCorruptTransfer:
+      return "corrupt-transfer";
   }
   return "unknown";
 }
@@ -76,7 +78,8 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"replay", FaultKind::kReplay},
       {"replay-error", FaultKind::kReplayError},
       {"scan-error", FaultKind::kScanError},
-      {"exchange-error", FaultKind::kExchangeError}};
+      {"exchange-error", FaultKind::kExchangeError},
+      {"corrupt-transfer", FaultKind::kCorruptTransfer}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }

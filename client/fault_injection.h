@@ -22,6 +22,9 @@
 //                                 function or autograd would
 //             scan-error          RANK's check 1 of a local bucket raises
 //             exchange-error      RANK, receiving a peer's micro-batch, finds it malformed
+//             corrupt-transfer    one bit of RANK's micro-batch flips on its way to its
+//                                 audit replayer (after its checksum; the tie-break
+//                                 send is intact)
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
@@ -47,6 +50,7 @@ enum class FaultKind {
   kReplayError,
   kScanError,
   kExchangeError,
+  kCorruptTransfer,
 };
 
 const char* FaultKindName(FaultKind kind);

@@ -124,6 +124,7 @@ absl::StatusOr<Report> FromProto(const v1::Report& r) {
       c.loss_bits = a.loss_bits();
       c.gradient_digest = a.gradient_digest();
       c.nonfinite = a.nonfinite();
+      c.corrupted_transfer = a.corrupted_transfer();
       if (a.gradients_size() % 3 != 0) {
         return absl::InvalidArgumentError("gradient fingerprints must be (length, s1, s2) triplets");
       }
@@ -183,6 +184,7 @@ v1::Report ToProto(const Report& r) {
     p->set_loss_bits(a->loss_bits);
     p->set_gradient_digest(a->gradient_digest);
     p->set_nonfinite(a->nonfinite);
+    p->set_corrupted_transfer(a->corrupted_transfer);
     p->mutable_gradients()->Resize(static_cast<int>(3 * a->gradients.size()), 0);
     std::memcpy(p->mutable_gradients()->mutable_data(), a->gradients.data(),
                 a->gradients.size() * sizeof(Fingerprint));

@@ -111,6 +111,9 @@ struct AuditResult {
   std::vector<Fingerprint> gradients;
   uint64_t gradient_digest = 0;
   uint64_t nonfinite = 0;
+  // kReplay only: the subject's micro-batch arrived corrupted (checksum
+  // mismatch); nothing was replayed (issue 39, case 4).
+  bool corrupted_transfer = false;
 };
 
 struct WeightReport {

@@ -278,6 +278,9 @@ class Coordinator {
     absl::flat_hash_set<Rank> subjects;          // Ranks whose batch is replayed.
     absl::flat_hash_map<Rank, Evidence> originals;
     absl::flat_hash_map<Rank, Evidence> replays;
+    // Replayers whose subject's micro-batch arrived corrupted (checksum
+    // mismatch, issue 39 case 4): in, but with no replay to compare.
+    std::set<Rank> corrupted;
     std::optional<AuditVerdict> verdict;  // Set once originals and replays are in.
     std::vector<PendingTieBreak> tiebreaks;
     std::vector<PendingKey> keys;
@@ -424,6 +427,9 @@ class Coordinator {
   // The outcome of the incident of an audit mismatch explained by the
   // compared ranks' software stacks (ExplainBySoftware): no GPU named.
   static constexpr char kSoftwareMismatch[] = "software_mismatch";
+  // The outcome of the incident of a replay input that arrived corrupted:
+  // no GPU named.
+  static constexpr char kCorruptedTransfer[] = "corrupted_transfer";
   // Records, once per job, that its ranks turned replay audits off.
   void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
                      Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -135,7 +135,7 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
             "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
             r.step, " does not assign that pair"));
       }
-      if (view.replays.contains(r.rank)) {
+      if (view.replays.contains(r.rank) || view.corrupted.count(r.rank) > 0) {
         return absl::AlreadyExistsError(absl::StrCat(
             "replay result of rank ", r.rank, " at step ", r.step, " already received"));
       }
@@ -193,6 +193,8 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   }
   if (a.role == AuditRole::kOriginal) {
     pa->originals[r.rank] = std::move(evidence);
+  } else if (a.corrupted_transfer) {
+    pa->corrupted.insert(r.rank);
   } else {
     pa->replays[r.rank] = std::move(evidence);
   }
@@ -207,6 +209,8 @@ struct Coordinator::AuditFindings {
   std::set<Rank> faulty;
   std::set<Rank> suspects;
   std::set<Rank> software;  // Mismatches explained by a software stack (ExplainBySoftware).
+  // "rank S's micro-batch reached rank K corrupted", one per corrupted transfer.
+  std::vector<std::string> corrupted;
   // Every rank named was explained by software: the weights are not
   // suspect, so the step's verdict does not fail (no checkpoint veto).
   bool only_software() const { return !software.empty() && faulty.empty() && suspects.empty(); }
@@ -223,7 +227,7 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   if (!pa.verdict.has_value()) {
     // Results are validated against the plan, so counts tell completeness.
     const bool all_in = pa.originals.size() == pa.subjects.size() &&
-                        pa.replays.size() == pa.subject_of.size();
+                        pa.replays.size() + pa.corrupted.size() == pa.subject_of.size();
     if (!all_in && !deadline) return;
   } else {
     bool resolved = true;
@@ -265,7 +269,7 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
                                        verdict.incident_id != 0
                                            ? absl::StrCat(" (incident ", verdict.incident_id, ")")
                                            : "")
-                        : v.explanation;
+                        : (findings.corrupted.empty() ? v.explanation : explanation);
   AuditVerdictMessage msg;
   msg.step = step;
   msg.outcome = outcome;
@@ -283,7 +287,9 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
                                   CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
   bool tiebreaks_in = true;
   for (const PendingTieBreak& t : pa.tiebreaks) tiebreaks_in = tiebreaks_in && t.result.has_value();
-  if (!v.missing.empty() || !tiebreaks_in) {
+  bool awaits_results = !tiebreaks_in;
+  for (Rank m : v.missing) awaits_results = awaits_results || !pa.corrupted.count(m);
+  if (awaits_results) {
     // Decided without some results: when their ranks come back (from a
     // cut-off node, or with sdcd after an outage) the audit is judged
     // again on all of them, as it would have been (MaybeFinishLateAudit).
@@ -377,7 +383,11 @@ absl::Status Coordinator::ApplyLateAudit(JobState& job, GroupState& group, const
             "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
             r.step, " does not assign that pair"));
       }
-      if (!pa.replays.contains(r.rank)) pa.replays[r.rank] = std::move(evidence);
+      if (a.corrupted_transfer) {
+        pa.corrupted.insert(r.rank);
+      } else if (!pa.replays.contains(r.rank)) {
+        pa.replays[r.rank] = std::move(evidence);
+      }
       break;
     }
     case AuditRole::kTieBreak:
@@ -401,7 +411,8 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   if (it == job.unfinished.end()) return;
   PendingAudit& pa = it->second;
   const Step step = std::get<1>(key);
-  if (pa.originals.size() < pa.subjects.size() || pa.replays.size() < pa.subject_of.size()) {
+  if (pa.originals.size() < pa.subjects.size() ||
+      pa.replays.size() + pa.corrupted.size() < pa.subject_of.size()) {
     return;
   }
   bool deterministic = true;
@@ -517,6 +528,16 @@ Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool
     suspects.insert(v.suspects.begin(), v.suspects.end());
   }
   out.outcome = outcome;
+  for (const auto& [replayer, subject] : pa.subject_of) {
+    if (pa.corrupted.count(replayer)) {
+      out.corrupted.push_back(absl::StrCat("rank ", subject, "'s micro-batch reached rank ",
+                                           replayer, " corrupted"));
+    }
+  }
+  std::sort(out.corrupted.begin(), out.corrupted.end());
+  for (const std::string& c : out.corrupted) {
+    notes.push_back(absl::StrCat(c, " (checksum mismatch): not compared, no replayer named"));
+  }
   return out;
 }
 
@@ -587,6 +608,15 @@ uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Ste
   const std::set<Rank>& faulty = findings.faulty;
   const std::set<Rank>& suspects = findings.suspects;
   uint64_t incident_id = 0;
+  if (!findings.corrupted.empty()) {
+    const Incident& inc = RecordIncident(
+        job, group, step, CheckKind::kReplay, kCorruptedTransfer, {}, false,
+        absl::StrCat(absl::StrJoin(findings.corrupted, "; "),
+                     ": checksum mismatch, so the transfer (a link, a NIC, host memory), not a "
+                     "GPU's computation; those comparisons are left out"),
+        {}, txn);
+    if (outcome == AuditOutcome::kPass || outcome == AuditOutcome::kIncomplete) incident_id = inc.id;
+  }
   if (!findings.software.empty()) {
     // No GPU named: the incident names the nodes and their stacks.
     std::vector<std::string> stacks;
