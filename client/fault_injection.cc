@@ -38,6 +38,10 @@ const char* FaultKindName(FaultKind kind) {
       return "exchange-error";
     case FaultKind::kCorruptTransfer:
       return "corrupt-transfer";
+    case FaultKind::kSoftwareStack:
+      return "software-stack";
+    case FaultKind::kLateAuditReports:
+      return "late-audit-reports";
   }
   return "unknown";
 }
@@ -79,7 +83,9 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"replay-error", FaultKind::kReplayError},
       {"scan-error", FaultKind::kScanError},
       {"exchange-error", FaultKind::kExchangeError},
-      {"corrupt-transfer", FaultKind::kCorruptTransfer}};
+      {"corrupt-transfer", FaultKind::kCorruptTransfer},
+      {"software-stack", FaultKind::kSoftwareStack},
+      {"late-audit-reports", FaultKind::kLateAuditReports}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }
