@@ -57,8 +57,9 @@ const std::vector<Scenario>& Scenarios() {
        "optimizer-state:{rank}:step={step}", 0, false, true, true, false, "bn-mlp"},
       {"nondeterministic-op",
        "a model with an op that has no deterministic implementation: audits turn off at the "
-       "first audit step, training goes on, and a NaN is still caught and named",
-       "nan-gradient:{rank}:step={step}", 0, false, true, true, false, "put-mlp"},
+       "first audit step, training goes on, and a NaN is still caught: its GPU a suspect, "
+       "since no replay there can confirm it (issue 39, case 8)",
+       "nan-gradient:{rank}:step={step}", 0, false, true, false, false, "put-mlp"},
       // Issue 39's cases.
       // The two faults differ (x10000, x3000), as two faulty GPUs' errors do:
       // two GPUs wrong in the same bits are a majority no vote can overrule.
