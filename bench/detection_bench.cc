@@ -354,10 +354,13 @@ class Bench {
 
   FaultRun RunFault(const Scenario& s, int nodes, int i) {
     FaultRun run;
-    const int world = nodes * kGpusPerNode;
+    const int gpus = s.gpus_per_node > 0 ? s.gpus_per_node : kGpusPerNode;
+    const int world = nodes * gpus;
     std::tie(run.rank, run.step) = FaultPosition(world, i);
+    // {next}: a second faulty rank, the one after (two-faulty-of-three).
     run.fault = absl::StrReplaceAll(
-        s.fault, {{"{rank}", absl::StrCat(run.rank)}, {"{step}", absl::StrCat(run.step)}});
+        s.fault, {{"{rank}", absl::StrCat(run.rank)}, {"{step}", absl::StrCat(run.step)},
+                  {"{next}", absl::StrCat((run.rank + 1) % world)}});
     const bool stepless = s.fault.find("{step}") == std::string::npos;
     if (stepless) run.step = -1;
     run.run_dir = NewRunDir(absl::StrCat(s.name, "-r", run.rank, stepless ? "" : absl::StrCat("-s", run.step)));
@@ -365,7 +368,7 @@ class Bench {
     ClusterConfig c;
     c.run_dir = run.run_dir;
     c.nodes = nodes;
-    c.gpus_per_node = kGpusPerNode;
+    c.gpus_per_node = gpus;
     c.steps = s.name == "intermittent" ? kIntermittentSteps : kSteps;
     c.audit_every = kAuditEvery;
     c.weight_check_every = kWeightCheckEvery;

@@ -1,5 +1,7 @@
 #include "client/checkpoint_gate.h"
 
+#include <map>
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,18 +66,26 @@ absl::StatusOr<bool> CheckpointGate::MayCheckpoint(const StepContext& step,
     reason = absl::StrCat("in-band: a check failed since the last checkpoint (",
                           failed_since_checkpoint_, ")");
   }
-  // In-band: every rank must hold the same weights (digest equality).
-  int64_t digest_hi = 0, digest_lo = 0;
-  {
-    uint64_t d = 0;
-    SDC_TORCH_TRY(d = weights.Digest());
-    digest_hi = static_cast<int64_t>(d >> 32);
-    digest_lo = static_cast<int64_t>(d & 0xffffffffu);
+  // In-band: every rank of a replica group must hold its group's weights
+  // (digest equality within each group; groups hold different tensors, so
+  // digests are never compared across groups: issue 39, case 6). All
+  // gathered, so every rank takes the same decision.
+  uint64_t digest = 0;
+  SDC_TORCH_TRY(digest = weights.Digest());
+  const std::vector<int64_t> mine = {allowed ? 0 : 1,
+                                     static_cast<int64_t>(ctx_.options().replica_group),
+                                     static_cast<int64_t>(digest)};
+  std::vector<int64_t> all;
+  SDC_TORCH_TRY(all = ctx_.AllGather(mine));
+  bool any_veto = false;
+  bool same_weights = true;
+  std::map<int64_t, int64_t> digest_of_group;
+  for (size_t at = 0; at + mine.size() <= all.size(); at += mine.size()) {
+    any_veto = any_veto || all[at] != 0;
+    auto [it, first] = digest_of_group.emplace(all[at + 1], all[at + 2]);
+    same_weights = same_weights && (first || it->second == all[at + 2]);
   }
-  std::vector<int64_t> m = {allowed ? 0 : 1, digest_hi, -digest_hi, digest_lo, -digest_lo};
-  SDC_TORCH_TRY(ctx_.AllReduceMax(m));
-  const bool same_weights = m[1] == -m[2] && m[3] == -m[4];
-  const bool all_allowed = m[0] == 0 && same_weights;
+  const bool all_allowed = !any_veto && same_weights;
   if (!all_allowed) {
     ++vetoed_;
     last_veto_ = !same_weights ? "replicas hold different weights (in-band digest)"

@@ -4,8 +4,13 @@
 
 #include "client/checkpoint_gate.h"
 
+#include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "client/gloo_group.h"
 #include "client/one_rank_group.h"
 #include "gtest/gtest.h"
 
@@ -89,6 +94,50 @@ TEST(CheckpointGateTest, InBandASkippedStepVetoesTheNextCheckpointOnly) {
   f.gate.Summarize(s);
   EXPECT_EQ(s.checkpoints_allowed, 2u);
   EXPECT_EQ(s.checkpoints_vetoed, 1u);
+}
+
+// Issue 39, case 6: replica groups on one process group hold different
+// tensors. Four ranks, groups {0, 1} and {2, 3} (SDC_REPLICA_GROUP 1 and
+// 257, equal in their low 8 bits): the in-band checkpoint check compared
+// digests across groups and vetoed every checkpoint; it compares within
+// each group, and still vetoes when two ranks of one group differ.
+std::vector<bool> InBandCheckpoint(const std::string& name, const float values[4]) {
+  constexpr int kWorld = 4;
+  const std::string store = (std::filesystem::path(::testing::TempDir()) / name).string();
+  std::filesystem::remove(store);
+  std::vector<bool> allowed(kWorld, false);
+  std::vector<size_t> members(kWorld, 0);
+  auto run = [&](int rank) {
+    GuardOptions o = Options(CheckpointFallback::kInBand);
+    o.node_name = absl::StrCat("node-", rank);
+    o.replica_group = rank < 2 ? 1 : 257;
+    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
+    ModelTensors model = *ModelTensors::Create(
+        {{"w"}, {torch::full({3}, values[rank]).requires_grad_()}}, {}, {}, true);
+    WeightCheck weights(ctx, model, nullptr);
+    CheckpointGate gate(ctx);
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    members[rank] = ctx.topology().size();
+    weights.BeginStep();
+    ASSERT_TRUE(weights.AfterOptimizerStep({10, 1}, /*checkpoint=*/true).ok());
+    absl::StatusOr<bool> a = gate.MayCheckpoint({10, 1}, weights);
+    ASSERT_TRUE(a.ok()) << a.status();
+    allowed[rank] = *a;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(members[r], 2u) << "rank " << r << ": groups 1 and 257 are two groups in-band";
+  }
+  return allowed;
+}
+
+TEST(CheckpointGateTest, ReplicaGroupsCompareDigestsWithinTheirGroupOnly) {
+  const float two_groups[4] = {1, 1, 2, 2};
+  EXPECT_EQ(InBandCheckpoint("groups_agree", two_groups), std::vector<bool>(4, true));
+  const float one_differs[4] = {1, 1, 2, 3};
+  EXPECT_EQ(InBandCheckpoint("group_differs", one_differs), std::vector<bool>(4, false));
 }
 
 }  // namespace

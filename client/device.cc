@@ -6,12 +6,18 @@
 #include <string>
 #include <utility>
 
+#include <ATen/Version.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <torch/version.h>
 
+#include <fstream>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda.h"
 
@@ -118,6 +124,39 @@ absl::StatusOr<std::string> DeviceUuid(const torch::Device& device) {
         absl::StrCat("cudaGetDeviceProperties: ", cudaGetErrorString(e)));
   }
   return GpuUuidString(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+}
+
+protocol::SoftwareStack SoftwareStackOf(const torch::Device& device) {
+  protocol::SoftwareStack out;
+  out.torch = absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH);
+  if (device.is_cuda()) {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess) out.driver = absl::StrCat(v);
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess) out.cuda = absl::StrCat(v);
+    // cuBLAS is loaded with torch's CUDA library; looked up rather than
+    // linked, so this target needs no cuBLAS of its own.
+    using GetProperty = int (*)(int, int*);  // cublasGetProperty(libraryPropertyType, int*)
+    if (auto get = reinterpret_cast<GetProperty>(dlsym(RTLD_DEFAULT, "cublasGetProperty"))) {
+      int major = 0, minor = 0, patch = 0;
+      if (get(0, &major) == 0 && get(1, &minor) == 0 && get(2, &patch) == 0) {
+        out.cublas = absl::StrCat(major, ".", minor, ".", patch);
+      }
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
+      out.device = prop.name;
+    }
+    return out;
+  }
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) out.device = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    break;
+  }
+  out.isa = at::get_cpu_capability();
+  return out;
 }
 
 absl::Status CheckDevice(const torch::Device& device) {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/fingerprint.h"
 #include "kernels/nonfinite.h"
+#include "protocol/types.h"
 
 namespace sdc::client {
 
@@ -42,6 +43,13 @@ std::string GpuUuidString(const unsigned char bytes[16]);
 // NVML needed: the runtime reports the same UUID). FailedPrecondition when
 // the device cannot be queried; InvalidArgument for a CPU device.
 absl::StatusOr<std::string> DeviceUuid(const torch::Device& device);
+
+// The software a rank on `device` computes with, for Hello (issue 39, case
+// 3): torch's version everywhere; on a GPU the CUDA driver and runtime
+// versions, cuBLAS's version and the GPU's model; on the CPU the CPU's model
+// name and the vector ISA ATen dispatches to. A field that cannot be read
+// stays empty (unknown).
+protocol::SoftwareStack SoftwareStackOf(const torch::Device& device);
 
 // The kernels' element type for a floating-point tensor; InvalidArgument
 // for any other.

@@ -1,9 +1,11 @@
 // client/device.h on the CPU (the tests' only device): the kernels it picks,
 // the RNG state a replay carries, and what it refuses.
 
+#include "absl/strings/str_cat.h"
 #include "client/device.h"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <string>
@@ -142,6 +144,25 @@ TEST(DeviceTest, GpuUuidsAreFormattedAsNvmlPrintsThem) {
   EXPECT_EQ(GpuUuidString(bytes), "GPU-5f0e7a2c-1d2b-4c3a-9e8f-0123456789ab");
   EXPECT_EQ(DeviceUuid(torch::Device(torch::kCPU)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 39, case 3: Hello carries the stack a rank computes with.
+TEST(DeviceTest, TheCpuStackNamesTorchTheCpuAndItsIsa) {
+  const protocol::SoftwareStack s = SoftwareStackOf(torch::Device(torch::kCPU));
+  EXPECT_EQ(s.torch, absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".",
+                                  TORCH_VERSION_PATCH));
+  EXPECT_FALSE(s.isa.empty());
+  EXPECT_TRUE(s.driver.empty() && s.cuda.empty() && s.cublas.empty()) << s.Describe();
+  EXPECT_FALSE(s.unknown());
+}
+
+TEST_F(CudaDeviceTest, TheGpuStackNamesDriverCudaCublasAndModel) {
+  const protocol::SoftwareStack s = SoftwareStackOf(torch::Device(torch::kCUDA, 0));
+  EXPECT_FALSE(s.driver.empty()) << s.Describe();
+  EXPECT_FALSE(s.cuda.empty()) << s.Describe();
+  EXPECT_FALSE(s.cublas.empty()) << s.Describe();
+  EXPECT_FALSE(s.device.empty()) << s.Describe();
+  EXPECT_TRUE(s.isa.empty()) << s.Describe();
 }
 
 TEST_F(CudaDeviceTest, TheDeviceUuidIsNvmlsFormat) {

@@ -31,8 +31,12 @@ absl::Status EngineContext::ExchangeTopology() {
   // waiting in the all-gather).
   // Whole names (OptionsFromVariables and GuardEngine::Create refuse longer
   // ones): a cut would merge two nodes sdcd keeps apart.
+  // The whole 32-bit replica group, as sdcd keeps it: a cut (it was 8 bits)
+  // would put groups 1 and 257 in one in-band topology (issue 39, case 6).
   constexpr int64_t kNameBytes = protocol::kMaxNodeNameBytes;
-  constexpr int64_t kSeedAt = kNameBytes + 1;
+  constexpr int64_t kGroupAt = kNameBytes;
+  constexpr int64_t kGroupBytes = sizeof(uint32_t);
+  constexpr int64_t kSeedAt = kGroupAt + kGroupBytes;
   constexpr int64_t kSeedBytes = sizeof(uint64_t);
   constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;
   uint64_t seed = 0;
@@ -45,7 +49,8 @@ absl::Status EngineContext::ExchangeTopology() {
   torch::Tensor mine = torch::zeros({kSeedDrawnAt + 1}, torch::kUInt8);
   const std::string node = options_.node_name.substr(0, kNameBytes);
   std::memcpy(mine.data_ptr(), node.data(), node.size());
-  mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kGroupAt, &options_.replica_group,
+              kGroupBytes);
   std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kSeedAt, &seed, kSeedBytes);
   mine[kSeedDrawnAt] = drawn_status.ok() ? 1 : 0;
   std::vector<std::vector<torch::Tensor>> gathered(1);
@@ -59,7 +64,9 @@ absl::Status EngineContext::ExchangeTopology() {
   std::vector<protocol::PlanMember> members;
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
-    if (static_cast<uint8_t>(bytes[kNameBytes]) == (options_.replica_group & 0xff)) {
+    uint32_t group = 0;
+    std::memcpy(&group, bytes + kGroupAt, kGroupBytes);
+    if (group == options_.replica_group) {
       members.push_back({r, std::string(bytes, strnlen(bytes, kNameBytes))});
     }
   }

@@ -36,6 +36,12 @@ const char* FaultKindName(FaultKind kind) {
       return "scan-error";
     case FaultKind::kExchangeError:
       return "exchange-error";
+    case FaultKind::kCorruptTransfer:
+      return "corrupt-transfer";
+    case FaultKind::kSoftwareStack:
+      return "software-stack";
+    case FaultKind::kLateAuditReports:
+      return "late-audit-reports";
   }
   return "unknown";
 }
@@ -76,7 +82,10 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"replay", FaultKind::kReplay},
       {"replay-error", FaultKind::kReplayError},
       {"scan-error", FaultKind::kScanError},
-      {"exchange-error", FaultKind::kExchangeError}};
+      {"exchange-error", FaultKind::kExchangeError},
+      {"corrupt-transfer", FaultKind::kCorruptTransfer},
+      {"software-stack", FaultKind::kSoftwareStack},
+      {"late-audit-reports", FaultKind::kLateAuditReports}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }

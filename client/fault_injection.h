@@ -22,6 +22,16 @@
 //                                 function or autograd would
 //             scan-error          RANK's check 1 of a local bucket raises
 //             exchange-error      RANK, receiving a peer's micro-batch, finds it malformed
+//             corrupt-transfer    one bit of RANK's micro-batch flips on its way to its
+//                                 audit replayer (after its checksum; the tie-break
+//                                 send is intact)
+//             software-stack      RANK emulates another software stack: its Hello reports
+//                                 another driver and cuBLAS, and every forward it runs
+//                                 (its own and replays) rounds one activation differently
+//                                 by one ulp, as another cuBLAS's kernels would
+//             late-audit-reports  RANK sends its original and replay results to sdcd only
+//                                 after the step's tie-breaks and a 2 s pause, so tie-break
+//                                 results reach sdcd before them (a per-stream race)
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
@@ -47,6 +57,9 @@ enum class FaultKind {
   kReplayError,
   kScanError,
   kExchangeError,
+  kCorruptTransfer,
+  kSoftwareStack,
+  kLateAuditReports,
 };
 
 const char* FaultKindName(FaultKind kind);

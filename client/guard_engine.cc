@@ -167,6 +167,12 @@ absl::Status GuardEngine::Impl::Start() {
   hello.deterministic = true;
   hello.audit_every = options.audit_every;
   hello.weight_check_every = options.weight_check_every;
+  hello.software = SoftwareStackOf(model_.device());
+  if (ctx_.fault().kind == FaultKind::kSoftwareStack) {
+    // The demo's emulation of a node on another stack (fault_injection.h).
+    hello.software.driver = "emulated-other-driver";
+    hello.software.cublas = "emulated-other-cublas";
+  }
   if (absl::Status s = ctx_.Connect(std::move(hello)); !s.ok()) return s;
   if (ctx_.fault().enabled()) {
     ctx_.Log(absl::StrCat("FAULT INJECTION ARMED: ", ctx_.fault().Describe()));

@@ -41,6 +41,20 @@ void UnpackBytes(const torch::Tensor& bytes, const std::vector<torch::Tensor>& i
   }
 }
 
+// The checksum of a micro-batch message: the digest of the job-keyed
+// fingerprints of the header (its checksum slot read as zero) and of every
+// part, as they travel.
+uint64_t Checksum(const kernels::FingerprintKey& key, const torch::Tensor& header,
+                  const std::vector<torch::Tensor>& parts) {
+  torch::Tensor h = header.cpu().clone();
+  h[static_cast<int64_t>(PeerReplay::kChecksumSlot)] = 0;
+  std::vector<torch::Tensor> all = {h};
+  all.insert(all.end(), parts.begin(), parts.end());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < all.size(); ++i) names.push_back(absl::StrCat("part", i));
+  return Digest(names, Fingerprints(key, all));
+}
+
 }  // namespace
 
 absl::Status PeerReplay::CheckSendable(const std::vector<torch::Tensor>& batch,
@@ -75,6 +89,7 @@ void PeerReplay::BeginStep(uint64_t step, std::vector<torch::Tensor> batch,
   batch_ = std::move(batch);
   micro_batches_ = micro_batches;
   loss_scale_ = torch::Tensor();
+  sends_this_step_ = 0;
 }
 
 void PeerReplay::CaptureRng() { rng_state_ = client::CaptureRng(model_.device()); }
@@ -117,10 +132,25 @@ void PeerReplay::SendBatch(uint32_t dst, int tag,
   }
   // Everything travels from where the process group sends (the GPU on NCCL).
   const torch::Device& there = ctx_.collective_device();
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& t : batch) parts.push_back(t.contiguous().to(there));
+  parts.push_back(own.rng_state.to(there));
+  if (buffer_bytes > 0) parts.push_back(own.buffers.to(there));
+  const uint64_t checksum = Checksum(ctx_.fingerprint_key(), header, parts);
+  std::memcpy(&h[kChecksumSlot], &checksum, sizeof(checksum));
+  if (ctx_.fault().kind == FaultKind::kCorruptTransfer && sends_this_step_ == 0 &&
+      ctx_.fault().FiresAt(ctx_.rank(), step_)) {
+    // After the checksum: as a link or a NIC would flip it.
+    ctx_.Log(absl::StrCat("INJECTED a flipped bit into the micro-batch sent to rank ", dst,
+                          " at step ", step_));
+    torch::Tensor flipped = parts[0].clone();
+    torch::Tensor bytes = flipped.reshape({-1}).view(torch::kUInt8);
+    bytes[0] = bytes[0].bitwise_xor(1);
+    parts[0] = flipped;
+  }
+  ++sends_this_step_;
   std::vector<torch::Tensor> messages = {header.to(there)};
-  for (const torch::Tensor& t : batch) messages.push_back(t.contiguous().to(there));
-  messages.push_back(own.rng_state.to(there));
-  if (buffer_bytes > 0) messages.push_back(own.buffers.to(there));
+  messages.insert(messages.end(), parts.begin(), parts.end());
   for (size_t i = 0; i < messages.size(); ++i) {
     std::vector<torch::Tensor> one = {messages[i]};
     pending.push_back(ctx_.group().send(one, static_cast<int>(dst), tag + static_cast<int>(i)));
@@ -146,6 +176,7 @@ absl::StatusOr<PeerReplay::Batch> PeerReplay::RecvBatch(uint32_t src, int tag) {
     return absl::InternalError(absl::StrCat("rank ", src, " sends ", h[3], " bytes of buffers"));
   }
   Batch out;
+  std::vector<torch::Tensor> arrived;  // As received, for the checksum.
   out.micro_batches = h[1];
   std::memcpy(&out.loss_scale, &h[4], sizeof(out.loss_scale));
   std::vector<torch::Tensor>& batch = out.tensors;
@@ -157,6 +188,7 @@ absl::StatusOr<PeerReplay::Batch> PeerReplay::RecvBatch(uint32_t src, int tag) {
     SDC_TORCH_TRY({
       one.push_back(torch::empty(shape, there.dtype(static_cast<torch::ScalarType>(h[at]))));
       pg.recv(one, static_cast<int>(src), tag + 1 + static_cast<int>(i))->wait();
+      arrived.push_back(one[0]);
       // Where the subject had it: the host, or the model's device.
       batch.push_back(one[0].to(h[at + 1] == 0 ? torch::Device(torch::kCPU) : model_.device()));
     });
@@ -165,13 +197,25 @@ absl::StatusOr<PeerReplay::Batch> PeerReplay::RecvBatch(uint32_t src, int tag) {
   SDC_TORCH_TRY({
     rng.push_back(torch::empty({h[2]}, there.dtype(torch::kUInt8)));
     pg.recv(rng, static_cast<int>(src), tag + 1 + static_cast<int>(n))->wait();
+    arrived.push_back(rng[0]);
     out.rng_state = rng[0].cpu();
     if (h[3] > 0) {
       std::vector<torch::Tensor> buffers = {torch::empty({h[3]}, there.dtype(torch::kUInt8))};
       pg.recv(buffers, static_cast<int>(src), tag + 2 + static_cast<int>(n))->wait();
+      arrived.push_back(buffers[0]);
       out.buffers = buffers[0].to(model_.device());
     }
   });
+  uint64_t sent_checksum = 0;
+  std::memcpy(&sent_checksum, &h[kChecksumSlot], sizeof(sent_checksum));
+  uint64_t checksum = 0;
+  SDC_TORCH_TRY(checksum = Checksum(ctx_.fingerprint_key(), header[0], arrived));
+  if (checksum != sent_checksum) {
+    return absl::DataLossError(absl::StrCat(
+        "the micro-batch from rank ", src, " arrived corrupted (checksum ",
+        absl::Hex(checksum, absl::kZeroPad16), ", sent ", absl::Hex(sent_checksum, absl::kZeroPad16),
+        "): a corrupted transfer, not replayed"));
+  }
   if (ctx_.fault().kind == FaultKind::kExchangeError && ctx_.fault().FiresAt(ctx_.rank(), step_)) {
     ctx_.Log(absl::StrCat("INJECTED a malformed micro-batch from rank ", src, " at step ", step_));
     return absl::InternalError(absl::StrCat("INJECTED exchange-error: the micro-batch from rank ",

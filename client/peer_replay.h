@@ -13,8 +13,14 @@
 // The message: a header of kHeaderSlots int64 (the number of tensors, the
 // micro-batches, the RNG and buffer byte counts, the loss scale's bits, then
 // per tensor its dtype, whether on the model's device, its number of
-// dimensions and up to kMaxDims sizes), then each tensor, the RNG state and
-// the packed buffers, with consecutive tags from the pair's tag.
+// dimensions and up to kMaxDims sizes; the last slot the checksum), then
+// each tensor, the RNG state and the packed buffers, with consecutive tags
+// from the pair's tag. The checksum is a digest of the job-keyed
+// fingerprints of the header (checksum slot zero) and every part, computed
+// by the subject before sending; the replayer recomputes it on what
+// arrived and refuses a mismatch as a corrupted transfer (DataLoss) before
+// replaying: a flipped bit on the way must not look like the replayer's
+// GPU computing wrongly (issue 39, case 4).
 //
 // Thread-compatible: the training thread's (replays run the loss function
 // and autograd there).
@@ -42,6 +48,8 @@ class PeerReplay {
   static constexpr size_t kLeadSlots = 5;
   static constexpr int64_t kMaxDims = 6;
   static constexpr int64_t kSlotsPerTensor = 3 + kMaxDims;
+  static constexpr size_t kChecksumSlot = kHeaderSlots - 1;
+  static_assert(kLeadSlots + 6 * kSlotsPerTensor <= kChecksumSlot, "the checksum has its slot");
 
   // What a subject sends its replayer.
   struct Batch {
@@ -84,8 +92,10 @@ class PeerReplay {
   // every replayer replays what it received. Returns (subject, result) on a
   // rank that replayed, nullopt on the others. A rank replays at most one
   // subject per call. Internal on a libtorch failure (the loss function's
-  // included) or a malformed message; whatever fails, this rank still sends
-  // its own micro-batch and waits for its sends, so no peer waits on it.
+  // included) or a malformed message; DataLoss, without replaying, when the
+  // micro-batch's checksum does not match what arrived (a corrupted
+  // transfer); whatever fails, this rank still sends its own micro-batch and
+  // waits for its sends, so no peer waits on it.
   absl::StatusOr<std::optional<std::pair<uint32_t, Result>>> ExchangeAndReplay(
       const std::vector<protocol::Assignment>& pairs, int tag_base);
 
@@ -116,6 +126,7 @@ class PeerReplay {
   torch::Tensor rng_state_;
   torch::Tensor loss_scale_;  // Undefined: 1.
   bool replaying_ = false;
+  int sends_this_step_ = 0;  // For the corrupt-transfer fault: the audit's send only.
 };
 
 }  // namespace sdc::client

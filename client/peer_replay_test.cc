@@ -5,10 +5,14 @@
 
 #include "client/peer_replay.h"
 
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "client/device.h"
+#include "client/gloo_group.h"
 #include "client/one_rank_group.h"
 #include "client/tensor_checks.h"
 #include "gtest/gtest.h"
@@ -175,6 +179,59 @@ TEST(PeerReplayTest, ARankOutsideThePairsExchangesNothing) {
   auto none = f.replay.ExchangeAndReplay({{1, 2}, {2, 1}}, 1000);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->has_value());
+}
+
+// Issue 39, case 4: a bit of rank 0's micro-batch flips on its way to its
+// replayer, rank 1 (the fault flips it after the checksum, as a link
+// would). Rank 1 refuses it as a corrupted transfer (DataLoss) instead of
+// replaying it into a wrong result that named its own GPU; the next send
+// (a tie-break's) arrives intact and replays as rank 0 computed it.
+TEST(PeerReplayTest, AMicroBatchCorruptedOnTheWayIsRefusedNotReplayed) {
+  const std::string store =
+      (std::filesystem::path(::testing::TempDir()) / "corrupt_transfer_store").string();
+  std::filesystem::remove(store);
+  Model models[2];
+  struct Outcome {
+    absl::Status first, second;
+    std::optional<PeerReplay::Result> replayed;
+  } out[2];
+  std::optional<PeerReplay::Result> own;
+  // Drawn here: the two ranks' threads share torch's generators, so only
+  // rank 0 (the subject) touches them before the exchange.
+  const std::vector<torch::Tensor> batch = Batch();
+  auto run = [&](int rank) {
+    GuardOptions o = Options();
+    o.node_name = rank == 0 ? "node-a" : "node-b";
+    o.faults = {*ParseFaultSpec("corrupt-transfer:0:step=1")};
+    EngineContext ctx(o, MakeGlooGroup(store, rank, 2, std::chrono::seconds(60)));
+    ModelTensors tensors =
+        *ModelTensors::Create(models[rank].parameters(), {}, models[rank].buffers(), true);
+    PeerReplay replay(ctx, tensors, models[rank].loss());
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    replay.BeginStep(1, batch, 1);
+    if (rank == 0) {
+      replay.CaptureRng();
+      own = replay.Replay(replay.OwnBatch());
+    }
+    auto first = replay.ExchangeAndReplay({{1, 0}}, 1000);
+    out[rank].first = first.status();
+    auto second = replay.ExchangeAndReplay({{1, 0}}, 3000);
+    out[rank].second = second.status();
+    if (second.ok() && second->has_value()) out[rank].replayed = (*second)->second;
+  };
+  std::thread r0(run, 0), r1(run, 1);
+  r0.join();
+  r1.join();
+  EXPECT_TRUE(out[0].first.ok()) << out[0].first;
+  EXPECT_EQ(out[1].first.code(), absl::StatusCode::kDataLoss) << out[1].first;
+  EXPECT_NE(out[1].first.message().find("arrived corrupted"), std::string::npos)
+      << out[1].first;
+  EXPECT_TRUE(out[0].second.ok()) << out[0].second;
+  ASSERT_TRUE(out[1].second.ok()) << out[1].second;
+  ASSERT_TRUE(out[1].replayed.has_value());
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(out[1].replayed->loss_bits, own->loss_bits);
+  EXPECT_EQ(out[1].replayed->digest, own->digest);
 }
 
 }  // namespace

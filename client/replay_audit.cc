@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/tensor_checks.h"
 
 namespace sdc::client {
@@ -144,8 +145,38 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
                                    [&](const protocol::Assignment& a) { return a.subject == rank; });
   // The first error this rank meets; every later collective runs anyway.
   absl::Status failure;
+  // Results to sdcd; the late-audit-reports fault holds the original and
+  // replay until after the tie-breaks.
+  const bool late = ctx_.fault().kind == FaultKind::kLateAuditReports &&
+                    ctx_.fault().FiresAt(rank, step.step);
+  std::vector<protocol::AuditResult> held;
+  auto report = [&](protocol::AuditResult a) {
+    if (late) {
+      held.push_back(std::move(a));
+    } else {
+      ctx_.Send(step.step, std::move(a));
+    }
+  };
   auto replayed = replay_.ExchangeAndReplay(plan_.assignments, /*tag_base=*/1000);
-  if (!replayed.ok()) failure = replayed.status();
+  // A micro-batch that arrived corrupted was not replayed: the comparison
+  // is left out (a missing replay in-band, a corrupted transfer at sdcd),
+  // and nobody is named for it. Not a failure of the audit.
+  const bool corrupted = !replayed.ok() && absl::IsDataLoss(replayed.status());
+  if (corrupted) {
+    ctx_.Log(absl::StrCat("step ", step.step, ": ", replayed.status().message()));
+    uint32_t subject_of_mine = 0;
+    for (const protocol::Assignment& a : plan_.assignments) {
+      if (a.replayer == rank) subject_of_mine = a.subject;
+    }
+    protocol::AuditResult a;
+    a.role = protocol::AuditRole::kReplay;
+    a.plan_id = plan_id_;
+    a.subject = subject_of_mine;
+    a.corrupted_transfer = true;
+    report(std::move(a));
+  } else if (!replayed.ok()) {
+    failure = replayed.status();
+  }
   bool has_original = false;
   std::vector<kernels::Fingerprint> original = OriginalGradients(&has_original);
   AuditExchange mine;
@@ -161,7 +192,7 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     a.loss_bits = original_loss_bits_;
     a.gradient_digest = mine.original_digest;
     if (options.parameter_fingerprints) a.gradients = std::move(original);
-    ctx_.Send(step.step, std::move(a));
+    report(std::move(a));
   }
   if (replayed.ok() && replayed->has_value()) {
     const auto& [who, r] = **replayed;
@@ -176,7 +207,7 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     a.gradient_digest = r.digest;
     a.nonfinite = r.nonfinite;
     if (options.parameter_fingerprints) a.gradients = r.gradients;
-    ctx_.Send(step.step, std::move(a));
+    report(std::move(a));
   }
   std::vector<int64_t> all;
   SDC_TORCH_TRY(all = ctx_.AllGather(EncodeAudit(mine)));
@@ -215,6 +246,12 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
         ctx_.Send(step.step, std::move(a));
       }
     }
+  }
+  if (late) {
+    ctx_.Log(absl::StrCat("INJECTED late delivery of this rank's audit results at step ",
+                          step.step, ": sent after the tie-breaks and a 2 s pause"));
+    absl::SleepFor(absl::Seconds(2));
+    for (protocol::AuditResult& a : held) ctx_.Send(step.step, std::move(a));
   }
   if (CoordinatorLink* link = ctx_.link(); link != nullptr) {
     // The in-band verdict decides the step; sdcd's own changes nothing on

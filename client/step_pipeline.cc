@@ -154,8 +154,9 @@ torch::Tensor StepPipeline::FaultPoint(const StepContext& step, const torch::Ten
                                        bool replaying) const {
   const FaultPlan& f = ctx_.fault();
   if (!f.FiresAt(ctx_.rank(), step.step)) return x;
-  const bool activation =
-      f.kind == FaultKind::kActivationScale || f.kind == FaultKind::kMantissaBitflip;
+  const bool activation = f.kind == FaultKind::kActivationScale ||
+                          f.kind == FaultKind::kMantissaBitflip ||
+                          f.kind == FaultKind::kSoftwareStack;
   if (!(activation || (f.kind == FaultKind::kReplay && replaying))) return x;
   torch::Tensor y = x.detach().clone();
   {
@@ -167,7 +168,8 @@ torch::Tensor StepPipeline::FaultPoint(const StepContext& step, const torch::Ten
       flat[at].mul_(f.magnitude);
     } else {
       torch::Tensor element = flat.narrow(0, at, 1);
-      FlipMantissaBit(element, 12);
+      // Another stack rounds differently: one ulp, deterministically.
+      FlipMantissaBit(element, f.kind == FaultKind::kSoftwareStack ? 0 : 12);
     }
   }
   ctx_.Log(absl::StrCat("INJECTED ", FaultKindName(f.kind), " into an activation at step ",

@@ -1,5 +1,8 @@
 #include "client/weight_check.h"
 
+#include <map>
+#include <optional>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +85,37 @@ absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decis
   if (a.repair_step_known_by_all <= repaired_step_ || a.repair_step_known_by_all != repair_step_) {
     return absl::OkStatus();
   }
+  // The source's weights now, not at the vote: steps ran since, and its
+  // GPU may have gone bad meanwhile (issue 39, case 8). Every rank's digest
+  // now, all-gathered: the repair copies from a rank holding what a strict
+  // majority holds (the source when it still does, else the lowest such
+  // rank), and from nobody when no majority holds one model. Every rank
+  // decides alike from the same gathered digests.
+  std::vector<int64_t> digests;
+  SDC_TORCH_TRY(digests = ctx_.AllGather({static_cast<int64_t>(Digest())}));
+  std::map<int64_t, size_t> holders;
+  for (int64_t d : digests) ++holders[d];
+  std::optional<uint32_t> source;
+  const int64_t of_source = digests.at(repair_source_);
+  if (holders[of_source] * 2 > digests.size()) {
+    source = repair_source_;
+  } else {
+    for (uint32_t r = 0; r < digests.size() && !source.has_value(); ++r) {
+      if (holders[digests[r]] * 2 > digests.size()) source = r;
+    }
+  }
+  repaired_step_ = repair_step_;
+  if (!source.has_value()) {
+    ctx_.Log(absl::StrCat("no repair of step ", repair_step_, "'s minority: rank ",
+                          repair_source_, "'s weights changed since the vote and no strict "
+                          "majority holds one model now; the next weight vote decides"));
+    return absl::OkStatus();
+  }
+  if (*source != repair_source_) {
+    ctx_.Log(absl::StrCat("rank ", repair_source_, "'s weights changed since the vote of step ",
+                          repair_step_, "; repairing from rank ", *source,
+                          ", which holds the majority's"));
+  }
   std::vector<torch::Tensor> all = model_.Weights(/*live=*/true);
   SDC_TORCH_TRY({
     if (optimizer_state_) {
@@ -91,15 +125,13 @@ absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decis
     for (torch::Tensor& t : all) {
       std::vector<torch::Tensor> one = {t.detach()};
       c10d::BroadcastOptions o;
-      o.rootRank = repair_source_;
+      o.rootRank = static_cast<int>(*source);
       ctx_.group().broadcast(one, o)->wait();
     }
   });
-  repaired_step_ = repair_step_;
   decision.repaired = true;
   ++repairs_;
-  ctx_.Log(absl::StrCat("weights, buffers and optimizer state restored from rank ",
-                        repair_source_));
+  ctx_.Log(absl::StrCat("weights, buffers and optimizer state restored from rank ", *source));
   return absl::OkStatus();
 }
 

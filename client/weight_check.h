@@ -55,9 +55,12 @@ class WeightCheck {
   // The step of the newest minority verdict noted (agreement input).
   uint64_t repair_step() const { return repair_step_; }
   // Once every rank holds the newest verdict (the agreement's minimum) and
-  // it was not repaired yet: broadcasts weights, buffers and optimizer
-  // state from the majority rank (collective) and sets decision.repaired.
-  // Internal on a libtorch failure.
+  // it was not repaired yet: re-checks the weights as they are now (an
+  // all-gather of every rank's Digest), then broadcasts weights, buffers
+  // and optimizer state from the verdict's majority rank if it still holds
+  // what a strict majority holds, else from the lowest rank that does, else
+  // from nobody (logged; the next vote decides), and sets decision.repaired
+  // when it broadcast. Collective. Internal on a libtorch failure.
   absl::Status RepairIfAgreed(const Agreement& agreement, StepDecision& decision);
 
   // weight_checks and repairs.

@@ -4,8 +4,13 @@
 
 #include "client/weight_check.h"
 
+#include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "client/gloo_group.h"
 #include "client/one_rank_group.h"
 #include "gtest/gtest.h"
 
@@ -115,6 +120,82 @@ TEST(WeightCheckTest, ARepairRunsOnceEveryRankHoldsTheNewestVerdict) {
   GuardSummary s;
   f.weights.Summarize(s);
   EXPECT_EQ(s.repairs, 1u);
+}
+
+// Issue 39, case 8: the repair broadcast the source's weights as they were
+// at the vote, without looking at them again. Five ranks: the vote of step
+// 40 found rank 4 a minority and named rank 1 a majority source; after the
+// vote rank 1's weights went bad too. The repair re-checks every rank's
+// digest and copies from rank 0, which holds what the majority (0, 2, 3)
+// holds, so nobody gets rank 1's corrupted weights.
+TEST(WeightCheckTest, TheRepairRechecksTheSourceAndCopiesFromTheMajority) {
+  constexpr int kWorld = 5;
+  const std::string store =
+      (std::filesystem::path(::testing::TempDir()) / "repair_recheck_store").string();
+  std::filesystem::remove(store);
+  std::vector<torch::Tensor> w(kWorld);
+  bool repaired[kWorld] = {};
+  absl::Status status[kWorld];
+  auto run = [&](int rank) {
+    GuardOptions o = Options();
+    o.node_name = absl::StrCat("node-", rank);
+    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
+    const float value = rank == 4 ? 9.0f : rank == 1 ? 7.0f : 1.0f;  // 4: the minority; 1: bad since.
+    w[rank] = torch::full({3}, value).requires_grad_();
+    ModelTensors model =
+        *ModelTensors::Create({{"w"}, {w[rank]}}, {}, {}, true);
+    WeightCheck weights(ctx, model, nullptr);
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    weights.NoteMinority(40, /*majority_source=*/1, "rank 4 differs");
+    Agreement a;
+    a.repair_step_known_by_all = 40;
+    StepDecision d;
+    status[rank] = weights.RepairIfAgreed(a, d);
+    repaired[rank] = d.repaired;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
+    EXPECT_TRUE(repaired[r]) << r;
+    EXPECT_TRUE(torch::equal(w[r], torch::full({3}, 1.0f))) << "rank " << r << ": " << w[r];
+  }
+}
+
+// With no strict majority left (ranks 0 and 2 of four agree, 1 went bad
+// after the vote, 3 is the minority) nobody's weights are copied.
+TEST(WeightCheckTest, NoRepairWithoutAMajorityAfterTheSourceWentBad) {
+  constexpr int kWorld = 4;
+  const std::string store =
+      (std::filesystem::path(::testing::TempDir()) / "repair_no_majority_store").string();
+  std::filesystem::remove(store);
+  std::vector<torch::Tensor> w(kWorld);
+  bool repaired[kWorld] = {};
+  auto run = [&](int rank) {
+    GuardOptions o = Options();
+    o.node_name = absl::StrCat("node-", rank);
+    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
+    const float value = rank == 3 ? 9.0f : rank == 1 ? 7.0f : 1.0f;
+    w[rank] = torch::full({3}, value).requires_grad_();
+    ModelTensors model = *ModelTensors::Create({{"w"}, {w[rank]}}, {}, {}, true);
+    WeightCheck weights(ctx, model, nullptr);
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    weights.NoteMinority(40, /*majority_source=*/1, "rank 3 differs");
+    Agreement a;
+    a.repair_step_known_by_all = 40;
+    StepDecision d;
+    EXPECT_TRUE(weights.RepairIfAgreed(a, d).ok());
+    repaired[rank] = d.repaired;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (std::thread& t : threads) t.join();
+  const float expected[kWorld] = {1, 7, 1, 9};
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_FALSE(repaired[r]) << r;
+    EXPECT_TRUE(torch::equal(w[r], torch::full({3}, expected[r]))) << "rank " << r << ": " << w[r];
+  }
 }
 
 }  // namespace

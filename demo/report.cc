@@ -158,6 +158,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   }
   f.incidents = result.incidents;
   std::set<int> blamed;
+  bool expected_seen = scenario.expect_incident.empty();
   int notices = 0;  // audits_off: the job's audits stopped; nothing was detected.
   for (const v1::Incident& i : f.incidents) {
     if (i.outcome() == "audits_off") {
@@ -170,13 +171,18 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
     if (i.confirmed()) {
       for (uint32_t r : i.ranks()) blamed.insert(static_cast<int>(r));
     }
+    expected_seen = expected_seen || i.outcome() == scenario.expect_incident;
   }
   const int findings = static_cast<int>(f.incidents.size()) - notices;
   if (f.fault_rank < 0) {
     f.false_alarms = findings;
   } else {
-    for (int r : blamed) f.false_alarms += r != f.fault_rank ? 1 : 0;
-    f.detected = findings > 0 && !f.injections.empty();
+    // Where the design explains the fault without hardware, any GPU named is
+    // a false alarm, the fault's rank's included.
+    for (int r : blamed) {
+      f.false_alarms += r != f.fault_rank || !scenario.expect_incident.empty() ? 1 : 0;
+    }
+    f.detected = findings > 0 && !f.injections.empty() && expected_seen;
     f.attributed_correctly = blamed.count(f.fault_rank) > 0 && blamed.size() == 1;
     if (f.detected && f.first_injection_step >= 0) {
       f.latency_steps = f.first_detection_step - f.first_injection_step;
@@ -203,6 +209,14 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   std::vector<std::pair<int, int>> corrupted;  // [from, to)
   for (const Injection& inj : f.injections) {
     if (inj.step < 0 || inj.while_replaying) continue;
+    // Faults that change no value training uses: another stack's rounding
+    // (correct on its own terms), a bit flipped in the copy of a micro-batch
+    // sent to a replayer, reports delivered late.
+    if (inj.what.find("INJECTED software-stack") != std::string::npos ||
+        inj.what.find("into the micro-batch sent") != std::string::npos ||
+        inj.what.find("late delivery") != std::string::npos) {
+      continue;
+    }
     if (inj.what.find("into weight") != std::string::npos) {
       int repaired = INT32_MAX;
       for (const auto& [step, s] : steps) {

@@ -45,9 +45,13 @@ struct RunFacts {
   std::vector<v1::Incident> incidents;
   int first_detection_step = -1;
   int latency_steps = -1;         // First detection minus first injection.
-  bool detected = false;          // Some check fired on an injected fault.
+  // Some check fired on an injected fault (with an incident of
+  // scenario.expect_incident's outcome, where that is set).
+  bool detected = false;
   bool attributed_correctly = false;  // A confirmed incident names the faulty rank, and only it.
-  int false_alarms = 0;           // Confirmed blames of other ranks (any incident when clean).
+  // Confirmed blames of other ranks (any incident when clean; any blame at
+  // all where scenario.expect_incident is set).
+  int false_alarms = 0;
   std::vector<int> skipped_steps;
   std::vector<int> checkpoints_allowed;  // Written (provisional at first).
   std::vector<int> checkpoints_vetoed;

@@ -57,8 +57,32 @@ const std::vector<Scenario>& Scenarios() {
        "optimizer-state:{rank}:step={step}", 0, false, true, true, false, "bn-mlp"},
       {"nondeterministic-op",
        "a model with an op that has no deterministic implementation: audits turn off at the "
-       "first audit step, training goes on, and a NaN is still caught and named",
-       "nan-gradient:{rank}:step={step}", 0, false, true, true, false, "put-mlp"},
+       "first audit step, training goes on, and a NaN is still caught: its GPU a suspect, "
+       "since no replay there can confirm it (issue 39, case 8)",
+       "nan-gradient:{rank}:step={step}", 0, false, true, false, false, "put-mlp"},
+      // Issue 39's cases.
+      // The two faults differ (x10000, x3000), as two faulty GPUs' errors do:
+      // two GPUs wrong in the same bits are a majority no vote can overrule.
+      {"two-faulty-of-three",
+       "3 nodes of one GPU, two of them faulty at the same step: every comparison of the ring "
+       "mismatches; nobody is named, all are suspects, the provisional checkpoint is revoked",
+       "activation-scale:{rank}:step={step}:10000,activation-scale:{next}:step={step}:3000", 3,
+       false, true, false, false, "", 0, false, 1, "inconclusive"},
+      {"software-stack",
+       "one rank on another software stack (emulated: another driver and cuBLAS in its Hello, "
+       "one activation rounded differently on every forward): a software mismatch, no GPU "
+       "named",
+       "software-stack:{rank}:from=0", 0, false, true, false, false, "", 0, false, 0,
+       "software_mismatch"},
+      {"corrupt-transfer",
+       "one bit of a subject's micro-batch flips on its way to its replayer: the checksum "
+       "refuses it as a corrupted transfer, no replayer named",
+       "corrupt-transfer:{rank}:step={step}", 0, false, true, false, false, "", 0, false, 0,
+       "corrupted_transfer"},
+      {"late-tiebreak",
+       "the activation fault, with the next rank's audit results reaching sdcd after the "
+       "tie-break results (a per-stream race): the early tie-breaks are kept, the GPU named",
+       "activation-scale:{rank}:step={step}:10000,late-audit-reports:{next}:step={step}"},
   };
   return *kScenarios;
 }

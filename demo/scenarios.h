@@ -26,6 +26,11 @@ struct Scenario {
   // sdcd starts only after the trainers' first steps (a tenth of the run):
   // they hold their reports until it is there, then deliver them all.
   bool coordinator_late = false;
+  int gpus_per_node = 0;       // Override of the ranks per node (0: keep).
+  // Where set, the fault counts as detected only by an incident of this
+  // outcome, and naming any GPU (a confirmed incident) is a false alarm:
+  // the design explains it without blaming hardware.
+  std::string expect_incident;
 };
 
 const std::vector<Scenario>& Scenarios();

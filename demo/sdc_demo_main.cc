@@ -244,6 +244,7 @@ int Main(int argc, char** argv) {
     Usage(absl::StrCat("unknown scenario '", f.scenario, "' (./sdc demo --scenario=list)"));
   }
   if (scenario->nodes > 0) f.nodes = scenario->nodes;
+  if (scenario->gpus_per_node > 0) f.gpus_per_node = scenario->gpus_per_node;
   const int world = f.nodes * f.gpus_per_node;
   if (world < 2) Usage("--nodes x --gpus_per_node must be at least 2 ranks");
   if (f.fault_rank < 0) f.fault_rank = std::min(world - 1, f.gpus_per_node + 1);
@@ -277,7 +278,8 @@ int Main(int argc, char** argv) {
   if (scenario->micro_batches > 0) c.micro_batches = scenario->micro_batches;
   c.trainer = f.trainer;
   c.fault = absl::StrReplaceAll(scenario->fault, {{"{rank}", absl::StrCat(f.fault_rank)},
-                                                  {"{step}", absl::StrCat(f.fault_step)}});
+                                                  {"{step}", absl::StrCat(f.fault_step)},
+                                                  {"{next}", absl::StrCat((f.fault_rank + 1) % world)}});
   c.restart_coordinator_at = scenario->restart_coordinator ? f.restart_at : -1;
   if (scenario->coordinator_late) c.start_coordinator_after = std::max(1, f.steps / 10);
   c.job_id = absl::StrCat("demo-", scenario->name);

@@ -69,6 +69,8 @@ Hello FromProto(const v1::Hello& h) {
   out.deterministic = h.deterministic();
   out.audit_every = h.audit_every();
   out.weight_check_every = h.weight_check_every();
+  const v1::SoftwareStack& sw = h.software();
+  out.software = {sw.driver(), sw.cuda(), sw.cublas(), sw.torch(), sw.device(), sw.isa()};
   return out;
 }
 
@@ -84,6 +86,15 @@ v1::Hello ToProto(const Hello& h) {
   out.set_deterministic(h.deterministic);
   out.set_audit_every(h.audit_every);
   out.set_weight_check_every(h.weight_check_every);
+  if (!h.software.unknown()) {
+    v1::SoftwareStack* sw = out.mutable_software();
+    sw->set_driver(h.software.driver);
+    sw->set_cuda(h.software.cuda);
+    sw->set_cublas(h.software.cublas);
+    sw->set_torch(h.software.torch);
+    sw->set_device(h.software.device);
+    sw->set_isa(h.software.isa);
+  }
   return out;
 }
 
@@ -113,6 +124,7 @@ absl::StatusOr<Report> FromProto(const v1::Report& r) {
       c.loss_bits = a.loss_bits();
       c.gradient_digest = a.gradient_digest();
       c.nonfinite = a.nonfinite();
+      c.corrupted_transfer = a.corrupted_transfer();
       if (a.gradients_size() % 3 != 0) {
         return absl::InvalidArgumentError("gradient fingerprints must be (length, s1, s2) triplets");
       }
@@ -172,6 +184,7 @@ v1::Report ToProto(const Report& r) {
     p->set_loss_bits(a->loss_bits);
     p->set_gradient_digest(a->gradient_digest);
     p->set_nonfinite(a->nonfinite);
+    p->set_corrupted_transfer(a->corrupted_transfer);
     p->mutable_gradients()->Resize(static_cast<int>(3 * a->gradients.size()), 0);
     std::memcpy(p->mutable_gradients()->mutable_data(), a->gradients.data(),
                 a->gradients.size() * sizeof(Fingerprint));

@@ -23,6 +23,7 @@ Hello SomeHello() {
   h.deterministic = true;
   h.audit_every = 7;
   h.weight_check_every = 11;
+  h.software = {"12040", "12.4", "120403", "2.11.0", "NVIDIA H100 80GB HBM3", ""};
   return h;
 }
 
@@ -43,6 +44,9 @@ TEST(ConvertTest, HelloRoundTrips) {
   EXPECT_TRUE(back.deterministic);
   EXPECT_EQ(back.audit_every, 7u);
   EXPECT_EQ(back.weight_check_every, 11u);
+  EXPECT_EQ(back.software, h.software);
+  EXPECT_EQ(back.software.Describe(),
+            "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100 80GB HBM3");
 }
 
 Report Envelope(decltype(Report::body) body) {

@@ -1,6 +1,34 @@
 #include "protocol/types.h"
 
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace sdc::protocol {
+
+bool SoftwareStack::unknown() const {
+  return driver.empty() && cuda.empty() && cublas.empty() && torch.empty() && device.empty() &&
+         isa.empty();
+}
+
+std::string SoftwareStack::Describe() const {
+  std::vector<std::string> parts;
+  if (!driver.empty()) parts.push_back(absl::StrCat("driver ", driver));
+  if (!cuda.empty()) parts.push_back(absl::StrCat("CUDA ", cuda));
+  if (!cublas.empty()) parts.push_back(absl::StrCat("cuBLAS ", cublas));
+  if (!torch.empty()) parts.push_back(absl::StrCat("torch ", torch));
+  if (!device.empty()) parts.push_back(device);
+  if (!isa.empty()) parts.push_back(absl::StrCat("ISA ", isa));
+  return parts.empty() ? "unknown" : absl::StrJoin(parts, ", ");
+}
+
+bool SoftwareStack::operator==(const SoftwareStack& o) const {
+  return std::tie(driver, cuda, cublas, torch, device, isa) ==
+         std::tie(o.driver, o.cuda, o.cublas, o.torch, o.device, o.isa);
+}
 
 const char* AuditRoleName(AuditRole role) {
   switch (role) {

@@ -35,6 +35,28 @@ struct Placement {
 // anywhere are two nodes in-band as at sdcd (issue 39, case 8).
 inline constexpr size_t kMaxNodeNameBytes = 253;
 
+// The software a rank computes with, as its trainer reports it in Hello
+// (issue 39, case 3). Two ranks whose stacks differ may compute different
+// but equally correct results (another cuBLAS picks other kernels, another
+// GPU model other tile sizes): sdcd does not blame a GPU for a replay
+// mismatch between them. An empty field is unknown (an older trainer).
+struct SoftwareStack {
+  std::string driver;  // CUDA driver version ("12040"); empty on the CPU.
+  std::string cuda;    // CUDA runtime version torch was built with; empty on the CPU.
+  std::string cublas;  // cuBLAS version; empty on the CPU.
+  std::string torch;   // torch's version ("2.11.0").
+  std::string device;  // GPU model ("NVIDIA H100 80GB HBM3"), or the CPU's model name.
+  std::string isa;     // On the CPU: the vector ISA ATen dispatches to ("AVX2").
+
+  // True when nothing is known (every field empty).
+  bool unknown() const;
+  // "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100": the
+  // known fields; "unknown" when none is.
+  std::string Describe() const;
+  bool operator==(const SoftwareStack& o) const;
+  bool operator!=(const SoftwareStack& o) const { return !(*this == o); }
+};
+
 // The first message of a rank's stream.
 struct Hello {
   std::string job_id;
@@ -47,6 +69,7 @@ struct Hello {
   bool deterministic = false;  // Audit steps run deterministic kernels.
   uint32_t audit_every = 0;         // Scheduled audits on steps divisible by N.
   uint32_t weight_check_every = 0;  // Weight checks on steps divisible by K.
+  SoftwareStack software;
 };
 
 // Check 1's inputs and the step's outcome; one per rank per step.
@@ -88,6 +111,9 @@ struct AuditResult {
   std::vector<Fingerprint> gradients;
   uint64_t gradient_digest = 0;
   uint64_t nonfinite = 0;
+  // kReplay only: the subject's micro-batch arrived corrupted (checksum
+  // mismatch); nothing was replayed (issue 39, case 4).
+  bool corrupted_transfer = false;
 };
 
 struct WeightReport {

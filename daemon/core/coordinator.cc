@@ -137,6 +137,7 @@ uint64_t ContentDigest(const Report& r) {
     add(a->plan_id);
     add(a->loss_bits);
     add(a->gradient_digest);
+    add(a->corrupted_transfer);
   } else if (const auto* w = std::get_if<WeightReport>(&r.body)) {
     add(w->digest);
     add(w->checkpoint);

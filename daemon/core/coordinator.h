@@ -218,6 +218,9 @@ class Coordinator {
   struct RankState {
     RankRecord record;
     bool attached = false;
+    // From this sdcd's last Hello of the rank (audits wait for every
+    // rank's Hello, so it is never stale when an audit is judged).
+    protocol::SoftwareStack software;
     // (sequence, ContentDigest) of the last acknowledged reports, by
     // sequence % size: a resent duplicate must match what was acknowledged.
     std::array<std::pair<uint64_t, uint64_t>, 8> recent{};
@@ -275,6 +278,9 @@ class Coordinator {
     absl::flat_hash_set<Rank> subjects;          // Ranks whose batch is replayed.
     absl::flat_hash_map<Rank, Evidence> originals;
     absl::flat_hash_map<Rank, Evidence> replays;
+    // Replayers whose subject's micro-batch arrived corrupted (checksum
+    // mismatch, issue 39 case 4): in, but with no replay to compare.
+    std::set<Rank> corrupted;
     std::optional<AuditVerdict> verdict;  // Set once originals and replays are in.
     std::vector<PendingTieBreak> tiebreaks;
     std::vector<PendingKey> keys;
@@ -418,6 +424,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The outcome of the incident that says a job's replay audits are off.
   static constexpr char kAuditsOff[] = "audits_off";
+  // The outcome of the incident of an audit mismatch explained by the
+  // compared ranks' software stacks (ExplainBySoftware): no GPU named.
+  static constexpr char kSoftwareMismatch[] = "software_mismatch";
+  // The outcome of the incident of a replay input that arrived corrupted:
+  // no GPU named.
+  static constexpr char kCorruptedTransfer[] = "corrupted_transfer";
   // Records, once per job, that its ranks turned replay audits off.
   void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
                      Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -502,6 +514,13 @@ class Coordinator {
   // replayer faulty, or leaves both suspect (as does a result that never
   // arrived). Pure. REQUIRES: pa.verdict is set.
   static AuditFindings SettleAudit(const PendingAudit& pa, bool deterministic);
+  // Issue 39, case 3: a rank named faulty or suspect whose software stack
+  // differs from that of every rank it was compared with in the audit (its
+  // replayers, the subject it replayed, its tie-breakers) is explained by
+  // software: moved from faulty/suspects to findings.software, no GPU named.
+  // Unknown stacks (older trainers) never differ.
+  void ExplainBySoftware(const JobState& job, const PendingAudit& pa,
+                         AuditFindings& findings) const;
   // Records the incidents of a decided audit; returns the one its verdict
   // names (the first faulty rank's), 0 for none.
   uint64_t RecordAuditIncidents(JobState& job, GroupState& group, Step step,

@@ -59,7 +59,8 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
   // some hardware produced wrong values, maybe silently on unaudited steps
   // before the provisional checkpoint too: it is not trusted any more.
   const bool software = outcome == "systemic" || outcome == "all_ranks" ||
-                        outcome == "reproduced" || outcome == kAuditsOff;
+                        outcome == "reproduced" || outcome == kAuditsOff ||
+                        outcome == kSoftwareMismatch || outcome == kCorruptedTransfer;
   if (const std::optional<Step> revoked =
           software ? std::nullopt : job.checkpoints.RevokeProvisional()) {
     txn.mutation.checkpoint_decisions.push_back(

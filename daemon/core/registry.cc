@@ -152,6 +152,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   rec.incarnation = h.incarnation;
   rec.placement = h.placement;
   rec.deterministic = h.deterministic;
+  slot->software = h.software;
   slot->attached = true;
   if (!std::binary_search(group.members.begin(), group.members.end(), rank)) {
     group.members.insert(std::upper_bound(group.members.begin(), group.members.end(), rank),

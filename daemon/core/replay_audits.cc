@@ -7,6 +7,7 @@
 #include "daemon/core/coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -134,7 +135,7 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
             "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
             r.step, " does not assign that pair"));
       }
-      if (view.replays.contains(r.rank)) {
+      if (view.replays.contains(r.rank) || view.corrupted.count(r.rank) > 0) {
         return absl::AlreadyExistsError(absl::StrCat(
             "replay result of rank ", r.rank, " at step ", r.step, " already received"));
       }
@@ -192,6 +193,8 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   }
   if (a.role == AuditRole::kOriginal) {
     pa->originals[r.rank] = std::move(evidence);
+  } else if (a.corrupted_transfer) {
+    pa->corrupted.insert(r.rank);
   } else {
     pa->replays[r.rank] = std::move(evidence);
   }
@@ -205,6 +208,12 @@ struct Coordinator::AuditFindings {
   AuditOutcome outcome = AuditOutcome::kPass;
   std::set<Rank> faulty;
   std::set<Rank> suspects;
+  std::set<Rank> software;  // Mismatches explained by a software stack (ExplainBySoftware).
+  // "rank S's micro-batch reached rank K corrupted", one per corrupted transfer.
+  std::vector<std::string> corrupted;
+  // Every rank named was explained by software: the weights are not
+  // suspect, so the step's verdict does not fail (no checkpoint veto).
+  bool only_software() const { return !software.empty() && faulty.empty() && suspects.empty(); }
   std::vector<std::string> notes;  // Attribution's explanation, then the tie-breaks'.
 };
 
@@ -218,7 +227,7 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   if (!pa.verdict.has_value()) {
     // Results are validated against the plan, so counts tell completeness.
     const bool all_in = pa.originals.size() == pa.subjects.size() &&
-                        pa.replays.size() == pa.subject_of.size();
+                        pa.replays.size() + pa.corrupted.size() == pa.subject_of.size();
     if (!all_in && !deadline) return;
   } else {
     bool resolved = true;
@@ -238,7 +247,8 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
 
   // Final verdict.
   const AuditVerdict& v = *pa.verdict;
-  const AuditFindings findings = SettleAudit(pa, deterministic);
+  AuditFindings findings = SettleAudit(pa, deterministic);
+  ExplainBySoftware(job, pa, findings);
   const AuditOutcome outcome = findings.outcome;
   const std::set<Rank>& faulty = findings.faulty;
   const std::set<Rank>& suspects = findings.suspects;
@@ -251,15 +261,15 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   verdict.step = step;
   verdict.check = CheckKind::kReplay;
   verdict.complete = v.missing.empty();
-  verdict.failed = IsFailure(outcome);
+  verdict.failed = IsFailure(outcome) && !findings.only_software();
   verdict.incident_id =
       RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
-  verdict.summary = verdict.failed
+  verdict.summary = IsFailure(outcome)
                         ? absl::StrCat(AuditOutcomeName(outcome), ": ", explanation,
                                        verdict.incident_id != 0
                                            ? absl::StrCat(" (incident ", verdict.incident_id, ")")
                                            : "")
-                        : v.explanation;
+                        : (findings.corrupted.empty() ? v.explanation : explanation);
   AuditVerdictMessage msg;
   msg.step = step;
   msg.outcome = outcome;
@@ -277,7 +287,9 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
                                   CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
   bool tiebreaks_in = true;
   for (const PendingTieBreak& t : pa.tiebreaks) tiebreaks_in = tiebreaks_in && t.result.has_value();
-  if (!v.missing.empty() || !tiebreaks_in) {
+  bool awaits_results = !tiebreaks_in;
+  for (Rank m : v.missing) awaits_results = awaits_results || !pa.corrupted.count(m);
+  if (awaits_results) {
     // Decided without some results: when their ranks come back (from a
     // cut-off node, or with sdcd after an outage) the audit is judged
     // again on all of them, as it would have been (MaybeFinishLateAudit).
@@ -371,7 +383,11 @@ absl::Status Coordinator::ApplyLateAudit(JobState& job, GroupState& group, const
             "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
             r.step, " does not assign that pair"));
       }
-      if (!pa.replays.contains(r.rank)) pa.replays[r.rank] = std::move(evidence);
+      if (a.corrupted_transfer) {
+        pa.corrupted.insert(r.rank);
+      } else if (!pa.replays.contains(r.rank)) {
+        pa.replays[r.rank] = std::move(evidence);
+      }
       break;
     }
     case AuditRole::kTieBreak:
@@ -395,7 +411,8 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   if (it == job.unfinished.end()) return;
   PendingAudit& pa = it->second;
   const Step step = std::get<1>(key);
-  if (pa.originals.size() < pa.subjects.size() || pa.replays.size() < pa.subject_of.size()) {
+  if (pa.originals.size() < pa.subjects.size() ||
+      pa.replays.size() + pa.corrupted.size() < pa.subject_of.size()) {
     return;
   }
   bool deterministic = true;
@@ -414,7 +431,8 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   // The ranks ran the tie-breaks in-band when the step happened; their
   // results come (or came) with the rest.
   if (!ResolveEarlyTieBreaks(pa)) return;
-  const AuditFindings findings = SettleAudit(pa, deterministic);
+  AuditFindings findings = SettleAudit(pa, deterministic);
+  ExplainBySoftware(job, pa, findings);
   const std::vector<std::string> differing = TensorNames(group, pa.verdict->differing_parameters);
   const std::string explanation = absl::StrCat(
       "decided in-band while sdcd was away (results of this audit arrived after it was decided "
@@ -426,10 +444,10 @@ void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
   verdict.step = step;
   verdict.check = CheckKind::kReplay;
   verdict.complete = true;
-  verdict.failed = IsFailure(findings.outcome);
+  verdict.failed = IsFailure(findings.outcome) && !findings.only_software();
   verdict.incident_id =
       RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
-  verdict.summary = verdict.failed
+  verdict.summary = IsFailure(findings.outcome)
                         ? absl::StrCat(AuditOutcomeName(findings.outcome), ": ", explanation,
                                        verdict.incident_id != 0
                                            ? absl::StrCat(" (incident ", verdict.incident_id, ")")
@@ -510,7 +528,76 @@ Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool
     suspects.insert(v.suspects.begin(), v.suspects.end());
   }
   out.outcome = outcome;
+  for (const auto& [replayer, subject] : pa.subject_of) {
+    if (pa.corrupted.count(replayer)) {
+      out.corrupted.push_back(absl::StrCat("rank ", subject, "'s micro-batch reached rank ",
+                                           replayer, " corrupted"));
+    }
+  }
+  std::sort(out.corrupted.begin(), out.corrupted.end());
+  for (const std::string& c : out.corrupted) {
+    notes.push_back(absl::StrCat(c, " (checksum mismatch): not compared, no replayer named"));
+  }
   return out;
+}
+
+void Coordinator::ExplainBySoftware(const JobState& job, const PendingAudit& pa,
+                                    AuditFindings& findings) const {
+  if (findings.faulty.empty() && findings.suspects.empty()) return;
+  static const protocol::SoftwareStack kUnknown;
+  auto stack = [&](Rank r) -> const protocol::SoftwareStack& {
+    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->software : kUnknown;
+  };
+  auto node = [&](Rank r) -> std::string {
+    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->record.placement.node
+                                                            : "?";
+  };
+  // Who was compared with whom in this audit.
+  std::map<Rank, std::set<Rank>> partners;
+  auto pair = [&](Rank a, Rank b) {
+    if (a == b) return;
+    partners[a].insert(b);
+    partners[b].insert(a);
+  };
+  for (const Assignment& x : pa.plan.assignments) pair(x.subject, x.replayer);
+  for (const PendingTieBreak& t : pa.tiebreaks) {
+    pair(t.tiebreak.subject, t.tiebreak.tiebreaker);
+    pair(t.tiebreak.disputed, t.tiebreak.tiebreaker);
+  }
+  auto explained = [&](Rank r) {
+    const protocol::SoftwareStack& own = stack(r);
+    auto p = partners.find(r);
+    if (own.unknown() || p == partners.end()) return false;
+    for (Rank other : p->second) {
+      const protocol::SoftwareStack& theirs = stack(other);
+      if (theirs.unknown() || theirs == own) return false;
+    }
+    return true;
+  };
+  std::vector<std::string> notes;
+  for (const std::set<Rank>* named : {&findings.faulty, &findings.suspects}) {
+    for (Rank r : *named) {
+      if (!explained(r)) continue;
+      findings.software.insert(r);
+      const Rank other = *partners[r].begin();
+      notes.push_back(absl::StrCat(
+          "software mismatch: node ", node(r), " (rank ", r, ") runs ",
+          stack(r).Describe(), "; the ranks it was compared with run another "
+          "stack (rank ", other, ": ", stack(other).Describe(),
+          "): results that differ across stacks blame no GPU"));
+    }
+  }
+  if (findings.software.empty()) return;
+  for (Rank r : findings.software) {
+    findings.faulty.erase(r);
+    findings.suspects.erase(r);
+  }
+  findings.notes.insert(findings.notes.end(), notes.begin(), notes.end());
+  if (findings.faulty.empty() && findings.suspects.empty()) {
+    findings.outcome = AuditOutcome::kSystemic;
+  } else if (findings.faulty.empty() && findings.outcome == AuditOutcome::kFaulty) {
+    findings.outcome = AuditOutcome::kInconclusive;
+  }
 }
 
 uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Step step,
@@ -521,6 +608,29 @@ uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Ste
   const std::set<Rank>& faulty = findings.faulty;
   const std::set<Rank>& suspects = findings.suspects;
   uint64_t incident_id = 0;
+  if (!findings.corrupted.empty()) {
+    const Incident& inc = RecordIncident(
+        job, group, step, CheckKind::kReplay, kCorruptedTransfer, {}, false,
+        absl::StrCat(absl::StrJoin(findings.corrupted, "; "),
+                     ": checksum mismatch, so the transfer (a link, a NIC, host memory), not a "
+                     "GPU's computation; those comparisons are left out"),
+        {}, txn);
+    if (outcome == AuditOutcome::kPass || outcome == AuditOutcome::kIncomplete) incident_id = inc.id;
+  }
+  if (!findings.software.empty()) {
+    // No GPU named: the incident names the nodes and their stacks.
+    std::vector<std::string> stacks;
+    for (Rank r : findings.software) {
+      stacks.push_back(absl::StrCat("node ", RankOf(job, r).placement.node, " (rank ", r,
+                                    "): ", job.ranks[r]->software.Describe()));
+    }
+    const Incident& inc = RecordIncident(
+        job, group, step, CheckKind::kReplay, kSoftwareMismatch, {}, false,
+        absl::StrCat("software mismatch on ", absl::StrJoin(stacks, "; "), ": ", explanation),
+        differing, txn);
+    incident_id = inc.id;
+    if (outcome == AuditOutcome::kSystemic) return incident_id;
+  }
   switch (outcome) {
     case AuditOutcome::kFaulty: {
       for (Rank r : faulty) {

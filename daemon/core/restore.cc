@@ -57,7 +57,7 @@ absl::Status Coordinator::Restore() {
     if (it == jobs_.end() || r.placement.rank >= it->second.ranks.size()) continue;
     JobState& job = it->second;
     if (!job.ranks[r.placement.rank].has_value()) ++job.said_hello;
-    job.ranks[r.placement.rank] = RankState{r, false};
+    job.ranks[r.placement.rank] = RankState{r, false, {}, {}};
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
   }
   for (auto& [id, job] : jobs_) {
