@@ -54,6 +54,16 @@ std::map<int, double> MeanLoss(const ClusterResult& r) {
   return out;
 }
 
+// Faults that change no value training uses: another stack's rounding
+// (correct on its own terms), a bit flipped in the copy of a micro-batch
+// sent to a replayer, reports delivered late.
+bool ChangesNoTrainingValue(const Injection& inj) {
+  for (const char* what : {"INJECTED software-stack", "into the micro-batch sent", "late delivery"}) {
+    if (inj.what.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool IntoWeights(const Injection& inj) {
   for (const char* what : {"into weight", "into frozen weight", "into optimizer state"}) {
     if (inj.what.find(what) != std::string::npos) return true;
@@ -67,6 +77,10 @@ void ClassifyInjections(const std::map<int, StepRecord>& steps, RunFacts* f) {
   for (Injection& inj : f->injections) {
     if (inj.while_replaying) {
       inj.fate = Fate::kReplay;
+      continue;
+    }
+    if (ChangesNoTrainingValue(inj)) {
+      inj.fate = Fate::kNoTrainingValue;
       continue;
     }
     if (IntoWeights(inj)) {
@@ -100,6 +114,7 @@ void ClassifyInjections(const std::map<int, StepRecord>& steps, RunFacts* f) {
         f->undetected_steps.push_back(inj.step);
         break;
       case Fate::kReplay:
+      case Fate::kNoTrainingValue:
         break;
     }
   }
@@ -117,6 +132,8 @@ std::string FateName(Fate fate) {
       return "detected after it was applied";
     case Fate::kReplay:
       return "in a replay (never trained on)";
+    case Fate::kNoTrainingValue:
+      return "changes no value training uses";
     case Fate::kUndetected:
       return "TRAINED ON UNDETECTED";
   }
@@ -209,14 +226,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   std::vector<std::pair<int, int>> corrupted;  // [from, to)
   for (const Injection& inj : f.injections) {
     if (inj.step < 0 || inj.while_replaying) continue;
-    // Faults that change no value training uses: another stack's rounding
-    // (correct on its own terms), a bit flipped in the copy of a micro-batch
-    // sent to a replayer, reports delivered late.
-    if (inj.what.find("INJECTED software-stack") != std::string::npos ||
-        inj.what.find("into the micro-batch sent") != std::string::npos ||
-        inj.what.find("late delivery") != std::string::npos) {
-      continue;
-    }
+    if (ChangesNoTrainingValue(inj)) continue;
     if (inj.what.find("into weight") != std::string::npos) {
       int repaired = INT32_MAX;
       for (const auto& [step, s] : steps) {
@@ -265,9 +275,12 @@ std::string AuditCount(const RunFacts& f) {
 
 // "20 into training: 3 caught, 17 TRAINED ON UNDETECTED (steps 2, 9, ...); 3 into replays".
 std::string InjectionTally(const RunFacts& f) {
-  int replays = 0;
-  for (const Injection& i : f.injections) replays += i.while_replaying ? 1 : 0;
-  const int training = static_cast<int>(f.injections.size()) - replays;
+  int replays = 0, elsewhere = 0;
+  for (const Injection& i : f.injections) {
+    replays += i.fate == Fate::kReplay ? 1 : 0;
+    elsewhere += i.fate == Fate::kNoTrainingValue ? 1 : 0;
+  }
+  const int training = static_cast<int>(f.injections.size()) - replays - elsewhere;
   std::string out = absl::StrCat(training, " into training: ", f.caught, " caught");
   if (f.detected_applied > 0) {
     absl::StrAppend(&out, ", ", f.detected_applied, " detected after they were applied");
@@ -277,6 +290,7 @@ std::string InjectionTally(const RunFacts& f) {
     absl::StrAppend(&out, " (steps ", absl::StrJoin(f.undetected_steps, ", "), ")");
   }
   if (replays > 0) absl::StrAppend(&out, "; ", replays, " into replays of a peer");
+  if (elsewhere > 0) absl::StrAppend(&out, "; ", elsewhere, " that change no value training uses");
   return out;
 }
 

@@ -22,6 +22,8 @@ enum class Fate {
                      // on, and checkpoints from then on are revoked or vetoed.
   kReplay,           // Injected into a replay of a peer's micro-batch: it can only
                      // make the replayer look faulty, never reach the weights.
+  kNoTrainingValue,  // Another software stack's rounding, a flipped bit in the copy
+                     // sent to a replayer, late reports: nothing trains on it.
   kUndetected,       // Trained on undetected: averaged into every replica, unseen.
 };
 

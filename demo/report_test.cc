@@ -106,6 +106,16 @@ TEST(ReportTest, EveryInjectionCaughtIsGreen) {
   EXPECT_THAT(SummaryText(f, r, Config(), ""), Not(HasSubstr("went into them undetected")));
 }
 
+TEST(ReportTest, AFlipInAReplayersCopyIsNotTrainedOn) {
+  ClusterResult r = Result(Steps(12, {}),
+                           {"rank 3: INJECTED a flipped bit into the micro-batch sent to rank 1 "
+                            "at step 5"});
+  const RunFacts f = Analyze(r, kScenario, Config(), 3);
+  ASSERT_EQ(f.injections.size(), 1u);
+  EXPECT_EQ(f.injections[0].fate, Fate::kNoTrainingValue);
+  EXPECT_TRUE(f.undetected_steps.empty());
+}
+
 TEST(ReportTest, AWeightFlipNobodyFoundIsUndetected) {
   ClusterResult r = Result(Steps(12, {}),
                            {"rank 3: INJECTED a bit flip into weight w after step 4"});
