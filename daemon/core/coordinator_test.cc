@@ -12,6 +12,9 @@
 namespace sdc::core {
 namespace {
 
+// A caller proven to be the node its Hello names (a node certificate).
+Caller Proven(const Hello& h) { return {h.placement.node, "certificate", {}}; }
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -59,7 +62,7 @@ class Cluster {
 
   void AttachAll() {
     for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(coordinator_->Attach(HelloOf(r)).ok()) << r;
+      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Proven(HelloOf(r))).ok()) << r;
     }
   }
 
@@ -257,7 +260,7 @@ TEST(CoordinatorTest, BadHellosAreRefusedWithSpecificCodes) {
   for (const Case& c : cases) {
     Hello h = cl.HelloOf(1);
     c.mutate(h);
-    absl::StatusOr<AttachResult> r = cl.c().Attach(h);
+    absl::StatusOr<AttachResult> r = cl.c().Attach(h, Proven(h));
     EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status().code();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message)) << c.name;
     EXPECT_LT(r.status().message().size(), 400u) << c.name << ": the echo is bounded";
@@ -539,19 +542,19 @@ TEST(CoordinatorTest, JobsAreBoundedAndAbandonedOnesExpire) {
     h.world_size = world;
     return h;
   };
-  ASSERT_TRUE(cl.c().Attach(job_of("job-b", 4, 0)).ok());
-  absl::StatusOr<AttachResult> refused = cl.c().Attach(job_of("job-c", 1, 0));
+  ASSERT_TRUE(cl.c().Attach(job_of("job-b", 4, 0), Proven(job_of("job-b", 4, 0))).ok());
+  absl::StatusOr<AttachResult> refused = cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0)));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--max_jobs 2"));
   // job-b leaves; an hour later it is abandoned and job-c fits.
   cl.c().Detach("job-b", 0, 1);
   cl.clock().Advance(absl::Minutes(59));
-  EXPECT_EQ(cl.c().Attach(job_of("job-c", 1, 0)).status().code(),
+  EXPECT_EQ(cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0))).status().code(),
             absl::StatusCode::kResourceExhausted) << "not abandoned yet";
   cl.clock().Advance(absl::Minutes(2));
-  ASSERT_TRUE(cl.c().Attach(job_of("job-c", 1, 0)).ok());
+  ASSERT_TRUE(cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0))).ok());
   // The rank budget: 6 + 1 held, 4 more would pass 10.
-  EXPECT_THAT(std::string(cl.c().Attach(job_of("job-d", 4, 0)).status().message()),
+  EXPECT_THAT(std::string(cl.c().Attach(job_of("job-d", 4, 0), Proven(job_of("job-d", 4, 0))).status().message()),
               HasSubstr("--max_ranks 10"));
   absl::StatusOr<Snapshot> snap = cl.store().Load();
   ASSERT_TRUE(snap.ok());
@@ -839,7 +842,7 @@ TEST(CoordinatorTest, ARestartKeepsTheCarriedTensorsOfElidedVotes) {
   ASSERT_TRUE(cl.Send(2, 10, Cluster::Weights()).ok());
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   for (Rank r : {3u, 4u, 5u}) ASSERT_TRUE(cl.Send(r, 10, Elided(Cluster::Weights())).ok());
   auto incidents = cl.c().ListIncidents(kJob);
   ASSERT_THAT(incidents, SizeIs(1));
@@ -964,7 +967,7 @@ TEST(CoordinatorTest, ASuppressedRequestsIncidentIsResolvedByAnOperator) {
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
   EXPECT_EQ(cl.c().ListIncidents(kJob).at(0).resolution, "GPU 5 of node-c drained by hand");
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   for (Step s = 31; s <= 40; ++s) cl.CleanStep(s);
   cl.AllWeights(40);
   d = cl.c().MayCheckpoint(kJob, 40);
@@ -998,7 +1001,7 @@ TEST(CoordinatorTest, AppliedFailureVetoesUntilRollback) {
   EXPECT_THAT(d->reason, HasSubstr("step 20 applied gradients that failed the replay check"));
   EXPECT_THAT(d->reason, HasSubstr("roll back to a checkpoint before step 20"));
   // Every rank restarts from a checkpoint at step 10.
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r, 2)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r, 2), Proven(cl.HelloOf(r, 2))).ok());
   for (Step s = 11; s <= 20; ++s) {
     for (Rank r = 0; r < 6; ++r) {
       ASSERT_TRUE(cl.Send(r, s, StepReport{0, 0, 1, 1234, true, "", false}, 2).ok());
@@ -1093,7 +1096,7 @@ TEST(CoordinatorTest, RestartRebuildsStateAndNothingIsDecidedTwice) {
   EXPECT_EQ(pending, 3u);
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   // Acknowledged reports stay acknowledged.
   Report again;
   again.job_id = kJob;
