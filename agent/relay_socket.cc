@@ -76,7 +76,8 @@ void RelaySocket::AcceptLoop(grpc::Server* server) {
   while (!stopping_.load()) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;  // Looks at stopping_ five times a second.
-    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    // Non-blocking: gRPC's poller reads it (a blocking fd stalls the server).
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) continue;
     ucred peer{};
     socklen_t len = sizeof(peer);

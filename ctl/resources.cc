@@ -457,14 +457,13 @@ Resource Operators() {
       .Named([](const Operator& o) { return Cell(o.name()); })
       .Column("ROLE", [](const Operator& o) { return RoleName(o.role()); })
       .Column("CREATED-BY", [](const Operator& o) { return Cell(o.created_by()); })
-      .Column("AGE", [](const Operator& o, absl::Time now) {
-        return FormatAgeSince(o.created_unix_ms(), now);
-      })
       // Pending: under two-person approval, no second admin consented yet.
       .Column("STATUS", [](const Operator& o) {
         return std::string(o.active() ? "Active" : "Pending");
       })
-      .WideColumn("APPROVED-BY", [](const Operator& o) { return Cell(o.approved_by()); })
+      .Column("AGE", [](const Operator& o, absl::Time now) {
+        return FormatAgeSince(o.created_unix_ms(), now);
+      })
       .Label("role", [](const Operator& o) { return RoleName(o.role()); })
       .Build();
 }

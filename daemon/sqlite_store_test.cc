@@ -776,6 +776,9 @@ TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
   // The database as schema 2 had it, with three pending reports whose
   // arrival order is not their key order.
   std::string sql = R"sql(
+ALTER TABLE ranks DROP COLUMN identity;
+ALTER TABLE ranks DROP COLUMN proof;
+ALTER TABLE ranks DROP COLUMN unproven;
 DROP TABLE operators;
 DROP TABLE report_log;
 DROP TABLE dropped_reports;

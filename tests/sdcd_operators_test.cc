@@ -428,5 +428,21 @@ TEST(ApprovalsRequiredFlagTest, OutOfRangeOrWithAutoApprovalIsRefused) {
   }
 }
 
+// Issue 38, finding 7: sdcd accepted an admin address reachable from the
+// network without TLS, so operators' bearer tokens crossed it in clear.
+// Now it refuses to start, and says how to fix it; loopback without TLS
+// still starts.
+TEST(PlaintextAdminTest, APublicAdminAddressWithoutTlsIsRefused) {
+  const std::string dir = TestDir("plaintext-admin");
+  const std::vector<std::string> argv = {
+      BinaryPath("daemon/sdcd"), absl::StrCat("--db=", dir, "/sdcd.db"),
+      absl::StrCat("--admin_token_file=", dir, "/admin.token"), "--listen=127.0.0.1:0",
+      "--admin_listen=0.0.0.0:0", "--metrics_listen=127.0.0.1:0"};
+  RunResult r = sdc::testing::Run(argv, {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--admin_listen: 0.0.0.0:0 is not a loopback address, and the "
+                                  "admin service would carry bearer tokens in clear there"));
+}
+
 }  // namespace
 }  // namespace sdc::testing

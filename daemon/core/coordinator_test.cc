@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,7 @@ class Cluster {
 
   Hello HelloOf(Rank r, uint64_t incarnation = 1) const {
     Hello h;
-    h.job_id = kJob;
+    h.job_id = job_;
     h.placement = {r, NodeOf(r), r % static_cast<uint32_t>(gpus_), GpuOf(r), 0};
     h.world_size = world();
     h.incarnation = incarnation;
@@ -66,17 +67,28 @@ class Cluster {
     }
   }
 
+  // Every rank from a caller that proved nothing (no node certificate, no
+  // agent relaying it).
+  void AttachAllUnauthenticated() {
+    for (Rank r = 0; r < world(); ++r) {
+      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Caller{}).ok()) << r;
+    }
+  }
+
+  // Hellos and reports from here on are job `job`'s (same nodes and GPUs).
+  void set_job(std::string job) { job_ = std::move(job); }
+
   absl::StatusOr<Effects> Send(Rank r, Step step, decltype(Report::body) body,
                                uint64_t incarnation = 1) {
     Report rep;
-    rep.job_id = kJob;
+    rep.job_id = job_;
     rep.rank = r;
     rep.incarnation = incarnation;
-    rep.sequence = next_seq_[{r, incarnation}] + 1;
+    rep.sequence = next_seq_[{job_, r, incarnation}] + 1;
     rep.step = step;
     rep.body = std::move(body);
     absl::StatusOr<Effects> e = coordinator_->Ingest(rep);
-    if (e.ok() && !e->duplicate) next_seq_[{r, incarnation}] = rep.sequence;
+    if (e.ok() && !e->duplicate) next_seq_[{job_, r, incarnation}] = rep.sequence;
     if (e.ok()) Collect(*e);
     return e;
   }
@@ -189,7 +201,8 @@ class Cluster {
   FakeClock clock_;
   MemoryStore store_;
   std::unique_ptr<Coordinator> coordinator_;
-  std::map<std::pair<Rank, uint64_t>, uint64_t> next_seq_;
+  std::string job_ = kJob;
+  std::map<std::tuple<std::string, Rank, uint64_t>, uint64_t> next_seq_;
   std::vector<OutMessage> messages_;
   std::vector<CheckEvent> checks_;
 };
@@ -1165,7 +1178,10 @@ TEST(CoordinatorTest, ARequestExecutingWhenSdcdStoppedFailsAndCanBeRetried) {
   EXPECT_THAT(cl.c().StartApproved("eks").first, IsEmpty()) << "never run twice by itself";
   EXPECT_EQ(cl.c().Approve(id, "alice", "retry", false, false).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // A retry is forced: two people's word.
   ASSERT_TRUE(cl.c().Approve(id, "alice", "node checked: retry", /*force=*/true, false).ok());
+  EXPECT_THAT(cl.c().StartApproved("eks").first, IsEmpty());
+  ASSERT_TRUE(cl.c().Approve(id, "bob", "agreed: retry", /*force=*/true, false).ok());
   EXPECT_THAT(cl.c().StartApproved("eks").first, SizeIs(1));
   // And the failure was stored: another restart finds it.
   cl.Reset();
@@ -1185,6 +1201,107 @@ TEST(CoordinatorTest, PendingRequestsExpire) {
   cl.clock().Advance(absl::Minutes(2));
   cl.c().Tick();
   EXPECT_EQ(cl.c().ListRequests()[0].state, RequestState::kExpired);
+}
+
+// ---------------------------------------------------------------------------
+// Trust (issue 38): each test is an attack that worked before node
+// identities; it fails now.
+
+// Finding 1: anyone who reaches the trainer port places a rank on any node.
+// A forged job whose Hellos name nodes its caller never proved to be, and
+// whose weight reports make node-a's rank the minority, gets an incident
+// (recorded, saying why its evidence is not proven) but no replacement
+// request for node-a. A caller proven to be another node (an agent on node-c
+// relaying) cannot place a rank on node-a at all.
+TEST(CoordinatorTrustTest, AForgedPlacementOpensNoReplacementRequest) {
+  Cluster cl(3, 1);
+  cl.AttachAllUnauthenticated();
+  cl.AllWeights(10, /*corrupt=*/0);
+  const std::vector<Incident> incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].nodes, ElementsAre("node-a"));
+  EXPECT_TRUE(incidents[0].unproven_evidence);
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("unproven evidence never opens a replacement request"));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty()) << "forged evidence replaced node-a";
+
+  Hello h = cl.HelloOf(0);
+  h.job_id = "job-b";
+  const absl::StatusOr<AttachResult> redirected =
+      cl.c().Attach(h, Caller{"node-c", "relay", {}});
+  EXPECT_EQ(redirected.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(redirected.status().message()),
+              HasSubstr("says it runs on node 'node-a' but its caller proved to be node 'node-c'"));
+}
+
+// A proven rank cannot be taken over by an unauthenticated Hello with a
+// higher incarnation (before, the higher incarnation simply won).
+TEST(CoordinatorTrustTest, AnUnauthenticatedHelloCannotTakeOverAProvenRank) {
+  Cluster cl(3, 1);
+  cl.AttachAll();
+  const absl::StatusOr<AttachResult> taken = cl.c().Attach(cl.HelloOf(0, /*incarnation=*/9), Caller{});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(taken.status().message()),
+              HasSubstr("an unauthenticated Hello cannot take it over"));
+}
+
+// Finding 4, the lock-out: one Hello claiming the largest world size sdcd
+// takes (--max_ranks) used all of --max_ranks, and an attached job never
+// expires, so every real job was refused. A job now holds only what its
+// nodes can hold: the forged one 16 ranks (one unauthenticated node), and
+// the real job attaches.
+TEST(CoordinatorTrustTest, AWorldSizeClaimDoesNotLockOthersOut) {
+  CoordinatorOptions options;
+  options.max_ranks = 1000;
+  Cluster cl(3, 2, 10, 10, options);
+  Hello forged = cl.HelloOf(0);
+  forged.job_id = "job-forged";
+  forged.world_size = 1000;
+  ASSERT_TRUE(cl.c().Attach(forged, Caller{}).ok());
+  Hello proven_forged = forged;
+  proven_forged.job_id = "job-forged-too";
+  ASSERT_TRUE(cl.c().Attach(proven_forged, Proven(proven_forged)).ok())
+      << "a proven node holds no more than its capacity either";
+  cl.AttachAll();
+  EXPECT_THAT(cl.c().ListJobs(), SizeIs(3));
+  // Nor can the claim be grown by the same caller: one node holds at most
+  // --max_ranks_per_node ranks of a job.
+  for (Rank r = 1; r < 16; ++r) {
+    forged.placement.rank = r;
+    ASSERT_TRUE(cl.c().Attach(forged, Caller{}).ok()) << r;
+  }
+  forged.placement.rank = 16;
+  const absl::StatusOr<AttachResult> more = cl.c().Attach(forged, Caller{});
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(more.status().message()), HasSubstr("--max_ranks_per_node"));
+}
+
+// Finding 4, the crowding: four forged incidents filled
+// --max_open_requests (4), and a real incident then got no request.
+// Unproven evidence opens none, and one job (even of proven nodes) opens at
+// most its share (half), so a real job's incident still gets its request.
+TEST(CoordinatorTrustTest, ForgedOrOneJobsRequestsCannotCrowdOutARealOne) {
+  Cluster cl(4, 1);
+  cl.set_job("job-forged");
+  cl.AttachAllUnauthenticated();
+  for (Rank r = 0; r < 4; ++r) cl.AllWeights(10 * (r + 1), r);
+  EXPECT_THAT(cl.c().ListIncidents("job-forged"), SizeIs(4));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+
+  cl.set_job("job-greedy");
+  cl.AttachAll();
+  for (Rank r = 0; r < 3; ++r) cl.AllWeights(10 * (r + 1), r);
+  EXPECT_THAT(cl.c().ListIncidents("job-greedy"), SizeIs(3));
+  ASSERT_THAT(cl.c().ListRequests(), SizeIs(2)) << "one job's share is 2 of 4";
+  EXPECT_THAT(cl.c().ListIncidents("job-greedy")[2].explanation,
+              HasSubstr("--max_open_requests_per_job 2"));
+
+  cl.set_job(kJob);
+  cl.AttachAll();
+  cl.AllWeights(10, 3);
+  const std::vector<ReplacementRequest> requests = cl.c().ListRequests();
+  ASSERT_THAT(requests, SizeIs(3));
+  EXPECT_EQ(requests[2].node, "node-d");
 }
 
 }  // namespace
