@@ -65,7 +65,7 @@ class AgentEndToEndTest : public ::testing::Test {
   // A real sdc-agent for `node`, heartbeating every second, connecting to
   // `coordinator_` (sdcd's trainer address unless a test sets it).
   Process& LaunchAgent(const std::string& node, const std::vector<std::string>& flags = {}) {
-    if (coordinator_.empty()) coordinator_ = sdcd_->trainer_address();
+    if (coordinator_.empty()) coordinator_ = sdcd_->agent_address();
     std::vector<std::string> argv = {BinaryPath("agent/sdc-agent"),
                                      absl::StrCat("--coordinator=", coordinator_),
                                      absl::StrCat("--node_name=", node), "--heartbeat=1s"};
@@ -337,7 +337,7 @@ TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
   StartSdcd({absl::StrCat("--tls_cert=", dir_, "/server.pem"),
              absl::StrCat("--tls_key=", dir_, "/server.key"),
              absl::StrCat("--tls_client_ca=", dir_, "/ca.pem")});
-  coordinator_ = absl::StrCat("localhost:", sdcd_->trainer_port());
+  coordinator_ = absl::StrCat("localhost:", sdcd_->agent_port());
   const std::string ca = absl::StrCat("--tls_ca=", dir_, "/ca.pem");
   StartAgent("node-tls", {ca, absl::StrCat("--tls_cert=", dir_, "/client.pem"),
                           absl::StrCat("--tls_key=", dir_, "/client.key")});

@@ -39,7 +39,9 @@ class AgentRelayTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = TestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir_);
+    // Node identities on: the agent proves node-a with its certificate, and
+    // every rank it relays is placed on node-a.
+    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::StartWithIdentities(dir_, {"node-a"});
     ASSERT_TRUE(d.ok()) << d.status();
     sdcd_ = *std::move(d);
     // A Unix socket path has at most 107 characters; the test directory's
@@ -47,19 +49,21 @@ class AgentRelayTest : public ::testing::Test {
     char socket_dir[] = "/tmp/sdc-relay-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_dir_ = socket_dir;
-    absl::StatusOr<Process> agent = Process::Start(
-        {BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->trainer_address()),
-         "--node_name=node-a", "--heartbeat=1s", absl::StrCat("--relay_listen=", relay()),
-         absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))},
-        dir_ + "/agent.log");
+    std::vector<std::string> argv = {
+        BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->agent_address()),
+        "--node_name=node-a", "--heartbeat=1s", absl::StrCat("--relay_listen=", relay()),
+        absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))};
+    for (const std::string& flag : sdcd_->AgentTlsFlags("node-a")) argv.push_back(flag);
+    absl::StatusOr<Process> agent = Process::Start(argv, dir_ + "/agent.log");
     ASSERT_TRUE(agent.ok()) << agent.status();
     agent_ = std::make_unique<Process>(*std::move(agent));
     ASSERT_TRUE(agent_->WaitForLog("relaying trainer streams from .*").ok())
         << ReadFile(dir_ + "/agent.log");
-    // Trainers run as other users than the agent: anyone may connect.
+    // Only the allowed uids' processes may relay (the agent's own by
+    // default, the test's here): not world-writable.
     struct stat st;
     ASSERT_EQ(stat((socket_dir_ + "/relay.sock").c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0777u);
+    EXPECT_EQ(st.st_mode & 0777, 0660u);
   }
 
   void TearDown() override {

@@ -15,6 +15,15 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
                                                   const std::map<std::string, std::string>& env,
                                                   int trainer_port, int admin_port,
                                                   int metrics_port) {
+  return Launch(dir, extra_flags, env, trainer_port, admin_port, metrics_port,
+                /*insecure_dev_mode=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Launch(const std::string& dir,
+                                                   const std::vector<std::string>& extra_flags,
+                                                   const std::map<std::string, std::string>& env,
+                                                   int trainer_port, int admin_port,
+                                                   int metrics_port, bool insecure_dev_mode) {
   auto d = std::make_unique<Sdcd>();
   d->dir_ = dir;
   std::vector<std::string> argv = {
@@ -26,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)};
   // An --agent_listen among the flags wins (absl: the last one).
   argv.push_back("--agent_listen=127.0.0.1:0");
+  if (insecure_dev_mode) argv.push_back("--insecure_dev_mode");
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<Process> p = Process::Start(argv, dir + "/sdcd.log", env);
   if (!p.ok()) return p.status();
@@ -81,7 +91,8 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::StartWithIdentities(
                                     absl::StrCat("--tls_client_ca=", pki->ca),
                                     absl::StrCat("--agent_listen=127.0.0.1:", agent_port)};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-  absl::StatusOr<std::unique_ptr<Sdcd>> d = Start(dir, flags, env, trainer_port);
+  absl::StatusOr<std::unique_ptr<Sdcd>> d =
+      Launch(dir, flags, env, trainer_port, 0, 0, /*insecure_dev_mode=*/false);
   if (!d.ok()) return d.status();
   (*d)->pki_ = *std::move(pki);
   return d;

@@ -21,8 +21,10 @@ class Sdcd {
  public:
   // Starts sdcd in `dir` (database dir/sdcd.db, token dir/admin.token) with
   // `extra_flags`, on the given ports (0: any free one). Its agent listener
-  // is on loopback too (agent_address); without identities, nobody proves a
-  // node (ranks are unauthenticated, agents are refused).
+  // is on loopback too (agent_address). Without identities it runs with
+  // --insecure_dev_mode (every listener is loopback): callers are taken at
+  // their word, ranks' placements and agents' nodes alike, as before node
+  // identities, for tests about something else.
   static absl::StatusOr<std::unique_ptr<Sdcd>> Start(
       const std::string& dir, const std::vector<std::string>& extra_flags = {},
       const std::map<std::string, std::string>& env = {}, int trainer_port = 0,
@@ -71,6 +73,11 @@ class Sdcd {
                  const std::string& value) const;
 
  private:
+  static absl::StatusOr<std::unique_ptr<Sdcd>> Launch(
+      const std::string& dir, const std::vector<std::string>& extra_flags,
+      const std::map<std::string, std::string>& env, int trainer_port, int admin_port,
+      int metrics_port, bool insecure_dev_mode);
+
   std::string dir_;
   Process process_;
   demo::ClusterPki pki_;
