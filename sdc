@@ -237,6 +237,49 @@ fuzz_coordinator() {
   grep -E "^stat::number_of_executed_units" "$dir/last.log" | sed 's/^/sdc: fuzz /' >&2 || true
 }
 
+# The package layering (docs/ARCHITECTURE.md, "Arrows run one way"), read
+# from Bazel's own graph: every dependency, transitive, of every target
+# (tests and file dependencies included). Each rule is "NAME|FROM|FORBIDDEN":
+# nothing in FROM may depend on anything in FORBIDDEN. //:VERSION is the
+# root package's file that //common:version reads.
+OURS='//...:*'
+LAYER_RULES=(
+  "the trainer client (client/) must not depend on sdcd (daemon/)|//client/...:*|//daemon/...:*"
+  "sdcd (daemon/) must not depend on the trainer client (client/)|//daemon/...:*|//client/...:*"
+  "protocol/ depends only on proto/ and kernels/|//protocol/...:*|$OURS except (//protocol/...:* + //proto/...:* + //kernels/...:*)"
+  "sdcctl (ctl/) depends only on proto/ and common/|//ctl/...:*|$OURS except (//ctl/...:* + //proto/...:* + //common/...:* + //:VERSION)"
+  "common/ depends only on proto/|//common/...:*|$OURS except (//common/...:* + //proto/...:* + //:VERSION)"
+  "sdc-agent (agent/) must not depend on sdcd or the trainer client|//agent/...:*|//daemon/...:* + //client/...:*"
+)
+
+# Bazel's query takes no build flags (--define): only the venv for @torch.
+layers_query() {
+  bazel query --noshow_progress "--repo_env=SDC_VENV=$VENV" "$1"
+}
+
+cmd_layers() {
+  local rule name from forbidden out broken=0
+  local -a found path
+  local log="$SDC_CACHE/layers.log"
+  mkdir -p "$SDC_CACHE"
+  for rule in "${LAYER_RULES[@]}"; do
+    IFS='|' read -r name from forbidden <<<"$rule"
+    out=$(layers_query "deps($from) intersect ($forbidden)" 2>"$log") ||
+      { tail -20 "$log" >&2; die "bazel query failed checking that $name (log: $log)"; }
+    [[ -z "$out" ]] && continue
+    broken=1
+    mapfile -t found <<<"$out"
+    log "layering broken: $name, but $from reaches:"
+    printf '  %s\n' "${found[@]}" >&2
+    out=$(layers_query "somepath($from, ${found[0]})" 2>/dev/null) || out=""
+    mapfile -t path <<<"$out"
+    log "one path, from the top:"
+    printf '  %s\n' "${path[@]}" >&2
+  done
+  ((broken == 0)) || die "package dependencies break docs/ARCHITECTURE.md's arrows (see above)"
+  log "layering holds: client -> protocol <- daemon; ctl -> proto, common; common -> proto"
+}
+
 cmd_test() {
   setup
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -245,6 +288,7 @@ cmd_test() {
     log "no nvcc at /usr/local/cuda/bin: CUDA kernels are not built"
   fi
   local start=$SECONDS
+  cmd_layers
   bazel_run test //... "$@"
   cmd_pytest
   smoke_python_bench
@@ -362,6 +406,7 @@ usage: ./sdc COMMAND [ARGS]
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
+  layers               check the package dependency arrows (also the first step of test)
   gpu-bundle           build what tests/gpu/run.sh needs on a GPU machine (gpu-bundle/)
   setup                install the Debian packages and the pinned torch the project needs
 TXT
@@ -380,6 +425,7 @@ main() {
     pytest) setup; cmd_pytest "$@" ;;
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
+    layers) cmd_layers ;;
     setup) setup ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command '$cmd'" ;;

@@ -3,8 +3,10 @@
 // baselines measured in the same run on the same bytes and thread count:
 // a plain streaming read (the memory-bandwidth limit: the fastest of several
 // read loops, named in the output), SHA-1 per tensor
-// (Megatron-LM's cross-replica weight hash) and the fingerprint written with
-// plain libtorch tensor ops. Prints a table, then one JSON line last.
+// (Megatron-LM's cross-replica weight hash), torch.hash_tensor per tensor
+// (the order-insensitive XOR hash TorchTitan's replay check uses) and the
+// fingerprint's first level written with plain libtorch tensor ops. Prints a
+// table, then one JSON line last.
 
 #include <openssl/sha.h>
 #include <torch/torch.h>
@@ -224,14 +226,70 @@ uint64_t StreamingRead(const std::vector<ByteSpan>& spans, ThreadPool& pool,
   return total;
 }
 
-// The fingerprint as a user would write it with libtorch ops.
-Fingerprint TorchOpsFingerprint(const torch::Tensor& t) {
+// Mod 2^61 - 1 by 128-bit remainders, apart from the kernels' own code.
+uint64_t MulMod61(uint64_t a, uint64_t b) {
+  constexpr unsigned __int128 kP = (static_cast<unsigned __int128>(1) << 61) - 1;
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(a) * b % kP);
+}
+
+// The fingerprint as a user would write it with libtorch ops: level 1 (the
+// per-block NH sums, int64 arithmetic wrapping mod 2^64) as tensor ops,
+// level 2 (a polynomial mod 2^61 - 1 over two values per 4 KiB, which
+// tensor ops cannot multiply exactly) as a plain loop.
+// REQUIRES: t holds a whole number of 64-bit words.
+Fingerprint TorchOpsFingerprint(const torch::Tensor& t, const kernels::FingerprintKey& key) {
+  const uint64_t bytes = static_cast<uint64_t>(t.numel() * t.element_size());
   const torch::Tensor words = t.view(torch::kInt64);
-  const torch::Tensor positions =
-      torch::arange(1, words.numel() + 1, torch::TensorOptions(torch::kInt64));
-  return {static_cast<uint64_t>(t.numel() * t.element_size()),
-          static_cast<uint64_t>(words.sum().item<int64_t>()),
-          static_cast<uint64_t>((words * positions).sum().item<int64_t>())};
+  const int64_t n = words.numel();
+  const int64_t block = static_cast<int64_t>(kernels::kFingerprintBlockWords);
+  const int64_t full = n / block;
+  const int64_t mask = 0xffffffff;
+  // (lo(w) + lo(k) mod 2^32) * (hi(w) + hi(k) mod 2^32), summed per block.
+  auto block_sums = [&](const torch::Tensor& w, const torch::Tensor& k) {
+    const torch::Tensor lo = w.bitwise_and(mask).add_(k.bitwise_and(mask)).bitwise_and_(mask);
+    const torch::Tensor hi = w.bitwise_right_shift(32)
+                                 .bitwise_and_(mask)
+                                 .add_(k.bitwise_right_shift(32).bitwise_and(mask))
+                                 .bitwise_and_(mask);
+    return lo.mul_(hi).sum(-1);
+  };
+  Fingerprint fp{bytes, 0, 0};
+  for (int j = 0; j < 2; ++j) {
+    const torch::Tensor k =
+        torch::from_blob(const_cast<uint64_t*>(key.words(j)), {block}, torch::kInt64);
+    std::vector<int64_t> h;
+    if (full > 0) {
+      const torch::Tensor sums = block_sums(words.narrow(0, 0, full * block).view({full, block}), k);
+      h.assign(sums.data_ptr<int64_t>(), sums.data_ptr<int64_t>() + full);
+    }
+    if (n > full * block) {
+      const int64_t rest = n - full * block;
+      h.push_back(block_sums(words.narrow(0, full * block, rest), k.narrow(0, 0, rest))
+                      .item<int64_t>());
+    }
+    const uint64_t r = key.r(j);
+    uint64_t a = 0;
+    for (const int64_t sum : h) {
+      const uint64_t v = static_cast<uint64_t>(sum);
+      a = MulMod61(a + (v & 0xffffffffu), r);  // a + y < 2^62: no wrap.
+      a = MulMod61(a + (v >> 32), r);
+    }
+    (j == 0 ? fp.s1 : fp.s2) = MulMod61(a + bytes, r);
+  }
+  return fp;
+}
+
+// torch.hash_tensor's definition (mode 0): the XOR of every element
+// widened to fp64, as bits. Written out to check the call before timing it.
+uint64_t XorOfWidenedFloats(const std::vector<float>& values) {
+  uint64_t x = 0;
+  for (const float v : values) {
+    const double d = v;
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    x ^= bits;
+  }
+  return x;
 }
 
 // The value of the first /proc/cpuinfo line whose key is `key`, or "".
@@ -339,17 +397,29 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "%zu tensors, %.1f MiB fp32, %d threads, %s path, %d reps\n",
                params.size(), bytes / 1048576.0, threads, kernels::CpuKernelPath(), reps);
 
+  // A job's key: drawn as the guard draws one (the speed does not depend on it).
+  const absl::StatusOr<uint64_t> seed = kernels::DrawFingerprintSeed();
+  if (!seed.ok()) return Fail(seed.status().ToString());
+  const kernels::FingerprintKey key = kernels::FingerprintKey::FromSeed(*seed);
+
   // Every implementation must agree before any of them is timed.
   std::vector<Fingerprint> ours(spans.size());
-  if (auto s = kernels::FingerprintTensors(spans, absl::MakeSpan(ours)); !s.ok()) {
+  if (auto s = kernels::FingerprintTensors(spans, key, absl::MakeSpan(ours)); !s.ok()) {
     return Fail(s.ToString());
   }
+  std::vector<torch::Tensor> views;
   for (size_t t = 0; t < params.size(); ++t) {
-    const torch::Tensor view = torch::from_blob(
-        params[t].values.data(), {static_cast<int64_t>(params[t].values.size())},
-        torch::kFloat32);
-    if (TorchOpsFingerprint(view) != ours[t]) {
-      return Fail(absl::StrCat("torch-ops fingerprint disagrees on ", params[t].name));
+    views.push_back(torch::from_blob(params[t].values.data(),
+                                     {static_cast<int64_t>(params[t].values.size())},
+                                     torch::kFloat32));
+    if (TorchOpsFingerprint(views[t], key) != ours[t]) {
+      return Fail(absl::StrCat("torch-ops fingerprint disagrees on ", params[t].name,
+                               " under the key of seed ", *seed));
+    }
+    const uint64_t hashed = at::hash_tensor(views[t]).item().toUInt64();
+    if (hashed != XorOfWidenedFloats(params[t].values)) {
+      return Fail(absl::StrCat("torch.hash_tensor is not the XOR of fp64 bits on ",
+                               params[t].name));
     }
   }
 
@@ -383,7 +453,7 @@ int Main(int argc, char** argv) {
   std::vector<std::array<unsigned char, SHA_DIGEST_LENGTH>> sha(spans.size());
   std::vector<std::pair<const char*, std::function<void()>>> runs = {
       {"fingerprint",
-       [&] { (void)kernels::FingerprintTensors(spans, absl::MakeSpan(ours), &pool); }},
+       [&] { (void)kernels::FingerprintTensors(spans, key, absl::MakeSpan(ours), &pool); }},
       {"nonfinite_fp32",
        [&] { (void)kernels::ScanNonFinite(fp32_refs, absl::MakeSpan(scans), &pool); }},
       {"nonfinite_bf16",
@@ -397,11 +467,12 @@ int Main(int argc, char** argv) {
        }},
       {"torch_ops",
        [&] {
-         for (size_t t = 0; t < params.size(); ++t) {
-           const torch::Tensor view = torch::from_blob(
-               params[t].values.data(),
-               {static_cast<int64_t>(params[t].values.size())}, torch::kFloat32);
-           sink = sink + TorchOpsFingerprint(view).s2;
+         for (const torch::Tensor& view : views) sink = sink + TorchOpsFingerprint(view, key).s2;
+       }},
+      {"hash_tensor",
+       [&] {
+         for (const torch::Tensor& view : views) {
+           sink = sink + at::hash_tensor(view).item().toUInt64();
          }
        }},
   };
@@ -441,7 +512,7 @@ int Main(int argc, char** argv) {
   const double read_s = median(best_read);
   const char* const read_loop = runs[best_read].first;
   const double fp_s = median(0), nf32_s = median(1), nf16_s = median(2),
-               sha_s = median(3), torch_s = median(4);
+               sha_s = median(3), torch_s = median(4), hash_s = median(5);
 
   const double read_gbps = Gbps(bytes, read_s);
   const double fp_gbps = Gbps(bytes, fp_s);
@@ -449,6 +520,7 @@ int Main(int argc, char** argv) {
   const double nf16_gbps = Gbps(bf16_bytes, nf16_s);
   const double sha_gbps = Gbps(bytes, sha_s);
   const double torch_gbps = Gbps(bytes, torch_s);
+  const double hash_gbps = Gbps(bytes, hash_s);
 
   std::string gpu_json = ",\"gpu\":null";
   std::string gpu_note = "no GPU: " + std::string(kernels::CudaAvailable().message());
@@ -467,7 +539,7 @@ int Main(int argc, char** argv) {
       off += s.size;
     }
     std::vector<Fingerprint> gpu_fp(dspans.size());
-    if (auto s = kernels::FingerprintTensorsCuda(dspans, absl::MakeSpan(gpu_fp), nullptr);
+    if (auto s = kernels::FingerprintTensorsCuda(dspans, key, absl::MakeSpan(gpu_fp), nullptr);
         !s.ok()) {
       return Fail(s.ToString());
     }
@@ -477,7 +549,7 @@ int Main(int argc, char** argv) {
       cudaDeviceSynchronize();
     });
     const double gfp_s = MedianSeconds(reps, [&] {
-      (void)kernels::FingerprintTensorsCuda(dspans, absl::MakeSpan(gpu_fp), nullptr);
+      (void)kernels::FingerprintTensorsCuda(dspans, key, absl::MakeSpan(gpu_fp), nullptr);
     });
     std::vector<kernels::TensorRef> drefs;
     for (const ByteSpan& s : dspans) {
@@ -518,8 +590,9 @@ int Main(int argc, char** argv) {
   row("nonfinite scan bf16", nf16_gbps);
   row("sha1 per tensor", sha_gbps);
   row("torch ops fingerprint", torch_gbps);
-  std::printf("fingerprint vs sha1: %.1fx, vs torch ops: %.1fx\n", fp_gbps / sha_gbps,
-              fp_gbps / torch_gbps);
+  row("torch.hash_tensor", hash_gbps);
+  std::printf("fingerprint vs sha1: %.1fx, vs torch ops: %.1fx, vs torch.hash_tensor: %.2fx\n",
+              fp_gbps / sha_gbps, fp_gbps / torch_gbps, fp_gbps / hash_gbps);
   std::printf("%s\n", gpu_note.c_str());
   std::printf("load average (1 min) %.2f before, %.2f after, on %d hardware threads\n",
               load_before, LoadAverage(), static_cast<int>(std::thread::hardware_concurrency()));
@@ -530,13 +603,14 @@ int Main(int argc, char** argv) {
       "\"nonfinite_bf16_gbps\":%.3f,\"nonfinite_bf16_vs_read\":%.3f,"
       "\"sha1_gbps\":%.3f,\"fingerprint_vs_sha1\":%.2f,"
       "\"torch_ops_gbps\":%.3f,\"fingerprint_vs_torch_ops\":%.2f,"
+      "\"hash_tensor_gbps\":%.3f,\"fingerprint_vs_hash_tensor\":%.3f,"
       "\"cpu_model\":\"%s\",\"isa\":%s,\"fingerprint_path\":\"%s\","
       "\"scan_path\":\"%s\",\"read_loop\":\"%s\",\"read_loops_gbps\":%s,"
       "\"loadavg_1m_before\":%.2f,\"loadavg_1m_after\":%.2f%s}\n",
       static_cast<unsigned long long>(bytes), threads, kernels::CpuKernelPath(),
       read_gbps, fp_gbps, fp_gbps / read_gbps, nf32_gbps, nf32_gbps / read_gbps,
       nf16_gbps, nf16_gbps / read_gbps, sha_gbps, fp_gbps / sha_gbps, torch_gbps,
-      fp_gbps / torch_gbps, JsonEscape(CpuModel()).c_str(), IsaFlagsJson().c_str(),
+      fp_gbps / torch_gbps, hash_gbps, fp_gbps / hash_gbps, JsonEscape(CpuModel()).c_str(), IsaFlagsJson().c_str(),
       kernels::CpuKernelPath(), kernels::CpuPathName(kernels::DetectedCpuPath()),
       read_loop, read_loops_json.c_str(), load_before, LoadAverage(), gpu_json.c_str());
   return 0;

@@ -10,7 +10,7 @@ namespace sdc::client {
 namespace {
 
 // What the coordinator said about the job's checkpoints.
-void Learn(core::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
+void Learn(protocol::CheckpointLedger& ledger, const v1::CheckpointDecision& d) {
   ledger.Learn(d.confirmed_through_step(),
                absl::MakeConstSpan(d.revoked_steps().data(), d.revoked_steps().size()));
 }
@@ -90,7 +90,7 @@ absl::StatusOr<bool> CheckpointGate::MayCheckpoint(const StepContext& step,
   return all_allowed;
 }
 
-absl::StatusOr<core::CheckpointLedger> CheckpointGate::Refresh(absl::Duration timeout) {
+absl::StatusOr<protocol::CheckpointLedger> CheckpointGate::Refresh(absl::Duration timeout) {
   CoordinatorLink* link = ctx_.link();
   if (link == nullptr) return absl::FailedPreconditionError("no coordinator configured");
   absl::StatusOr<v1::CheckpointDecision> d = link->CheckpointStatus(timeout);

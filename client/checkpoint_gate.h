@@ -21,7 +21,7 @@
 #include "client/engine_context.h"
 #include "client/engine_types.h"
 #include "client/weight_check.h"
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 
 namespace sdc::client {
 
@@ -41,17 +41,17 @@ class CheckpointGate {
   absl::StatusOr<bool> MayCheckpoint(const StepContext& step, const WeightCheck& weights);
 
   // Where the job's checkpoints stand, as of the last MayCheckpoint or Refresh.
-  const core::CheckpointLedger& ledger() const { return ledger_; }
+  const protocol::CheckpointLedger& ledger() const { return ledger_; }
   // Asks sdcd (not a collective). Unavailable when it cannot be reached
   // within `timeout`; FailedPrecondition without a coordinator.
-  absl::StatusOr<core::CheckpointLedger> Refresh(absl::Duration timeout);
+  absl::StatusOr<protocol::CheckpointLedger> Refresh(absl::Duration timeout);
 
   // checkpoints_allowed, checkpoints_vetoed and last_veto.
   void Summarize(GuardSummary& summary) const;
 
  private:
   const EngineContext& ctx_;
-  core::CheckpointLedger ledger_;
+  protocol::CheckpointLedger ledger_;
   // The first skipped step since the last checkpoint decision ("step N: why").
   std::string failed_since_checkpoint_;
   uint64_t allowed_ = 0;

@@ -26,7 +26,10 @@ struct Fixture {
         model(*ModelTensors::Create({{"w"}, {torch::ones({3}, torch::requires_grad())}}, {}, {},
                                     true)),
         weights(ctx, model, nullptr),
-        gate(ctx) {}
+        gate(ctx) {
+    // Collective on the one-rank group; gives the job's fingerprint key.
+    EXPECT_TRUE(ctx.ExchangeTopology().ok());
+  }
   // The checkpoint weights of `step` sent, as AfterOptimizerStep(true) does.
   StepContext Checkpointed(uint64_t step) {
     weights.BeginStep();
@@ -65,7 +68,7 @@ TEST(CheckpointGateTest, InBandASkippedStepVetoesTheNextCheckpointOnly) {
   absl::StatusOr<bool> allowed = f.gate.MayCheckpoint(f.Checkpointed(10), f.weights);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   EXPECT_TRUE(*allowed);
-  EXPECT_EQ(f.gate.ledger().provisional(), std::optional<core::Step>(10));
+  EXPECT_EQ(f.gate.ledger().provisional(), std::optional<protocol::Step>(10));
 
   f.gate.StepSkipped({14, 1}, "NaN/Inf in the reduced gradients");
   f.gate.StepSkipped({15, 1}, "a later failure");
@@ -81,8 +84,8 @@ TEST(CheckpointGateTest, InBandASkippedStepVetoesTheNextCheckpointOnly) {
   allowed = f.gate.MayCheckpoint(f.Checkpointed(30), f.weights);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   EXPECT_TRUE(*allowed) << "a failure vetoes the first checkpoint after it, not every later one";
-  EXPECT_EQ(f.gate.ledger().Of(10), core::CheckpointLedger::Standing::kFinal);
-  EXPECT_EQ(f.gate.ledger().Of(30), core::CheckpointLedger::Standing::kProvisional);
+  EXPECT_EQ(f.gate.ledger().Of(10), protocol::CheckpointLedger::Standing::kFinal);
+  EXPECT_EQ(f.gate.ledger().Of(30), protocol::CheckpointLedger::Standing::kProvisional);
   f.gate.Summarize(s);
   EXPECT_EQ(s.checkpoints_allowed, 2u);
   EXPECT_EQ(s.checkpoints_vetoed, 1u);

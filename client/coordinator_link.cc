@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/channel.h"
-#include "daemon/convert.h"
+#include "protocol/convert.h"
 
 namespace sdc::client {
 namespace {
@@ -22,8 +22,8 @@ bool Rejects(grpc::StatusCode code) {
 }
 
 // A report that may wait for company: a clean step's (see report_linger).
-bool CanWait(const decltype(core::Report::body)& body) {
-  const auto* s = std::get_if<core::StepReport>(&body);
+bool CanWait(const decltype(protocol::Report::body)& body) {
+  const auto* s = std::get_if<protocol::StepReport>(&body);
   return s != nullptr && s->applied && s->local_nonfinite == 0 && s->reduced_nonfinite == 0 &&
          !s->audit_unverified;
 }
@@ -46,7 +46,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
       {options.coordinator, options.tls_ca, options.tls_cert, options.tls_key}, args);
 }
 
-CoordinatorLink::CoordinatorLink(const GuardOptions& options, core::Hello hello)
+CoordinatorLink::CoordinatorLink(const GuardOptions& options, protocol::Hello hello)
     : options_(options),
       hello_(std::move(hello)),
       channel_(MakeChannel(options)),
@@ -86,7 +86,7 @@ void CoordinatorLink::Stop(absl::Duration flush) {
   }
 }
 
-uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) body) {
+uint64_t CoordinatorLink::Send(protocol::Step step, decltype(protocol::Report::body) body) {
   absl::MutexLock lock(&mu_);
   const uint64_t sequence = next_sequence_++;
   const bool can_wait = CanWait(body);
@@ -101,14 +101,14 @@ uint64_t CoordinatorLink::Send(core::Step step, decltype(core::Report::body) bod
 }
 
 v1::Report CoordinatorLink::Build(const Pending& p) const {
-  core::Report r;
+  protocol::Report r;
   r.job_id = hello_.job_id;
   r.rank = hello_.placement.rank;
   r.incarnation = hello_.incarnation;
   r.sequence = p.sequence;
   r.step = p.step;
   r.body = p.body;
-  return daemon::ToProto(r);
+  return protocol::ToProto(r);
 }
 
 void CoordinatorLink::Run() {
@@ -162,7 +162,7 @@ void CoordinatorLink::Session() {
   }
   auto stream = stub_->Attach(&context);
   v1::TrainerMessage hello;
-  *hello.mutable_hello() = daemon::ToProto(hello_);
+  *hello.mutable_hello() = protocol::ToProto(hello_);
   bool ok = stream->Write(hello);
   // The reader: acks, the welcome, and everything else into the inbox.
   std::thread reader([&] {
@@ -272,7 +272,7 @@ std::vector<v1::CoordinatorMessage> CoordinatorLink::TakeMessages() {
   return out;
 }
 
-std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(core::Step step,
+std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(protocol::Step step,
                                                                   absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   std::optional<v1::AuditVerdict> found;
@@ -293,7 +293,7 @@ std::optional<v1::AuditVerdict> CoordinatorLink::WaitAuditVerdict(core::Step ste
   return found;
 }
 
-absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(core::Step step,
+absl::StatusOr<v1::CheckpointDecision> CoordinatorLink::MayCheckpoint(protocol::Step step,
                                                                       absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   v1::CheckpointRequest q;

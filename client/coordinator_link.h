@@ -34,7 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/options.h"
-#include "daemon/core/types.h"
+#include "protocol/types.h"
 #include "grpcpp/grpcpp.h"
 #include "trainer.grpc.pb.h"
 
@@ -53,7 +53,7 @@ class CoordinatorLink {
   };
 
   // REQUIRES: !options.coordinator.empty().
-  CoordinatorLink(const GuardOptions& options, core::Hello hello);
+  CoordinatorLink(const GuardOptions& options, protocol::Hello hello);
   ~CoordinatorLink();
 
   void Start();
@@ -63,18 +63,18 @@ class CoordinatorLink {
   void Stop(absl::Duration flush = absl::Seconds(5));
 
   // Queues a report; returns its sequence number.
-  uint64_t Send(core::Step step, decltype(core::Report::body) body);
+  uint64_t Send(protocol::Step step, decltype(protocol::Report::body) body);
 
   // Plans, verdicts and tie-break requests received since the last call.
   std::vector<v1::CoordinatorMessage> TakeMessages();
 
   // The final audit verdict of `step` (not a tie-break-pending interim one),
   // or nullopt after `timeout`.
-  std::optional<v1::AuditVerdict> WaitAuditVerdict(core::Step step, absl::Duration timeout);
+  std::optional<v1::AuditVerdict> WaitAuditVerdict(protocol::Step step, absl::Duration timeout);
 
   // The checkpoint gate, asked again while the answer is retryable, until
   // `timeout`. Unavailable when the coordinator cannot be reached in time.
-  absl::StatusOr<v1::CheckpointDecision> MayCheckpoint(core::Step step,
+  absl::StatusOr<v1::CheckpointDecision> MayCheckpoint(protocol::Step step,
                                                        absl::Duration timeout);
   // Which checkpoints are confirmed and revoked, deciding nothing.
   absl::StatusOr<v1::CheckpointDecision> CheckpointStatus(absl::Duration timeout);
@@ -86,8 +86,8 @@ class CoordinatorLink {
 
  private:
   struct Pending {
-    core::Step step;
-    decltype(core::Report::body) body;
+    protocol::Step step;
+    decltype(protocol::Report::body) body;
     uint64_t sequence;
     absl::Time queued;
     bool can_wait;  // A clean step's report (see report_linger).
@@ -102,7 +102,7 @@ class CoordinatorLink {
   v1::Report Build(const Pending& p) const;
 
   const GuardOptions options_;
-  const core::Hello hello_;
+  const protocol::Hello hello_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TrainerService::Stub> stub_;
   std::thread thread_;

@@ -154,13 +154,14 @@ absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t) {
 }
 
 absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
+                                 const kernels::FingerprintKey& key,
                                  std::vector<kernels::Fingerprint>* out) {
   return PerDevice<kernels::ByteSpan>(
       dense, out,
       [](const torch::Tensor& t) -> absl::StatusOr<kernels::ByteSpan> { return SpanOf(t); },
-      [](auto in, auto results) { return kernels::FingerprintTensors(in, results); },
-      [](auto in, auto results, kernels::CudaStream stream) {
-        return kernels::FingerprintTensorsCuda(in, results, stream);
+      [&key](auto in, auto results) { return kernels::FingerprintTensors(in, key, results); },
+      [&key](auto in, auto results, kernels::CudaStream stream) {
+        return kernels::FingerprintTensorsCuda(in, key, results, stream);
       });
 }
 

@@ -42,8 +42,10 @@ absl::StatusOr<std::string> DeviceUuid(const torch::Device& device);
 // for any other.
 absl::StatusOr<kernels::DType> DTypeOf(const torch::Tensor& t);
 
-// Fingerprints of contiguous tensors, each on the CPU or a CUDA device.
+// Fingerprints under `key` of contiguous tensors, each on the CPU or a CUDA
+// device.
 absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
+                                 const kernels::FingerprintKey& key,
                                  std::vector<kernels::Fingerprint>* out);
 
 // Non-finite scans of contiguous floating-point tensors, as above.

@@ -16,13 +16,18 @@
 namespace sdc::client {
 namespace {
 
+const kernels::FingerprintKey& Key() {
+  static const auto* key = new kernels::FingerprintKey(kernels::FingerprintKey::FromSeed(77));
+  return *key;
+}
+
 TEST(DeviceTest, CpuTensorsGetTheCpuKernelsResults) {
   torch::manual_seed(3);
   std::vector<torch::Tensor> dense = {torch::randn({1000}), torch::randn({3, 7}, torch::kDouble),
                                       torch::randn({64}).to(torch::kBFloat16)};
   dense[0][17] = std::numeric_limits<float>::infinity();
   std::vector<kernels::Fingerprint> fps;
-  ASSERT_TRUE(FingerprintOnDevice(dense, &fps).ok());
+  ASSERT_TRUE(FingerprintOnDevice(dense, Key(), &fps).ok());
   std::vector<kernels::ScanResult> scans;
   ASSERT_TRUE(ScanOnDevice(dense, &scans).ok());
   ASSERT_EQ(fps.size(), 3u);
@@ -31,7 +36,7 @@ TEST(DeviceTest, CpuTensorsGetTheCpuKernelsResults) {
     const kernels::ByteSpan span{dense[i].data_ptr(),
                                  static_cast<uint64_t>(dense[i].numel()) * dense[i].element_size()};
     kernels::Fingerprint direct;
-    ASSERT_TRUE(kernels::FingerprintTensors({&span, 1}, {&direct, 1}).ok());
+    ASSERT_TRUE(kernels::FingerprintTensors({&span, 1}, Key(), {&direct, 1}).ok());
     EXPECT_EQ(fps[i], direct) << i;
   }
   EXPECT_EQ(scans[0].nonfinite, 1u);
@@ -70,7 +75,7 @@ TEST(DeviceTest, RefusesWhatItCannotRead) {
   EXPECT_EQ(CheckDevice(torch::Device(torch::kMeta)).code(), absl::StatusCode::kUnimplemented);
   std::vector<kernels::Fingerprint> fps;
   const absl::Status meta =
-      FingerprintOnDevice({torch::empty({4}, torch::device(torch::kMeta))}, &fps);
+      FingerprintOnDevice({torch::empty({4}, torch::device(torch::kMeta))}, Key(), &fps);
   EXPECT_EQ(meta.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(std::string(meta.message()).find("tensors on meta"), std::string::npos)
       << meta.message();
@@ -98,8 +103,8 @@ TEST_F(CudaDeviceTest, CudaTensorsGetTheCpuResults) {
   for (const torch::Tensor& t : cpu) gpu.push_back(t.to(torch::kCUDA));
   std::vector<kernels::Fingerprint> fc, fg;
   std::vector<kernels::ScanResult> sc, sg;
-  ASSERT_TRUE(FingerprintOnDevice(cpu, &fc).ok());
-  ASSERT_TRUE(FingerprintOnDevice(gpu, &fg).ok());
+  ASSERT_TRUE(FingerprintOnDevice(cpu, Key(), &fc).ok());
+  ASSERT_TRUE(FingerprintOnDevice(gpu, Key(), &fg).ok());
   ASSERT_TRUE(ScanOnDevice(cpu, &sc).ok());
   ASSERT_TRUE(ScanOnDevice(gpu, &sg).ok());
   for (size_t i = 0; i < cpu.size(); ++i) {
@@ -110,7 +115,7 @@ TEST_F(CudaDeviceTest, CudaTensorsGetTheCpuResults) {
   EXPECT_EQ(sg[2].nonfinite, 1u);
   // Mixed devices in one call: each device's tensors go to its kernels.
   std::vector<kernels::Fingerprint> mixed;
-  ASSERT_TRUE(FingerprintOnDevice({cpu[0], gpu[1]}, &mixed).ok());
+  ASSERT_TRUE(FingerprintOnDevice({cpu[0], gpu[1]}, Key(), &mixed).ok());
   EXPECT_EQ(mixed[0], fc[0]);
   EXPECT_EQ(mixed[1], fc[1]);
 }

@@ -24,12 +24,27 @@ EngineContext::EngineContext(GuardOptions options,
 EngineContext::~EngineContext() = default;
 
 absl::Status EngineContext::ExchangeTopology() {
-  // Every rank's node name and replica group, for the replay plans.
+  // Every rank's node name and replica group, for the replay plans, and rank
+  // 0's fingerprint seed, for the job's key (with a byte saying whether it
+  // could draw one: a failure must reach every rank, not leave the others
+  // waiting in the all-gather).
   constexpr int64_t kNameBytes = 128;
-  torch::Tensor mine = torch::zeros({kNameBytes + 1}, torch::kUInt8);
+  constexpr int64_t kSeedAt = kNameBytes + 1;
+  constexpr int64_t kSeedBytes = sizeof(uint64_t);
+  constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;
+  uint64_t seed = 0;
+  absl::Status drawn_status;
+  if (rank_ == 0) {
+    absl::StatusOr<uint64_t> drawn = kernels::DrawFingerprintSeed();
+    drawn_status = drawn.status();
+    if (drawn.ok()) seed = *drawn;
+  }
+  torch::Tensor mine = torch::zeros({kSeedDrawnAt + 1}, torch::kUInt8);
   const std::string node = options_.node_name.substr(0, kNameBytes);
   std::memcpy(mine.data_ptr(), node.data(), node.size());
   mine[kNameBytes] = static_cast<uint8_t>(options_.replica_group & 0xff);
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kSeedAt, &seed, kSeedBytes);
+  mine[kSeedDrawnAt] = drawn_status.ok() ? 1 : 0;
   std::vector<std::vector<torch::Tensor>> gathered(1);
   std::vector<torch::Tensor> input;
   SDC_TORCH_TRY({
@@ -38,18 +53,27 @@ absl::Status EngineContext::ExchangeTopology() {
     pg_->allgather(gathered, input)->wait();
     for (torch::Tensor& t : gathered[0]) t = t.cpu();
   });
-  std::vector<core::PlanMember> members;
+  std::vector<protocol::PlanMember> members;
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
     if (static_cast<uint8_t>(bytes[kNameBytes]) == (options_.replica_group & 0xff)) {
       members.push_back({r, std::string(bytes, strnlen(bytes, kNameBytes))});
     }
   }
-  topology_ = std::make_unique<core::Topology>(std::move(members));
+  topology_ = std::make_unique<protocol::Topology>(std::move(members));
+  const auto* rank0 = static_cast<const uint8_t*>(gathered[0][0].data_ptr());
+  if (rank0[kSeedDrawnAt] == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank 0 could not draw the job's fingerprint seed",
+        drawn_status.ok() ? "" : absl::StrCat(": ", drawn_status.message())));
+  }
+  std::memcpy(&seed, rank0 + kSeedAt, kSeedBytes);
+  fingerprint_key_ =
+      std::make_unique<kernels::FingerprintKey>(kernels::FingerprintKey::FromSeed(seed));
   return absl::OkStatus();
 }
 
-absl::Status EngineContext::Connect(core::Hello hello) {
+absl::Status EngineContext::Connect(protocol::Hello hello) {
   if (!options_.coordinator.empty()) {
     link_ = std::make_unique<CoordinatorLink>(options_, std::move(hello));
     link_->Start();
@@ -77,7 +101,7 @@ std::vector<int64_t> EngineContext::AllGather(const std::vector<int64_t>& words)
   return client::AllGather(*pg_, small_collectives_, words);
 }
 
-void EngineContext::Send(uint64_t step, decltype(core::Report::body) body) const {
+void EngineContext::Send(uint64_t step, decltype(protocol::Report::body) body) const {
   if (link_ != nullptr) link_->Send(step, std::move(body));
 }
 

@@ -25,8 +25,9 @@
 #include "client/fault_injection.h"
 #include "client/options.h"
 #include "client/trainer_metrics.h"
-#include "daemon/core/replay_plan.h"
-#include "daemon/core/types.h"
+#include "kernels/fingerprint.h"
+#include "protocol/replay_plan.h"
+#include "protocol/types.h"
 
 namespace sdc::client {
 
@@ -54,13 +55,16 @@ class EngineContext {
 
   // Collective: every rank's node name and replica group, gathered from
   // every rank, give this rank's replay topology (its replica group's
-  // members and their nodes). Internal on a libtorch failure.
+  // members and their nodes); rank 0's fingerprint seed, drawn here and
+  // carried in the same exchange, gives every rank the job's fingerprint
+  // key. Internal on a libtorch failure; Unavailable on every rank when
+  // rank 0 could not draw a seed.
   absl::Status ExchangeTopology();
 
   // Starts the link to sdcd with `hello` (when options.coordinator is set)
   // and the metrics exposer (when options.metrics_listen is set). Errors as
   // TrainerMetrics::Start.
-  absl::Status Connect(core::Hello hello);
+  absl::Status Connect(protocol::Hello hello);
 
   // Stops the link after flushing reports for up to `flush`.
   void Stop(absl::Duration flush);
@@ -74,7 +78,10 @@ class EngineContext {
   // This rank's injected fault (tests and demos); disabled in real jobs.
   const FaultPlan& fault() const { return fault_; }
   // REQUIRES: ExchangeTopology succeeded.
-  const core::Topology& topology() const { return *topology_; }
+  const protocol::Topology& topology() const { return *topology_; }
+  // The job's fingerprint key, the same on every rank, so all ranks
+  // compare alike. REQUIRES: ExchangeTopology succeeded.
+  const kernels::FingerprintKey& fingerprint_key() const { return *fingerprint_key_; }
   // Null without a coordinator.
   CoordinatorLink* link() const { return link_.get(); }
   // Null unless options.metrics_listen is set.
@@ -86,7 +93,7 @@ class EngineContext {
   std::vector<int64_t> AllGather(const std::vector<int64_t>& words) const;
 
   // Queues a report of `step` to sdcd; nothing without a coordinator.
-  void Send(uint64_t step, decltype(core::Report::body) body) const;
+  void Send(uint64_t step, decltype(protocol::Report::body) body) const;
   // One line on stderr, prefixed with this rank.
   void Log(const std::string& line) const;
   // The link's counters into `summary`.
@@ -100,7 +107,8 @@ class EngineContext {
   const FaultPlan fault_;
   const SmallCollectives small_collectives_;  // Resolved: never kAuto.
   const torch::Device collective_device_;
-  std::unique_ptr<core::Topology> topology_;
+  std::unique_ptr<protocol::Topology> topology_;
+  std::unique_ptr<const kernels::FingerprintKey> fingerprint_key_;
   std::unique_ptr<CoordinatorLink> link_;
   // Declared after link_, so it stops (and no scrape reads link_) before
   // the link goes.

@@ -272,8 +272,10 @@ void Guard::AfterOptimizerStep(bool checkpoint) {
   if (!done.ok()) TORCH_CHECK(false, "sdc-guard: ", std::string(done.status().message()));
 }
 absl::StatusOr<bool> Guard::MayCheckpoint() { return impl_->engine().MayCheckpoint(); }
-const core::CheckpointLedger& Guard::Checkpoints() const { return impl_->engine().Checkpoints(); }
-absl::StatusOr<core::CheckpointLedger> Guard::RefreshCheckpoints(absl::Duration timeout) {
+const protocol::CheckpointLedger& Guard::Checkpoints() const {
+  return impl_->engine().Checkpoints();
+}
+absl::StatusOr<protocol::CheckpointLedger> Guard::RefreshCheckpoints(absl::Duration timeout) {
   return impl_->engine().RefreshCheckpoints(timeout);
 }
 torch::Tensor Guard::FaultPoint(const torch::Tensor& x) { return impl_->engine().FaultPoint(x); }

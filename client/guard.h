@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "client/guard_engine.h"
 #include "client/options.h"
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 #include "torch/torch.h"
 
 namespace c10d {
@@ -109,12 +109,12 @@ class Guard {
   // one is allowed, and revoked when a GPU of the job is attributed faulty
   // first: keep provisional checkpoints apart from final ones, promote them
   // when confirmed, delete them when revoked, and resume from a final one.
-  const core::CheckpointLedger& Checkpoints() const;
+  const protocol::CheckpointLedger& Checkpoints() const;
   // Asks the coordinator where the checkpoints stand (not a collective; e.g.
   // at the end of training, to learn of a revocation after the last
   // checkpoint). Unavailable when it cannot be reached within `timeout`;
   // FailedPrecondition without a coordinator.
-  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  absl::StatusOr<protocol::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
 
   // The whole step with `loss_fn`: BeginStep, forward/backward of each
   // micro-batch (loss averaged over micro-batches), AllReduceAndCheck,

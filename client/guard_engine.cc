@@ -48,8 +48,8 @@ class GuardEngine::Impl {
     return weights_.AfterOptimizerStep(step_, checkpoint);
   }
   absl::StatusOr<bool> MayCheckpoint() { return gate_.MayCheckpoint(step_, weights_); }
-  const core::CheckpointLedger& checkpoints() const { return gate_.ledger(); }
-  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout) {
+  const protocol::CheckpointLedger& checkpoints() const { return gate_.ledger(); }
+  absl::StatusOr<protocol::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout) {
     return gate_.Refresh(timeout);
   }
 
@@ -125,7 +125,7 @@ absl::Status GuardEngine::Impl::Start() {
                             gpu_uuid, "; set SDC_GPU_UUID"));
     }
   }
-  core::Hello hello;
+  protocol::Hello hello;
   hello.job_id = options.job_id;
   hello.placement = {ctx_.rank(), options.node_name, options.local_rank, gpu_uuid,
                      options.replica_group};
@@ -149,7 +149,7 @@ void GuardEngine::Impl::DrainMessages() {
   if (link == nullptr) return;
   for (const v1::CoordinatorMessage& m : link->TakeMessages()) {
     if (m.has_audit_plan()) {
-      std::vector<core::Assignment> assignments;
+      std::vector<protocol::Assignment> assignments;
       for (const auto& a : m.audit_plan().assignments()) {
         assignments.push_back({a.replayer(), a.subject()});
       }
@@ -255,7 +255,7 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   // vetoes the next checkpoint on all of them.
   if (!decision.apply) gate_.StepSkipped(step_, decision.reason);
 
-  core::StepReport report;
+  protocol::StepReport report;
   report.local_nonfinite = gradients->local_nonfinite;
   report.reduced_nonfinite = gradients->reduced_nonfinite;
   report.reduced_sum_squares = gradients->sum_squares;
@@ -320,8 +320,8 @@ absl::StatusOr<double> GuardEngine::AfterOptimizerStep(bool checkpoint) {
   return impl_->AfterOptimizerStep(checkpoint);
 }
 absl::StatusOr<bool> GuardEngine::MayCheckpoint() { return impl_->MayCheckpoint(); }
-const core::CheckpointLedger& GuardEngine::Checkpoints() const { return impl_->checkpoints(); }
-absl::StatusOr<core::CheckpointLedger> GuardEngine::RefreshCheckpoints(absl::Duration timeout) {
+const protocol::CheckpointLedger& GuardEngine::Checkpoints() const { return impl_->checkpoints(); }
+absl::StatusOr<protocol::CheckpointLedger> GuardEngine::RefreshCheckpoints(absl::Duration timeout) {
   return impl_->RefreshCheckpoints(timeout);
 }
 torch::Tensor GuardEngine::FaultPoint(const torch::Tensor& x) { return impl_->FaultPoint(x); }

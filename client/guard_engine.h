@@ -53,7 +53,7 @@
 #include "absl/time/time.h"
 #include "client/engine_types.h"
 #include "client/options.h"
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 
 namespace sdc::client {
 
@@ -144,10 +144,10 @@ class GuardEngine {
 
   // Where the job's checkpoints stand, as of the last MayCheckpoint or
   // RefreshCheckpoints (see sdc::Guard::Checkpoints).
-  const core::CheckpointLedger& Checkpoints() const;
+  const protocol::CheckpointLedger& Checkpoints() const;
   // Asks the coordinator (not a collective). Unavailable when it cannot be
   // reached within `timeout`; FailedPrecondition without a coordinator.
-  absl::StatusOr<core::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
+  absl::StatusOr<protocol::CheckpointLedger> RefreshCheckpoints(absl::Duration timeout);
 
   // An op with no deterministic implementation ran on this rank during an
   // audit step (`what` names it). Ops run from C++ are noticed by the

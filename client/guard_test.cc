@@ -185,9 +185,9 @@ TEST(GuardTest, InBandCheckpointsAreProvisionalUntilTheNext) {
     ASSERT_TRUE(may.ok()) << may.status();
     EXPECT_TRUE(*may) << "the in-band vote allows it";
   }
-  const core::CheckpointLedger& ledger = guard.Checkpoints();
-  EXPECT_EQ(ledger.Of(10), core::CheckpointLedger::Standing::kFinal);
-  EXPECT_EQ(ledger.Of(20), core::CheckpointLedger::Standing::kProvisional);
+  const protocol::CheckpointLedger& ledger = guard.Checkpoints();
+  EXPECT_EQ(ledger.Of(10), protocol::CheckpointLedger::Standing::kFinal);
+  EXPECT_EQ(ledger.Of(20), protocol::CheckpointLedger::Standing::kProvisional);
   EXPECT_EQ(guard.RefreshCheckpoints(absl::Seconds(1)).status().code(),
             absl::StatusCode::kFailedPrecondition)
       << "no coordinator to ask";

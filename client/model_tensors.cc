@@ -95,9 +95,12 @@ void ModelTensors::ClearGradients() {
   }
 }
 
-kernels::Fingerprint ModelTensors::AbsentGradient(size_t index) const {
+kernels::Fingerprint ModelTensors::AbsentGradient(const kernels::FingerprintKey& key,
+                                                  size_t index) const {
+  // Rare (a parameter the step did not use), so zeros are made each time;
+  // on the CPU, since every path fingerprints the same bytes alike.
   const torch::Tensor& p = parameters_[index];
-  return {static_cast<uint64_t>(p.numel()) * p.element_size(), 0, 0};
+  return Fingerprints(key, {torch::zeros(p.sizes(), p.options().device(torch::kCPU))})[0];
 }
 
 uint64_t ModelTensors::AuditDigest(const std::vector<kernels::Fingerprint>& gradients,

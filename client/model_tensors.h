@@ -60,10 +60,11 @@ class ModelTensors {
   // it exactly (not added to zeros, which would turn -0.0 into +0.0).
   void ClearGradients();
 
-  // The fingerprint of parameter `index`'s gradient when it has none: zeros
-  // of its size, whether autograd left it undefined or a reducer filled it
-  // with zeros. REQUIRES: index < parameters().size().
-  kernels::Fingerprint AbsentGradient(size_t index) const;
+  // The fingerprint under `key` of parameter `index`'s gradient when it has
+  // none: zeros of its size, whether autograd left it undefined or a reducer
+  // filled it with zeros (the keyed fingerprint of zeros is not {n, 0, 0}).
+  // REQUIRES: index < parameters().size().
+  kernels::Fingerprint AbsentGradient(const kernels::FingerprintKey& key, size_t index) const;
   // The digest a replay audit compares: the first micro-batch's gradient
   // fingerprints (one per parameter), then the buffers' as its forward left
   // them (one per buffer).

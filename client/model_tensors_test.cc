@@ -80,10 +80,13 @@ TEST(ModelTensorsTest, GradientsClearToUndefinedAndAbsentOnesAreZerosOfTheirSize
   w.mutable_grad() = torch::ones({2, 3});
   m->ClearGradients();
   EXPECT_FALSE(w.grad().defined());
-  EXPECT_EQ(m->AbsentGradient(0), (kernels::Fingerprint{24, 0, 0}));
-  EXPECT_EQ(m->AbsentGradient(1), (kernels::Fingerprint{8, 0, 0}));
-  // A reducer's zero-filled gradient has the same fingerprint as none.
-  EXPECT_EQ(Fingerprints({torch::zeros({2, 3})})[0], m->AbsentGradient(0));
+  const kernels::FingerprintKey key = kernels::FingerprintKey::FromSeed(9);
+  EXPECT_EQ(m->AbsentGradient(key, 0).byte_length, 24u);
+  EXPECT_EQ(m->AbsentGradient(key, 1).byte_length, 8u);
+  // A reducer's zero-filled gradient has the same fingerprint as none (under
+  // the keyed fingerprint that is not {n, 0, 0}).
+  EXPECT_EQ(Fingerprints(key, {torch::zeros({2, 3})})[0], m->AbsentGradient(key, 0));
+  EXPECT_NE(m->AbsentGradient(key, 0), (kernels::Fingerprint{24, 0, 0}));
 }
 
 TEST(ModelTensorsTest, DigestsSeeWhatTheyCover) {

@@ -224,17 +224,17 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
       {loss}, model_.parameters(), /*grad_outputs=*/{}, /*retain_graph=*/false,
       /*create_graph=*/false, /*allow_unused=*/true);
   replaying_ = false;
-  out.gradients = Fingerprints(grads);
+  out.gradients = Fingerprints(ctx_.fingerprint_key(), grads);
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) out.gradients[i] = model_.AbsentGradient(i);
+    if (!grads[i].defined()) out.gradients[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
   }
-  out.digest = model_.AuditDigest(out.gradients, Fingerprints(model_.buffers()));
+  out.digest = model_.AuditDigest(out.gradients, Fingerprints(ctx_.fingerprint_key(), model_.buffers()));
   out.nonfinite = NonFinite(grads);
   return out;
 }
 
 absl::StatusOr<std::optional<std::pair<uint32_t, PeerReplay::Result>>>
-PeerReplay::ExchangeAndReplay(const std::vector<core::Assignment>& pairs, int tag_base) {
+PeerReplay::ExchangeAndReplay(const std::vector<protocol::Assignment>& pairs, int tag_base) {
   const uint32_t rank = ctx_.rank();
   std::vector<std::pair<uint32_t, int>> sends;  // (replayer of mine, tag)
   std::optional<uint32_t> subject;

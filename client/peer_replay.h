@@ -31,7 +31,7 @@
 #include "client/engine_context.h"
 #include "client/engine_types.h"
 #include "client/model_tensors.h"
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 #include "kernels/fingerprint.h"
 
 namespace sdc::client {
@@ -84,7 +84,7 @@ class PeerReplay {
   // rank that replayed, nullopt on the others. A rank replays at most one
   // subject per call. Internal on a libtorch failure or a malformed message.
   absl::StatusOr<std::optional<std::pair<uint32_t, Result>>> ExchangeAndReplay(
-      const std::vector<core::Assignment>& pairs, int tag_base);
+      const std::vector<protocol::Assignment>& pairs, int tag_base);
 
   // This rank's own batch as its replayer would receive it.
   Batch OwnBatch() const;

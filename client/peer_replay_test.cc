@@ -65,7 +65,10 @@ struct Fixture {
   explicit Fixture(const std::string& name)
       : ctx(Options(), OneRankGroup(name)),
         tensors(*ModelTensors::Create(model.parameters(), {}, model.buffers(), true)),
-        replay(ctx, tensors, model.loss()) {}
+        replay(ctx, tensors, model.loss()) {
+    // Collective on the one-rank group; gives the job's fingerprint key.
+    EXPECT_TRUE(ctx.ExchangeTopology().ok());
+  }
   Model model;
   EngineContext ctx;
   ModelTensors tensors;
@@ -93,8 +96,8 @@ TEST(PeerReplayTest, ReplayOfTheOwnBatchReproducesTheStepAndLeavesNoTrace) {
   loss.backward();
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : f.tensors.parameters()) grads.push_back(p.grad().clone());
-  const std::vector<kernels::Fingerprint> trained = Fingerprints(grads);
-  const std::vector<kernels::Fingerprint> buffers_after = Fingerprints(f.tensors.buffers());
+  const std::vector<kernels::Fingerprint> trained = Fingerprints(f.ctx.fingerprint_key(), grads);
+  const std::vector<kernels::Fingerprint> buffers_after = Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers());
   const torch::Tensor rng_before = CaptureRng(torch::kCPU);
 
   const PeerReplay::Result r = f.replay.Replay(f.replay.OwnBatch());
@@ -103,7 +106,7 @@ TEST(PeerReplayTest, ReplayOfTheOwnBatchReproducesTheStepAndLeavesNoTrace) {
   EXPECT_EQ(r.digest, f.tensors.AuditDigest(trained, buffers_after));
   EXPECT_EQ(r.nonfinite, 0u);
   // No trace: the rank's buffers, RNG and gradients are as they were.
-  EXPECT_EQ(Fingerprints(f.tensors.buffers()), buffers_after);
+  EXPECT_EQ(Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers()), buffers_after);
   EXPECT_TRUE(torch::equal(CaptureRng(torch::kCPU), rng_before));
   for (size_t i = 0; i < grads.size(); ++i) {
     EXPECT_TRUE(torch::equal(f.tensors.parameters()[i].grad(), grads[i])) << i;
@@ -122,10 +125,10 @@ TEST(PeerReplayTest, AFailingReplayStillRestoresTheRank) {
     torch::NoGradGuard no_grad;
     torch::Tensor(f.tensors.buffers()[0]).fill_(3);
   }
-  const std::vector<kernels::Fingerprint> before = Fingerprints(f.tensors.buffers());
+  const std::vector<kernels::Fingerprint> before = Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers());
   const torch::Tensor rng_before = CaptureRng(torch::kCPU);
   EXPECT_THROW(f.replay.Replay(bad), c10::Error);
-  EXPECT_EQ(Fingerprints(f.tensors.buffers()), before) << "the subject's buffers were undone";
+  EXPECT_EQ(Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers()), before) << "the subject's buffers were undone";
   EXPECT_TRUE(torch::equal(CaptureRng(torch::kCPU), rng_before));
   EXPECT_FALSE(f.replay.replaying());
 }

@@ -24,7 +24,7 @@ void ReplayAudit::BeginStep(const StepContext& step) {
   if (!off_.empty()) sp.scheduled_audit = false, sp.targeted_plan = 0;
   plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
   if (sp.scheduled_audit) {
-    plan_ = core::PlanFullAudit(ctx_.topology(), step.step / o.audit_every);
+    plan_ = protocol::PlanFullAudit(ctx_.topology(), step.step / o.audit_every);
   } else if (sp.targeted_plan != 0) {
     plan_ = plans_[sp.targeted_plan];
     last_plan_run_ = sp.targeted_plan;
@@ -40,8 +40,8 @@ bool ReplayAudit::auditing() const {
   return auditing_;
 }
 
-void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<core::Assignment>& assignments) {
-  core::ReplayPlan p;
+void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments) {
+  protocol::ReplayPlan p;
   p.assignments = assignments;
   p.capability = ctx_.topology().capability();
   plans_[plan_id] = std::move(p);
@@ -62,7 +62,7 @@ void ReplayAudit::RecordFirstMicroBatch(uint64_t loss_bits) {
   original_loss_bits_ = loss_bits;
   // The buffers as the first micro-batch's forward left them (backward
   // does not touch them): what a replay must reproduce.
-  if (auditing()) original_buffers_ = Fingerprints(model_.buffers());
+  if (auditing()) original_buffers_ = Fingerprints(ctx_.fingerprint_key(), model_.buffers());
 }
 
 bool ReplayAudit::WantsOriginalGradients() const {
@@ -79,7 +79,7 @@ void ReplayAudit::RecordOriginalGradients(const std::vector<size_t>& indices,
     TORCH_CHECK(indices[k] < parameters, "sdc-guard: parameter index ", indices[k], " of ",
                 parameters);
   }
-  std::vector<kernels::Fingerprint> fps = Fingerprints(gradients);
+  std::vector<kernels::Fingerprint> fps = Fingerprints(ctx_.fingerprint_key(), gradients);
   absl::MutexLock lock(&mu_);
   for (size_t k = 0; k < indices.size(); ++k) {
     if (gradients[k].defined()) original_gradients_[indices[k]] = fps[k];
@@ -92,7 +92,7 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   const uint32_t rank = ctx_.rank();
   const GuardOptions& options = ctx_.options();
   const bool subject = std::any_of(plan_.assignments.begin(), plan_.assignments.end(),
-                                   [&](const core::Assignment& a) { return a.subject == rank; });
+                                   [&](const protocol::Assignment& a) { return a.subject == rank; });
   auto replayed = replay_.ExchangeAndReplay(plan_.assignments, /*tag_base=*/1000);
   if (!replayed.ok()) return replayed.status();
   std::vector<kernels::Fingerprint> original;
@@ -104,15 +104,15 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   }
   for (size_t i = 0; i < original.size(); ++i) {
     // No gradient recorded: zeros, as a replay's.
-    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(i);
+    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
   }
   AuditExchange mine;
   if (subject && has_original) {
     mine.has_original = true;
     mine.original_loss_bits = original_loss_bits_;
     mine.original_digest = model_.AuditDigest(original, original_buffers_);
-    core::AuditResult a;
-    a.role = core::AuditRole::kOriginal;
+    protocol::AuditResult a;
+    a.role = protocol::AuditRole::kOriginal;
     a.plan_id = plan_id_;
     a.subject = rank;
     a.loss_bits = original_loss_bits_;
@@ -125,8 +125,8 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     mine.replay_subject = who;
     mine.replay_loss_bits = r.loss_bits;
     mine.replay_digest = r.digest;
-    core::AuditResult a;
-    a.role = core::AuditRole::kReplay;
+    protocol::AuditResult a;
+    a.role = protocol::AuditRole::kReplay;
     a.plan_id = plan_id_;
     a.subject = who;
     a.loss_bits = r.loss_bits;
@@ -138,22 +138,22 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   std::vector<int64_t> all;
   SDC_TORCH_TRY(all = ctx_.AllGather(EncodeAudit(mine)));
   const std::vector<AuditExchange> audits = DecodeAudits(all, ctx_.world());
-  const core::AuditVerdict inband =
+  const protocol::AuditVerdict inband =
       InBandVerdict(plan_, ctx_.topology(), audits, /*deterministic=*/true, step.step);
-  decision.audit_outcome = core::AuditOutcomeName(inband.outcome);
-  view.audit_mismatch = core::IsFailure(inband.outcome);
+  decision.audit_outcome = protocol::AuditOutcomeName(inband.outcome);
+  view.audit_mismatch = protocol::IsFailure(inband.outcome);
   if (view.audit_mismatch) ++mismatches_;
   // Tie-breaks, in-band: every rank derived the same list.
   if (!inband.tiebreaks.empty()) {
-    std::vector<core::Assignment> pairs;
-    for (const core::TieBreak& t : inband.tiebreaks) pairs.push_back({t.tiebreaker, t.subject});
+    std::vector<protocol::Assignment> pairs;
+    for (const protocol::TieBreak& t : inband.tiebreaks) pairs.push_back({t.tiebreaker, t.subject});
     // One tie-break per tiebreaker at a time keeps each rank's receive single.
     for (size_t i = 0; i < pairs.size(); ++i) {
       auto tb = replay_.ExchangeAndReplay({pairs[i]}, 3000 + static_cast<int>(i) * 64);
       if (!tb.ok()) return tb.status();
       if (tb->has_value()) {
-        core::AuditResult a;
-        a.role = core::AuditRole::kTieBreak;
+        protocol::AuditResult a;
+        a.role = protocol::AuditRole::kTieBreak;
         a.plan_id = plan_id_;
         a.subject = (*tb)->first;
         a.loss_bits = (*tb)->second.loss_bits;
@@ -201,13 +201,13 @@ absl::Status ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Ag
     }
     return absl::OkStatus();
   }
-  std::optional<core::Rank> confirmer = core::ChooseConfirmer(ctx_.topology(), subject, step.step);
+  std::optional<protocol::Rank> confirmer = protocol::ChooseConfirmer(ctx_.topology(), subject, step.step);
   if (!confirmer.has_value()) return absl::OkStatus();
   auto confirmed = replay_.ExchangeAndReplay({{*confirmer, subject}}, 5000);
   if (!confirmed.ok()) return confirmed.status();
   if (confirmed->has_value()) {
-    core::AuditResult c;
-    c.role = core::AuditRole::kConfirm;
+    protocol::AuditResult c;
+    c.role = protocol::AuditRole::kConfirm;
     c.subject = subject;
     c.loss_bits = (*confirmed)->second.loss_bits;
     c.nonfinite = (*confirmed)->second.nonfinite;

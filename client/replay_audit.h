@@ -3,7 +3,7 @@
 
 // Check 2, the replay audit, as one rank takes part in it:
 //   - which plan a step runs: the schedule (every options.audit_every steps,
-//     the full plan of core::PlanFullAudit) and the targeted plans sdcd
+//     the full plan of protocol::PlanFullAudit) and the targeted plans sdcd
 //     sends, each run at the first unscheduled step once every rank holds
 //     it (the agreement carries plans_held);
 //   - the subject's record of what it trained on: the first micro-batch's
@@ -35,7 +35,7 @@
 #include "client/model_tensors.h"
 #include "client/peer_replay.h"
 #include "client/step_core.h"
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 #include "kernels/fingerprint.h"
 
 namespace sdc::client {
@@ -52,7 +52,7 @@ class ReplayAudit {
   bool auditing() const;
 
   // A targeted plan from sdcd (its assignments, replayer and subject).
-  void AddPlan(uint64_t plan_id, const std::vector<core::Assignment>& assignments);
+  void AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments);
   // The highest contiguous targeted plan id this rank holds (agreement input).
   uint64_t plans_held() const { return plans_held_; }
   // The agreement's minimum over ranks: plans up to it may run.
@@ -101,10 +101,10 @@ class ReplayAudit {
   PeerReplay& replay_;
 
   // The step's plan.
-  core::ReplayPlan plan_;
+  protocol::ReplayPlan plan_;
   uint64_t plan_id_ = 0;  // 0: the scheduled plan.
   // Targeted plans, agreed in-band.
-  std::map<uint64_t, core::ReplayPlan> plans_;
+  std::map<uint64_t, protocol::ReplayPlan> plans_;
   uint64_t plans_held_ = 0;
   uint64_t plans_held_by_all_ = 0;
   uint64_t last_plan_run_ = 0;

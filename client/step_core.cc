@@ -62,7 +62,7 @@ Decision Decide(const Agreement& a) {
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
                   uint64_t activated_plan) {
   StepPlan p;
-  p.scheduled_audit = audit_every > 0 && step % audit_every == 0;
+  p.scheduled_audit = protocol::IsScheduledAuditStep(step, audit_every);
   if (!p.scheduled_audit) p.targeted_plan = activated_plan;
   p.weight_check = weight_check_every > 0 && step % weight_check_every == 0;
   return p;
@@ -84,10 +84,11 @@ std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> g, uint32_t wo
   return out;
 }
 
-core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topology& topology,
-                                 const std::vector<AuditExchange>& audits, bool deterministic,
-                                 uint64_t step) {
-  absl::flat_hash_map<core::Rank, core::Evidence> originals, replays;
+protocol::AuditVerdict InBandVerdict(const protocol::ReplayPlan& plan,
+                                     const protocol::Topology& topology,
+                                     const std::vector<AuditExchange>& audits, bool deterministic,
+                                     uint64_t step) {
+  absl::flat_hash_map<protocol::Rank, protocol::Evidence> originals, replays;
   for (uint32_t r = 0; r < audits.size(); ++r) {
     if (audits[r].has_original) {
       originals[r] = {audits[r].original_loss_bits, audits[r].original_digest, {}};
@@ -96,14 +97,14 @@ core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topol
       replays[r] = {audits[r].replay_loss_bits, audits[r].replay_digest, {}};
     }
   }
-  core::AuditInput in;
+  protocol::AuditInput in;
   in.plan = &plan;
   in.topology = &topology;
   in.originals = &originals;
   in.replays = &replays;
   in.compare_gradients = deterministic;
   in.salt = step;  // The coordinator salts its tie-breaker choice with the step too.
-  return core::Attribute(in);
+  return protocol::Attribute(in);
 }
 
 }  // namespace sdc::client

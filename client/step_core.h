@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "daemon/core/attribution.h"
-#include "daemon/core/replay_plan.h"
+#include "protocol/attribution.h"
+#include "protocol/replay_plan.h"
 
 namespace sdc::client {
 
@@ -57,6 +57,8 @@ Decision Decide(const Agreement& a);
 
 // Which checks run at a step.
 struct StepPlan {
+  // protocol::IsScheduledAuditStep, the schedule sdcd checks results
+  // against; its plan is protocol::ScheduledAudit.
   bool scheduled_audit = false;
   uint64_t targeted_plan = 0;  // Non-zero: run this targeted plan.
   bool weight_check = false;
@@ -82,10 +84,11 @@ std::vector<int64_t> EncodeAudit(const AuditExchange& a);
 std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> gathered, uint32_t world);
 
 // The in-band verdict every rank computes from the exchanged digests, with
-// the coordinator's own rules (core::Attribute): identical on every rank.
-core::AuditVerdict InBandVerdict(const core::ReplayPlan& plan, const core::Topology& topology,
-                                 const std::vector<AuditExchange>& audits, bool deterministic,
-                                 uint64_t step);
+// the coordinator's own rules (protocol::Attribute): identical on every rank.
+protocol::AuditVerdict InBandVerdict(const protocol::ReplayPlan& plan,
+                                     const protocol::Topology& topology,
+                                     const std::vector<AuditExchange>& audits, bool deterministic,
+                                     uint64_t step);
 
 }  // namespace sdc::client
 

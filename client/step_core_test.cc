@@ -92,17 +92,19 @@ TEST(StepCoreTest, PlanStep) {
 }
 
 TEST(StepCoreTest, AuditExchangeRoundTripsAndFindsTheFaultyRank) {
-  std::vector<core::PlanMember> members;
-  for (core::Rank r = 0; r < 6; ++r) members.push_back({r, std::string("n") + char('0' + r / 2)});
-  const core::Topology t(members);
-  const core::ReplayPlan plan = core::PlanFullAudit(t, 3);
+  std::vector<protocol::PlanMember> members;
+  for (protocol::Rank r = 0; r < 6; ++r) {
+    members.push_back({r, std::string("n") + char('0' + r / 2)});
+  }
+  const protocol::Topology t(members);
+  const protocol::ReplayPlan plan = protocol::PlanFullAudit(t, 3);
   std::vector<int64_t> gathered;
-  for (core::Rank r = 0; r < 6; ++r) {
+  for (protocol::Rank r = 0; r < 6; ++r) {
     AuditExchange a;
     a.has_original = true;
     a.original_loss_bits = 1000 + r + (r == 4 ? 1 : 0);
     a.original_digest = ~0ull - r - (r == 4 ? 1 : 0);  // Above INT64_MAX: survives int64.
-    for (const core::Assignment& x : plan.assignments) {
+    for (const protocol::Assignment& x : plan.assignments) {
       if (x.replayer == r) {
         a.replay_subject = x.subject;
         a.replay_loss_bits = 1000 + x.subject + (r == 4 ? 9 : 0);
@@ -115,13 +117,13 @@ TEST(StepCoreTest, AuditExchangeRoundTripsAndFindsTheFaultyRank) {
   }
   const std::vector<AuditExchange> audits = DecodeAudits(gathered, 6);
   EXPECT_EQ(audits[5].original_digest, ~0ull - 5);
-  const core::AuditVerdict v = InBandVerdict(plan, t, audits, true, 30);
+  const protocol::AuditVerdict v = InBandVerdict(plan, t, audits, true, 30);
   // Rank 4's two comparisons mismatch; two partners are not proof, so both
   // go to tie-breaks in a third domain (every rank derives the same list).
-  EXPECT_EQ(v.outcome, core::AuditOutcome::kTieBreakPending);
+  EXPECT_EQ(v.outcome, protocol::AuditOutcome::kTieBreakPending);
   EXPECT_TRUE(v.faulty.empty());
   ASSERT_EQ(v.tiebreaks.size(), 2u);
-  for (const core::TieBreak& tb : v.tiebreaks) {
+  for (const protocol::TieBreak& tb : v.tiebreaks) {
     EXPECT_TRUE(tb.subject == 4 || tb.disputed == 4);
     EXPECT_NE(t.DomainOf(tb.tiebreaker), t.DomainOf(4));
   }

@@ -82,7 +82,7 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepC
   std::vector<kernels::Fingerprint> fps;
   SDC_TORCH_TRY({
     scans = ScanTensors(buckets);
-    fps = Fingerprints(buckets);
+    fps = Fingerprints(ctx_.fingerprint_key(), buckets);
   });
   for (const kernels::ScanResult& r : scans) {
     out.reduced_nonfinite += r.nonfinite;

@@ -36,7 +36,10 @@ struct Fixture {
                                      {torch::ones({2, 2}, torch::requires_grad()),
                                       torch::ones({2}, torch::requires_grad())}},
                                     {}, {}, true)),
-        pipeline(ctx, model) {}
+        pipeline(ctx, model) {
+    // Collective on the one-rank group; gives the job's fingerprint key.
+    EXPECT_TRUE(ctx.ExchangeTopology().ok());
+  }
   EngineContext ctx;
   ModelTensors model;
   StepPipeline pipeline;

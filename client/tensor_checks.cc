@@ -12,7 +12,8 @@ void ThrowIfFailed(const absl::Status& s) {
   if (!s.ok()) TORCH_CHECK(false, "sdc-guard kernels: ", std::string(s.message()));
 }
 
-std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors) {
+std::vector<kernels::Fingerprint> Fingerprints(const kernels::FingerprintKey& key,
+                                               const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> dense;
   std::vector<size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -21,7 +22,7 @@ std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>&
     index.push_back(i);
   }
   std::vector<kernels::Fingerprint> packed;
-  ThrowIfFailed(FingerprintOnDevice(dense, &packed));
+  ThrowIfFailed(FingerprintOnDevice(dense, key, &packed));
   std::vector<kernels::Fingerprint> out(tensors.size());
   for (size_t k = 0; k < index.size(); ++k) out[index[k]] = packed[k];
   return out;

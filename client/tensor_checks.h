@@ -2,9 +2,9 @@
 #define SDC_CLIENT_TENSOR_CHECKS_H_
 
 // The engine's parts call the kernels through these few functions and
-// nothing else: every fingerprint any part takes is Fingerprints' (a
-// per-job fingerprint key, when the kernels take one, is added here once),
-// every non-finite scan ScanTensors'. Plus the small tensor helpers the
+// nothing else: every fingerprint any part takes is Fingerprints' (under the
+// job's key, EngineContext::fingerprint_key()), every non-finite scan
+// ScanTensors'. Plus the small tensor helpers the
 // parts share and the boundary where a libtorch error becomes a Status.
 //
 // Stateless functions; each may run on any thread. They throw c10::Error on
@@ -37,9 +37,11 @@ namespace sdc::client {
 // libtorch failure would: it throws c10::Error, which SDC_TORCH_TRY catches.
 void ThrowIfFailed(const absl::Status& s);
 
-// Fingerprints of `tensors` in order; an undefined tensor's is {0, 0, 0}.
-// The tensors may be on the CPU or one CUDA device (client/device.h).
-std::vector<kernels::Fingerprint> Fingerprints(const std::vector<torch::Tensor>& tensors);
+// Fingerprints under `key` of `tensors` in order; an undefined tensor's is
+// {0, 0, 0}. The tensors may be on the CPU or one CUDA device
+// (client/device.h).
+std::vector<kernels::Fingerprint> Fingerprints(const kernels::FingerprintKey& key,
+                                               const std::vector<torch::Tensor>& tensors);
 
 // Non-finite scans (NaN/Inf count and sum of squares) of floating-point
 // `tensors`, in order. REQUIRES: every tensor defined and of a dtype the

@@ -14,24 +14,29 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+const kernels::FingerprintKey& Key() {
+  static const auto* key = new kernels::FingerprintKey(kernels::FingerprintKey::FromSeed(5));
+  return *key;
+}
+
 kernels::Fingerprint OneFingerprint(const torch::Tensor& t) {
   std::vector<kernels::Fingerprint> out;
-  EXPECT_TRUE(FingerprintOnDevice({t.contiguous()}, &out).ok());
+  EXPECT_TRUE(FingerprintOnDevice({t.contiguous()}, Key(), &out).ok());
   return out.at(0);
 }
 
 TEST(TensorChecksTest, FingerprintsKeepPositionsAndSkipUndefined) {
   const torch::Tensor a = torch::arange(6, torch::kFloat).reshape({2, 3});
   const torch::Tensor b = torch::ones({4}, torch::kDouble);
-  const std::vector<kernels::Fingerprint> fps = Fingerprints({a, torch::Tensor(), b});
+  const std::vector<kernels::Fingerprint> fps = Fingerprints(Key(), {a, torch::Tensor(), b});
   ASSERT_EQ(fps.size(), 3u);
   EXPECT_EQ(fps[0], OneFingerprint(a));
   EXPECT_EQ(fps[1], (kernels::Fingerprint{0, 0, 0}));
   EXPECT_EQ(fps[2], OneFingerprint(b));
   EXPECT_EQ(fps[0].byte_length, 24u);
   // A strided view fingerprints as its values laid out in order.
-  EXPECT_EQ(Fingerprints({a.t()})[0], OneFingerprint(a.t().contiguous()));
-  EXPECT_NE(Fingerprints({a.t()})[0], fps[0]);
+  EXPECT_EQ(Fingerprints(Key(), {a.t()})[0], OneFingerprint(a.t().contiguous()));
+  EXPECT_NE(Fingerprints(Key(), {a.t()})[0], fps[0]);
 }
 
 TEST(TensorChecksTest, ScansCountNonFiniteAndSumSquares) {

@@ -44,9 +44,9 @@ absl::StatusOr<double> WeightCheck::AfterOptimizerStep(const StepContext& step, 
   if (!scheduled && !checkpoint) return 0.0;
   const absl::Time start = absl::Now();
   ++weight_checks_;
-  core::WeightReport w;
+  protocol::WeightReport w;
   SDC_TORCH_TRY({
-    w.tensors = Fingerprints(model_.Weights());
+    w.tensors = Fingerprints(ctx_.fingerprint_key(), model_.Weights());
     w.digest = client::Digest(model_.weight_names(), w.tensors);
     w.checkpoint = checkpoint;
     if (checkpoint) {
@@ -55,7 +55,7 @@ absl::StatusOr<double> WeightCheck::AfterOptimizerStep(const StepContext& step, 
       std::vector<std::string> names;
       for (size_t i = 0; i < state.size(); ++i) names.push_back(absl::StrCat("optimizer.", i));
       w.has_optimizer_digest = true;
-      w.optimizer_digest = client::Digest(names, Fingerprints(state));
+      w.optimizer_digest = client::Digest(names, Fingerprints(ctx_.fingerprint_key(), state));
       checkpoint_weights_sent_ = true;
     }
   });
@@ -66,7 +66,7 @@ absl::StatusOr<double> WeightCheck::AfterOptimizerStep(const StepContext& step, 
 }
 
 uint64_t WeightCheck::Digest() const {
-  return client::Digest(model_.weight_names(), Fingerprints(model_.Weights()));
+  return client::Digest(model_.weight_names(), Fingerprints(ctx_.fingerprint_key(), model_.Weights()));
 }
 
 void WeightCheck::NoteMinority(uint64_t step, uint32_t majority_source,

@@ -27,7 +27,10 @@ struct Fixture {
         model(*ModelTensors::Create({{"w"}, {torch::ones({3}, torch::requires_grad())}},
                                     {{"frozen"}, {torch::ones({2})}},
                                     {{"buffer"}, {torch::zeros({2})}}, true)),
-        weights(ctx, model, [this] { return optimizer_state; }) {}
+        weights(ctx, model, [this] { return optimizer_state; }) {
+    // Collective on the one-rank group; gives the job's fingerprint key.
+    EXPECT_TRUE(ctx.ExchangeTopology().ok());
+  }
   EngineContext ctx;
   ModelTensors model;
   // An integer step count, an empty tensor, then the first floating state.

@@ -35,7 +35,7 @@ v1::Operator AdminService::OperatorProto(const OperatorRecord& r) const {
   v1::Operator out;
   out.set_name(r.name);
   out.set_role(ToProto(r.role));
-  out.set_created_unix_ms(absl::ToUnixMillis(r.created));
+  out.set_created_unix_ms(UnixMillis(r.created));
   out.set_created_by(r.created_by);
   out.set_approved_by(r.approved_by);
   out.set_active(operators_->Active(r));

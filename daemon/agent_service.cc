@@ -7,6 +7,7 @@
 #include "common/stream.h"
 #include "common/version.h"
 #include "daemon/grpc_edge.h"
+#include "protocol/convert.h"
 
 namespace sdc::daemon {
 
@@ -14,10 +15,6 @@ using common::QueuedStream;
 using common::StreamHandle;
 
 namespace {
-
-int64_t UnixMillis(absl::Time t) {
-  return t == absl::InfinitePast() ? 0 : absl::ToUnixMillis(t);
-}
 
 v1::DiagnosticState ToProto(DiagnosticState s) {
   switch (s) {
@@ -117,8 +114,8 @@ v1::Diagnostic ToProto(const Diagnostic& d) {
   p.set_state(ToProto(d.state));
   for (const DeviceResult& r : d.results) *p.add_results() = ToProto(r, d.id);
   p.set_error(d.error);
-  p.set_requested_unix_ms(UnixMillis(d.requested));
-  p.set_finished_unix_ms(UnixMillis(d.finished));
+  p.set_requested_unix_ms(protocol::UnixMillis(d.requested));
+  p.set_finished_unix_ms(protocol::UnixMillis(d.finished));
   return p;
 }
 
@@ -136,8 +133,8 @@ v1::Node ToProto(const NodeView& n) {
   p.set_gpu_note(n.identity.gpu_note);
   p.set_agent_version(n.identity.agent_version);
   p.set_status(ToProto(n.status));
-  p.set_registered_unix_ms(UnixMillis(n.registered));
-  p.set_last_heartbeat_unix_ms(UnixMillis(n.last_heartbeat));
+  p.set_registered_unix_ms(protocol::UnixMillis(n.registered));
+  p.set_last_heartbeat_unix_ms(protocol::UnixMillis(n.last_heartbeat));
   p.set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(n.identity.heartbeat_interval)));
   for (const Diagnostic& d : n.diagnostics) *p.add_diagnostics() = ToProto(d);

@@ -1,29 +1,30 @@
 #ifndef SDC_DAEMON_CONVERT_H_
 #define SDC_DAEMON_CONVERT_H_
 
-// Wire messages (sdc.v1) <-> the core's plain structs. The service converts
-// at the edge; the SQLite store serializes pending reports through the wire
-// form, so one encoding is ever written.
+// sdcd's records (incidents, replacement requests, suspects, jobs, ranks)
+// <-> their wire messages, for the admin API and the SQLite store, which
+// keeps records and pending reports in their wire form so one encoding is
+// ever written. The trainer wire's converters and the time convention are
+// the protocol's (protocol/convert.h): they join this overload set, so sdcd
+// converts any message with an unqualified ToProto / FromProto.
 
-#include "absl/status/statusor.h"
-#include "common.pb.h"
 #include "admin.pb.h"
-#include "trainer.pb.h"
+#include "common.pb.h"
 #include "daemon/core/coordinator.h"
 #include "daemon/core/records.h"
 #include "daemon/core/types.h"
+#include "protocol/convert.h"
+#include "trainer.pb.h"
 
 namespace sdc::daemon {
 
-core::Hello FromProto(const v1::Hello& h);
-v1::Hello ToProto(const core::Hello& h);
+using protocol::FromProto;
+using protocol::FromUnixMillis;
+using protocol::ToProto;
+using protocol::UnixMillis;
 
-// InvalidArgument when the report has no body.
-absl::StatusOr<core::Report> FromProto(const v1::Report& r);
-v1::Report ToProto(const core::Report& r);
-
+// The message's body; its recipients route it.
 v1::CoordinatorMessage ToProto(const core::OutMessage& m);
-v1::AuditPlan ToProto(const core::PlanMessage& p);
 
 v1::Incident ToProto(const core::Incident& i);
 v1::ReplacementRequest ToProto(const core::ReplacementRequest& r);
@@ -39,10 +40,6 @@ v1::RequestState ToProto(core::RequestState s);
 core::RequestState FromProto(v1::RequestState s);
 v1::CheckKind ToProto(core::CheckKind k);
 core::CheckKind FromProto(v1::CheckKind k);
-v1::VerdictOutcome ToProto(core::AuditOutcome o);
-
-int64_t UnixMillis(absl::Time t);
-absl::Time FromUnixMillis(int64_t ms);
 
 }  // namespace sdc::daemon
 

@@ -1232,7 +1232,7 @@ absl::StatusOr<std::vector<OperatorRecord>> SqliteStore::LoadOperators() {
     if (!role.ok()) {
       return absl::DataLossError(absl::StrCat("operator ", s.Text(0), ": ", role.status().message()));
     }
-    out.push_back({s.Text(0), *role, s.Bytes(2), absl::FromUnixMillis(s.Int(3)), s.Text(4),
+    out.push_back({s.Text(0), *role, s.Bytes(2), FromUnixMillis(s.Int(3)), s.Text(4),
                    s.Text(5)});
   }
   return out;
@@ -1243,7 +1243,7 @@ absl::Status SqliteStore::InsertOperator(const OperatorRecord& r) {
   Stmt s(db_, "INSERT INTO operators VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
   if (!s.ok()) return SqlError(db_, "adding an operator");
   s.Bind(1, r.name).Bind(2, std::string(RoleName(r.role))).Blob(3, r.token_sha256);
-  s.Bind(4, absl::ToUnixMillis(r.created)).Bind(5, r.created_by).Bind(6, r.approved_by);
+  s.Bind(4, UnixMillis(r.created)).Bind(5, r.created_by).Bind(6, r.approved_by);
   if (sqlite3_step(s.raw()) != SQLITE_DONE) {
     if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
       return absl::AlreadyExistsError(absl::StrCat("operator ", r.name, " already exists"));

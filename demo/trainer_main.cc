@@ -159,22 +159,22 @@ class CheckpointFiles {
     pending_.push_back(step);
   }
 
-  void Reconcile(const core::CheckpointLedger& ledger) {
+  void Reconcile(const protocol::CheckpointLedger& ledger) {
     std::vector<int> still;
     for (int step : pending_) {
       switch (ledger.Of(step)) {
-        case core::CheckpointLedger::Standing::kFinal:
+        case protocol::CheckpointLedger::Standing::kFinal:
           if (std::rename(Path(step, true).c_str(), Path(step, false).c_str()) != 0) {
             Die(absl::StrCat("renaming ", Path(step, true), ": ", std::strerror(errno)));
           }
           std::fprintf(stderr, "sdc-trainer: checkpoint of step %d confirmed: %s\n", step,
                        Path(step, false).c_str());
           break;
-        case core::CheckpointLedger::Standing::kRevoked:
+        case protocol::CheckpointLedger::Standing::kRevoked:
           std::remove(Path(step, true).c_str());
           std::fprintf(stderr, "sdc-trainer: checkpoint of step %d revoked and deleted\n", step);
           break;
-        case core::CheckpointLedger::Standing::kProvisional:
+        case protocol::CheckpointLedger::Standing::kProvisional:
           still.push_back(step);
           break;
       }
@@ -191,13 +191,16 @@ class CheckpointFiles {
   std::vector<int> pending_;  // Written, still provisional.
 };
 
+// Compared across separate runs (guarded and plain), so under the fixed key.
 uint64_t WeightsDigest(torch::nn::Module& model) {
+  static const auto* key =
+      new kernels::FingerprintKey(kernels::FingerprintKey::FromSeed(kernels::kFixedFingerprintSeed));
   kernels::ModelDigestBuilder d;
   for (const auto& item : model.named_parameters()) {
     torch::Tensor t = item.value().detach().contiguous();
     kernels::ByteSpan span{t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
     kernels::Fingerprint fp;
-    (void)kernels::FingerprintTensors({&span, 1}, {&fp, 1});
+    (void)kernels::FingerprintTensors({&span, 1}, *key, {&fp, 1});
     d.Add(item.key(), fp);
   }
   return d.Finish();
@@ -392,7 +395,8 @@ int Main(int argc, char** argv) {
       pg->barrier()->wait();
     }
     if (files != nullptr) {
-      absl::StatusOr<core::CheckpointLedger> ledger = guard->RefreshCheckpoints(absl::Seconds(5));
+      absl::StatusOr<protocol::CheckpointLedger> ledger =
+          guard->RefreshCheckpoints(absl::Seconds(5));
       if (ledger.ok()) {
         files->Reconcile(*ledger);
       } else {

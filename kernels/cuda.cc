@@ -1,11 +1,13 @@
 #include "kernels/cuda.h"
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_dispatch.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/mersenne61.h"
 
 namespace sdc::kernels {
 
@@ -14,7 +16,10 @@ namespace sdc::kernels {
 namespace {
 
 // Smaller than the CPU's chunks: a GPU needs thousands of blocks in flight.
+// Whole level-1 blocks, as the kernel requires.
 constexpr uint64_t kCudaFingerprintChunkBytes = 256ull << 10;
+static_assert(kCudaFingerprintChunkBytes % kFingerprintBlockBytes == 0);
+static_assert(cuda_impl::kBlockWords == kFingerprintBlockWords);
 
 absl::Status CudaError(const char* what, int code) {
   return absl::InternalError(
@@ -36,6 +41,7 @@ absl::Status CudaAvailable() {
 }
 
 absl::Status FingerprintTensorsCuda(absl::Span<const ByteSpan> tensors,
+                                    const FingerprintKey& key,
                                     absl::Span<Fingerprint> out,
                                     CudaStream stream) {
   if (absl::Status s = internal::ValidateFingerprintArgs(tensors, out.size());
@@ -46,16 +52,32 @@ absl::Status FingerprintTensorsCuda(absl::Span<const ByteSpan> tensors,
   for (size_t t = 0; t < tensors.size(); ++t) sizes[t] = tensors[t].size;
   std::vector<cuda_impl::FingerprintChunk> chunks;
   for (const Chunk& c : SplitIntoChunks(sizes, kCudaFingerprintChunkBytes)) {
-    chunks.push_back({tensors[c.tensor].data, c.begin, c.length, c.tensor});
+    chunks.push_back(
+        {tensors[c.tensor].data, c.begin, c.length, sizes[c.tensor], c.tensor});
   }
-  std::vector<uint64_t> sums(2 * tensors.size());
+  uint64_t key_words[2 * kFingerprintBlockWords];
+  for (int j = 0; j < 2; ++j) {
+    std::memcpy(key_words + j * kFingerprintBlockWords, key.words(j),
+                sizeof(uint64_t) * kFingerprintBlockWords);
+  }
+  std::vector<uint64_t> sums(4 * tensors.size());
   if (int err = cuda_impl::RunFingerprint(chunks.data(), chunks.size(),
-                                          tensors.size(), sums.data(), stream);
+                                          tensors.size(), key_words, key.r(0),
+                                          key.r(1), sums.data(), stream);
       err != 0) {
     return CudaError("FingerprintTensorsCuda", err);
   }
+  // sum = low + high * 2^32 over the chunks, then the length's term n * r.
+  constexpr uint64_t kTwoTo32 = 1ull << 32;
   for (size_t t = 0; t < tensors.size(); ++t) {
-    out[t] = {sizes[t], sums[2 * t], sums[2 * t + 1]};
+    uint64_t s[2];
+    for (int j = 0; j < 2; ++j) {
+      const uint64_t low = m61::Reduce(sums[4 * t + 2 * j]);
+      const uint64_t high = m61::Reduce(sums[4 * t + 2 * j + 1]);
+      s[j] = m61::Add(m61::Add(low, m61::Mul(high, kTwoTo32)),
+                      m61::Mul(m61::Reduce(sizes[t]), key.r(j)));
+    }
+    out[t] = {sizes[t], s[0], s[1]};
   }
   return absl::OkStatus();
 }
@@ -115,6 +137,7 @@ bool CudaBuilt() { return false; }
 absl::Status CudaAvailable() { return NotBuilt(); }
 
 absl::Status FingerprintTensorsCuda(absl::Span<const ByteSpan>,
+                                    const FingerprintKey&,
                                     absl::Span<Fingerprint>, CudaStream) {
   return NotBuilt();
 }

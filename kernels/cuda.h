@@ -30,11 +30,13 @@ bool CudaBuilt();
 // FailedPrecondition saying why (built without CUDA, no driver, no device).
 absl::Status CudaAvailable();
 
-// Fingerprints tensors in device memory with one kernel launch for the whole
-// list, enqueued on `stream` (nullptr: the legacy default stream). Blocks
-// until the results are in `out` (host memory). Same argument checks as
-// FingerprintTensors; a CUDA failure is Internal with CUDA's message.
+// Fingerprints tensors in device memory under `key` with one kernel launch
+// for the whole list, enqueued on `stream` (nullptr: the legacy default
+// stream). Blocks until the results are in `out` (host memory). Same
+// argument checks as FingerprintTensors; a CUDA failure is Internal with
+// CUDA's message.
 absl::Status FingerprintTensorsCuda(absl::Span<const ByteSpan> tensors,
+                                    const FingerprintKey& key,
                                     absl::Span<Fingerprint> out,
                                     CudaStream stream);
 

@@ -10,14 +10,20 @@
 
 namespace sdc::kernels::cuda_impl {
 
-// Bytes [begin, begin + length) of the tensor at `base`; begin is a multiple
-// of 8, so a chunk starts on a word of its tensor.
+// Bytes [begin, begin + length) of the tensor at `base`, of tensor_bytes
+// bytes in all; begin is a multiple of the fingerprint's level-1 block
+// (kernels/fingerprint.h), so a chunk starts on a block of its tensor.
 struct FingerprintChunk {
   const void* base;
   uint64_t begin;
   uint64_t length;
+  uint64_t tensor_bytes;
   uint32_t tensor;
 };
+
+// Words in a fingerprint level-1 block (kFingerprintBlockWords; cuda.cc
+// checks the two agree).
+inline constexpr uint64_t kBlockWords = 512;
 
 // Elements [begin, begin + length) of a tensor of dtype code `dtype`
 // (the values of sdc::kernels::DType).
@@ -30,9 +36,15 @@ struct ScanChunk {
 
 // Each returns a cudaError_t value; 0 is success.
 
-// Fills sums[2*t] = s1 and sums[2*t + 1] = s2 of every tensor t < tensors.
+// Fingerprints the chunks under the key (key_words: K1[0..B-1] then
+// K2[0..B-1] in host memory; r1, r2). Fills, for every tensor t < tensors,
+// sums[4t + 2j] and sums[4t + 2j + 1] with the sums over its chunks of the
+// low 32 and the high bits of each chunk's part of s_{j+1} before the
+// length's term (so that 64-bit atomic adds stay exact); the caller reduces
+// them mod p and adds n * r.
 int RunFingerprint(const FingerprintChunk* chunks, size_t num_chunks,
-                   size_t tensors, uint64_t* sums, void* stream);
+                   size_t tensors, const uint64_t* key_words, uint64_t r1,
+                   uint64_t r2, uint64_t* sums, void* stream);
 
 // Fills nonfinite[c] and sum_squares[c] of every chunk c.
 int RunScan(const ScanChunk* chunks, size_t num_chunks, uint64_t* nonfinite,

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/fingerprint.h"
 #include "kernels/reference.h"
 
 #ifdef SDC_HAVE_CUDA
@@ -34,7 +36,8 @@ TEST(CudaBuildTest, ReportsWhyItCannotRun) {
   std::vector<Fingerprint> out(1);
   const unsigned char byte = 1;
   const ByteSpan one[] = {{&byte, 1}};
-  EXPECT_EQ(FingerprintTensorsCuda(one, absl::MakeSpan(out), nullptr).code(),
+  const FingerprintKey key = FingerprintKey::FromSeed(kFixedFingerprintSeed);
+  EXPECT_EQ(FingerprintTensorsCuda(one, key, absl::MakeSpan(out), nullptr).code(),
             CudaBuilt() ? absl::StatusCode::kInternal
                         : absl::StatusCode::kFailedPrecondition);
 }
@@ -56,31 +59,46 @@ class DeviceBuffer {
   size_t size_;
 };
 
-TEST_F(CudaTest, FingerprintsMatchReferenceBitForBit) {
+// The CUDA fingerprint must equal the CPU's bit for bit (and the scalar
+// reference's) under any key: sizes on both sides of the 4 KiB level-1
+// blocks and the 256 KiB chunks the GPU splits into, misaligned starts,
+// and one launch over the whole list.
+TEST_F(CudaTest, FingerprintsMatchCpuAndReferenceBitForBit) {
   std::mt19937_64 rng(1);
+  std::vector<uint64_t> sizes = {0, 1, 7, 8, 9, 67, 4095, 4096, 4097, 4096 * 9 + 5,
+                                 (256ull << 10) - 8, 256ull << 10, (256ull << 10) + 3,
+                                 262145, (1ull << 20) + 4096, (5ull << 20) + 3};
   std::vector<std::vector<unsigned char>> host;
-  for (uint64_t size : {0ull, 1ull, 7ull, 8ull, 67ull, 4096ull, 262145ull,
-                        (5ull << 20) + 3}) {
+  for (uint64_t size : sizes) {
     std::vector<unsigned char> b(size + 1);
     for (auto& x : b) x = static_cast<unsigned char>(rng());
     host.push_back(std::move(b));
   }
   std::vector<std::unique_ptr<DeviceBuffer>> device;
   std::vector<ByteSpan> spans;
-  std::vector<Fingerprint> want;
+  std::vector<ByteSpan> host_spans;
   for (size_t i = 0; i < host.size(); ++i) {
     device.push_back(std::make_unique<DeviceBuffer>(host[i]));
     const size_t offset = i % 2;  // Odd tensors start misaligned.
     const uint64_t size = host[i].size() - 1;
     spans.push_back({device.back()->data() + offset, size});
-    want.push_back(ReferenceFingerprint({host[i].data() + offset, size}));
+    host_spans.push_back({host[i].data() + offset, size});
   }
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  std::vector<Fingerprint> got(spans.size());
-  ASSERT_TRUE(FingerprintTensorsCuda(spans, absl::MakeSpan(got), stream).ok());
+  for (uint64_t seed : {kFixedFingerprintSeed, uint64_t{1}, uint64_t{0xfedcba9876543210ull}}) {
+    const FingerprintKey key = FingerprintKey::FromSeed(seed);
+    std::vector<Fingerprint> got(spans.size());
+    ASSERT_TRUE(FingerprintTensorsCuda(spans, key, absl::MakeSpan(got), stream).ok());
+    std::vector<Fingerprint> cpu(spans.size());
+    ASSERT_TRUE(FingerprintTensors(host_spans, key, absl::MakeSpan(cpu)).ok());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      EXPECT_EQ(got[i], cpu[i]) << "seed " << seed << " tensor " << i << " size " << sizes[i];
+      EXPECT_EQ(got[i], ReferenceFingerprint(host_spans[i], key))
+          << "seed " << seed << " tensor " << i << " size " << sizes[i];
+    }
+  }
   cudaStreamDestroy(stream);
-  for (size_t i = 0; i < spans.size(); ++i) EXPECT_EQ(got[i], want[i]) << "tensor " << i;
 }
 
 TEST_F(CudaTest, ScanCountsMatchReferenceAndSumsAreClose) {

@@ -11,7 +11,7 @@
 
 namespace sdc::kernels {
 
-Fingerprint ReferenceFingerprint(ByteSpan tensor);
+Fingerprint ReferenceFingerprint(ByteSpan tensor, const FingerprintKey& key);
 
 // REQUIRES: tensor.dtype is one of DType's values.
 ScanResult ReferenceScan(const TensorRef& tensor);

@@ -18,7 +18,7 @@
 namespace sdc::testing {
 namespace {
 
-core::StepReport Clean() { return core::StepReport{}; }
+protocol::StepReport Clean() { return protocol::StepReport{}; }
 
 class CoordinatorLinkTest : public ::testing::Test {
  protected:
@@ -61,17 +61,17 @@ class CoordinatorLinkTest : public ::testing::Test {
 
 TEST_F(CoordinatorLinkTest, CleanStepReportsWaitForTheNextThatCannot) {
   std::unique_ptr<client::CoordinatorLink> link = Link("job-wait", absl::Seconds(60));
-  for (core::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
+  for (protocol::Step s = 1; s <= 3; ++s) link->Send(s, Clean());
   absl::SleepFor(absl::Seconds(1));
   EXPECT_EQ(link->stats().acked, 0u) << "clean step reports went before the linger ran out";
   // A step whose verdict never came: it goes at once, and the three with it.
-  core::StepReport unverified;
+  protocol::StepReport unverified;
   unverified.audit_unverified = true;
   EXPECT_EQ(link->Send(4, unverified), 4u);
   EXPECT_TRUE(WaitAcked(*link, 4));
   // A skipped step cannot wait either.
   link->Send(5, Clean());
-  core::StepReport skipped;
+  protocol::StepReport skipped;
   skipped.applied = false;
   skipped.skip_reason = "local NaN/Inf";
   link->Send(6, skipped);
@@ -126,7 +126,7 @@ TEST_F(CoordinatorLinkTest, TheExitFlushRetriesUntilItsDeadlineWhateverTheBackof
   const int trainer = sdcd_->trainer_port(), admin = sdcd_->admin_port(),
             metrics = sdcd_->metrics_port();
   sdcd_->process().Kill();
-  for (core::Step s = 2; s <= 4; ++s) link->Send(s, Clean());
+  for (protocol::Step s = 2; s <= 4; ++s) link->Send(s, Clean());
   absl::SleepFor(absl::Seconds(6));
   absl::StatusOr<std::unique_ptr<Sdcd>> back =
       Sdcd::Start(dir_, {}, {}, trainer, admin, metrics);  // The same database.

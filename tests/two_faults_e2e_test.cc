@@ -9,12 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/core/replay_plan.h"
 #include "demo/launcher.h"
 #include "demo/report.h"
 #include "demo/scenarios.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/replay_plan.h"
 #include "tests/testing/fast_cluster.h"
 
 namespace sdc::demo {
@@ -22,40 +22,40 @@ namespace {
 
 constexpr int kNodes = 3, kGpusPerNode = 2, kStep = 15;
 
-core::Topology DemoTopology() {
-  std::vector<core::PlanMember> members;
-  for (core::Rank r = 0; r < kNodes * kGpusPerNode; ++r) {
+protocol::Topology DemoTopology() {
+  std::vector<protocol::PlanMember> members;
+  for (protocol::Rank r = 0; r < kNodes * kGpusPerNode; ++r) {
     members.push_back({r, NodeName(static_cast<int>(r) / kGpusPerNode)});
   }
-  return core::Topology(std::move(members));
+  return protocol::Topology(std::move(members));
 }
 
 // The full audit every rank runs at kStep (the fast cluster audits every 5).
-core::ReplayPlan PlanAtStep() { return core::PlanFullAudit(DemoTopology(), kStep / 5); }
+protocol::ReplayPlan PlanAtStep() { return protocol::PlanFullAudit(DemoTopology(), kStep / 5); }
 
-core::Rank ReplayerOf(const core::ReplayPlan& plan, core::Rank subject) {
-  for (const core::Assignment& a : plan.assignments) {
+protocol::Rank ReplayerOf(const protocol::ReplayPlan& plan, protocol::Rank subject) {
+  for (const protocol::Assignment& a : plan.assignments) {
     if (a.subject == subject) return a.replayer;
   }
   ADD_FAILURE() << "rank " << subject << " has no replayer";
   return 0;
 }
 
-core::Rank SubjectOf(const core::ReplayPlan& plan, core::Rank replayer) {
-  for (const core::Assignment& a : plan.assignments) {
+protocol::Rank SubjectOf(const protocol::ReplayPlan& plan, protocol::Rank replayer) {
+  for (const protocol::Assignment& a : plan.assignments) {
     if (a.replayer == replayer) return a.subject;
   }
   ADD_FAILURE() << "rank " << replayer << " replays nothing";
   return 0;
 }
 
-int NodeOf(core::Rank r) { return static_cast<int>(r) / kGpusPerNode; }
+int NodeOf(protocol::Rank r) { return static_cast<int>(r) / kGpusPerNode; }
 
 // Runs the cluster with `faulty_replays` corrupting the replays it computes
 // for peers and `faulty_own` corrupting its forward pass (its own batch and
 // its replays) at kStep, and checks the verdicts against the truth.
-void ExpectNoHealthyRankBlamed(const std::string& name, core::Rank faulty_replays,
-                               core::Rank faulty_own) {
+void ExpectNoHealthyRankBlamed(const std::string& name, protocol::Rank faulty_replays,
+                               protocol::Rank faulty_own) {
   SCOPED_TRACE(absl::StrCat(name, ": rank ", faulty_replays, " corrupts replays, rank ",
                             faulty_own, " its forward pass"));
   const std::string fault =
@@ -66,9 +66,9 @@ void ExpectNoHealthyRankBlamed(const std::string& name, core::Rank faulty_replay
   c.gpus_per_node = kGpusPerNode;
   absl::StatusOr<ClusterResult> r = RunCluster(c);
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::set<core::Rank> truth = {faulty_replays, faulty_own};
+  const std::set<protocol::Rank> truth = {faulty_replays, faulty_own};
   std::set<std::string> faulty_nodes;
-  for (core::Rank f : truth) faulty_nodes.insert(NodeName(NodeOf(f)));
+  for (protocol::Rank f : truth) faulty_nodes.insert(NodeName(NodeOf(f)));
 
   // Detected: the step is skipped on every rank, and an incident names it.
   for (const auto& rank : r->ranks) {
@@ -76,7 +76,7 @@ void ExpectNoHealthyRankBlamed(const std::string& name, core::Rank faulty_replay
       if (s.step == kStep) EXPECT_FALSE(s.apply) << "step " << kStep << " was applied";
     }
   }
-  std::set<core::Rank> confirmed, unconfirmed;
+  std::set<protocol::Rank> confirmed, unconfirmed;
   for (const v1::Incident& i : r->incidents) {
     SCOPED_TRACE(absl::StrCat("incident ", i.id(), " (", i.outcome(), "): ", i.explanation()));
     EXPECT_NE(i.outcome(), "systemic") << "two GPUs are not a software change";
@@ -90,7 +90,7 @@ void ExpectNoHealthyRankBlamed(const std::string& name, core::Rank faulty_replay
     EXPECT_TRUE(faulty_nodes.count(q.node_name())) << "replacement requested for healthy " << q.node_name();
   }
   // A faulty rank nobody confirmed stays under suspicion (targeted audits).
-  for (core::Rank f : truth) {
+  for (protocol::Rank f : truth) {
     EXPECT_TRUE(confirmed.count(f) || unconfirmed.count(f)) << "faulty rank " << f << " unnamed";
   }
   const RunFacts facts = Analyze(*r, *FindScenario("clean"), c, -1);
@@ -103,9 +103,9 @@ void ExpectNoHealthyRankBlamed(const std::string& name, core::Rank faulty_replay
 // comparisons both mismatch, exactly as if h were the faulty one; the old
 // rule 3 confirmed h and asked to replace its node.
 TEST(TwoFaultsTest, HealthyRankBetweenFaultyRanksOnTwoOtherNodes) {
-  const core::ReplayPlan plan = PlanAtStep();
-  for (core::Rank h = 0; h < kNodes * kGpusPerNode; ++h) {
-    const core::Rank f1 = ReplayerOf(plan, h), f2 = SubjectOf(plan, h);
+  const protocol::ReplayPlan plan = PlanAtStep();
+  for (protocol::Rank h = 0; h < kNodes * kGpusPerNode; ++h) {
+    const protocol::Rank f1 = ReplayerOf(plan, h), f2 = SubjectOf(plan, h);
     if (std::set<int>{NodeOf(h), NodeOf(f1), NodeOf(f2)}.size() == 3) {
       ExpectNoHealthyRankBlamed("two-faults-sandwich", f1, f2);
       return;
@@ -116,8 +116,8 @@ TEST(TwoFaultsTest, HealthyRankBetweenFaultyRanksOnTwoOtherNodes) {
 
 // The faulty ranks side by side in the ring: one replays the other's batch.
 TEST(TwoFaultsTest, AdjacentInTheRingOnTwoNodes) {
-  const core::ReplayPlan plan = PlanAtStep();
-  const core::Rank f1 = 0, f2 = SubjectOf(plan, 0);
+  const protocol::ReplayPlan plan = PlanAtStep();
+  const protocol::Rank f1 = 0, f2 = SubjectOf(plan, 0);
   ASSERT_NE(NodeOf(f1), NodeOf(f2));
   ExpectNoHealthyRankBlamed("two-faults-adjacent", f1, f2);
 }

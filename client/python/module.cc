@@ -86,13 +86,13 @@ py::dict SummaryDict(const GuardSummary& s) {
   return out;
 }
 
-const char* StandingName(core::CheckpointLedger::Standing s) {
+const char* StandingName(protocol::CheckpointLedger::Standing s) {
   switch (s) {
-    case core::CheckpointLedger::Standing::kFinal:
+    case protocol::CheckpointLedger::Standing::kFinal:
       return "final";
-    case core::CheckpointLedger::Standing::kProvisional:
+    case protocol::CheckpointLedger::Standing::kProvisional:
       return "provisional";
-    case core::CheckpointLedger::Standing::kRevoked:
+    case protocol::CheckpointLedger::Standing::kRevoked:
       return "revoked";
   }
   return "provisional";
@@ -236,7 +236,7 @@ PYBIND11_MODULE(_C, m) {
       .def("refresh_checkpoints",
            [](Engine& e, double timeout_seconds) {
              GuardEngine& engine = e.engine();
-             absl::StatusOr<core::CheckpointLedger> ledger;
+             absl::StatusOr<protocol::CheckpointLedger> ledger;
              {
                py::gil_scoped_release release;
                ledger = engine.RefreshCheckpoints(absl::Seconds(timeout_seconds));
@@ -268,33 +268,43 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // The weight fingerprint of the kernels (the wire definition), for tests
-  // and tools that compare replicas.
-  m.def("fingerprint", [](const at::Tensor& t) {
-    const at::Tensor c = t.detach().contiguous().cpu();
-    const kernels::ByteSpan span{c.data_ptr(), static_cast<uint64_t>(c.numel()) * c.element_size()};
-    kernels::Fingerprint fp;
-    Check(kernels::FingerprintTensors({&span, 1}, {&fp, 1}));
-    return py::make_tuple(fp.byte_length, fp.s1, fp.s2);
-  });
+  // and tools that compare replicas. The key's seed defaults to the fixed
+  // one, so separate processes agree (a guarded job uses its own key).
+  m.def(
+      "fingerprint",
+      [](const at::Tensor& t, uint64_t seed) {
+        const kernels::FingerprintKey key = kernels::FingerprintKey::FromSeed(seed);
+        const at::Tensor c = t.detach().contiguous().cpu();
+        const kernels::ByteSpan span{c.data_ptr(),
+                                     static_cast<uint64_t>(c.numel()) * c.element_size()};
+        kernels::Fingerprint fp;
+        Check(kernels::FingerprintTensors({&span, 1}, key, {&fp, 1}));
+        return py::make_tuple(fp.byte_length, fp.s1, fp.s2);
+      },
+      py::arg("tensor"), py::arg("seed") = kernels::kFixedFingerprintSeed);
   // The model digest sdcd's weight vote compares: a stable hash of the
-  // ordered (name, fingerprint) list.
-  m.def("model_digest", [](const std::vector<std::string>& names,
-                           const std::vector<at::Tensor>& tensors) {
-    if (names.size() != tensors.size()) {
-      Raise(absl::InvalidArgumentError(absl::StrCat(names.size(), " names for ", tensors.size(),
-                                                    " tensors")));
-    }
-    kernels::ModelDigestBuilder digest;
-    for (size_t i = 0; i < names.size(); ++i) {
-      const at::Tensor c = tensors[i].detach().contiguous().cpu();
-      const kernels::ByteSpan span{c.data_ptr(),
-                                   static_cast<uint64_t>(c.numel()) * c.element_size()};
-      kernels::Fingerprint fp;
-      Check(kernels::FingerprintTensors({&span, 1}, {&fp, 1}));
-      digest.Add(names[i], fp);
-    }
-    return digest.Finish();
-  });
+  // ordered (name, fingerprint) list, fingerprints under the seed's key.
+  m.def(
+      "model_digest",
+      [](const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+         uint64_t seed) {
+        if (names.size() != tensors.size()) {
+          Raise(absl::InvalidArgumentError(absl::StrCat(names.size(), " names for ",
+                                                        tensors.size(), " tensors")));
+        }
+        const kernels::FingerprintKey key = kernels::FingerprintKey::FromSeed(seed);
+        kernels::ModelDigestBuilder digest;
+        for (size_t i = 0; i < names.size(); ++i) {
+          const at::Tensor c = tensors[i].detach().contiguous().cpu();
+          const kernels::ByteSpan span{c.data_ptr(),
+                                       static_cast<uint64_t>(c.numel()) * c.element_size()};
+          kernels::Fingerprint fp;
+          Check(kernels::FingerprintTensors({&span, 1}, key, {&fp, 1}));
+          digest.Add(names[i], fp);
+        }
+        return digest.Finish();
+      },
+      py::arg("names"), py::arg("tensors"), py::arg("seed") = kernels::kFixedFingerprintSeed);
 }
 
 }  // namespace

@@ -28,12 +28,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/core/checkpoint_ledger.h"
-#include "daemon/core/attribution.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/escalation.h"
 #include "daemon/core/records.h"
-#include "daemon/core/replay_plan.h"
 #include "daemon/core/store.h"
 #include "daemon/core/types.h"
 #include "daemon/core/weight_vote.h"
@@ -100,38 +97,11 @@ struct Caller {
   std::vector<std::string> gpus;
 };
 
-// Messages to trainer ranks.
-struct PlanMessage {
-  uint64_t plan_id = 0;
-  std::vector<Assignment> assignments;
-  std::string reason;
-};
-struct AuditVerdictMessage {
-  Step step = 0;
-  AuditOutcome outcome = AuditOutcome::kPass;
-  std::vector<Rank> faulty;
-  std::vector<Rank> suspects;
-  std::vector<std::string> differing_tensors;
-  std::string explanation;
-};
-struct TieBreakMessage {
-  Step step = 0;
-  Rank subject = 0;
-  Rank replayer = 0;
-};
-struct WeightVerdictMessage {
-  Step step = 0;
-  bool pass = true;
-  std::vector<Rank> minority;
-  std::vector<std::string> differing_tensors;
-  Rank majority_source = 0;
-  std::string explanation;
-};
-
+// A message to trainer ranks and its recipients.
 struct OutMessage {
   std::string job_id;
   std::vector<Rank> ranks;  // Recipients.
-  std::variant<PlanMessage, AuditVerdictMessage, TieBreakMessage, WeightVerdictMessage> body;
+  CoordinatorMessage body;
 };
 
 // A check that finished, for metrics: check kind and result word.

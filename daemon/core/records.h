@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "daemon/core/replay_plan.h"
 #include "daemon/core/types.h"
 
 namespace sdc::core {

@@ -31,12 +31,15 @@ absl::StatusOr<ReplayPlan> Coordinator::PlanFor(const JobState& job, const Group
                      " has ranks that never said Hello; audit plans need every rank"));
   }
   if (plan_id == 0) {
-    if (job.record.audit_every == 0 || step % job.record.audit_every != 0) {
+    // The trainers' own schedule (protocol/replay_plan.h), not a copy of it.
+    std::optional<ReplayPlan> scheduled =
+        ScheduledAudit(step, job.record.audit_every, TopologyOf(job, group));
+    if (!scheduled.has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", step, " is not a scheduled audit step (audits every ",
                        job.record.audit_every, " steps)"));
     }
-    return PlanFullAudit(TopologyOf(job, group), step / job.record.audit_every);
+    return *std::move(scheduled);
   }
   auto it = job.plans.find(plan_id);
   if (it == job.plans.end() || it->second.group != group.record.group) {

@@ -2,20 +2,6 @@
 
 namespace sdc::core {
 
-const char* AuditRoleName(AuditRole role) {
-  switch (role) {
-    case AuditRole::kOriginal:
-      return "original";
-    case AuditRole::kReplay:
-      return "replay";
-    case AuditRole::kTieBreak:
-      return "tiebreak";
-    case AuditRole::kConfirm:
-      return "confirm";
-  }
-  return "unknown";
-}
-
 const char* CheckKindName(CheckKind kind) {
   switch (kind) {
     case CheckKind::kNonFinite:

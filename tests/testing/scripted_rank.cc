@@ -3,9 +3,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/convert.h"
+#include "protocol/attribution.h"
+#include "protocol/replay_plan.h"
 #include "tests/testing/process.h"
-#include "daemon/core/attribution.h"
-#include "daemon/core/replay_plan.h"
 
 namespace sdc::testing {
 
@@ -204,7 +204,12 @@ absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>
   const core::Rank world = static_cast<core::Rank>(ranks.size());
   std::vector<core::PlanMember> members;
   for (core::Rank r = 0; r < world; ++r) members.push_back({r, ranks[r]->hello().placement.node});
-  const core::ReplayPlan plan = core::PlanFullAudit(core::Topology(members), step / 10);
+  const std::optional<core::ReplayPlan> scheduled =
+      core::ScheduledAudit(step, ranks[0]->hello().audit_every, core::Topology(members));
+  if (!scheduled.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " has no scheduled audit"));
+  }
+  const core::ReplayPlan& plan = *scheduled;
   auto value = [](core::Rank subject) { return 0x3ff0000000000000ull + subject; };
   std::vector<uint64_t> last(world);
   absl::flat_hash_map<core::Rank, core::Evidence> originals, replays;

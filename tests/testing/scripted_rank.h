@@ -101,11 +101,11 @@ absl::StatusOr<Ranks> ConnectRanks(const ChannelFor& channel_for, const std::str
                                    uint32_t world, uint32_t gpus_per_node,
                                    const std::vector<std::string>& tensors);
 
-// Every rank's part of the scheduled (full) audit of `step` with PlanFullAudit
-// (plan seed step / 10, as for TestHello's audit_every of 10), as the ranks
-// compute it; `faulty` (if any) gets its own batch and its replays wrong.
-// Then the tie-breaks the ranks derive in-band. Waits until every report is
-// acknowledged.
+// Every rank's part of the scheduled (full) audit of `step`, as the ranks
+// compute it (ScheduledAudit with their Hello's audit_every; InvalidArgument
+// when `step` has none); `faulty` (if any) gets its own batch and its
+// replays wrong. Then the tie-breaks the ranks derive in-band. Waits until
+// every report is acknowledged.
 absl::Status SendScheduledAudit(const std::vector<std::unique_ptr<ScriptedRank>>& ranks,
                                 core::Step step, std::optional<core::Rank> faulty);
 

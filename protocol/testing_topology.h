@@ -1,14 +1,14 @@
-#ifndef SDC_DAEMON_CORE_TESTING_TOPOLOGY_H_
-#define SDC_DAEMON_CORE_TESTING_TOPOLOGY_H_
+#ifndef SDC_PROTOCOL_TESTING_TOPOLOGY_H_
+#define SDC_PROTOCOL_TESTING_TOPOLOGY_H_
 
-// Topologies for the core's tests.
+// Topologies for the protocol's tests.
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 
-namespace sdc::core::testing {
+namespace sdc::protocol::testing {
 
 // Ranks 0.. laid out node after node: sizes {2, 1} is node "n0" = {0, 1},
 // node "n1" = {2}. Node names sort in creation order (fewer than 10 nodes).
@@ -23,6 +23,6 @@ inline Topology Contiguous(const std::vector<int>& sizes) {
   return Topology(std::move(members));
 }
 
-}  // namespace sdc::core::testing
+}  // namespace sdc::protocol::testing
 
-#endif  // SDC_DAEMON_CORE_TESTING_TOPOLOGY_H_
+#endif  // SDC_PROTOCOL_TESTING_TOPOLOGY_H_

@@ -1,11 +1,11 @@
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 const char* AttributionCapabilityName(AttributionCapability c) {
   switch (c) {
@@ -193,6 +193,16 @@ std::vector<Rank> MembersOutside(const Topology& t, std::initializer_list<int> d
 
 }  // namespace
 
+bool IsScheduledAuditStep(Step step, uint32_t audit_every) {
+  return audit_every > 0 && step % audit_every == 0;
+}
+
+std::optional<ReplayPlan> ScheduledAudit(Step step, uint32_t audit_every,
+                                         const Topology& topology) {
+  if (!IsScheduledAuditStep(step, audit_every)) return std::nullopt;
+  return PlanFullAudit(topology, step / audit_every);
+}
+
 ReplayPlan PlanTargetedAudit(const Topology& topology, Rank suspect,
                              uint64_t audit_index) {
   ReplayPlan plan;
@@ -226,4 +236,4 @@ std::optional<Rank> ChooseConfirmer(const Topology& topology, Rank subject,
   return others[salt % others.size()];
 }
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol

@@ -1,4 +1,4 @@
-#include "daemon/core/attribution.h"
+#include "protocol/attribution.h"
 
 #include <algorithm>
 #include <set>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 const char* AuditOutcomeName(AuditOutcome outcome) {
   switch (outcome) {
@@ -302,4 +302,4 @@ TieBreakOutcome ResolveTieBreak(const Evidence& original, const Evidence& replay
   return TieBreakOutcome::kInconclusive;
 }
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol

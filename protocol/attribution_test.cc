@@ -1,4 +1,4 @@
-#include "daemon/core/attribution.h"
+#include "protocol/attribution.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,13 +14,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/core/replay_plan.h"
-#include "daemon/core/testing_topology.h"
-#include "daemon/core/types.h"
+#include "protocol/replay_plan.h"
+#include "protocol/testing_topology.h"
+#include "protocol/types.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 namespace {
 
 using ::testing::AnyOf;
@@ -1082,4 +1082,4 @@ TEST(AttributionSimulationTest, TwoDomainsNameSuspectsOnly) {
 }
 
 }  // namespace
-}  // namespace sdc::core
+}  // namespace sdc::protocol

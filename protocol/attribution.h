@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_CORE_ATTRIBUTION_H_
-#define SDC_DAEMON_CORE_ATTRIBUTION_H_
+#ifndef SDC_PROTOCOL_ATTRIBUTION_H_
+#define SDC_PROTOCOL_ATTRIBUTION_H_
 
 // What happens when a replay mismatches: the ring replay audit's
 // attribution, as plain functions of the plan and the results.
@@ -35,10 +35,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
-#include "daemon/core/replay_plan.h"
-#include "daemon/core/types.h"
+#include "protocol/replay_plan.h"
+#include "protocol/types.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 // One side of a comparison.
 struct Evidence {
@@ -125,6 +125,6 @@ bool SameResult(const Evidence& a, const Evidence& b, bool compare_gradients,
                 bool* loss_differs = nullptr,
                 std::vector<uint32_t>* differing = nullptr);
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol
 
-#endif  // SDC_DAEMON_CORE_ATTRIBUTION_H_
+#endif  // SDC_PROTOCOL_ATTRIBUTION_H_

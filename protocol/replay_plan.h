@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_CORE_REPLAY_PLAN_H_
-#define SDC_DAEMON_CORE_REPLAY_PLAN_H_
+#ifndef SDC_PROTOCOL_REPLAY_PLAN_H_
+#define SDC_PROTOCOL_REPLAY_PLAN_H_
 
 // Who replays whose micro-batch on an audit step.
 //
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "daemon/core/types.h"
+#include "protocol/types.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 struct Assignment {
   Rank replayer = 0;
@@ -88,6 +88,16 @@ struct ReplayPlan {
 // tie-break.
 ReplayPlan PlanFullAudit(const Topology& topology, uint64_t audit_index);
 
+// THE AUDIT SCHEDULE, the one definition trainers and sdcd both call. With
+// `audit_every` N > 0, every step divisible by N (step 0 included) gets a
+// scheduled audit, whose plan is PlanFullAudit(topology, step / N); N == 0
+// turns scheduled audits off. Trainers run that plan and sdcd checks their
+// results against the same call, so the plan is computed, never sent.
+bool IsScheduledAuditStep(Step step, uint32_t audit_every);
+// The plan of `step`'s scheduled audit; nullopt when the step has none.
+std::optional<ReplayPlan> ScheduledAudit(Step step, uint32_t audit_every,
+                                         const Topology& topology);
+
 // A targeted audit of one suspect: a rank of another domain replays the
 // suspect's micro-batch and the suspect replays another rank's, so the
 // suspect appears in two comparisons with distinct partners when possible.
@@ -105,6 +115,6 @@ std::optional<Rank> ChooseTieBreaker(const Topology& topology, Rank a, Rank b,
 std::optional<Rank> ChooseConfirmer(const Topology& topology, Rank subject,
                                     uint64_t salt);
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol
 
-#endif  // SDC_DAEMON_CORE_REPLAY_PLAN_H_
+#endif  // SDC_PROTOCOL_REPLAY_PLAN_H_

@@ -1,5 +1,5 @@
-#ifndef SDC_DAEMON_CORE_CHECKPOINT_LEDGER_H_
-#define SDC_DAEMON_CORE_CHECKPOINT_LEDGER_H_
+#ifndef SDC_PROTOCOL_CHECKPOINT_LEDGER_H_
+#define SDC_PROTOCOL_CHECKPOINT_LEDGER_H_
 
 // Where a job's checkpoints stand. A checkpoint the gate allowed is
 // provisional: a finite fault on a step no audit saw may be in it. The next
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "daemon/core/types.h"
+#include "protocol/types.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 class CheckpointLedger {
  public:
@@ -50,6 +50,6 @@ class CheckpointLedger {
   std::vector<Step> revoked_;
 };
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol
 
-#endif  // SDC_DAEMON_CORE_CHECKPOINT_LEDGER_H_
+#endif  // SDC_PROTOCOL_CHECKPOINT_LEDGER_H_

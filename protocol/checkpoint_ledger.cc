@@ -1,8 +1,8 @@
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 
 #include <algorithm>
 
-namespace sdc::core {
+namespace sdc::protocol {
 
 void CheckpointLedger::Allowed(Step step) {
   if (provisional_.has_value() && *provisional_ < step) {
@@ -37,4 +37,4 @@ void CheckpointLedger::Revoke(Step step) {
   revoked_.insert(std::upper_bound(revoked_.begin(), revoked_.end(), step), step);
 }
 
-}  // namespace sdc::core
+}  // namespace sdc::protocol

@@ -1,11 +1,11 @@
-#include "daemon/core/checkpoint_ledger.h"
+#include "protocol/checkpoint_ledger.h"
 
 #include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 namespace {
 
 TEST(CheckpointLedgerTest, TheNextAllowedCheckpointConfirmsTheLastOne) {
@@ -65,4 +65,4 @@ TEST(CheckpointLedgerTest, TheCoordinatorRevokesTheProvisionalOne) {
 }
 
 }  // namespace
-}  // namespace sdc::core
+}  // namespace sdc::protocol

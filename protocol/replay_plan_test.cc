@@ -1,4 +1,4 @@
-#include "daemon/core/replay_plan.h"
+#include "protocol/replay_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/core/testing_topology.h"
+#include "protocol/testing_topology.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace sdc::core {
+namespace sdc::protocol {
 namespace {
 
 using ::testing::ElementsAre;
@@ -751,4 +751,4 @@ TEST(ChooserPropertyTest, TieBreakerIsInAThirdDomain) {
 }
 
 }  // namespace
-}  // namespace sdc::core
+}  // namespace sdc::protocol

@@ -1,0 +1,101 @@
+#ifndef SDC_PROTOCOL_TYPES_H_
+#define SDC_PROTOCOL_TYPES_H_
+
+// What a trainer rank tells the coordinator (proto/trainer.proto's Hello and
+// Report), as plain data. Trainers build these and convert them to the wire
+// (protocol/convert.h); sdcd converts the wire back and its core decides on
+// them, so the core never sees protobuf or gRPC, and benchmarks and fuzzers
+// drive it directly.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kernels/fingerprint.h"
+
+namespace sdc::protocol {
+
+using Rank = uint32_t;
+using Step = uint64_t;
+using kernels::Fingerprint;
+
+// Where a rank runs.
+struct Placement {
+  Rank rank = 0;
+  std::string node;          // Node (host) name.
+  uint32_t local_rank = 0;   // GPU index on the node.
+  std::string gpu_uuid;      // NVML UUID, or "cpu-<node>-<local_rank>".
+  uint32_t replica_group = 0;  // Ranks of a group hold identical weights.
+};
+
+// The first message of a rank's stream.
+struct Hello {
+  std::string job_id;
+  Placement placement;
+  uint32_t world_size = 0;
+  uint64_t incarnation = 0;  // Grows each time the rank's process starts.
+  std::vector<std::string> weight_tensors;  // Parameters, then buffers.
+  uint32_t parameter_count = 0;  // Prefix of weight_tensors with gradients.
+  uint64_t layout_digest = 0;
+  bool deterministic = false;  // Audit steps run deterministic kernels.
+  uint32_t audit_every = 0;         // Scheduled audits on steps divisible by N.
+  uint32_t weight_check_every = 0;  // Weight checks on steps divisible by K.
+};
+
+// Check 1's inputs and the step's outcome; one per rank per step.
+struct StepReport {
+  uint64_t local_nonfinite = 0;
+  uint64_t reduced_nonfinite = 0;
+  double reduced_sum_squares = 0;
+  uint64_t reduced_digest = 0;
+  bool applied = true;
+  std::string skip_reason;
+  bool audit_unverified = false;
+  std::string audits_off;  // Why the job turned replay audits off at this step.
+};
+
+enum class AuditRole {
+  kOriginal,  // The rank's own micro-batch.
+  kReplay,    // A scheduled or targeted replay of `subject`'s micro-batch.
+  kTieBreak,  // A tie-break replay of `subject`'s micro-batch.
+  kConfirm,   // A replay of a micro-batch that gave local NaN/Inf.
+};
+
+const char* AuditRoleName(AuditRole role);
+
+struct AuditResult {
+  AuditRole role = AuditRole::kOriginal;
+  uint64_t plan_id = 0;  // 0: the scheduled audit of the step.
+  Rank subject = 0;  // Whose micro-batch; the rank itself for kOriginal.
+  uint64_t loss_bits = 0;
+  // Per parameter (Hello::parameter_count of them) or empty when the job
+  // does not run deterministic kernels.
+  std::vector<Fingerprint> gradients;
+  uint64_t gradient_digest = 0;
+  uint64_t nonfinite = 0;
+};
+
+struct WeightReport {
+  uint64_t digest = 0;
+  std::vector<Fingerprint> tensors;  // Hello::weight_tensors order.
+  bool checkpoint = false;
+  bool has_optimizer_digest = false;
+  uint64_t optimizer_digest = 0;
+  // A relay removed `tensors`: an earlier report of this digest carried
+  // them (v1::WeightReport.tensors_elided).
+  bool tensors_elided = false;
+};
+
+struct Report {
+  std::string job_id;
+  Rank rank = 0;
+  uint64_t incarnation = 0;
+  uint64_t sequence = 0;  // Contiguous from 1 within an incarnation.
+  Step step = 0;
+  std::variant<StepReport, AuditResult, WeightReport> body;
+};
+
+}  // namespace sdc::protocol
+
+#endif  // SDC_PROTOCOL_TYPES_H_
