@@ -333,14 +333,13 @@ TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
 // certificate, and one speaking plaintext, are refused, log gRPC's reason,
 // and never become nodes.
 TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
-  ASSERT_TRUE(WriteTestCertificates(dir_).ok());
-  StartSdcd({absl::StrCat("--tls_cert=", dir_, "/server.pem"),
-             absl::StrCat("--tls_key=", dir_, "/server.key"),
-             absl::StrCat("--tls_client_ca=", dir_, "/ca.pem")});
+  // Node identities on: node-tls's certificate names it (DNS SAN).
+  absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::StartWithIdentities(dir_, {"node-tls"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  sdcd_ = *std::move(d);
   coordinator_ = absl::StrCat("localhost:", sdcd_->agent_port());
-  const std::string ca = absl::StrCat("--tls_ca=", dir_, "/ca.pem");
-  StartAgent("node-tls", {ca, absl::StrCat("--tls_cert=", dir_, "/client.pem"),
-                          absl::StrCat("--tls_key=", dir_, "/client.key")});
+  const std::string ca = absl::StrCat("--tls_ca=", sdcd_->pki().ca);
+  StartAgent("node-tls", sdcd_->AgentTlsFlags("node-tls"));
   Process& no_cert = LaunchAgent("node-no-cert", {ca});
   Process& plaintext = LaunchAgent("node-plaintext");
   for (Process* refused : {&no_cert, &plaintext}) {

@@ -1,5 +1,7 @@
 #include "tests/testing/sdcd.h"
 
+#include <unistd.h>
+
 #include <regex>
 
 #include "absl/strings/numbers.h"
@@ -83,8 +85,19 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::StartWithIdentities(
     const std::vector<std::string>& extra_flags, const std::map<std::string, std::string>& env,
     int trainer_port, int agent_port) {
   const std::string pki_dir = dir + "/pki";
-  Run({"mkdir", "-p", pki_dir});
-  absl::StatusOr<demo::ClusterPki> pki = demo::WriteClusterPki(pki_dir, nodes);
+  absl::StatusOr<demo::ClusterPki> pki;
+  if (access((pki_dir + "/ca.pem").c_str(), R_OK) == 0) {
+    // A restart: the agents and ranks still hold this CA's certificates.
+    demo::ClusterPki kept;
+    kept.dir = pki_dir;
+    kept.ca = pki_dir + "/ca.pem";
+    kept.server_cert = pki_dir + "/server.pem";
+    kept.server_key = pki_dir + "/server.key";
+    pki = kept;
+  } else {
+    Run({"mkdir", "-p", pki_dir});
+    pki = demo::WriteClusterPki(pki_dir, nodes);
+  }
   if (!pki.ok()) return pki.status();
   std::vector<std::string> flags = {absl::StrCat("--tls_cert=", pki->server_cert),
                                     absl::StrCat("--tls_key=", pki->server_key),

@@ -34,6 +34,7 @@ class Sdcd {
   // server certificate and one certificate per node of `nodes`, TLS on the
   // trainer and agent ports, trainers required to present a certificate
   // from the CA (--tls_client_ca). NodeChannel dials as one of the nodes.
+  // A PKI already in dir/pki is kept (a restart on the same directory).
   static absl::StatusOr<std::unique_ptr<Sdcd>> StartWithIdentities(
       const std::string& dir, const std::vector<std::string>& nodes,
       const std::vector<std::string>& extra_flags = {},
