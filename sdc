@@ -31,7 +31,7 @@ PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0")
 SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
 VENV="$SDC_CACHE/venv"
 
-BENCHMARKS="kernels core daemon overhead detection soak"
+BENCHMARKS="kernels core daemon overhead detection soak configs"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -98,14 +98,31 @@ setup_venv() {
 }
 
 # Flags every Bazel call shares: the disk cache lets a fresh clone (CI) reuse
-# compiled actions from an earlier build on the same machine.
+# compiled actions from an earlier build on the same machine. BUILD_VENV is
+# the environment whose torch @torch is (./sdc compat changes it, with
+# BAZEL_STARTUP naming an output base of its own).
+BUILD_VENV=$VENV
+BAZEL_STARTUP=()
+BAZEL_LIMIT=()  # A command (timeout N) that Bazel calls run under, or nothing.
 bazel_flags() {
   local flags=("--disk_cache=${SDC_BAZEL_DISK_CACHE:-$SDC_CACHE/bazel-disk}"
-    "--repo_env=SDC_VENV=$VENV")
-  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    "--repo_env=SDC_VENV=$BUILD_VENV")
+  if [[ -x /usr/local/cuda/bin/nvcc ]] && cuda_matches "$BUILD_VENV"; then
     flags+=("--define=sdc_cuda=1")
   fi
   printf '%s\n' "${flags[@]}"
+}
+
+# True when nvcc builds for the CUDA major version of the torch in $1 (the
+# kernels link that torch's CUDA runtime): 13 for torch 2.11's default wheel,
+# 12 for 2.9's and 2.10's.
+cuda_matches() {
+  local torch_cuda nvcc_cuda
+  # torch/version.py says `cuda: Optional[str] = '13.0'` (read, not imported: fast).
+  torch_cuda=$(sed -n "s/^cuda[:=].* '\([0-9]*\)\..*/\1/p" \
+    "$1"/lib/python3*/site-packages/torch/version.py 2>/dev/null | head -1)
+  nvcc_cuda=$(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  [[ -n "$torch_cuda" && "$torch_cuda" == "$nvcc_cuda" ]]
 }
 
 bazel_run() {
@@ -113,27 +130,100 @@ bazel_run() {
   shift
   local flags
   mapfile -t flags < <(bazel_flags)
-  bazel "$cmd" "${flags[@]}" "$@"
+  "${BAZEL_LIMIT[@]}" bazel "${BAZEL_STARTUP[@]}" "$cmd" "${flags[@]}" "$@"
 }
 
-# The Python package: the extension module (Bazel), the wheel in dist/, and
-# the wheel unpacked in dist/site, which the demo's Python trainers and the
-# pytest suite import. Exports SDC_PYTHON and SDC_PYTHONPATH for them.
+# The Python package: the engine library (Bazel, against the project's
+# torch), the wheel in dist/, and the wheel unpacked in dist/site, which the
+# demo's Python trainers and the pytest suite import. Exports SDC_PYTHON and
+# SDC_PYTHONPATH for them. ./sdc compat makes the wheel for every supported
+# torch.
 build_python() {
-  build_targets //client/python:_C.so
+  build_targets //client/python:libsdc_engine.so
   rm -rf "$ROOT/dist/site" "$ROOT"/dist/sdc_guard-*.whl
   local wheel
-  local version
-  version=$(tr -d '[:space:]' <"$ROOT/VERSION")
-  grep -q "^__version__ = \"$version\"$" "$ROOT/client/python/sdc_guard/__init__.py" ||
-    die "client/python/sdc_guard/__init__.py's __version__ is not VERSION ($version)"
-  wheel=$("$VENV/bin/python3" "$ROOT/client/python/build_wheel.py" --version "$version" \
-    --extension "$ROOT/bazel-bin/client/python/_C.so" \
-    --package "$ROOT/client/python/sdc_guard" --out "$ROOT/dist") || die "building the wheel failed"
+  wheel=$(make_wheel "$ROOT/dist" --engine "$TORCH_VERSION=$ROOT/bazel-bin/client/python/libsdc_engine.so")
   mkdir -p "$ROOT/dist/site"
   "$VENV/bin/python3" -m zipfile -e "$wheel" "$ROOT/dist/site" || die "unpacking $wheel failed"
   export SDC_PYTHON="$VENV/bin/python3" SDC_PYTHONPATH="$ROOT/dist/site"
   printf '%s\n' "$wheel"
+}
+
+# make_wheel OUT --engine TORCH=PATH...: the wheel of the package with those
+# engine libraries, in OUT; prints its path.
+make_wheel() {
+  local out=$1 version
+  shift
+  version=$(tr -d '[:space:]' <"$ROOT/VERSION")
+  grep -q "^__version__ = \"$version\"$" "$ROOT/client/python/sdc_guard/__init__.py" ||
+    die "client/python/sdc_guard/__init__.py's __version__ is not VERSION ($version)"
+  "$VENV/bin/python3" "$ROOT/client/python/build_wheel.py" --version "$version" "$@" \
+    --package "$ROOT/client/python/sdc_guard" --out "$out" || die "building the wheel failed"
+}
+
+# The wheel for every torch version the package supports, one engine build
+# each, in dist/compat/; then, in a virtual environment per (Python, torch)
+# cell under ~/.cache/sdc-guard/compat (Python 3.10 to 3.13; torch 2.9, 2.10,
+# 2.11; several GB of downloads the first time), pip installs that wheel and
+# a guarded 3-rank Gloo job runs against a real sdcd (tests/compat/compat.py).
+# CI's matrix (4 cells, each Python once; torch 2.9 and 2.11, so the wheel
+# carries those two engines) unless --full (8 cells, 3 engines). Prints the
+# matrix; fails when a cell fails or fewer than 2 Python or 2 torch versions
+# ran. Every step has a time limit (compat.py's; ENGINE_BUILD_LIMIT_S here).
+cmd_compat() {
+  local start=$SECONDS lines torch venv engines=() matrix=()
+  case "${1:-}" in
+    "") ;;
+    --full) matrix=(--full) ;;
+    *) die "usage: ./sdc compat [--full] (unknown argument '$1')" ;;
+  esac
+  log "compat: the environments (tests/compat/compat.py venvs ${matrix[*]})"
+  lines=$("$VENV/bin/python3" "$ROOT/tests/compat/compat.py" venvs "${matrix[@]}") ||
+    die "making the compat environments failed"
+  build_targets //daemon:sdcd //ctl:sdcctl //client/python:libsdc_engine.so
+  engines+=(--engine "$TORCH_VERSION=$ROOT/bazel-bin/client/python/libsdc_engine.so")
+  while read -r torch venv; do
+    [[ -z "$torch" || "$torch" == "$TORCH_VERSION" ]] && continue
+    [[ "$torch" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ && -x "$venv/bin/python3" ]] ||
+      die "compat.py venvs printed '$torch $venv', not 'TORCH_VERSION VENV'"
+    engines+=(--engine "$torch=$(build_engine "$torch" "$venv")")
+  done <<<"$lines"
+  rm -rf "$ROOT/dist/compat"
+  local wheel
+  wheel=$(make_wheel "$ROOT/dist/compat" "${engines[@]}")
+  log "compat: $wheel ($(( ${#engines[@]} / 2 )) torch versions); the smoke job in each environment"
+  local rc=0
+  "$VENV/bin/python3" "$ROOT/tests/compat/compat.py" run --wheel "$wheel" --bin "$ROOT/bazel-bin" \
+    "${matrix[@]}" || rc=$?
+  log "compat: $((SECONDS - start)) s"
+  return "$rc"
+}
+
+# build_engine TORCH VENV: libsdc_engine.so against the torch in VENV, in a
+# Bazel output base of its own (the project's stays on its torch; the disk
+# cache is shared); prints the library's path. A build after a change to the
+# client compiles its torch-including files again: minutes each; the limit
+# is ENGINE_BUILD_LIMIT_S.
+ENGINE_BUILD_LIMIT_S=${SDC_ENGINE_BUILD_LIMIT_S:-1800}
+build_engine() {
+  local torch=$1 venv=$2
+  local base="$SDC_CACHE/compat/bazel-torch$torch"
+  BUILD_VENV=$venv
+  BAZEL_STARTUP=("--output_base=$base" "--max_idle_secs=120")
+  # --foreground: in the caller's process group, which an outer timeout
+  # (.ci/run's) signals as a whole.
+  BAZEL_LIMIT=("timeout" "--foreground" "--kill-after=30" "$ENGINE_BUILD_LIMIT_S")
+  if [[ -x /usr/local/cuda/bin/nvcc ]] && ! cuda_matches "$venv"; then
+    log "compat: torch $torch is built for another CUDA than nvcc here: its engine has no CUDA kernels"
+  fi
+  log "compat: the engine for torch $torch (Bazel, output base $base)"
+  build_targets --symlink_prefix=/ //client/python:libsdc_engine.so >&2
+  local bin
+  bin=$(bazel_run info --symlink_prefix=/ bazel-bin 2>/dev/null) || die "bazel info failed for torch $torch"
+  BUILD_VENV=$VENV
+  BAZEL_STARTUP=()
+  BAZEL_LIMIT=()
+  printf '%s\n' "$bin/client/python/libsdc_engine.so"
 }
 
 # The release: the relocatable bundle of sdcd, sdcctl and sdc-agent
@@ -176,7 +266,7 @@ cmd_build() {
 # The pytest suite: the sdc_guard package in real torch.distributed Gloo
 # groups against a real sdcd (tests/python).
 cmd_pytest() {
-  build_targets //demo:sdc-demo //daemon:sdcd //ctl:sdcctl
+  build_targets //demo:sdc-demo //demo:tcp-proxy //daemon:sdcd //ctl:sdcctl
   build_python >/dev/null
   log "pytest: the Python package under torch.distributed (tests/python)"
   SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
@@ -292,6 +382,7 @@ cmd_test() {
   bazel_run test //... "$@"
   cmd_pytest
   smoke_python_bench
+  smoke_configs_bench
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
 }
@@ -315,6 +406,21 @@ smoke_python_bench() {
     die "the smoke run of ./sdc bench overhead --trainer=python failed (log: $log)"
   fi
   log "smoke run of ./sdc bench overhead --trainer=python passed in $((SECONDS - start)) s"
+}
+
+# `./sdc bench configs` at a smoke size: fp32 only, 12 steps. The bench
+# checks what each figure claims (bit for bit as unguarded, 0 incidents, the
+# fault named) and exits 1 before printing one that is wrong.
+smoke_configs_bench() {
+  local log="$SDC_CACHE/bench-smoke-configs.log" start=$SECONDS
+  log "smoke run: ./sdc bench configs (log: $log)"
+  if ! SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="${SDC_PYTHONPATH:-}" timeout 600 \
+    "$VENV/bin/python3" "$ROOT/bench/configs.py" --configs=fp32 --steps=12 --warmup=4 \
+    --turn_steps=4 --audit_every=4 --timeout=300 >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "the smoke run of ./sdc bench configs failed (log: $log)"
+  fi
+  log "smoke run of ./sdc bench configs passed in $((SECONDS - start)) s"
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a
@@ -362,6 +468,14 @@ cmd_bench() {
       build_targets //bench:detection_bench
       exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
       ;;
+    configs)
+      # The guard under real jobs' configurations (bench/configs.py): Python
+      # ranks of examples/ddp_train.py against a real sdcd.
+      build_targets //daemon:sdcd //ctl:sdcctl
+      build_python >/dev/null
+      SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
+        exec "$VENV/bin/python3" "$ROOT/bench/configs.py" "$@"
+      ;;
     daemon)
       build_targets //bench:daemon_bench //daemon:sdcd
       TEST_SRCDIR="$ROOT/bazel-bin/bench/daemon_bench.runfiles" TEST_WORKSPACE=sdc_guard \
@@ -391,7 +505,8 @@ cmd_ctl() {
 # tests/gpu/README.md).
 cmd_gpu_bundle() {
   build_targets //tests/gpu:gpu_bench //kernels:cuda_test //client:device_test \
-    //client:guard_engine_test //daemon:sdcd //ctl:sdcctl
+    //daemon:sdcd //ctl:sdcctl
+  build_python >/dev/null
   "$ROOT/tests/gpu/prepare.sh"
 }
 
@@ -401,8 +516,11 @@ usage: ./sdc COMMAND [ARGS]
   demo [FLAGS]         run the local cluster demo with injected faults (--help for flags)
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
-  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak
+  bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak,
+                       configs (the guard under mixed precision, checkpointing, compile, hooks)
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
+  compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
+                       (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
@@ -425,6 +543,7 @@ main() {
     pytest) setup; cmd_pytest "$@" ;;
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
+    compat) setup; cmd_compat "$@" ;;
     layers) cmd_layers ;;
     setup) setup ;;
     help | -h | --help) usage ;;

@@ -72,6 +72,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/json_text.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/report.h"
@@ -175,30 +176,6 @@ Flags FlagsFromCommandLine(int argc, char** argv) {
     if (value < 1) Usage(absl::StrCat("--", flag, " must be at least 1, got ", value));
   }
   return f;
-}
-
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
-
-std::string JsonNumberOrNull(std::optional<double> v) {
-  if (!v.has_value() || !std::isfinite(*v)) return "null";
-  return absl::StrFormat("%.3f", *v);
 }
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }

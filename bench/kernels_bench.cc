@@ -29,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/json_text.h"
 #include "kernels/cpu_dispatch.h"
 #include "kernels/cuda.h"
 #include "kernels/fingerprint.h"
@@ -332,22 +333,6 @@ double LoadAverage() {
   double load = -1;
   if (!(in >> load)) return -1;
   return load;
-}
-
-// JSON string contents: quotes, backslashes and control bytes escaped.
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 int Fail(const std::string& what) {

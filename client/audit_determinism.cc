@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/tensor_checks.h"
 
 namespace sdc::client {
 namespace {
@@ -49,6 +48,8 @@ AuditDeterminism::AuditDeterminism(const EngineContext& ctx) : ctx_(ctx) {}
 AuditDeterminism::~AuditDeterminism() { alerts_.Uninstall(); }
 
 void AuditDeterminism::BeginStep(bool audit) {
+  Restore();  // A step that ended without Restore: its setting first.
+  saved_ = true;
   before_ = at::globalContext().deterministicAlgorithms();
   warn_only_before_ = at::globalContext().deterministicAlgorithmsWarnOnly();
   noted_.clear();
@@ -66,18 +67,16 @@ void AuditDeterminism::Note(const std::string& what) {
   if (noted_.empty()) noted_ = what.substr(0, 200);
 }
 
-absl::StatusOr<std::string> AuditDeterminism::Agree() {
+std::string AuditDeterminism::Noted() {
   const std::string alert = alerts_.Take();
   if (!alert.empty()) Note(alert);
-  std::vector<int64_t> seen = {noted_.empty() ? 0 : 1};
-  SDC_TORCH_TRY(ctx_.AllReduceMax(seen));
-  if (seen[0] == 0) return std::string();
-  return noted_.empty() ? "another rank ran an op with no deterministic implementation"
-                        : noted_;
+  return noted_;
 }
 
 void AuditDeterminism::Restore() {
   alerts_.Uninstall();
+  if (!saved_) return;
+  saved_ = false;
   at::globalContext().setDeterministicAlgorithms(before_, warn_only_before_);
 }
 

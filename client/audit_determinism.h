@@ -8,9 +8,10 @@
 // the training thread's while such a step runs, notes those warnings and
 // passes every other one on; ops called from Python warn through Python's
 // warnings instead, and sdc_guard passes them to Note. At the step's end
-// one small all-reduce tells every rank whether any rank saw one: then no
-// replay can reproduce the step's gradients, and replay audits stop for
-// the job, on every rank alike (ReplayAudit::TurnOff).
+// the engine's audit gate (one small all-reduce, guard_engine.cc) tells
+// every rank whether any rank saw one: then no replay can reproduce the
+// step's gradients, and replay audits stop for the job, on every rank
+// alike (ReplayAudit::TurnOff).
 //
 // Thread-compatible: the training thread's (libtorch's warning handler is
 // per thread, and the deterministic setting process-wide).
@@ -19,7 +20,6 @@
 
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "client/engine_context.h"
 
 namespace sdc::client {
@@ -42,13 +42,13 @@ class AuditDeterminism {
   // names it; the first of a step is kept, cut to 200 characters).
   void Note(const std::string& what);
 
-  // On an audit step, collective (one MAX all-reduce of one word): whether
-  // any rank noted an op without a deterministic implementation this step.
-  // Returns why audits must stop (this rank's alert, or that another rank
-  // had one), or empty when none did. Internal on a libtorch failure.
-  absl::StatusOr<std::string> Agree();
+  // This step's first alert (from libtorch's warnings or Note), or empty
+  // when this rank ran no op without a deterministic implementation.
+  std::string Noted();
 
-  // Puts back the setting BeginStep saved and uninstalls the handler.
+  // Puts back the setting BeginStep saved and uninstalls the handler. Safe
+  // to call more than once, and without a BeginStep (it then leaves the
+  // setting as it is).
   void Restore();
 
  private:
@@ -70,6 +70,7 @@ class AuditDeterminism {
 
   const EngineContext& ctx_;
   Alerts alerts_;
+  bool saved_ = false;             // BeginStep saved a setting that Restore has not put back.
   bool before_ = false;            // The deterministic setting before the step.
   bool warn_only_before_ = false;
   std::string noted_;              // This step's first alert, from either path.

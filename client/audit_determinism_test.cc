@@ -1,6 +1,6 @@
 // AuditDeterminism on a one-rank Gloo group: the process's setting on and
-// off around audit steps, libtorch's alerts noted, other warnings passed on,
-// and the agreement that turns audits off.
+// off around audit steps (put back on every path), libtorch's alerts noted
+// and other warnings passed on.
 
 #include "client/audit_determinism.h"
 
@@ -55,9 +55,7 @@ TEST(AuditDeterminismTest, AlertsAreNotedAndOtherWarningsPassOn) {
     TORCH_WARN("index_add_cuda_ does not have a deterministic implementation, but you set "
                "'torch.use_deterministic_algorithms(True, warn_only=True)'");
     TORCH_WARN("scatter_add_ does not have a deterministic implementation");
-    absl::StatusOr<std::string> why = d.Agree();
-    ASSERT_TRUE(why.ok()) << why.status();
-    EXPECT_EQ(*why, "index_add_cuda_ has no deterministic implementation") << "the first";
+    EXPECT_EQ(d.Noted(), "index_add_cuda_ has no deterministic implementation") << "the first";
     d.Restore();
     // After the step the handler is gone: an alert reaches the recorder.
     TORCH_WARN("gather does not have a deterministic implementation");
@@ -71,24 +69,44 @@ TEST(AuditDeterminismTest, NotesFromPythonCountAndEachStepStartsClean) {
   EngineContext ctx(Options(), OneRankGroup("notes"));
   AuditDeterminism d(ctx);
   d.BeginStep(/*audit=*/true);
-  absl::StatusOr<std::string> none = d.Agree();
-  ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(*none, "") << "no alert: audits go on";
+  EXPECT_EQ(d.Noted(), "") << "no alert: audits go on";
   d.Restore();
 
   d.BeginStep(/*audit=*/true);
   d.Note(std::string(300, 'x'));
   d.Note("a later op");
-  absl::StatusOr<std::string> why = d.Agree();
-  ASSERT_TRUE(why.ok()) << why.status();
-  EXPECT_EQ(*why, std::string(200, 'x')) << "the first note, cut to 200 characters";
+  EXPECT_EQ(d.Noted(), std::string(200, 'x')) << "the first note, cut to 200 characters";
   d.Restore();
 
   d.BeginStep(/*audit=*/true);
-  why = d.Agree();
-  ASSERT_TRUE(why.ok()) << why.status();
-  EXPECT_EQ(*why, "");
+  EXPECT_EQ(d.Noted(), "");
   d.Restore();
+}
+
+// Issue 40, item 3: a step that ends on an error path never calls Restore
+// itself; the next BeginStep puts the setting back first, and a second
+// Restore changes nothing.
+TEST(AuditDeterminismTest, TheSettingComesBackOnEveryPath) {
+  EngineContext ctx(Options(), OneRankGroup("paths"));
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  {
+    AuditDeterminism d(ctx);
+    d.BeginStep(/*audit=*/true);
+    d.BeginStep(/*audit=*/false);  // The audit step ended without Restore.
+    EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+    d.Restore();
+    d.Restore();
+    EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+    d.BeginStep(/*audit=*/true);
+    EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+    // The user switches the setting on between steps: kept.
+    d.Restore();
+    at::globalContext().setDeterministicAlgorithms(true, false);
+    d.Restore();
+    EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+    EXPECT_FALSE(at::globalContext().deterministicAlgorithmsWarnOnly());
+  }
+  at::globalContext().setDeterministicAlgorithms(false, false);
 }
 
 }  // namespace

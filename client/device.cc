@@ -124,15 +124,21 @@ absl::Status CheckDevice(const torch::Device& device) {
   if (device.is_cpu()) return absl::OkStatus();
   if (!device.is_cuda()) return absl::UnimplementedError("sdc-guard checks CPU and CUDA tensors only");
   // The kernels first: a build without nvcc has none, whatever torch has.
-  if (absl::Status s = kernels::CudaAvailable(); !s.ok()) return s;
+  return kernels::CudaAvailable();
+}
+
+absl::Status CheckDeterministicConfig(const torch::Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
   // Deterministic algorithms (on for every audited micro-batch) make cuBLAS
   // raise without a fixed workspace configuration.
   const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
   const std::string w = workspace != nullptr ? workspace : "";
   if (w != ":4096:8" && w != ":16:8") {
-    return absl::FailedPreconditionError(
-        "CUBLAS_WORKSPACE_CONFIG must be :4096:8 (or :16:8) before CUDA starts: replay audits "
-        "run with deterministic algorithms, which cuBLAS refuses otherwise");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUBLAS_WORKSPACE_CONFIG is ", workspace != nullptr ? absl::StrCat("'", w, "'") : "unset",
+        ": replay audits run with deterministic algorithms, which cuBLAS refuses unless it is "
+        ":4096:8 (or :16:8) before CUDA starts; export CUBLAS_WORKSPACE_CONFIG=:4096:8 in the "
+        "job's environment (sdc_guard sets it when imported before CUDA starts)"));
   }
   return absl::OkStatus();
 }

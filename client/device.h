@@ -25,9 +25,14 @@
 namespace sdc::client {
 
 // OK when the guard can check tensors on `device`; otherwise Unimplemented
-// or FailedPrecondition saying why. For CUDA this includes cuBLAS being
-// deterministic (CUBLAS_WORKSPACE_CONFIG), which audits need.
+// or FailedPrecondition saying why.
 absl::Status CheckDevice(const torch::Device& device);
+
+// OK when replays on `device` can be deterministic, which audits need: for
+// CUDA, cuBLAS's workspace fixed (CUBLAS_WORKSPACE_CONFIG :4096:8 or :16:8
+// before CUDA starts); FailedPrecondition naming the variable otherwise.
+// Always OK on the CPU.
+absl::Status CheckDeterministicConfig(const torch::Device& device);
 
 // A GPU's UUID as NVML prints it and DCGM labels its metrics (`UUID`):
 // "GPU-" and the 16 bytes as 8-4-4-4-12 lowercase hex digits.

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,31 @@ TEST(DeviceTest, CudaIsRefusedWithTheReasonWhenNoGpuIsUsable) {
   const absl::Status cuda = CheckDevice(torch::Device(torch::kCUDA, 0));
   EXPECT_EQ(cuda.code(), absl::StatusCode::kFailedPrecondition) << cuda.message();
   EXPECT_EQ(cuda.message(), kernels::CudaAvailable().message());
+}
+
+// Issue 40, item 6: what audits need of cuBLAS is its own check, so a job
+// without audits runs without the variable (GuardEngine turns audits off
+// then) and one with audits is refused with the variable named.
+TEST(DeviceTest, DeterministicReplaysOnCudaNeedTheCublasWorkspaceSetting) {
+  const char* before = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  const std::string saved = before != nullptr ? before : "";
+  EXPECT_TRUE(CheckDeterministicConfig(torch::Device(torch::kCPU)).ok());
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  absl::Status s = CheckDeterministicConfig(torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("CUBLAS_WORKSPACE_CONFIG is unset"), absl::string_view::npos) << s;
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0", 1);
+  s = CheckDeterministicConfig(torch::Device(torch::kCUDA, 0));
+  EXPECT_NE(s.message().find("is ':0:0'"), absl::string_view::npos) << s;
+  for (const char* good : {":4096:8", ":16:8"}) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", good, 1);
+    EXPECT_TRUE(CheckDeterministicConfig(torch::Device(torch::kCUDA, 0)).ok()) << good;
+  }
+  if (before != nullptr) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", saved.c_str(), 1);
+  } else {
+    unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  }
 }
 
 }  // namespace

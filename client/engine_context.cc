@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,9 @@ absl::Status EngineContext::ExchangeTopology() {
   // 0's fingerprint seed, for the job's key (with a byte saying whether it
   // could draw one: a failure must reach every rank, not leave the others
   // waiting in the all-gather).
-  constexpr int64_t kNameBytes = 128;
+  // Whole names (OptionsFromVariables and GuardEngine::Create refuse longer
+  // ones): a cut would merge two nodes sdcd keeps apart.
+  constexpr int64_t kNameBytes = protocol::kMaxNodeNameBytes;
   constexpr int64_t kSeedAt = kNameBytes + 1;
   constexpr int64_t kSeedBytes = sizeof(uint64_t);
   constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;
@@ -81,7 +84,9 @@ absl::Status EngineContext::Connect(protocol::Hello hello) {
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<TrainerMetrics>> m = TrainerMetrics::Start(
         options_.metrics_listen, options_.job_id, rank_,
-        [this] { return link_ != nullptr && link_->stats().connected; });
+        [this] {
+          return link_ != nullptr ? std::optional(link_->stats()) : std::nullopt;
+        });
     if (!m.ok()) return m.status();
     metrics_ = *std::move(m);
     Log(absl::StrCat("serving metrics on port ", metrics_->port()));

@@ -33,13 +33,22 @@ struct NamedTensors {
 struct StepDecision {
   bool apply = true;       // Run optimizer.step(); else the step is skipped.
   std::string reason;      // Why skipped.
-  double grad_norm = 0;    // L2 norm of the reduced gradients (before clipping).
+  // Skipped for the loss scaler's overflow (NaN/Inf under a GradScaler):
+  // the gradients keep their NaN/Inf, so GradScaler.step finds them, skips
+  // optimizer.step() and the scaler backs off. Other skips zero them.
+  bool overflow = false;
+  bool loss_scaled = false;  // The step ran under a loss scaler.
+  // L2 norm of the reduced gradients (before clipping; under a loss scaler,
+  // divided by its scale: what the optimizer sees once the scaler unscales).
+  double grad_norm = 0;
   double clip_coef = 1;    // Applied to the gradients (1 = unclipped).
   bool audited = false;    // A replay audit ran on this step.
   // No coordinator verdict: with verdict_wait 0 (the default) when sdcd was
   // not connected (the results wait in the link); else none arrived in time.
   bool audit_unverified = false;
-  std::string audit_outcome;      // In-band verdict: pass, faulty, systemic, ...
+  // In-band verdict: pass, faulty, systemic, ...; "failed" when a rank's
+  // exchange or replay raised (Finish then returns that error on every rank).
+  std::string audit_outcome;
   bool repaired = false;   // Weights were restored from the majority this step.
   // Time spent in the guard's own work this step, in milliseconds:
   double check1_ms = 0;    // Non-finite scans and the reduced-gradient digest (local work).

@@ -30,6 +30,12 @@ const char* FaultKindName(FaultKind kind) {
       return "reduced-gradient";
     case FaultKind::kReplay:
       return "replay";
+    case FaultKind::kReplayError:
+      return "replay-error";
+    case FaultKind::kScanError:
+      return "scan-error";
+    case FaultKind::kExchangeError:
+      return "exchange-error";
   }
   return "unknown";
 }
@@ -67,7 +73,10 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"frozen-weight", FaultKind::kFrozenWeight},
       {"optimizer-state", FaultKind::kOptimizerState},
       {"reduced-gradient", FaultKind::kReducedGradient},
-      {"replay", FaultKind::kReplay}};
+      {"replay", FaultKind::kReplay},
+      {"replay-error", FaultKind::kReplayError},
+      {"scan-error", FaultKind::kScanError},
+      {"exchange-error", FaultKind::kExchangeError}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }

@@ -18,6 +18,10 @@
 //             optimizer-state     the same in the optimizer's first floating-point state tensor
 //             reduced-gradient    corrupt one element of the reduced gradients on RANK
 //             replay              corrupt only the replays RANK computes for peers
+//             replay-error        RANK's replays raise (after the forward), as a loss
+//                                 function or autograd would
+//             scan-error          RANK's check 1 of a local bucket raises
+//             exchange-error      RANK, receiving a peer's micro-batch, finds it malformed
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
@@ -40,6 +44,9 @@ enum class FaultKind {
   kOptimizerState,
   kReducedGradient,
   kReplay,
+  kReplayError,
+  kScanError,
+  kExchangeError,
 };
 
 const char* FaultKindName(FaultKind kind);

@@ -1,10 +1,13 @@
 #include "client/guard_engine.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "client/audit_determinism.h"
 #include "client/checkpoint_gate.h"
 #include "client/device.h"
@@ -39,10 +42,18 @@ class GuardEngine::Impl {
 
   // The collective part of set-up, then the link and metrics.
   absl::Status Start();
+  // Whether replays can be deterministic on the model's device (cuBLAS's
+  // workspace setting): refused with audits scheduled, else audits are off
+  // for the job from the start, with the reason.
+  absl::Status CheckAuditable();
 
   absl::Status BeginStep(uint64_t step, std::vector<torch::Tensor> batch, int64_t micro_batches);
   void RecordFirstMicroBatch(const torch::Tensor& loss, const torch::Tensor& loss_scale);
   absl::StatusOr<StepDecision> Finish();
+  void NoteFailure(const std::string& what) {
+    pipeline_.NoteFailure(absl::InternalError(what));
+  }
+  void AbortStep() { determinism_.Restore(); }
 
   absl::StatusOr<double> AfterOptimizerStep(bool checkpoint) {
     return weights_.AfterOptimizerStep(step_, checkpoint);
@@ -98,6 +109,20 @@ class GuardEngine::Impl {
   // the weight check.
   void DrainMessages();
 
+  // On an audit step: the preflight (once), then the audit gate, one small
+  // all-reduce every rank runs before any replay exchange. Returns whether
+  // the audit runs; turns audits off when a rank ran an op without a
+  // deterministic implementation; sets `preflight_failure` when a rank's
+  // preflight differed, and `failure` when this rank's preflight raised.
+  // Internal when the all-reduce fails.
+  absl::StatusOr<bool> GateAudit(StepDecision& decision, absl::Status& failure,
+                                 std::string& audits_off_now, std::string& preflight_failure);
+  // The step failed on some rank (the agreement's or the gate's word, the
+  // same on every rank): skips it as every rank does (gradients zeroed),
+  // reports it, and returns `error`.
+  absl::Status FailStep(StepDecision& decision, const StepPipeline::Gradients& gradients,
+                        const std::string& audits_off_now, absl::Status error);
+
   // Declared in the order they are built: the context and the model first,
   // which every part refers to; destroyed in reverse (the parts, then the
   // metrics exposer, then the link).
@@ -110,9 +135,14 @@ class GuardEngine::Impl {
   ReplayAudit audit_;            // Check 2: plans, in-band verdict, tie-breaks, confirmations.
   WeightCheck weights_;          // Check 3 and weight repair.
   CheckpointGate gate_;          // The checkpoint gate and ledger.
+
+  double loss_scale_ = 0;           // This step's loss scale; 0: none.
+  std::string audits_off_at_start_;  // Reported with the first step.
 };
 
 absl::Status GuardEngine::Impl::Start() {
+  // Before the collective: every rank refuses alike, so none waits.
+  if (absl::Status s = CheckAuditable(); !s.ok()) return s;
   if (absl::Status s = ctx_.ExchangeTopology(); !s.ok()) return s;
   const GuardOptions& options = ctx_.options();
   std::string gpu_uuid = options.gpu_uuid;
@@ -144,6 +174,19 @@ absl::Status GuardEngine::Impl::Start() {
   return absl::OkStatus();
 }
 
+absl::Status GuardEngine::Impl::CheckAuditable() {
+  absl::Status s = CheckDeterministicConfig(model_.device());
+  if (s.ok()) return s;
+  if (ctx_.options().audit_every > 0) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; or run without replay audits "
+                                                            "(SDC_AUDIT_EVERY=0, audit_every=0)"));
+  }
+  // No scheduled audits: the job runs, but no targeted one either.
+  audits_off_at_start_ = std::string(s.message());
+  audit_.TurnOff(step_, audits_off_at_start_);
+  return absl::OkStatus();
+}
+
 void GuardEngine::Impl::DrainMessages() {
   CoordinatorLink* link = ctx_.link();
   if (link == nullptr) return;
@@ -169,7 +212,8 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   if (absl::Status s = PeerReplay::CheckSendable(batch, micro_batches); !s.ok()) return s;
   DrainMessages();
   step_ = {step, micro_batches};
-  replay_.BeginStep(std::move(batch), micro_batches);
+  loss_scale_ = 0;
+  replay_.BeginStep(step, std::move(batch), micro_batches);
   weights_.BeginStep();
   pipeline_.BeginStep();
   audit_.BeginStep(step_);
@@ -188,46 +232,140 @@ void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss,
                                               const torch::Tensor& loss_scale) {
   const uint64_t bits = LossBits(loss);
   replay_.SetLossScale(loss_scale);
+  loss_scale_ = loss_scale.defined() ? loss_scale.item<double>() : 0;
   audit_.RecordFirstMicroBatch(bits);
 }
 
-absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
-  StepDecision decision;
-  decision.audited = audit_.auditing();
-
-  // Check 1 on the reduced buckets (local work).
-  absl::StatusOr<StepPipeline::Gradients> gradients = pipeline_.CheckGradients(step_);
-  if (!gradients.ok()) {
-    // No backward reached the engine: nothing ran that the mode matters to.
-    if (absl::IsFailedPrecondition(gradients.status())) determinism_.Restore();
-    return gradients.status();
-  }
-  decision.check1_ms = gradients->ms;
-  decision.grad_norm = std::sqrt(gradients->sum_squares);
-  LocalView view;
-  view.local_nonfinite = gradients->local_nonfinite > 0;
-  view.reduced_nonfinite = gradients->reduced_nonfinite > 0;
-  view.reduced_digest = gradients->reduced_digest;
-
-  // Audit steps: one small all-reduce says whether any rank ran an op with
-  // no deterministic implementation; then audits stop for the job.
-  std::string audits_off_now;
-  if (audit_.auditing()) {
-    absl::StatusOr<std::string> off = determinism_.Agree();
-    if (!off.ok()) return off.status();
-    if (!off->empty()) {
-      audit_.TurnOff(step_, *off);
-      audits_off_now = *off;
-      decision.audited = false;
-      decision.audit_outcome = "audits_off";
+absl::StatusOr<bool> GuardEngine::Impl::GateAudit(StepDecision& decision, absl::Status& failure,
+                                                   std::string& audits_off_now,
+                                                   std::string& preflight_failure) {
+  AuditGateView view;
+  // Before the first audit can skip anything: does this rank's own replay
+  // reproduce what it trained on?
+  if (failure.ok() && audit_.WantsPreflight()) {
+    absl::StatusOr<ReplayAudit::Preflight> p = audit_.RunPreflight();
+    if (!p.ok()) {
+      failure = absl::Status(p.status().code(),
+                             absl::StrCat("the preflight replay of this rank's own micro-batch: ",
+                                          p.status().message()));
+    } else {
+      view.preflight_loss = p->loss_differs;
+      view.preflight_gradients = p->gradients_differ;
+      view.preflight_buffers = p->buffers_differ;
     }
   }
+  // After the preflight: its replay may have run such an op too.
+  const std::string noted = determinism_.Noted();
+  view.nondeterministic = !noted.empty();
+  view.failed = !failure.ok();
+  std::vector<int64_t> words = EncodeAuditGate(view, ctx_.rank());
+  SDC_TORCH_TRY(ctx_.AllReduceMax(words));
+  const AuditGate gate = DecodeAuditGate(words);
+  if (gate.lowest_failed_rank >= 0) {
+    // No rank runs the exchange; the agreement carries the failure.
+    decision.audited = false;
+    decision.audit_outcome = "failed";
+    return false;
+  }
+  if (gate.nondeterministic) {
+    // No replay can reproduce such an op: audits stop for the job.
+    audits_off_now =
+        noted.empty() ? "another rank ran an op with no deterministic implementation" : noted;
+    audit_.TurnOff(step_, audits_off_now);
+    decision.audited = false;
+    decision.audit_outcome = "audits_off";
+    return false;
+  }
+  if (gate.preflight_failed()) {
+    preflight_failure = PreflightFailure(gate, step_.step);
+    // Should the trainer catch the error and train on, no audit compares
+    // against a loss function that does not reproduce training.
+    audits_off_now = absl::StrCat("the preflight at step ", step_.step,
+                                  " found that loss_fn does not reproduce the trained loss");
+    audit_.TurnOff(step_, audits_off_now);
+    decision.audited = false;
+    decision.audit_outcome = "preflight_failed";
+    return false;
+  }
+  return true;
+}
 
-  // Check 2: replay audit, compared in-band so every rank decides alike.
+absl::Status GuardEngine::Impl::FailStep(StepDecision& decision,
+                                         const StepPipeline::Gradients& gradients,
+                                         const std::string& audits_off_now, absl::Status error) {
+  decision.apply = false;
+  decision.overflow = false;
+  decision.reason = std::string(error.message()).substr(0, 200);
+  // Zeroes the gradients, as every rank does: a loop that steps anyway
+  // changes nothing.
+  if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
+  gate_.StepSkipped(step_, decision.reason);
+  protocol::StepReport report;
+  report.local_nonfinite = gradients.local_nonfinite;
+  report.reduced_nonfinite = gradients.reduced_nonfinite;
+  report.reduced_sum_squares = gradients.sum_squares;
+  report.reduced_digest = gradients.reduced_digest;
+  report.applied = false;
+  report.skip_reason = decision.reason;
+  report.audits_off = audits_off_now;
+  report.loss_scaled = decision.loss_scaled;
+  ctx_.Send(step_.step, std::move(report));
+  return error;
+}
+
+absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
+  // Whatever path Finish leaves by, the process's deterministic-algorithms
+  // setting is as it was before the step.
+  struct RestoreOnExit {
+    AuditDeterminism& determinism;
+    ~RestoreOnExit() { determinism.Restore(); }
+  } restore{determinism_};
+  StepDecision decision;
+  decision.audited = audit_.auditing();
+  decision.loss_scaled = loss_scale_ > 0;
+  std::string audits_off_now = std::exchange(audits_off_at_start_, std::string());
+  // The first error this rank meets in the step (a bucket hand-off's kept
+  // one first). It reaches every rank through the audit gate and the
+  // agreement; no rank leaves Finish before a collective the others run.
+  absl::Status failure = pipeline_.TakeFailure();
+
+  // Check 1 on the reduced buckets (local work).
+  StepPipeline::Gradients gradients;
+  absl::StatusOr<StepPipeline::Gradients> checked = pipeline_.CheckGradients(step_);
+  if (checked.ok()) {
+    gradients = *checked;
+  } else if (absl::IsFailedPrecondition(checked.status())) {
+    // No backward reached the engine (the same on every rank of a DDP job):
+    // nothing was exchanged, so nothing waits.
+    return checked.status();
+  } else {
+    failure.Update(checked.status());
+  }
+  decision.check1_ms = gradients.ms;
+  // Under a loss scaler the gradients are scaled: the norm the optimizer
+  // sees (and clipping uses) is the unscaled one.
+  decision.grad_norm =
+      std::sqrt(gradients.sum_squares) / (decision.loss_scaled ? loss_scale_ : 1.0);
+  LocalView view;
+  view.local_nonfinite = gradients.local_nonfinite > 0;
+  view.reduced_nonfinite = gradients.reduced_nonfinite > 0;
+  view.reduced_digest = gradients.reduced_digest;
+
+  // Audit steps: the preflight and the gate, then check 2, a replay audit
+  // compared in-band so every rank decides alike.
   if (audit_.auditing()) {
-    const absl::Time audit_start = absl::Now();
-    if (absl::Status s = audit_.Run(step_, decision, view); !s.ok()) return s;
-    decision.audit_ms = MsSince(audit_start);
+    std::string preflight_failure;
+    absl::StatusOr<bool> run = GateAudit(decision, failure, audits_off_now, preflight_failure);
+    if (!run.ok()) return run.status();
+    if (!preflight_failure.empty()) {
+      return FailStep(decision, gradients, audits_off_now,
+                      absl::FailedPreconditionError(preflight_failure));
+    }
+    if (*run) {
+      const absl::Time audit_start = absl::Now();
+      failure.Update(audit_.Run(step_, decision, view));
+      decision.audit_ms = MsSince(audit_start);
+    }
   }
 
   // The one agreement all-reduce, and the decision every rank derives from it.
@@ -235,35 +373,53 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   DrainMessages();
   view.plans_held = audit_.plans_held();
   view.repair_step = weights_.repair_step();
+  view.failed = !failure.ok();
   absl::StatusOr<Agreement> agreement = pipeline_.Agree(view);
   if (!agreement.ok()) return agreement.status();
   audit_.PlansHeldByAll(agreement->plans_held_by_all);
   decision.agreement_ms = MsSince(agreement_start);
-  const Decision d = Decide(*agreement);
+  if (agreement->lowest_failed_rank >= 0) {
+    // Every rank raises the failing rank's own error, word for word.
+    const uint32_t failed = static_cast<uint32_t>(agreement->lowest_failed_rank);
+    std::vector<int64_t> all;
+    SDC_TORCH_TRY(all = ctx_.AllGather(EncodeFailure(failure)));
+    const absl::Status theirs = DecodeFailure(
+        absl::MakeConstSpan(all).subspan(static_cast<size_t>(failed) * kFailureSlots,
+                                         kFailureSlots));
+    return FailStep(decision, gradients, audits_off_now,
+                    absl::Status(theirs.code(),
+                                 absl::StrCat("step ", step_.step, " failed on rank ", failed,
+                                              " and was skipped on every rank: ",
+                                              theirs.message())));
+  }
+  const Decision d = Decide(*agreement, decision.loss_scaled);
   decision.apply = d.apply;
   decision.reason = d.reason;
+  decision.overflow = d.overflow;
 
-  if (absl::Status s = audit_.ConfirmLoneNonFinite(step_, *agreement); !s.ok()) return s;
+  std::string no_confirmation = audit_.ConfirmLoneNonFinite(step_, *agreement);
   if (absl::Status s = weights_.RepairIfAgreed(*agreement, decision); !s.ok()) return s;
   if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
-  determinism_.Restore();
   if (TrainerMetrics* metrics = ctx_.metrics(); metrics != nullptr) {
-    metrics->StepChecked(!decision.apply, gradients->local_nonfinite > 0, decision.audited,
+    metrics->StepChecked(!decision.apply, gradients.local_nonfinite > 0, decision.audited,
                          decision.audit_ms, decision.check1_ms + decision.agreement_ms);
   }
   // Every rank took the same decision: the in-band checkpoint fallback
-  // vetoes the next checkpoint on all of them.
-  if (!decision.apply) gate_.StepSkipped(step_, decision.reason);
+  // vetoes the next checkpoint on all of them (not for the scaler's own
+  // overflow, which is no failed check).
+  if (d.failed_check) gate_.StepSkipped(step_, decision.reason);
 
   protocol::StepReport report;
-  report.local_nonfinite = gradients->local_nonfinite;
-  report.reduced_nonfinite = gradients->reduced_nonfinite;
-  report.reduced_sum_squares = gradients->sum_squares;
-  report.reduced_digest = gradients->reduced_digest;
+  report.local_nonfinite = gradients.local_nonfinite;
+  report.reduced_nonfinite = gradients.reduced_nonfinite;
+  report.reduced_sum_squares = gradients.sum_squares;
+  report.reduced_digest = gradients.reduced_digest;
   report.applied = decision.apply;
   report.skip_reason = decision.reason;
   report.audit_unverified = decision.audit_unverified;
   report.audits_off = audits_off_now;
+  report.loss_scaled = decision.loss_scaled;
+  report.no_confirmation = std::move(no_confirmation);
   ctx_.Send(step_.step, std::move(report));
   return decision;
 }
@@ -275,6 +431,7 @@ absl::StatusOr<std::unique_ptr<GuardEngine>> GuardEngine::Create(
     NamedTensors parameters, NamedTensors buffers, OptimizerStateFn optimizer_state,
     LossFn loss_fn, NamedTensors frozen) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("options.job_id is empty");
+  if (absl::Status s = CheckNodeName(options.node_name); !s.ok()) return s;
   if (!loss_fn) return absl::InvalidArgumentError("a loss function is required");
   if (!process_group) return absl::InvalidArgumentError("a process group is required");
   // Frozen parameters join the weight vote as state the step does not
@@ -312,6 +469,8 @@ void GuardEngine::RecordOriginalGradientsFromParameters() {
   impl_->RecordOriginalGradientsFromParameters();
 }
 void GuardEngine::ScanLocalBucket(const torch::Tensor& local) { impl_->ScanLocalBucket(local); }
+void GuardEngine::NoteFailure(const std::string& what) { impl_->NoteFailure(what); }
+void GuardEngine::AbortStep() { impl_->AbortStep(); }
 void GuardEngine::AddReducedBucket(size_t index, const torch::Tensor& reduced) {
   impl_->AddReducedBucket(index, reduced);
 }

@@ -117,18 +117,43 @@ class GuardEngine {
   // accumulates locally before one all-reduce).
   void RecordOriginalGradientsFromParameters();
 
-  // Check 1 before a bucket's all-reduce: its local gradients.
+  // Check 1 before a bucket's all-reduce: its local gradients. Never throws
+  // (it runs inside the caller's backward, where one rank's exception would
+  // leave the others in the all-reduce): an error is kept, and Finish
+  // carries it to every rank.
   void ScanLocalBucket(const torch::Tensor& local);
+  // An error in the caller's own part of the step (the Python hook's bucket
+  // hand-off, say; any thread), kept like ScanLocalBucket's. Never throws.
+  void NoteFailure(const std::string& what);
   // After bucket `index`'s all-reduce: the reduced gradients, scanned and
   // fingerprinted in Finish (the tensor must hold them until then).
   void AddReducedBucket(size_t index, const torch::Tensor& reduced);
 
   // Checks 1 and 2 and the one agreement all-reduce: returns the decision
-  // every rank takes. On skip the parameters' gradients are zeroed; on apply
-  // they are clipped when options.max_grad_norm is set (off by default).
-  // Reports the step. Collective: every rank calls it at every step.
+  // every rank takes. On skip the parameters' gradients are zeroed (except
+  // after a loss scaler's overflow: decision.overflow); on apply they are
+  // clipped when options.max_grad_norm is set (off by default; the norm is
+  // the unscaled one under a loss scaler). Reports the step. Collective:
+  // every rank calls it at every step.
+  //
+  // At the first audit step each rank first replays its own micro-batch
+  // (the preflight): when that does not reproduce what it trained on,
+  // every rank skips the step and returns the same FailedPrecondition
+  // naming what differed, the likely causes and their fixes.
+  //
+  // An error on any rank (a scan, the exchange, a replay that raises)
+  // never leaves before a collective the others run: it reaches every rank
+  // through the agreement, every rank skips the step (gradients zeroed) and
+  // returns the same error, the failing rank's code and message; the engine
+  // is ready for the next step. Whatever the path, the deterministic-
+  // algorithms setting is as it was before BeginStep.
   // FailedPrecondition when no bucket was reduced this step.
   absl::StatusOr<StepDecision> Finish();
+
+  // Ends a step that will not reach Finish (the trainer's own code raised
+  // inside it): puts back the deterministic-algorithms setting. Not a
+  // collective; the other ranks are wherever the trainer's error left them.
+  void AbortStep();
 
   // Check 3 after optimizer.step() (or after a skipped step): fingerprints
   // parameters and buffers on weight-check steps and always when

@@ -5,6 +5,9 @@
 
 #include "client/guard_engine.h"
 
+#include <ATen/Context.h>
+
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -124,6 +127,164 @@ TEST(GuardEngineTest, BucketsDecideTheStep) {
   EXPECT_EQ(torch::count_nonzero(m.linear->weight.grad()).item<int64_t>(), 0);
   EXPECT_EQ(g.Summary().skipped, 1u);
   EXPECT_EQ(g.Summary().steps, 2u);
+}
+
+// One training step as a trainer runs it: `trained` is the loss it
+// backpropagates (normally the loss function's), `scale` a loss scaler's.
+absl::StatusOr<StepDecision> Step(GuardEngine& g, Model& m, uint64_t step,
+                                  const torch::Tensor& trained, double scale = 0) {
+  trained.backward();
+  g.RecordFirstMicroBatch(trained, scale > 0 ? torch::scalar_tensor(scale, torch::kFloat)
+                                             : torch::Tensor());
+  if (g.WantsOriginalGradients()) g.RecordOriginalGradientsFromParameters();
+  OneBucket(g, m);
+  return g.Finish();
+}
+
+GuardOptions Audited(const std::string& fault = "") {
+  GuardOptions o = Options();
+  o.audit_every = 1;
+  if (!fault.empty()) o.faults = {*ParseFaultSpec(fault)};
+  return o;
+}
+
+// Issue 40, item 2: the first audit replays the rank's own micro-batch; a
+// loss function that does not give what the trainer backpropagated (here a
+// term added outside it) stops the job with the reason, the step skipped.
+TEST(GuardEngineTest, APreflightThatDiffersFailsTheStepWithTheCauses) {
+  Model m;
+  auto engine = GuardEngine::Create(Audited(), OneRankGroup("preflight"), m.params(), {}, nullptr,
+                                    m.loss());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GuardEngine& g = **engine;
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  ASSERT_TRUE(g.BeginStep(1, Batch(), 1).ok());
+  ASSERT_TRUE(g.auditing());
+  torch::Tensor aux = 0.01 * m.linear->weight.square().sum();
+  absl::StatusOr<StepDecision> d = Step(g, m, 1, m.loss()(Batch()) + aux);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string text(d.status().message());
+  EXPECT_NE(text.find("preflight at step 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("the loss differs (rank 0)"), std::string::npos) << text;
+  EXPECT_NE(text.find("a loss term added outside loss_fn"), std::string::npos) << text;
+  EXPECT_EQ(torch::count_nonzero(m.linear->weight.grad()).item<int64_t>(), 0) << "skipped";
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms()) << "restored";
+  EXPECT_EQ(g.Summary().skipped, 1u);
+  EXPECT_NE(g.Summary().audits_off.find("preflight"), std::string::npos);
+  // A trainer that catches the error trains on, unaudited.
+  ASSERT_TRUE(g.BeginStep(2, Batch(), 1).ok());
+  EXPECT_FALSE(g.auditing());
+  d = Step(g, m, 2, m.loss()(Batch()));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->apply);
+}
+
+TEST(GuardEngineTest, AFaithfulLossFunctionPassesThePreflightOnce) {
+  Model m;
+  auto engine = GuardEngine::Create(Audited(), OneRankGroup("faithful"), m.params(), {}, nullptr,
+                                    m.loss());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GuardEngine& g = **engine;
+  for (uint64_t step : {1, 2}) {
+    ASSERT_TRUE(g.BeginStep(step, Batch(), 1).ok());
+    // Under a loss scaler the scale is part of what the replay reproduces.
+    const torch::Tensor scaled = m.loss()(Batch()) * torch::scalar_tensor(1024.0, torch::kFloat);
+    absl::StatusOr<StepDecision> d = Step(g, m, step, scaled, 1024);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->apply) << d->reason;
+    EXPECT_TRUE(d->loss_scaled);
+  }
+  EXPECT_EQ(g.Summary().audits_off, "");
+}
+
+// Issue 40, item 3: an error inside the step (the preflight's replay raising
+// here; a scan below) fails the step with that error and leaves the process
+// as it was: deterministic algorithms off, the gradients zeroed, the engine
+// ready for the next step.
+TEST(GuardEngineTest, AReplayThatRaisesFailsTheStepAndRestoresTheProcess) {
+  Model m;
+  auto engine = GuardEngine::Create(Audited("replay-error:0:step=1"), OneRankGroup("raises"),
+                                    m.params(), {}, nullptr, m.loss());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GuardEngine& g = **engine;
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  ASSERT_TRUE(g.BeginStep(1, Batch(), 1).ok());
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms()) << "an audit step";
+  absl::StatusOr<StepDecision> d = Step(g, m, 1, m.loss()(Batch()));
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInternal);
+  const std::string text(d.status().message());
+  EXPECT_EQ(text.rfind("step 1 failed on rank 0 and was skipped on every rank: ", 0), 0u) << text;
+  EXPECT_NE(text.find("INJECTED replay-error"), std::string::npos) << text;
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  EXPECT_EQ(torch::count_nonzero(m.linear->weight.grad()).item<int64_t>(), 0);
+  ASSERT_TRUE(g.BeginStep(2, Batch(), 1).ok());
+  d = Step(g, m, 2, m.loss()(Batch()));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->apply);
+}
+
+TEST(GuardEngineTest, AScanThatRaisesFailsTheStepWithoutThrowingFromTheHandOff) {
+  Model m;
+  GuardOptions o = Options();
+  o.faults = {*ParseFaultSpec("scan-error:0:step=1")};
+  auto engine = GuardEngine::Create(o, OneRankGroup("scan"), m.params(), {}, nullptr, m.loss());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GuardEngine& g = **engine;
+  ASSERT_TRUE(g.BeginStep(1, Batch(), 1).ok());
+  absl::StatusOr<StepDecision> d = Step(g, m, 1, m.loss()(Batch()));  // OneBucket does not throw.
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(std::string(d.status().message()).find("check 1 of a local gradient bucket"),
+            std::string::npos)
+      << d.status();
+  // The trainer's own hand-off errors are carried the same way.
+  ASSERT_TRUE(g.BeginStep(2, Batch(), 1).ok());
+  g.NoteFailure("the hook could not index a bucket");
+  d = Step(g, m, 2, m.loss()(Batch()));
+  EXPECT_NE(std::string(d.status().message()).find("the hook could not index a bucket"),
+            std::string::npos)
+      << d.status();
+  EXPECT_EQ(g.Summary().skipped, 2u);
+}
+
+// Issue 40, item 1: the norm under a loss scaler is the unscaled one (what
+// clipping compares), and an overflow keeps its NaN/Inf for the scaler.
+TEST(GuardEngineTest, UnderALossScalerTheNormIsUnscaledAndAnOverflowIsTheScalers) {
+  Model plain, scaled;
+  {
+    torch::NoGradGuard copy;
+    scaled.linear->weight.copy_(plain.linear->weight);
+    scaled.linear->bias.copy_(plain.linear->bias);
+  }
+  auto a = GuardEngine::Create(Options(), OneRankGroup("plain"), plain.params(), {}, nullptr,
+                               plain.loss());
+  auto b = GuardEngine::Create(Options(), OneRankGroup("scaled"), scaled.params(), {}, nullptr,
+                               scaled.loss());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->BeginStep(1, Batch(), 1).ok());
+  absl::StatusOr<StepDecision> unscaled = Step(**a, plain, 1, plain.loss()(Batch()));
+  ASSERT_TRUE((*b)->BeginStep(1, Batch(), 1).ok());
+  const torch::Tensor s = torch::scalar_tensor(1024.0, torch::kFloat);
+  absl::StatusOr<StepDecision> d = Step(**b, scaled, 1, scaled.loss()(Batch()) * s, 1024);
+  ASSERT_TRUE(unscaled.ok() && d.ok());
+  EXPECT_EQ(d->grad_norm, unscaled->grad_norm) << "a power of two scales exactly";
+  EXPECT_FALSE(unscaled->loss_scaled);
+  EXPECT_TRUE(d->loss_scaled);
+  // An overflow: skipped, the NaN/Inf left in place for GradScaler.step.
+  ASSERT_TRUE((*b)->BeginStep(2, Batch(), 1).ok());
+  torch::Tensor loss = scaled.loss()(Batch()) * s;
+  loss.backward();
+  (*b)->RecordFirstMicroBatch(loss, s);
+  {
+    torch::NoGradGuard no_grad;
+    scaled.linear->bias.grad()[0] = std::numeric_limits<float>::infinity();
+  }
+  OneBucket(**b, scaled);
+  d = (*b)->Finish();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->apply);
+  EXPECT_TRUE(d->overflow);
+  EXPECT_EQ(d->reason, "loss scaler overflow (NaN/Inf in every rank's local gradients)");
+  EXPECT_TRUE(std::isinf(scaled.linear->bias.grad()[0].item<float>()));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/identity.h"
+#include "protocol/types.h"
 
 namespace sdc::client {
 namespace {
@@ -92,6 +94,15 @@ absl::StatusOr<JobId> JobIdFromVariables(const std::map<std::string, std::string
   return ResolveJobId(Variables(overrides));
 }
 
+absl::Status CheckNodeName(const std::string& node_name) {
+  if (common::IsSafeNodeName(node_name)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "node name '", node_name.substr(0, 40), node_name.size() > 40 ? "...' (" : "' (",
+      node_name.size(), " bytes) is not a node name: [A-Za-z0-9._-], 1 to ",
+      protocol::kMaxNodeNameBytes,
+      " characters, not starting with '-'; sdcd refuses it. Set SDC_NODE_NAME"));
+}
+
 absl::StatusOr<GuardOptions> OptionsFromEnvironment() { return OptionsFromVariables({}); }
 
 absl::StatusOr<GuardOptions> OptionsFromVariables(
@@ -128,6 +139,7 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
     gethostname(host, sizeof(host) - 1);
     o.node_name = host;
   }
+  if (absl::Status s = CheckNodeName(o.node_name); !s.ok()) return s;
   if (const char* v = vars.Get("SDC_GPU_UUID")) {
     o.gpu_uuid = v;
     o.gpu_uuid_set = true;
@@ -152,6 +164,18 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   }
   if (absl::Status s = ReadInt(vars, "SDC_REPORT_BUFFER", &o.report_buffer); !s.ok()) return s;
   if (o.report_buffer == 0) return absl::InvalidArgumentError("SDC_REPORT_BUFFER: must be positive");
+  size_t buffer_mb = o.report_buffer_bytes >> 20;
+  if (absl::Status s = ReadInt(vars, "SDC_REPORT_BUFFER_MB", &buffer_mb); !s.ok()) return s;
+  if (buffer_mb == 0 || buffer_mb > (size_t{1} << 20)) {
+    return absl::InvalidArgumentError("SDC_REPORT_BUFFER_MB: must be 1 to 1048576");
+  }
+  o.report_buffer_bytes = buffer_mb << 20;
+  if (absl::Status s = ReadMillis(vars, "SDC_RECONNECT_MAX_MS", &o.reconnect_max); !s.ok()) {
+    return s;
+  }
+  if (o.reconnect_max < o.reconnect_min || o.reconnect_max > absl::Minutes(10)) {
+    return absl::InvalidArgumentError("SDC_RECONNECT_MAX_MS: must be 100 to 600000");
+  }
   if (absl::Status s = ReadMillis(vars, "SDC_REPORT_LINGER_MS", &o.report_linger); !s.ok()) return s;
   if (o.report_linger > absl::Seconds(60)) {
     // sdcd waits --report_deadline (default 120 s) for a step's reports.

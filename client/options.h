@@ -68,17 +68,30 @@ struct GuardOptions {
   // Bounded wait for a checkpoint decision. Env: SDC_CHECKPOINT_WAIT_MS.
   absl::Duration checkpoint_wait = absl::Seconds(30);
   CheckpointFallback checkpoint_fallback = CheckpointFallback::kVeto;  // Env: SDC_CHECKPOINT_FALLBACK=veto|in-band.
-  // Unacknowledged reports kept for resending; the oldest are dropped
-  // (and counted) beyond this. Env: SDC_REPORT_BUFFER.
-  size_t report_buffer = 4096;
+  // What a rank holds for sdcd while it is away (or slow): unacknowledged
+  // reports, at most report_buffer of them and report_buffer_bytes of
+  // memory. Past either bound, reports not yet written go in this order:
+  // clean step reports, then weight reports a newer one supersedes, then
+  // other weight reports and the results of audits that passed, oldest
+  // first of each; the evidence of a fault (a NaN, a skipped step, the
+  // results of an audit that mismatched, tie-breaks, confirmations) never.
+  // Every report dropped is counted by kind (client/coordinator_link.h).
+  // Env: SDC_REPORT_BUFFER (reports; default 262,144) and
+  // SDC_REPORT_BUFFER_MB (MiB; default 64).
+  size_t report_buffer = size_t{1} << 18;
+  size_t report_buffer_bytes = size_t{64} << 20;
   // A clean step's report (applied, no NaN/Inf, audit verified) may wait
   // this long to travel with the next report, so a job with short steps
   // sends sdcd one message per rank every so often, not one every step.
   // Every other report goes at once and takes the waiting ones with it.
   // 0: each report at once. Env: SDC_REPORT_LINGER_MS.
   absl::Duration report_linger = absl::Seconds(1);
+  // Reconnection: the first retry after reconnect_min, then doubling (with
+  // jitter) up to reconnect_max, so a coordinator that comes back (late,
+  // restarted, at a new address behind the same name) is found within
+  // reconnect_max. Env: SDC_RECONNECT_MAX_MS (default 5000).
   absl::Duration reconnect_min = absl::Milliseconds(100);
-  absl::Duration reconnect_max = absl::Seconds(10);
+  absl::Duration reconnect_max = absl::Seconds(5);
   // Gradient all-reduce bucket size in bytes. Env: SDC_BUCKET_BYTES.
   size_t bucket_bytes = 25u << 20;
   // Env: SDC_SMALL_COLLECTIVES=auto|backend|rooted.
@@ -121,6 +134,11 @@ absl::StatusOr<JobId> JobIdFromVariables(const std::map<std::string, std::string
 // Reads the SDC_* variables above (plus LOCAL_RANK). InvalidArgument names
 // the variable: "SDC_AUDIT_EVERY: expected a non-negative integer, got 'x'".
 absl::StatusOr<GuardOptions> OptionsFromEnvironment();
+
+// InvalidArgument unless `node_name` is one sdcd accepts
+// (common::IsSafeNodeName: at most protocol::kMaxNodeNameBytes), so a
+// trainer refuses it at start instead of sdcd at Hello.
+absl::Status CheckNodeName(const std::string& node_name);
 
 // The same with `overrides` (variable name -> value) taking the place of the
 // environment's values: the Python package passes its keyword arguments

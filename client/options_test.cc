@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "protocol/types.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -128,6 +130,29 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   EXPECT_THAT(std::string(OptionsFromEnvironment().status().message()), HasSubstr("SDC_JOB_ID"));
 }
 
+// Issue 39, case 8: the in-band topology exchange cut names to 128 bytes
+// while sdcd allowed 253, so two nodes whose names share the first 128
+// bytes were one failure domain in-band and two at sdcd. Now the exchange
+// carries protocol::kMaxNodeNameBytes, and a trainer refuses a longer (or
+// unsafe) name at start, as sdcd does.
+TEST_F(OptionsTest, ANodeNameSdcdWouldRefuseIsRefusedAtStart) {
+  const std::string longest(protocol::kMaxNodeNameBytes, 'n');
+  absl::StatusOr<GuardOptions> o = OptionsFromVariables({{"SDC_NODE_NAME", longest}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->node_name, longest);
+  for (const std::string& bad :
+       {longest + "n", std::string(300, 'a'), std::string("-node"), std::string("node a")}) {
+    SCOPED_TRACE(bad);
+    o = OptionsFromVariables({{"SDC_NODE_NAME", bad}});
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr("is not a node name"));
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr("1 to 253 characters"));
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr("SDC_NODE_NAME"));
+  }
+  EXPECT_TRUE(CheckNodeName(longest).ok());
+  EXPECT_EQ(CheckNodeName(longest + "n").code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(OptionsTest, TheJobIdComesFromTheLauncherWhenNotGiven) {
   struct Case {
     std::map<std::string, std::string> vars;
@@ -193,6 +218,13 @@ TEST(FaultSpecTest, ParsesAndFires) {
   EXPECT_FALSE(p->FiresAt(1, 9));
   EXPECT_TRUE(p->FiresAt(1, 10));
   EXPECT_TRUE(p->FiresAt(1, 1000));
+  // The error paths of a guarded step (issue 40, item 3).
+  for (const char* kind : {"replay-error", "scan-error", "exchange-error"}) {
+    p = ParseFaultSpec(absl::StrCat(kind, ":2:step=4"));
+    ASSERT_TRUE(p.ok()) << kind;
+    EXPECT_EQ(FaultKindName(p->kind), std::string(kind));
+    EXPECT_TRUE(p->FiresAt(2, 4));
+  }
   // A probability fires on about that share of steps, the same on every run.
   p = ParseFaultSpec("mantissa-bitflip:0:p=0.25");
   ASSERT_TRUE(p.ok());

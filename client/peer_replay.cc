@@ -69,7 +69,9 @@ absl::Status PeerReplay::CheckSendable(const std::vector<torch::Tensor>& batch,
 PeerReplay::PeerReplay(const EngineContext& ctx, ModelTensors& model, LossFn loss_fn)
     : ctx_(ctx), model_(model), loss_fn_(std::move(loss_fn)) {}
 
-void PeerReplay::BeginStep(std::vector<torch::Tensor> batch, int64_t micro_batches) {
+void PeerReplay::BeginStep(uint64_t step, std::vector<torch::Tensor> batch,
+                           int64_t micro_batches) {
+  step_ = step;
   batch_ = std::move(batch);
   micro_batches_ = micro_batches;
   loss_scale_ = torch::Tensor();
@@ -170,6 +172,11 @@ absl::StatusOr<PeerReplay::Batch> PeerReplay::RecvBatch(uint32_t src, int tag) {
       out.buffers = buffers[0].to(model_.device());
     }
   });
+  if (ctx_.fault().kind == FaultKind::kExchangeError && ctx_.fault().FiresAt(ctx_.rank(), step_)) {
+    ctx_.Log(absl::StrCat("INJECTED a malformed micro-batch from rank ", src, " at step ", step_));
+    return absl::InternalError(absl::StrCat("INJECTED exchange-error: the micro-batch from rank ",
+                                            src, " is malformed"));
+  }
   // The same model everywhere: the subject's buffers are this rank's size
   // (checked after every message is received, so the subject never waits).
   if (h[3] != ByteSize(model_.buffers())) {
@@ -182,18 +189,22 @@ absl::StatusOr<PeerReplay::Batch> PeerReplay::RecvBatch(uint32_t src, int tag) {
 
 PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
   // The replay starts from the subject's RNG state and buffers as its
-  // forward read them; this rank's own are restored after: the replay must
-  // leave no trace on this rank's own training.
+  // forward read them; this rank's own are restored after, and so are its
+  // parameters' gradients: the replay must leave no trace on this rank's
+  // own training.
   std::vector<torch::Tensor> saved_buffers;
   for (const torch::Tensor& b : model_.buffers()) saved_buffers.push_back(b.detach().clone());
   const torch::Tensor own_rng = client::CaptureRng(model_.device());
   ThrowIfFailed(RestoreRng(model_.device(), batch.rng_state));  // Checked before anything is set.
-  // Whatever happens in the replay (a libtorch error propagates to the
-  // caller), the rank leaves it with its own RNG, buffers and mode.
+  std::vector<torch::Tensor> saved_grads;
+  for (const torch::Tensor& p : model_.parameters()) saved_grads.push_back(p.grad());
+  // Whatever happens in the replay (an error propagates to the caller), the
+  // rank leaves it with its own RNG, buffers, gradients and mode.
   struct Restore {
     PeerReplay* self;
     torch::Tensor rng;
     std::vector<torch::Tensor>& saved;
+    std::vector<torch::Tensor>& grads;
     ~Restore() {
       self->replaying_ = false;
       try {
@@ -203,14 +214,19 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
           torch::Tensor b = buffers[i];
           b.copy_(saved[i]);
         }
+        const std::vector<torch::Tensor>& params = self->model_.parameters();
+        for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
         (void)RestoreRng(self->model_.device(), rng);  // Its own state: the size fits.
       } catch (const c10::Error& e) {
-        self->ctx_.Log(absl::StrCat("could not restore buffers or RNG after a replay: ",
+        self->ctx_.Log(absl::StrCat("could not restore buffers, gradients or RNG after a replay: ",
                                     e.what_without_backtrace()));
       }
     }
-  } restore{this, own_rng, saved_buffers};
+  } restore{this, own_rng, saved_buffers, saved_grads};
   if (batch.buffers.defined()) UnpackBytes(batch.buffers, model_.buffers());
+  // Undefined gradients: the replay's backward writes them exactly, as the
+  // subject's first backward wrote its own.
+  for (const torch::Tensor& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
   replaying_ = true;
   Result out;
   torch::Tensor loss = loss_fn_(batch.tensors) / static_cast<double>(batch.micro_batches);
@@ -219,16 +235,23 @@ PeerReplay::Result PeerReplay::Replay(const Batch& batch) {
     loss = loss * torch::scalar_tensor(batch.loss_scale, loss.options().dtype(torch::kFloat));
   }
   out.loss_bits = LossBits(loss);
-  // torch::autograd::grad leaves every parameter's .grad untouched.
-  std::vector<torch::Tensor> grads = torch::autograd::grad(
-      {loss}, model_.parameters(), /*grad_outputs=*/{}, /*retain_graph=*/false,
-      /*create_graph=*/false, /*allow_unused=*/true);
+  out.buffers = Fingerprints(ctx_.fingerprint_key(), model_.buffers());
+  if (ctx_.fault().kind == FaultKind::kReplayError && ctx_.fault().FiresAt(ctx_.rank(), step_)) {
+    ctx_.Log(absl::StrCat("INJECTED an error into a replay at step ", step_));
+    TORCH_CHECK(false, "INJECTED replay-error: the replay's backward failed");
+  }
+  // backward(), not torch::autograd::grad: reentrant activation
+  // checkpointing refuses the latter. It writes into the gradients set
+  // aside above, which Restore puts back.
+  loss.backward();
   replaying_ = false;
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : model_.parameters()) grads.push_back(p.grad());
   out.gradients = Fingerprints(ctx_.fingerprint_key(), grads);
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) out.gradients[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
   }
-  out.digest = model_.AuditDigest(out.gradients, Fingerprints(ctx_.fingerprint_key(), model_.buffers()));
+  out.digest = model_.AuditDigest(out.gradients, out.buffers);
   out.nonfinite = NonFinite(grads);
   return out;
 }
@@ -261,21 +284,39 @@ PeerReplay::ExchangeAndReplay(const std::vector<protocol::Assignment>& pairs, in
     for (const auto& [dst, tag] : sends) SDC_TORCH_TRY(SendBatch(dst, tag, pending));
     return absl::OkStatus();
   };
+  // The first error; whatever fails, this rank's own micro-batch is still
+  // sent and its sends are waited for, so its replayer never waits on it.
+  absl::Status failure;
   std::optional<std::pair<uint32_t, Result>> result;
-  if (!receive_first) {
-    if (absl::Status s = send_all(); !s.ok()) return s;
-  }
+  if (!receive_first) failure.Update(send_all());
   if (subject.has_value()) {
     absl::StatusOr<Batch> received = RecvBatch(*subject, tag_of_mine);
-    if (!received.ok()) return received.status();
-    if (receive_first) {
-      if (absl::Status s = send_all(); !s.ok()) return s;
+    if (receive_first) failure.Update(send_all());
+    if (!received.ok()) {
+      failure.Update(received.status());
+    } else if (failure.ok()) {
+      auto replay = [&]() -> absl::Status {
+        Result r;
+        SDC_TORCH_TRY(r = Replay(*received));
+        result = std::make_pair(*subject, std::move(r));
+        return absl::OkStatus();
+      };
+      absl::Status replayed = replay();
+      if (!replayed.ok()) {
+        failure.Update(absl::Status(replayed.code(),
+                                    absl::StrCat("replaying rank ", *subject, "'s micro-batch: ",
+                                                 replayed.message())));
+      }
     }
-    Result r;
-    SDC_TORCH_TRY(r = Replay(*received));
-    result = std::make_pair(*subject, std::move(r));
   }
-  for (auto& w : pending) SDC_TORCH_TRY(w->wait());
+  for (auto& w : pending) {
+    auto wait = [&]() -> absl::Status {
+      SDC_TORCH_TRY(w->wait());
+      return absl::OkStatus();
+    };
+    failure.Update(wait());
+  }
+  if (!failure.ok()) return failure;
   return result;
 }
 

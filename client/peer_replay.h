@@ -55,6 +55,7 @@ class PeerReplay {
   struct Result {
     uint64_t loss_bits = 0;                      // LossBits of the replayed loss.
     std::vector<kernels::Fingerprint> gradients;  // One per parameter (absent: zeros).
+    std::vector<kernels::Fingerprint> buffers;    // The buffers as the replay's forward left them.
     uint64_t digest = 0;                         // ModelTensors::AuditDigest.
     uint64_t nonfinite = 0;                      // NaN/Inf elements in the gradients.
   };
@@ -70,8 +71,8 @@ class PeerReplay {
   // REQUIRES: `ctx` and `model` outlive this.
   PeerReplay(const EngineContext& ctx, ModelTensors& model, LossFn loss_fn);
 
-  // Keeps this step's first micro-batch. REQUIRES: CheckSendable passed.
-  void BeginStep(std::vector<torch::Tensor> batch, int64_t micro_batches);
+  // Keeps step `step`'s first micro-batch. REQUIRES: CheckSendable passed.
+  void BeginStep(uint64_t step, std::vector<torch::Tensor> batch, int64_t micro_batches);
   // Captures the RNG state the micro-batch's forward starts from. Throws
   // c10::Error on a libtorch failure.
   void CaptureRng();
@@ -82,16 +83,20 @@ class PeerReplay {
   // sends its batch to its replayer (tags from `tag_base`, 64 a pair) and
   // every replayer replays what it received. Returns (subject, result) on a
   // rank that replayed, nullopt on the others. A rank replays at most one
-  // subject per call. Internal on a libtorch failure or a malformed message.
+  // subject per call. Internal on a libtorch failure (the loss function's
+  // included) or a malformed message; whatever fails, this rank still sends
+  // its own micro-batch and waits for its sends, so no peer waits on it.
   absl::StatusOr<std::optional<std::pair<uint32_t, Result>>> ExchangeAndReplay(
       const std::vector<protocol::Assignment>& pairs, int tag_base);
 
   // This rank's own batch as its replayer would receive it.
   Batch OwnBatch() const;
   // Recomputes `batch`'s loss and gradients with the loss function from its
-  // RNG state and buffers; this rank's RNG state and buffers are restored
-  // after, whatever happens. Throws c10::Error on a libtorch failure (also
-  // InvalidArgument's message from RestoreRng when the RNG state does not fit).
+  // RNG state and buffers; this rank's RNG state, buffers and parameter
+  // gradients are restored after, whatever happens. Throws c10::Error on a
+  // libtorch failure (also InvalidArgument's message from RestoreRng when
+  // the RNG state does not fit); an exception of the loss function
+  // propagates as it is.
   Result Replay(const Batch& batch);
 
   // True while Replay runs the loss function (activation faults of kind
@@ -105,6 +110,7 @@ class PeerReplay {
   const EngineContext& ctx_;
   ModelTensors& model_;
   const LossFn loss_fn_;
+  uint64_t step_ = 0;
   std::vector<torch::Tensor> batch_;
   int64_t micro_batches_ = 1;
   torch::Tensor rng_state_;

@@ -6,6 +6,7 @@
 #include "client/peer_replay.h"
 
 #include <string>
+#include <utility>
 
 #include "client/device.h"
 #include "client/one_rank_group.h"
@@ -62,8 +63,8 @@ struct Model {
 };
 
 struct Fixture {
-  explicit Fixture(const std::string& name)
-      : ctx(Options(), OneRankGroup(name)),
+  explicit Fixture(const std::string& name, GuardOptions options = Options())
+      : ctx(std::move(options), OneRankGroup(name)),
         tensors(*ModelTensors::Create(model.parameters(), {}, model.buffers(), true)),
         replay(ctx, tensors, model.loss()) {
     // Collective on the one-rank group; gives the job's fingerprint key.
@@ -84,7 +85,7 @@ TEST(PeerReplayTest, ReplayOfTheOwnBatchReproducesTheStepAndLeavesNoTrace) {
   Fixture f("own");
   constexpr int64_t kMicroBatches = 2;
   const std::vector<torch::Tensor> batch = Batch();
-  f.replay.BeginStep(batch, kMicroBatches);
+  f.replay.BeginStep(1, batch, kMicroBatches);
   f.tensors.ClearGradients();
   f.replay.CaptureRng();
   f.tensors.CaptureForwardBuffers();
@@ -116,7 +117,7 @@ TEST(PeerReplayTest, ReplayOfTheOwnBatchReproducesTheStepAndLeavesNoTrace) {
 
 TEST(PeerReplayTest, AFailingReplayStillRestoresTheRank) {
   Fixture f("fails");
-  f.replay.BeginStep(Batch(), 1);
+  f.replay.BeginStep(1, Batch(), 1);
   f.replay.CaptureRng();
   f.tensors.CaptureForwardBuffers();
   PeerReplay::Batch bad = f.replay.OwnBatch();
@@ -133,9 +134,43 @@ TEST(PeerReplayTest, AFailingReplayStillRestoresTheRank) {
   EXPECT_FALSE(f.replay.replaying());
 }
 
+// Issue 40, item 3: a replay that raises after its forward (the injected
+// replay-error, as a loss function or autograd would) leaves the rank's
+// gradients as its own training left them, with its RNG and buffers.
+TEST(PeerReplayTest, AReplayThatRaisesLeavesTheGradientsAsTheyWere) {
+  GuardOptions options = Options();
+  absl::StatusOr<FaultPlan> fault = ParseFaultSpec("replay-error:0:step=2");
+  ASSERT_TRUE(fault.ok()) << fault.status();
+  options.faults = {*fault};
+  Fixture f("raises", options);
+  for (uint64_t step : {1, 2}) {
+    const std::vector<torch::Tensor> batch = Batch();
+    f.replay.BeginStep(step, batch, 1);
+    f.tensors.ClearGradients();
+    f.replay.CaptureRng();
+    f.tensors.CaptureForwardBuffers();
+    f.model.loss()(batch).backward();
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : f.tensors.parameters()) grads.push_back(p.grad());
+    const torch::Tensor rng_before = CaptureRng(torch::kCPU);
+    const std::vector<kernels::Fingerprint> buffers_before = Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers());
+    if (step == 1) {
+      EXPECT_NO_THROW(f.replay.Replay(f.replay.OwnBatch()));
+    } else {
+      EXPECT_THROW(f.replay.Replay(f.replay.OwnBatch()), c10::Error);
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(f.tensors.parameters()[i].grad().is_same(grads[i])) << "step " << step << " " << i;
+    }
+    EXPECT_TRUE(torch::equal(CaptureRng(torch::kCPU), rng_before)) << step;
+    EXPECT_EQ(Fingerprints(f.ctx.fingerprint_key(), f.tensors.buffers()), buffers_before) << step;
+    EXPECT_FALSE(f.replay.replaying());
+  }
+}
+
 TEST(PeerReplayTest, ARankOutsideThePairsExchangesNothing) {
   Fixture f("outside");
-  f.replay.BeginStep(Batch(), 1);
+  f.replay.BeginStep(1, Batch(), 1);
   f.replay.CaptureRng();
   auto none = f.replay.ExchangeAndReplay({{1, 2}, {2, 1}}, 1000);
   ASSERT_TRUE(none.ok()) << none.status();

@@ -1,6 +1,7 @@
 #include "client/replay_audit.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -87,26 +88,68 @@ void ReplayAudit::RecordOriginalGradients(const std::vector<size_t>& indices,
   original_recorded_ = true;
 }
 
+bool ReplayAudit::WantsPreflight() const {
+  absl::MutexLock lock(&mu_);
+  return !preflight_done_ && auditing_ && original_recorded_;
+}
+
+std::vector<kernels::Fingerprint> ReplayAudit::OriginalGradients(bool* recorded) const {
+  std::vector<kernels::Fingerprint> original;
+  {
+    absl::MutexLock lock(&mu_);
+    original = original_gradients_;
+    *recorded = original_recorded_;
+  }
+  for (size_t i = 0; i < original.size(); ++i) {
+    // No gradient recorded: zeros, as a replay's.
+    if (original[i] == kernels::Fingerprint{}) {
+      original[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
+    }
+  }
+  return original;
+}
+
+absl::StatusOr<ReplayAudit::Preflight> ReplayAudit::RunPreflight() {
+  preflight_done_ = true;
+  PeerReplay::Result r;
+  SDC_TORCH_TRY(r = replay_.Replay(replay_.OwnBatch()));
+  bool recorded = false;
+  const std::vector<kernels::Fingerprint> original = OriginalGradients(&recorded);
+  Preflight p;
+  p.loss_differs = r.loss_bits != original_loss_bits_;
+  p.gradients_differ = r.gradients != original;
+  p.buffers_differ = r.buffers != original_buffers_;
+  if (p.loss_differs || p.gradients_differ || p.buffers_differ) {
+    std::string first;
+    for (size_t i = 0; i < original.size() && i < r.gradients.size(); ++i) {
+      if (original[i] != r.gradients[i]) {
+        first = absl::StrCat("; the first differing gradient is ", model_.parameter_names()[i]);
+        break;
+      }
+    }
+    double trained = 0, replayed = 0;
+    std::memcpy(&trained, &original_loss_bits_, sizeof(trained));
+    std::memcpy(&replayed, &r.loss_bits, sizeof(replayed));
+    ctx_.Log(absl::StrCat("preflight: the replay of this rank's own micro-batch gave loss ",
+                          replayed, " where training backpropagated ", trained, first));
+  }
+  return p;
+}
+
 absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, LocalView& view) {
   ++audits_;
   const uint32_t rank = ctx_.rank();
   const GuardOptions& options = ctx_.options();
   const bool subject = std::any_of(plan_.assignments.begin(), plan_.assignments.end(),
                                    [&](const protocol::Assignment& a) { return a.subject == rank; });
+  // The first error this rank meets; every later collective runs anyway.
+  absl::Status failure;
   auto replayed = replay_.ExchangeAndReplay(plan_.assignments, /*tag_base=*/1000);
-  if (!replayed.ok()) return replayed.status();
-  std::vector<kernels::Fingerprint> original;
+  if (!replayed.ok()) failure = replayed.status();
   bool has_original = false;
-  {
-    absl::MutexLock lock(&mu_);
-    original = original_gradients_;
-    has_original = original_recorded_;
-  }
-  for (size_t i = 0; i < original.size(); ++i) {
-    // No gradient recorded: zeros, as a replay's.
-    if (original[i] == kernels::Fingerprint{}) original[i] = model_.AbsentGradient(ctx_.fingerprint_key(), i);
-  }
+  std::vector<kernels::Fingerprint> original = OriginalGradients(&has_original);
   AuditExchange mine;
+  mine.failed = !failure.ok();
   if (subject && has_original) {
     mine.has_original = true;
     mine.original_loss_bits = original_loss_bits_;
@@ -120,7 +163,7 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     if (options.parameter_fingerprints) a.gradients = std::move(original);
     ctx_.Send(step.step, std::move(a));
   }
-  if (replayed->has_value()) {
+  if (replayed.ok() && replayed->has_value()) {
     const auto& [who, r] = **replayed;
     mine.replay_subject = who;
     mine.replay_loss_bits = r.loss_bits;
@@ -138,6 +181,12 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
   std::vector<int64_t> all;
   SDC_TORCH_TRY(all = ctx_.AllGather(EncodeAudit(mine)));
   const std::vector<AuditExchange> audits = DecodeAudits(all, ctx_.world());
+  if (std::any_of(audits.begin(), audits.end(), [](const AuditExchange& a) { return a.failed; })) {
+    // A rank's exchange or replay raised: nothing to judge. Every rank
+    // stops here alike, and the agreement carries the failure.
+    decision.audit_outcome = "failed";
+    return failure;
+  }
   const protocol::AuditVerdict inband =
       InBandVerdict(plan_, ctx_.topology(), audits, /*deterministic=*/true, step.step);
   decision.audit_outcome = protocol::AuditOutcomeName(inband.outcome);
@@ -150,7 +199,11 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     // One tie-break per tiebreaker at a time keeps each rank's receive single.
     for (size_t i = 0; i < pairs.size(); ++i) {
       auto tb = replay_.ExchangeAndReplay({pairs[i]}, 3000 + static_cast<int>(i) * 64);
-      if (!tb.ok()) return tb.status();
+      if (!tb.ok()) {
+        // The pair is done with each other; the agreement tells the rest.
+        if (failure.ok()) failure = tb.status();
+        continue;
+      }
       if (tb->has_value()) {
         protocol::AuditResult a;
         a.role = protocol::AuditRole::kTieBreak;
@@ -183,28 +236,43 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
     decision.audit_unverified = true;
     ++unverified_;
   }
-  return absl::OkStatus();
+  return failure;
 }
 
-absl::Status ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement& a) {
+std::string ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Agreement& a) {
   if (!a.any_local_nonfinite || a.all_local_nonfinite || a.highest_local_nonfinite_rank < 0) {
-    return absl::OkStatus();
+    return std::string();
   }
   const uint32_t subject = static_cast<uint32_t>(a.highest_local_nonfinite_rank);
-  // Every rank of a DDP job accumulates alike, so all take the same branch.
-  if (step.micro_batches != 1) {
+  // Every rank takes the same branch: a DDP job accumulates alike on every
+  // rank, audits turn off on every rank at once, and audit_every is the
+  // job's. The reason goes in the step report, so sdcd decides at once.
+  std::string none;
+  if (!off_.empty()) {
+    none = absl::StrCat("replay audits are off for this job (", off_, ")");
+  } else if (ctx_.options().audit_every == 0) {
+    none = "replay audits are off for this job (audit_every is 0)";
+  } else if (step.micro_batches != 1) {
+    none = absl::StrCat("the step accumulated ", step.micro_batches,
+                        " micro-batches, and the NaN/Inf may come from one nobody holds");
+  }
+  if (!none.empty()) {
     if (ctx_.rank() == subject) {
-      ctx_.Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step.step, " (",
-                            step.micro_batches,
-                            " micro-batches): not replayable as it ran, so not confirmed; a "
-                            "suspect"));
+      ctx_.Log(absl::StrCat("NaN/Inf in this rank's local gradients at step ", step.step,
+                            " not confirmed by a replay: ", none, "; a suspect"));
     }
-    return absl::OkStatus();
+    return none;
   }
   std::optional<protocol::Rank> confirmer = protocol::ChooseConfirmer(ctx_.topology(), subject, step.step);
-  if (!confirmer.has_value()) return absl::OkStatus();
+  if (!confirmer.has_value()) return std::string();
   auto confirmed = replay_.ExchangeAndReplay({{*confirmer, subject}}, 5000);
-  if (!confirmed.ok()) return confirmed.status();
+  if (!confirmed.ok()) {
+    // Skipped on every rank anyway; unconfirmed, sdcd names nobody for it.
+    std::string why = absl::StrCat("the confirmation replay of rank ", subject, " at step ",
+                                   step.step, " failed: ", confirmed.status().message());
+    ctx_.Log(why);
+    return why;
+  }
   if (confirmed->has_value()) {
     protocol::AuditResult c;
     c.role = protocol::AuditRole::kConfirm;
@@ -213,7 +281,7 @@ absl::Status ReplayAudit::ConfirmLoneNonFinite(const StepContext& step, const Ag
     c.nonfinite = (*confirmed)->second.nonfinite;
     ctx_.Send(step.step, std::move(c));
   }
-  return absl::OkStatus();
+  return std::string();
 }
 
 void ReplayAudit::Summarize(GuardSummary& summary) const {

@@ -9,6 +9,11 @@
 //   - the subject's record of what it trained on: the first micro-batch's
 //     loss bits, its local gradients' fingerprints (RecordOriginalGradients,
 //     possibly from autograd's threads) and the buffers its forward left;
+//   - Preflight: once, at the first audit, a replay of this rank's own
+//     micro-batch compared with what it trained on, so a loss function that
+//     does not reproduce training (autocast outside it, a token-weighted
+//     loss, a term added outside) stops the job with the reason instead of
+//     making every audit systemic;
 //   - Run: the exchange and replays (PeerReplay), every rank's results
 //     all-gathered and judged in-band with the coordinator's own rules
 //     (InBandVerdict, step_core.h: what happens when a replay mismatches),
@@ -29,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/engine_context.h"
 #include "client/engine_types.h"
@@ -77,10 +83,28 @@ class ReplayAudit {
   void RecordOriginalGradients(const std::vector<size_t>& indices,
                                const std::vector<torch::Tensor>& gradients);
 
+  // What a preflight found on this rank.
+  struct Preflight {
+    bool loss_differs = false;
+    bool gradients_differ = false;
+    bool buffers_differ = false;
+  };
+  // True at the first audit step that has this rank's original record,
+  // until Preflight ran.
+  bool WantsPreflight() const;
+  // Replays this rank's own first micro-batch and compares its loss bits,
+  // gradient and buffer fingerprints with what the rank trained on. Local
+  // (no collective). The error of the replay when it raised.
+  absl::StatusOr<Preflight> RunPreflight();
+
   // The audit of this step (REQUIRES: auditing()). Collective: the
   // exchange, one small all-gather, then the tie-breaks. Sets
   // decision.audit_outcome and audit_unverified, and view.audit_mismatch.
-  // Internal on a libtorch failure or a malformed message.
+  // Returns the first error this rank met (a replay that raised, a
+  // malformed message: Internal); the all-gather runs whatever happened, and
+  // tells every rank that this rank failed (then no rank judges the audit:
+  // audit_outcome "failed"), so no rank waits on another. Only a failure of
+  // the all-gather itself returns before it.
   absl::Status Run(const StepContext& step, StepDecision& decision, LocalView& view);
 
   // After the agreement: when exactly one rank's local gradients held
@@ -88,14 +112,24 @@ class ReplayAudit {
   // over the pair) and reports the result. Only a step of one micro-batch
   // can be replayed as it ran: with accumulation the NaN may come from a
   // later micro-batch nobody holds, and a finite replay of the first would
-  // wrongly clear the GPU; then no replay runs and sdcd keeps the rank a
-  // suspect. Internal on a libtorch failure.
-  absl::Status ConfirmLoneNonFinite(const StepContext& step, const Agreement& agreement);
+  // wrongly clear the GPU. Nor where replay audits are off for the job
+  // (turned off because an op has no deterministic implementation, or
+  // audit_every 0): a replay there proves nothing. Then no replay runs and
+  // this returns why (for StepReport::no_confirmation, so sdcd decides at
+  // once and keeps the rank a suspect); empty otherwise. A failure of the
+  // replay is logged and returned as the reason, not as an error: the step
+  // is skipped on every rank anyway, and an error returned by one rank here,
+  // after the agreement, would leave the others in the next collective.
+  std::string ConfirmLoneNonFinite(const StepContext& step, const Agreement& agreement);
 
   // audits, audits_unverified, audit_mismatches, audits_off.
   void Summarize(GuardSummary& summary) const;
 
  private:
+  // The first micro-batch's gradient fingerprints as recorded (absent
+  // ones: zeros' fingerprint, as a replay's); `recorded` says whether any were.
+  std::vector<kernels::Fingerprint> OriginalGradients(bool* recorded) const;
+
   const EngineContext& ctx_;
   const ModelTensors& model_;
   PeerReplay& replay_;
@@ -109,6 +143,7 @@ class ReplayAudit {
   uint64_t plans_held_by_all_ = 0;
   uint64_t last_plan_run_ = 0;
   std::string off_;
+  bool preflight_done_ = false;
 
   // The subject's record.
   uint64_t original_loss_bits_ = 0;

@@ -1,5 +1,7 @@
 #include "client/step_core.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -8,6 +10,13 @@ namespace {
 
 int64_t Hi(uint64_t v) { return static_cast<int64_t>(v >> 32); }
 int64_t Lo(uint64_t v) { return static_cast<int64_t>(v & 0xffffffffu); }
+
+// A MAX over (kLowest - rank) of the ranks that say so is the lowest of them.
+constexpr int64_t kLowest = int64_t{1} << 40;
+int64_t LowestSlot(bool yes, uint32_t rank) { return yes ? kLowest - rank : 0; }
+int64_t LowestRank(int64_t slot) { return slot > 0 ? kLowest - slot : -1; }
+// A MAX over (rank + 1) of the ranks that say so is the highest of them.
+int64_t HighestSlot(bool yes, uint32_t rank) { return yes ? static_cast<int64_t>(rank) + 1 : 0; }
 
 }  // namespace
 
@@ -24,7 +33,7 @@ std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank) {
       -Lo(v.reduced_digest),
       -static_cast<int64_t>(v.plans_held),
       -static_cast<int64_t>(v.repair_step),
-      0,  // Reserved.
+      LowestSlot(v.failed, rank),
   };
 }
 
@@ -38,25 +47,114 @@ Agreement DecodeAgreement(absl::Span<const int64_t> m) {
   a.reduced_digests_differ = m[5] != -m[6] || m[7] != -m[8];
   a.plans_held_by_all = static_cast<uint64_t>(-m[9]);
   a.repair_step_known_by_all = static_cast<uint64_t>(-m[10]);
+  a.lowest_failed_rank = LowestRank(m[11]);
   return a;
 }
 
-Decision Decide(const Agreement& a) {
+Decision Decide(const Agreement& a, bool loss_scaled) {
+  Decision d;
   std::vector<std::string> reasons;
+  std::string nonfinite;
   if (a.any_local_nonfinite) {
-    reasons.push_back(a.all_local_nonfinite
-                          ? "NaN/Inf in every rank's local gradients"
-                          : absl::StrCat("NaN/Inf in the local gradients of rank ",
-                                         a.highest_local_nonfinite_rank));
+    nonfinite = a.all_local_nonfinite ? "NaN/Inf in every rank's local gradients"
+                                      : absl::StrCat("NaN/Inf in the local gradients of rank ",
+                                                     a.highest_local_nonfinite_rank);
   } else if (a.any_reduced_nonfinite) {
-    reasons.push_back("NaN/Inf in the reduced gradients");
+    nonfinite = "NaN/Inf in the reduced gradients";
+  }
+  // Under a loss scaler NaN/Inf is the scaler's overflow, unless it reached
+  // only some ranks through the all-reduce (then the reduced gradients
+  // differ, which is a failed check of its own).
+  d.overflow = loss_scaled && (a.any_local_nonfinite ||
+                               (a.any_reduced_nonfinite && !a.reduced_digests_differ));
+  if (d.overflow) {
+    reasons.push_back(absl::StrCat("loss scaler overflow (", nonfinite, ")"));
+  } else if (!nonfinite.empty()) {
+    reasons.push_back(nonfinite);
+    d.failed_check = true;
   }
   if (a.reduced_digests_differ) reasons.push_back("ranks received different reduced gradients");
   if (a.audit_mismatch) reasons.push_back("replay audit mismatch");
-  Decision d;
+  d.failed_check = d.failed_check || a.reduced_digests_differ || a.audit_mismatch;
   d.apply = reasons.empty();
   d.reason = absl::StrJoin(reasons, "; ");
   return d;
+}
+
+std::vector<int64_t> EncodeAuditGate(const AuditGateView& v, uint32_t rank) {
+  return {v.nondeterministic ? 1 : 0, HighestSlot(v.preflight_loss, rank),
+          HighestSlot(v.preflight_gradients, rank), HighestSlot(v.preflight_buffers, rank),
+          LowestSlot(v.failed, rank)};
+}
+
+AuditGate DecodeAuditGate(absl::Span<const int64_t> m) {
+  AuditGate g;
+  g.nondeterministic = m[0] != 0;
+  g.preflight_loss_rank = m[1] - 1;
+  g.preflight_gradients_rank = m[2] - 1;
+  g.preflight_buffers_rank = m[3] - 1;
+  g.lowest_failed_rank = LowestRank(m[4]);
+  return g;
+}
+
+std::string PreflightFailure(const AuditGate& g, uint64_t step) {
+  std::vector<std::string> what;
+  if (g.preflight_loss_rank >= 0) {
+    what.push_back(absl::StrCat("the loss differs (rank ", g.preflight_loss_rank, ")"));
+  }
+  if (g.preflight_gradients_rank >= 0) {
+    what.push_back(absl::StrCat("the gradients differ (rank ", g.preflight_gradients_rank, ")"));
+  }
+  if (g.preflight_buffers_rank >= 0) {
+    what.push_back(absl::StrCat("the buffers the forward left differ (rank ",
+                                g.preflight_buffers_rank, ")"));
+  }
+  return absl::StrCat(
+      "preflight at step ", step,
+      ": replaying a rank's own first micro-batch with loss_fn did not reproduce what it trained "
+      "on: ", absl::StrJoin(what, "; "),
+      ". Every audit compares a peer's replay with those bits, so each would be skipped as "
+      "systemic; the guard stops here instead. Likely causes, and the fix for each:\n"
+      "  - autocast (or another precision context) around the forward but not inside loss_fn: "
+      "put the `with torch.autocast(...)` inside loss_fn, so training and replays run it alike;\n"
+      "  - a token-weighted loss (Hugging Face's num_items_in_batch, a sum divided by a count "
+      "over every micro-batch or rank): carry the count in the batch and divide by it inside "
+      "loss_fn;\n"
+      "  - a loss term added outside loss_fn (an auxiliary or MoE load-balancing loss, a "
+      "regulariser): add it inside loss_fn;\n"
+      "  - a non-deterministic op, or randomness the guard does not capture (Python's random, "
+      "NumPy, a torch.Generator of your own): draw from torch's default generator, and use ops "
+      "that torch.use_deterministic_algorithms(True) accepts;\n"
+      "  - gradients changed between backward and the end of the guarded step (a hook, "
+      "clipping or unscaling inside the block): do it after the block.\n"
+      "The loss passed to s.backward must be exactly loss_fn(model.module, batch) / "
+      "micro_batches (times the GradScaler's scale, via scaler.scale).");
+}
+
+std::vector<int64_t> EncodeFailure(const absl::Status& status) {
+  std::vector<int64_t> words(kFailureSlots, 0);
+  const absl::string_view text = status.message().substr(0, kFailureTextBytes);
+  words[0] = static_cast<int64_t>(status.code());
+  words[1] = static_cast<int64_t>(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    words[2 + i / 8] |= static_cast<int64_t>(static_cast<uint8_t>(text[i])) << (8 * (i % 8));
+  }
+  return words;
+}
+
+absl::Status DecodeFailure(absl::Span<const int64_t> words) {
+  if (words.size() < kFailureSlots) return absl::InternalError("a malformed failure");
+  const size_t n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(words[1], 0)),
+                                    kFailureTextBytes);
+  std::string text(n, ' ');
+  for (size_t i = 0; i < n; ++i) {
+    text[i] = static_cast<char>((static_cast<uint64_t>(words[2 + i / 8]) >> (8 * (i % 8))) & 0xff);
+  }
+  const int code = static_cast<int>(words[0]);
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(text);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
@@ -71,7 +169,7 @@ StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_eve
 std::vector<int64_t> EncodeAudit(const AuditExchange& a) {
   return {static_cast<int64_t>(a.original_loss_bits), static_cast<int64_t>(a.original_digest),
           a.replay_subject, static_cast<int64_t>(a.replay_loss_bits),
-          static_cast<int64_t>(a.replay_digest), a.has_original ? 1 : 0};
+          static_cast<int64_t>(a.replay_digest), a.has_original ? 1 : 0, a.failed ? 1 : 0};
 }
 
 std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> g, uint32_t world) {
@@ -79,7 +177,7 @@ std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> g, uint32_t wo
   for (uint32_t r = 0; r < world; ++r) {
     const int64_t* s = g.data() + kAuditSlots * r;
     out[r] = {static_cast<uint64_t>(s[0]), static_cast<uint64_t>(s[1]), s[2],
-              static_cast<uint64_t>(s[3]), static_cast<uint64_t>(s[4]), s[5] != 0};
+              static_cast<uint64_t>(s[3]), static_cast<uint64_t>(s[4]), s[5] != 0, s[6] != 0};
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "protocol/attribution.h"
 #include "protocol/replay_plan.h"
@@ -26,6 +27,7 @@ struct LocalView {
   uint64_t reduced_digest = 0;     // Digest of its reduced gradients.
   uint64_t plans_held = 0;         // Highest contiguous targeted plan id it holds.
   uint64_t repair_step = 0;        // Step of the newest weight minority verdict it holds.
+  bool failed = false;             // An error on this rank in the step's checks (see Finish).
 };
 
 // What every rank agrees on after the all-reduce (MAX) of EncodeAgreement.
@@ -38,6 +40,7 @@ struct Agreement {
   bool reduced_digests_differ = false;
   uint64_t plans_held_by_all = 0;   // Minimum over ranks.
   uint64_t repair_step_known_by_all = 0;  // Minimum over ranks.
+  int64_t lowest_failed_rank = -1;  // The lowest rank whose checks failed this step; -1: none.
 };
 
 // The slots of the agreement all-reduce. Minimums travel negated so one MAX
@@ -50,10 +53,58 @@ Agreement DecodeAgreement(absl::Span<const int64_t> maxed);
 struct Decision {
   bool apply = true;
   std::string reason;  // Why the step is skipped; empty when applied.
+  // Under a loss scaler: NaN/Inf the scaler overflowed into (in some rank's
+  // local gradients, or in every rank's reduced ones alike). The scaler
+  // skips the step and backs off, so the gradients keep their NaN/Inf for
+  // it to find.
+  bool overflow = false;
+  // A check failed: anything but the scaler's overflow. The in-band
+  // checkpoint fallback vetoes the next checkpoint.
+  bool failed_check = false;
 };
 
-// The same on every rank, because it reads only the agreement.
-Decision Decide(const Agreement& a);
+// The same on every rank, because it reads only the agreement (and whether
+// the step ran under a loss scaler, which every rank of a job does alike).
+Decision Decide(const Agreement& a, bool loss_scaled = false);
+
+// The gate of an audit step, one MAX all-reduce before any replay
+// exchange: did a rank run an op without a deterministic implementation,
+// did a rank's preflight replay of its own micro-batch differ from what it
+// trained on (and in what), did a rank's checks already fail this step.
+struct AuditGateView {
+  bool nondeterministic = false;
+  bool preflight_loss = false;       // The loss bits differ.
+  bool preflight_gradients = false;  // The gradients' fingerprints differ.
+  bool preflight_buffers = false;    // The buffers after the forward differ.
+  bool failed = false;
+};
+struct AuditGate {
+  bool nondeterministic = false;
+  // The highest rank whose preflight found each difference; -1: none.
+  int64_t preflight_loss_rank = -1;
+  int64_t preflight_gradients_rank = -1;
+  int64_t preflight_buffers_rank = -1;
+  int64_t lowest_failed_rank = -1;
+  bool preflight_failed() const {
+    return preflight_loss_rank >= 0 || preflight_gradients_rank >= 0 ||
+           preflight_buffers_rank >= 0;
+  }
+};
+inline constexpr size_t kAuditGateSlots = 5;
+std::vector<int64_t> EncodeAuditGate(const AuditGateView& view, uint32_t rank);
+AuditGate DecodeAuditGate(absl::Span<const int64_t> maxed);
+
+// What every rank says when a preflight failed (the same text on every
+// rank): what differed, on which rank, the likely causes and how to fix each.
+std::string PreflightFailure(const AuditGate& gate, uint64_t step);
+
+// A rank's error, as the words every rank all-gathers once the agreement
+// says a rank failed, so every rank raises the same error: the status code
+// and up to kFailureTextBytes of its message.
+inline constexpr size_t kFailureSlots = 32;
+inline constexpr size_t kFailureTextBytes = (kFailureSlots - 2) * 8;
+std::vector<int64_t> EncodeFailure(const absl::Status& status);
+absl::Status DecodeFailure(absl::Span<const int64_t> words);
 
 // Which checks run at a step.
 struct StepPlan {
@@ -77,9 +128,10 @@ struct AuditExchange {
   uint64_t replay_loss_bits = 0;
   uint64_t replay_digest = 0;
   bool has_original = false;
+  bool failed = false;  // This rank's exchange or replay raised: no verdict this step.
 };
 
-inline constexpr size_t kAuditSlots = 6;
+inline constexpr size_t kAuditSlots = 7;
 std::vector<int64_t> EncodeAudit(const AuditExchange& a);
 std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> gathered, uint32_t world);
 

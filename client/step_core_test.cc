@@ -1,5 +1,7 @@
 #include "client/step_core.h"
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -127,6 +129,107 @@ TEST(StepCoreTest, AuditExchangeRoundTripsAndFindsTheFaultyRank) {
     EXPECT_TRUE(tb.subject == 4 || tb.disputed == 4);
     EXPECT_NE(t.DomainOf(tb.tiebreaker), t.DomainOf(4));
   }
+}
+
+// Issue 40, item 1: under a loss scaler NaN/Inf is the scaler's overflow:
+// skipped (the scaler skips too), the gradients kept for it, no failed check.
+TEST(StepCoreTest, UnderALossScalerNanIsTheScalersOverflow) {
+  std::vector<LocalView> v(6);
+  v[3].local_nonfinite = true;
+  for (auto& x : v) x.reduced_nonfinite = true;
+  Agreement a = Agree(v);
+  Decision d = Decide(a, /*loss_scaled=*/true);
+  EXPECT_FALSE(d.apply);
+  EXPECT_TRUE(d.overflow);
+  EXPECT_FALSE(d.failed_check);
+  EXPECT_EQ(d.reason, "loss scaler overflow (NaN/Inf in the local gradients of rank 3)");
+  // Without a scaler the same step is a failed check.
+  d = Decide(a);
+  EXPECT_FALSE(d.overflow);
+  EXPECT_TRUE(d.failed_check);
+  // An fp16 compression hook's sum overflowing: every rank's reduced
+  // gradients alike, no local NaN.
+  std::vector<LocalView> reduced(6);
+  for (auto& x : reduced) x.reduced_nonfinite = true;
+  d = Decide(Agree(reduced), true);
+  EXPECT_TRUE(d.overflow);
+  EXPECT_FALSE(d.failed_check);
+  // NaN/Inf that reached only some ranks through the all-reduce is not the
+  // scaler's: the reduced gradients differ.
+  reduced[2].reduced_digest = 99;
+  d = Decide(Agree(reduced), true);
+  EXPECT_FALSE(d.overflow);
+  EXPECT_TRUE(d.failed_check);
+  // An overflow and an audit mismatch: the scaler still finds its NaN/Inf,
+  // and the check failed.
+  v[0].audit_mismatch = true;
+  d = Decide(Agree(v), true);
+  EXPECT_TRUE(d.overflow);
+  EXPECT_TRUE(d.failed_check);
+  EXPECT_EQ(d.reason, "loss scaler overflow (NaN/Inf in the local gradients of rank 3); replay "
+                      "audit mismatch");
+}
+
+// Issue 40, item 3: a failure on any rank reaches every rank, which all
+// name the same (lowest) failing rank.
+TEST(StepCoreTest, TheAgreementCarriesTheLowestFailingRank) {
+  std::vector<LocalView> v(6);
+  EXPECT_EQ(Agree(v).lowest_failed_rank, -1);
+  v[4].failed = true;
+  v[2].failed = true;
+  EXPECT_EQ(Agree(v).lowest_failed_rank, 2);
+  v[0].failed = true;
+  EXPECT_EQ(Agree(v).lowest_failed_rank, 0);
+}
+
+TEST(StepCoreTest, TheAuditGateCarriesAlertsPreflightsAndFailures) {
+  auto gate = [](const std::vector<AuditGateView>& views) {
+    std::vector<int64_t> m;
+    for (uint32_t r = 0; r < views.size(); ++r) {
+      const std::vector<int64_t> e = EncodeAuditGate(views[r], r);
+      EXPECT_EQ(e.size(), kAuditGateSlots);
+      if (m.empty()) m = e;
+      for (size_t i = 0; i < e.size(); ++i) m[i] = std::max(m[i], e[i]);
+    }
+    return DecodeAuditGate(m);
+  };
+  std::vector<AuditGateView> v(4);
+  AuditGate g = gate(v);
+  EXPECT_FALSE(g.nondeterministic);
+  EXPECT_FALSE(g.preflight_failed());
+  EXPECT_EQ(g.lowest_failed_rank, -1);
+  v[1].preflight_loss = true;
+  v[3].preflight_loss = true;
+  v[2].preflight_gradients = true;
+  v[3].failed = true;
+  v[0].nondeterministic = true;
+  g = gate(v);
+  EXPECT_TRUE(g.nondeterministic);
+  EXPECT_TRUE(g.preflight_failed());
+  EXPECT_EQ(g.preflight_loss_rank, 3);
+  EXPECT_EQ(g.preflight_gradients_rank, 2);
+  EXPECT_EQ(g.preflight_buffers_rank, -1);
+  EXPECT_EQ(g.lowest_failed_rank, 3);
+  const std::string text = PreflightFailure(g, 12);
+  EXPECT_EQ(text.rfind("preflight at step 12: ", 0), 0u) << text;
+  for (const char* part : {"the loss differs (rank 3)", "the gradients differ (rank 2)",
+                           "autocast", "num_items_in_batch", "auxiliary",
+                           "non-deterministic op", "loss_fn(model.module, batch) / micro_batches"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part;
+  }
+}
+
+TEST(StepCoreTest, AFailureRoundTripsThroughItsWords) {
+  const absl::Status s = absl::InternalError("replaying rank 4's micro-batch: libtorch: boom");
+  const std::vector<int64_t> words = EncodeFailure(s);
+  ASSERT_EQ(words.size(), kFailureSlots);
+  EXPECT_EQ(DecodeFailure(words), s);
+  // A long message is cut to what the words hold; an OK status is no failure.
+  const absl::Status long_one = absl::UnavailableError(std::string(500, 'x'));
+  const absl::Status cut = DecodeFailure(EncodeFailure(long_one));
+  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cut.message(), std::string(kFailureTextBytes, 'x'));
+  EXPECT_EQ(DecodeFailure(EncodeFailure(absl::OkStatus())).code(), absl::StatusCode::kInternal);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,6 +20,17 @@ void StepPipeline::BeginStep() {
   local_fault_done_ = false;
   reduced_.clear();
   local_ms_ = 0;
+  failure_ = absl::OkStatus();
+}
+
+void StepPipeline::NoteFailure(const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  if (failure_.ok()) failure_ = failure;
+}
+
+absl::Status StepPipeline::TakeFailure() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(failure_, absl::OkStatus());
 }
 
 void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor& local) {
@@ -27,17 +39,29 @@ void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor&
   bool inject = false;
   {
     absl::MutexLock lock(&mu_);
-    if (f.kind == FaultKind::kNanGradient && f.FiresAt(ctx_.rank(), step.step) &&
-        !local_fault_done_) {
+    if ((f.kind == FaultKind::kNanGradient || f.kind == FaultKind::kScanError) &&
+        f.FiresAt(ctx_.rank(), step.step) && !local_fault_done_) {
       inject = local_fault_done_ = true;
     }
   }
-  if (inject) {
-    torch::NoGradGuard no_grad;
-    local.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
-    ctx_.Log(absl::StrCat("INJECTED NaN into a local gradient at step ", step.step));
+  uint64_t n = 0;
+  try {
+    if (inject && f.kind == FaultKind::kNanGradient) {
+      torch::NoGradGuard no_grad;
+      local.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+      ctx_.Log(absl::StrCat("INJECTED NaN into a local gradient at step ", step.step));
+    }
+    if (inject && f.kind == FaultKind::kScanError) {
+      ctx_.Log(absl::StrCat("INJECTED an error into check 1 at step ", step.step));
+      TORCH_CHECK(false, "INJECTED scan-error: the non-finite scan of a local bucket failed");
+    }
+    n = NonFinite({local});
+  } catch (const std::exception& e) {
+    const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);
+    NoteFailure(absl::InternalError(absl::StrCat(
+        "check 1 of a local gradient bucket: ",
+        torch_error != nullptr ? torch_error->what_without_backtrace() : e.what())));
   }
-  const uint64_t n = NonFinite({local});
   absl::MutexLock lock(&mu_);
   local_nonfinite_ += n;
   local_ms_ += MsSince(start);
@@ -109,7 +133,9 @@ absl::Status StepPipeline::ApplyOrSkip(const StepContext& step, StepDecision& de
     for (const torch::Tensor& p : model_.parameters()) {
       torch::Tensor g = p.grad();
       if (!g.defined()) continue;
-      if (!decision.apply) {
+      if (!decision.apply && decision.overflow) {
+        // The loss scaler finds the NaN/Inf itself, skips, and backs off.
+      } else if (!decision.apply) {
         g.zero_();
       } else if (decision.clip_coef < 1) {
         g.mul_(decision.clip_coef);

@@ -48,8 +48,16 @@ class StepPipeline {
   // Forgets the previous step's buckets.
   void BeginStep();
 
-  // Before a bucket's all-reduce: scans its local gradients.
+  // Before a bucket's all-reduce: scans its local gradients. Never throws:
+  // it runs inside the caller's backward, where an exception on one rank
+  // would leave the others waiting in the all-reduce; an error is kept for
+  // Finish to carry to every rank (TakeFailure).
   void ScanLocalBucket(const StepContext& step, const torch::Tensor& local);
+  // An error in the caller's own bucket hand-off (the Python hook's), kept
+  // like ScanLocalBucket's. The first error of a step is kept.
+  void NoteFailure(const absl::Status& failure);
+  // The step's first kept error, or OK.
+  absl::Status TakeFailure();
   // After bucket `index`'s all-reduce. The tensor must hold the reduced
   // gradients until CheckGradients.
   void AddReducedBucket(const StepContext& step, size_t index, const torch::Tensor& reduced);
@@ -65,9 +73,11 @@ class StepPipeline {
   absl::StatusOr<Agreement> Agree(const LocalView& view) const;
 
   // Applies `decision` to the gradients identically on every rank: on skip
-  // they are zeroed; on apply they are clipped to options.max_grad_norm
-  // when it is set and exceeded (decision.clip_coef says by what). Counts
-  // the step. Internal on a libtorch failure.
+  // they are zeroed, except after a loss scaler's overflow (decision.
+  // overflow: the scaler must find the NaN/Inf to skip the step and back
+  // off); on apply they are clipped to options.max_grad_norm when it is set
+  // and decision.grad_norm (unscaled) exceeds it (decision.clip_coef says
+  // by what). Counts the step. Internal on a libtorch failure.
   absl::Status ApplyOrSkip(const StepContext& step, StepDecision& decision);
 
   // A point in the model's forward where activation faults are injected:
@@ -89,6 +99,7 @@ class StepPipeline {
   uint64_t local_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
   double local_ms_ ABSL_GUARDED_BY(mu_) = 0;
   bool local_fault_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<size_t, torch::Tensor>> reduced_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,16 @@
 
 namespace sdc::client {
 
-// Every library error inside a step becomes a Status at this boundary.
+// Every library error inside a step becomes a Status at this boundary:
+// libtorch's, and any other exception (a Python loss function's, which the
+// extension module's callback throws as pybind11's error_already_set).
 #define SDC_TORCH_TRY(expr)                                                   \
   try {                                                                       \
     expr;                                                                     \
   } catch (const c10::Error& e) {                                             \
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace())); \
+  } catch (const std::exception& e) {                                         \
+    return absl::InternalError(e.what());                                     \
   }
 
 // A kernel failure inside a step (a CUDA error, say) ends the step as a

@@ -15,9 +15,8 @@ prometheus::Counter& CounterOf(metrics::Collector& registry, const prometheus::L
 
 }  // namespace
 
-TrainerMetrics::TrainerMetrics(const std::string& job_id, uint32_t rank,
-                               std::function<bool()> link_up)
-    : link_up_(std::move(link_up)),
+TrainerMetrics::TrainerMetrics(const std::string& job_id, uint32_t rank, LinkStats link)
+    : link_(std::move(link)),
       steps_(CounterOf(registry_, {{"sdc_job", job_id}, {"rank", std::to_string(rank)}},
                        "sdc_trainer_steps_checked_total", "Training steps through the checks.")),
       skipped_(CounterOf(registry_, {{"sdc_job", job_id}, {"rank", std::to_string(rank)}},
@@ -48,8 +47,52 @@ TrainerMetrics::TrainerMetrics(const std::string& job_id, uint32_t rank,
                       .Help("1 while the link to sdcd (or the node's relay) is up.")
                       .Labels({{"sdc_job", job_id}, {"rank", std::to_string(rank)}})
                       .Register(registry_)
-                      .Add({})) {
-  registry_.AddCollectHook([this] { link_gauge_.Set(link_up_ && link_up_() ? 1 : 0); });
+                      .Add({})),
+      reports_sent_(CounterOf(registry_, {{"sdc_job", job_id}, {"rank", std::to_string(rank)}},
+                              "sdc_trainer_reports_sent_total", "Reports queued for sdcd.")),
+      reports_acked_(CounterOf(registry_, {{"sdc_job", job_id}, {"rank", std::to_string(rank)}},
+                               "sdc_trainer_reports_acked_total",
+                               "Reports sdcd acknowledged (durable there).")),
+      reports_held_(metrics::BuildGauge()
+                        .Name("sdc_trainer_reports_held")
+                        .Help("Reports held for sdcd now: sent and not yet acknowledged.")
+                        .Labels({{"sdc_job", job_id}, {"rank", std::to_string(rank)}})
+                        .Register(registry_)
+                        .Add({})) {
+  prometheus::Family<prometheus::Counter>& dropped =
+      metrics::BuildCounter()
+          .Name("sdc_trainer_reports_dropped_total")
+          .Help("Reports given up: past the buffer's bound (overflow; never an incident's "
+                "evidence), refused by sdcd (refused), or unacknowledged at exit (exit); by "
+                "kind.")
+          .Labels({{"sdc_job", job_id}, {"rank", std::to_string(rank)}})
+          .Register(registry_);
+  for (int k = 0; k < CoordinatorLink::kKinds; ++k) {
+    for (int d = 0; d < CoordinatorLink::kDrops; ++d) {
+      reports_dropped_[k][d] = &dropped.Add(
+          {{"kind", CoordinatorLink::KindName(CoordinatorLink::Kind(k))},
+           {"reason", CoordinatorLink::DropName(CoordinatorLink::Drop(d))}});
+    }
+  }
+  registry_.AddCollectHook([this] { CollectLink(); });
+}
+
+void TrainerMetrics::CollectLink() {
+  const std::optional<CoordinatorLink::Stats> now =
+      link_ ? link_() : std::optional<CoordinatorLink::Stats>();
+  link_gauge_.Set(now.has_value() && now->connected ? 1 : 0);
+  if (!now.has_value()) return;
+  absl::MutexLock lock(&collect_mu_);
+  reports_sent_.Increment(static_cast<double>(now->sent - counted_.sent));
+  reports_acked_.Increment(static_cast<double>(now->acked - counted_.acked));
+  for (int k = 0; k < CoordinatorLink::kKinds; ++k) {
+    for (int d = 0; d < CoordinatorLink::kDrops; ++d) {
+      reports_dropped_[k][d]->Increment(
+          static_cast<double>(now->dropped_by[k][d] - counted_.dropped_by[k][d]));
+    }
+  }
+  reports_held_.Set(static_cast<double>(now->held));
+  counted_ = *now;
 }
 
 TrainerMetrics::~TrainerMetrics() {
@@ -57,9 +100,8 @@ TrainerMetrics::~TrainerMetrics() {
 }
 
 absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::Start(
-    const std::string& address, const std::string& job_id, uint32_t rank,
-    std::function<bool()> link_up) {
-  std::unique_ptr<TrainerMetrics> m(new TrainerMetrics(job_id, rank, std::move(link_up)));
+    const std::string& address, const std::string& job_id, uint32_t rank, LinkStats link) {
+  std::unique_ptr<TrainerMetrics> m(new TrainerMetrics(job_id, rank, std::move(link)));
   absl::StatusOr<std::unique_ptr<metrics::Exposer>> exposer =
       metrics::Exposer::Start(address, &m->registry_);
   if (!exposer.ok()) {

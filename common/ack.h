@@ -12,9 +12,12 @@
 
 namespace sdc::common {
 
-// True when `next` was folded into `waiting` (both acknowledgements).
+// True when `next` was folded into `waiting` (both acknowledgements). One
+// that says a report was refused (Ack.refused_sequence) is never folded:
+// the rank must read which.
 inline bool FoldAck(v1::CoordinatorMessage& waiting, const v1::CoordinatorMessage& next) {
   if (!waiting.has_ack() || !next.has_ack()) return false;
+  if (waiting.ack().refused_sequence() != 0 || next.ack().refused_sequence() != 0) return false;
   waiting.mutable_ack()->set_acked_sequence(
       std::max(waiting.ack().acked_sequence(), next.ack().acked_sequence()));
   return true;

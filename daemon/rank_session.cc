@@ -39,12 +39,29 @@ grpc::Status RankSession::Handle(const v1::TrainerMessage& in, uint64_t* acked) 
   if (!converted.ok()) return ToGrpc(converted.status());
   absl::StatusOr<core::Effects> effects = context_.coordinator->Ingest(*converted);
   if (!effects.ok()) {
-    // A rank contradicting what it said (a conflicting resend, a result
-    // after its verdict) is worth an operator's attention.
-    if (effects.status().code() == absl::StatusCode::kAlreadyExists) {
-      core::Effects note;
-      note.notes.push_back(absl::StrCat("refused: ", effects.status().message()));
-      context_.delivery->Deliver(std::move(note));
+    // A report that contradicts what the rank said or is malformed is
+    // consumed: acknowledged with the refusal, so the rank drops it and its
+    // later reports flow on (ending the stream made the rank resend it, and
+    // everything behind it, forever). The refusal is logged and counted.
+    const absl::StatusCode code = effects.status().code();
+    if (code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kAlreadyExists) {
+      absl::StatusOr<core::Effects> consumed =
+          context_.coordinator->Consume(*converted, effects.status());
+      if (consumed.ok()) {
+        context_.metrics->Rejected(RejectReason(code));
+        v1::CoordinatorMessage ack;
+        ack.mutable_ack()->set_acked_sequence(consumed->acked_sequence);
+        ack.mutable_ack()->set_refused_sequence(converted->sequence);
+        ack.mutable_ack()->set_refused_reason(std::string(effects.status().message()));
+        std::shared_ptr<Outbox> outbox = outbox_;
+        // Whatever carries the session (a relay included): the rank must
+        // read which report was refused, so this acknowledgement is never
+        // folded into a plain watermark (common/ack.h).
+        context_.delivery->Deliver(*std::move(consumed), [outbox, ack](absl::Status s) {
+          if (s.ok()) outbox->Push(ack);
+        });
+        return grpc::Status::OK;
+      }
     }
     return ToGrpc(effects.status());
   }

@@ -8,7 +8,7 @@
 // holds it (NotifyDurable). Durability callbacks run on a notifier thread,
 // in commit order, while the writer goes on with the next commit.
 //
-// Schema: see kMigrations in sqlite_store.cc; `schema_version` holds the
+// Schema: see kMigrations in sqlite_schema.cc; `schema_version` holds the
 // version, and Open() applies newer migrations in order. A database written
 // by a newer sdcd is refused.
 //
@@ -140,7 +140,6 @@ class SqliteStore : public core::Store, public OperatorStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status WriteAllProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status ClearMark(const core::DecidedCheck& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  static core::Mutation Coalesce(std::deque<std::pair<uint64_t, core::Mutation>>& batch);
   // A cached prepared statement for a literal `sql`.
   internal::SqliteStatement& Prepared(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 

@@ -1,6 +1,9 @@
 #include "demo/launcher.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +24,7 @@
 #include "demo/pki.h"
 #include "demo/process.h"
 #include "demo/progress_line.h"
+#include "demo/tcp_proxy.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sdc::demo {
@@ -109,6 +113,24 @@ void ListCheckpoints(const std::string& dir, ClusterResult* result) {
   std::sort(result->checkpoints_provisional.begin(), result->checkpoints_provisional.end());
 }
 
+// A loopback port nothing listens on now (for a coordinator that starts
+// later on it); 0 when none can be found.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
 }  // namespace
 
 std::string NodeName(int node) {
@@ -189,12 +211,49 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     metrics_port = PortAfter(*line, "metrics on port ");
     return absl::OkStatus();
   };
-  if (with_sdcd) {
+  std::unique_ptr<Admin> admin;
+  bool sdcd_started = false;
+  auto start_first = [&]() -> absl::Status {
     if (absl::Status s = start_sdcd(); !s.ok()) return s;
+    sdcd_started = true;
     result.admin_address = absl::StrCat("127.0.0.1:", admin_port);
+    admin = std::make_unique<Admin>(result.admin_address, result.token_file);
+    return absl::OkStatus();
+  };
+  if (with_sdcd && c.start_coordinator_after < 0) {
+    if (absl::Status s = start_first(); !s.ok()) return s;
+  } else if (with_sdcd) {
+    // The trainers dial this port from their start; sdcd comes later.
+    trainer_port = FreePort();
+    if (trainer_port == 0) return absl::InternalError("no free loopback port for sdcd");
   }
-  std::unique_ptr<Admin> admin =
-      with_sdcd ? std::make_unique<Admin>(result.admin_address, result.token_file) : nullptr;
+  // One proxy per node in front of sdcd, as the name its trainers dial.
+  std::vector<std::unique_ptr<TcpProxy>> proxies;
+  if (with_sdcd && c.proxies) {
+    for (int n = 0; n < c.nodes; ++n) {
+      absl::StatusOr<std::unique_ptr<TcpProxy>> p = TcpProxy::Start(trainer_port);
+      if (!p.ok()) return p.status();
+      proxies.push_back(*std::move(p));
+    }
+  }
+  std::vector<ClusterConfig::CoordinatorEvent> events = c.coordinator_events;
+  if (c.restart_coordinator_at >= 0) {
+    ClusterConfig::CoordinatorEvent kill;
+    kill.after_step = c.restart_coordinator_at;
+    events.push_back(kill);
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& a, const auto& b) { return a.after_step < b.after_step; });
+  for (const auto& e : events) {
+    using What = ClusterConfig::CoordinatorEvent::What;
+    if ((e.what == What::kMove || e.what == What::kCutNode || e.what == What::kRestoreNode) &&
+        !c.proxies) {
+      return absl::InvalidArgumentError("moving sdcd or cutting a node off needs proxies");
+    }
+    if (e.node < 0 || e.node >= c.nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("no node ", e.node, " to cut off"));
+    }
+  }
 
   // The trainers.
   const std::string store = c.run_dir + "/rendezvous";
@@ -213,12 +272,14 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         {"SDC_INCARNATION", std::to_string(absl::ToUnixMillis(start))},
         {"SDC_VERDICT_WAIT_MS", "3000"}};
     if (with_sdcd) {
-      env["SDC_COORDINATOR"] = absl::StrCat("127.0.0.1:", trainer_port);
+      env["SDC_COORDINATOR"] = absl::StrCat(
+          "127.0.0.1:", proxies.empty() ? trainer_port : proxies[r / c.gpus_per_node]->port());
       const std::string node = NodeName(r / c.gpus_per_node);
       env["SDC_TLS_CA"] = pki.ca;
       env["SDC_TLS_CERT"] = pki.NodeCert(node);
       env["SDC_TLS_KEY"] = pki.NodeKey(node);
     }
+    for (const auto& [name, value] : c.trainer_env) env[name] = value;
     // Port 1 on loopback: nothing listens, every connection is refused.
     if (c.coordinator_unreachable) env["SDC_COORDINATOR"] = "127.0.0.1:1";
     if (!c.fault.empty()) {
@@ -254,11 +315,12 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
 
   result.ranks.resize(world);
   result.weight_digests.resize(world);
+  result.guard_summaries.resize(world);
   std::vector<bool> finished(world, false);
   LiveStatus live;
   live.total_steps = c.steps;
   std::map<int, double> slowest;
-  bool restarted = false;
+  size_t next_event = 0;
   absl::Time last_admin = absl::InfinitePast();
   while (true) {
     bool all_done = true;
@@ -269,6 +331,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         if (const auto* final = std::get_if<FinalRecord>(&line)) {
           finished[r] = true;
           result.weight_digests[r] = final->weights_digest;
+          result.guard_summaries[r] = final->guard;
           continue;
         }
         StepRecord rec = std::get<StepRecord>(std::move(line));
@@ -311,19 +374,45 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       }
     }
     if (n > 0) live.loss = loss / n;
-    // The coordinator-restart scenario: a crash, then the same database.
-    if (c.restart_coordinator_at >= 0 && !restarted && done_step >= c.restart_coordinator_at) {
+    // The coordinator-late scenario: sdcd starts once the job is under way.
+    if (with_sdcd && !sdcd_started && (done_step >= c.start_coordinator_after || all_done)) {
+      if (absl::Status s = start_first(); !s.ok()) return s;
+      for (auto& p : proxies) p->Retarget(trainer_port);
+      live.last_event = absl::StrCat("sdcd started after step ", done_step);
+    }
+    live.coordinator_up = sdcd_started;
+    // Faults of the coordinator and the network (the coordinator-restart
+    // scenario: a crash, then the same database).
+    while (sdcd_started && next_event < events.size() &&
+           done_step >= events[next_event].after_step) {
+      using What = ClusterConfig::CoordinatorEvent::What;
+      const ClusterConfig::CoordinatorEvent& e = events[next_event++];
+      if (e.what == What::kCutNode || e.what == What::kRestoreNode) {
+        const bool cut = e.what == What::kCutNode;
+        if (cut) {
+          proxies[e.node]->Cut();
+        } else {
+          proxies[e.node]->Restore();
+        }
+        live.last_event = absl::StrCat(NodeName(e.node),
+                                       cut ? " cut off from sdcd" : " reaches sdcd again",
+                                       " after step ", done_step);
+        continue;
+      }
       sdcd.Kill();
       result.sdcd_cpu_seconds += sdcd.cpu_seconds();
       live.coordinator_up = false;
       live.last_event = absl::StrCat("sdcd killed (kill -9) after step ", done_step);
       if (c.on_tick) c.on_tick(live);
-      absl::SleepFor(absl::Seconds(1));
+      absl::SleepFor(e.pause);
+      if (e.what == What::kMove) trainer_port = 0;  // A new port, the same database.
       if (absl::Status s = start_sdcd(); !s.ok()) return s;
-      restarted = true;
+      for (auto& p : proxies) p->Retarget(trainer_port);
       ++result.coordinator_restarts;
       live.coordinator_up = true;
-      live.last_event = absl::StrCat("sdcd restarted on its database after step ", done_step);
+      live.last_event = absl::StrCat("sdcd restarted on its database",
+                                     e.what == What::kMove ? " on a new port" : "",
+                                     " after step ", done_step);
     }
     // The live counts are for a display: without one (the overhead
     // benchmark) sdcd is not asked, so the harness adds no load to what it

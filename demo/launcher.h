@@ -11,6 +11,7 @@
 // is the local stand-in for torchrun.
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,31 @@ struct ClusterConfig {
   int micro_batches = 1;
   std::string fault;                  // SDC_INJECT_FAULT spec, or empty.
   int restart_coordinator_at = -1;    // kill -9 sdcd once every rank passed this step.
+  // Start sdcd only once every rank passed this step (-1: before the
+  // trainers). Its trainer port is chosen first, so the trainers dial it
+  // from their start: the coordinator-late scenario.
+  int start_coordinator_after = -1;
+  // What happens to sdcd while the job runs, each once every rank passed
+  // its step (fault injection for tests; the demo's coordinator scenarios).
+  struct CoordinatorEvent {
+    enum class What {
+      kKill,         // kill -9 sdcd; after `pause` it starts again on its database and port.
+      kMove,         // kill -9 sdcd; after `pause` it starts on a new port, and the
+                     // proxies (the name the trainers dial) point there.
+      kCutNode,      // `node`'s proxy stops forwarding: its ranks are cut off from sdcd.
+      kRestoreNode,  // `node`'s proxy forwards again.
+    };
+    What what = What::kKill;
+    int after_step = 0;
+    int node = 0;
+    absl::Duration pause = absl::Seconds(1);
+  };
+  std::vector<CoordinatorEvent> coordinator_events;
+  // The trainers of each node dial a proxy (demo/tcp_proxy.h) in front of
+  // sdcd, as they would dial a Service name. Needed by kMove and kCutNode.
+  bool proxies = false;
+  // Extra environment for every trainer (SDC_* settings).
+  std::map<std::string, std::string> trainer_env;
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
   bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.
@@ -97,7 +123,10 @@ struct ClusterResult {
   // (node identities); empty without sdcd.
   std::string pki_dir;
   int sdcd_pid = 0;          // When kept running.
-  int coordinator_restarts = 0;
+  int coordinator_restarts = 0;  // kill -9 and start again (kKill, kMove).
+  // Per rank, the guard's summary counters of its final line
+  // (reports_sent, reports_acked, reports_dropped, ...).
+  std::vector<std::map<std::string, int64_t>> guard_summaries;
   absl::Duration wall;
   double cpu_seconds = 0;       // Trainers and sdcd, user + system, whole life.
   double sdcd_cpu_seconds = 0;  // sdcd's share of it.

@@ -181,6 +181,31 @@ std::string AuditCount(const RunFacts& f) {
                       " unverified: checked in-band only, no verdict from sdcd in time)");
 }
 
+namespace {
+
+// Every rank's reports to sdcd, from the guard summaries of their final lines.
+struct ReportTotals {
+  int64_t sent = 0;
+  int64_t acked = 0;
+  int64_t dropped = 0;
+};
+
+ReportTotals TotalsOf(const ClusterResult& r) {
+  ReportTotals t;
+  for (const auto& g : r.guard_summaries) {
+    auto get = [&](const char* key) {
+      auto it = g.find(key);
+      return it == g.end() ? int64_t{0} : it->second;
+    };
+    t.sent += get("reports_sent");
+    t.acked += get("reports_acked");
+    t.dropped += get("reports_dropped");
+  }
+  return t;
+}
+
+}  // namespace
+
 std::string SummaryText(const RunFacts& f, const ClusterResult& r, const ClusterConfig& c,
                         const std::string& sdcctl) {
   std::string out;
@@ -197,6 +222,15 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                                     ? absl::StrCat(", after step ", c.restart_coordinator_at)
                                     : "",
                     "; what it had acknowledged came back from its database\n");
+  }
+  if (c.start_coordinator_after >= 0) {
+    absl::StrAppend(&out, "sdcd started once every rank passed step ", c.start_coordinator_after,
+                    ": the ranks held their reports until then\n");
+  }
+  const ReportTotals t = TotalsOf(r);
+  if (t.sent > 0) {
+    absl::StrAppend(&out, "reports to sdcd: ", t.sent, " sent, ", t.acked, " acknowledged, ",
+                    t.dropped, " dropped\n");
   }
   absl::StrAppend(&out, "\nInjected:\n");
   if (f.injections.empty()) {
@@ -466,6 +500,10 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   for (const v1::ReplacementRequest& r : result.requests) request_nodes.push_back(r.node_name());
   j["requests"] = request_nodes;
   j["coordinator_restarts"] = result.coordinator_restarts;
+  const ReportTotals t = TotalsOf(result);
+  j["reports_sent"] = t.sent;
+  j["reports_acked"] = t.acked;
+  j["reports_dropped"] = t.dropped;
   return j.dump();
 }
 

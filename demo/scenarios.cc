@@ -29,6 +29,10 @@ const std::vector<Scenario>& Scenarios() {
       {"coordinator-restart",
        "sdcd is killed (kill -9) and restarted mid-run; a fault after the restart is still caught",
        "activation-scale:{rank}:step={step}:10000", 0, true},
+      {"coordinator-late",
+       "the intermittent fault, with sdcd started after the trainers' first steps: the ranks "
+       "hold their reports until it is there, and it ends with the same incidents and request",
+       "mantissa-bitflip:{rank}:p=0.2", 0, false, true, true, true, "", 0, true},
       // Issue 24's cases.
       {"nan-micro-batch",
        "NaN in a step of 2 accumulated micro-batches: not replayable as it ran (a later "

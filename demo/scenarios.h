@@ -23,6 +23,9 @@ struct Scenario {
   bool persistent = false;     // The GPU stays faulty (tie-breaks, targeted audits).
   std::string model;           // Override of the model (empty: keep).
   int micro_batches = 0;       // Override of the micro-batches per step (0: keep).
+  // sdcd starts only after the trainers' first steps (a tenth of the run):
+  // they hold their reports until it is there, then deliver them all.
+  bool coordinator_late = false;
 };
 
 const std::vector<Scenario>& Scenarios();

@@ -267,12 +267,16 @@ int Main(int argc, char** argv) {
   c.fault = absl::StrReplaceAll(scenario->fault, {{"{rank}", absl::StrCat(f.fault_rank)},
                                                   {"{step}", absl::StrCat(f.fault_step)}});
   c.restart_coordinator_at = scenario->restart_coordinator ? f.restart_at : -1;
+  if (scenario->coordinator_late) c.start_coordinator_after = std::max(1, f.steps / 10);
   c.job_id = absl::StrCat("demo-", scenario->name);
   c.keep_coordinator = f.keep_coordinator;
   std::printf("sdc-guard demo: %s\n  %s\n  %d nodes x %d GPUs (%s trainers), %d steps; run folder %s\n",
               scenario->name.c_str(), scenario->description.c_str(), f.nodes, f.gpus_per_node,
               f.trainer == "python" ? "Python DDP" : "C++", f.steps, f.run_dir.c_str());
   if (!c.fault.empty()) std::printf("  fault: %s\n", c.fault.c_str());
+  if (c.start_coordinator_after >= 0) {
+    std::printf("  sdcd starts once every rank passed step %d\n", c.start_coordinator_after);
+  }
   std::printf("\n");
   Display display(isatty(STDOUT_FILENO) != 0, f.quiet, *scenario);
   c.on_tick = [&](const LiveStatus& l) { display.Show(l); };

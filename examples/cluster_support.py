@@ -32,15 +32,17 @@ def add_flags(parser):
     parser.add_argument("--turn_steps", type=int, default=10)
 
 
-def init_process_group(args):
-    """Gloo on the CPU: torchrun's environment, or --rendezvous FILE."""
+def init_process_group(args, timeout=None):
+    """Gloo on the CPU: torchrun's environment, or --rendezvous FILE.
+    ``timeout``: the collectives' (a timedelta; None: torch's default)."""
+    extra = {"timeout": timeout} if timeout is not None else {}
     if args.rendezvous:
         if args.rank < 0 or args.world_size < 1 or args.rank >= args.world_size:
             raise SystemExit("--rank and --world_size: need 0 <= rank < world_size")
         dist.init_process_group("gloo", init_method="file://" + args.rendezvous,
-                                rank=args.rank, world_size=args.world_size)
+                                rank=args.rank, world_size=args.world_size, **extra)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **extra)
 
 
 def extra_collective(args):
@@ -76,6 +78,7 @@ class Progress:
         if self.out is None:
             return
         t = s.timings_ms if s is not None else {}
+        overflow = s is not None and s.overflow
         line = {
             "step": step, "rank": self.rank, "loss": _number(loss),
             "apply": s.apply if s is not None else True,
@@ -91,10 +94,19 @@ class Progress:
             "audit_ms": _number(t.get("audit_ms", 0.0)), "weight_ms": _number(weight_ms),
             "end_unix_ms": time.time() * 1000,
         }
+        if overflow:
+            line["overflow"] = True  # Not a key the C++ trainer writes: only when set.
         self.out.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")
         self.out.flush()
 
-    def final(self, module, summary):
+    def note(self, record):
+        """A line of its own (not a step's): {"note": true, ...record}."""
+        if self.out is None:
+            return
+        self.out.write(json.dumps({"note": True, **record}, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def final(self, module, summary, extra=None):
         if self.out is None:
             return
         guard = {}
@@ -106,7 +118,8 @@ class Progress:
             guard["unverified"] = summary["audits_unverified"]
             guard["mismatches"] = summary["audit_mismatches"]
         self.out.write(json.dumps({"final": True, "rank": self.rank,
-                                   "weights_digest": weights_digest(module), "guard": guard},
+                                   "weights_digest": weights_digest(module), "guard": guard,
+                                   **(extra or {})},
                                   separators=(",", ":")) + "\n")
         self.out.flush()
 

@@ -16,18 +16,19 @@ and --progress for their JSON lines (examples/cluster_support.py).
 
 import argparse
 import contextlib
+import datetime
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_support  # noqa: E402  (progress lines, turns, fault points)
-from models import BnMlp, TinyTransformer, load_corpus, regression_batch, text_batch  # noqa: E402
+import configs  # noqa: E402  (mixed precision, checkpointing, compile, hooks)
 
 
 def parse_args():
@@ -47,10 +48,13 @@ def parse_args():
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     p.add_argument("--no_broadcast_buffers", action="store_true",
                    help="DDP(broadcast_buffers=False): every replica keeps its own buffers")
-    p.add_argument("--grad_scaler", type=float, default=0,
-                   help="train under torch.amp.GradScaler with this initial scale (0: off)")
     p.add_argument("--freeze", action="store_true",
                    help="freeze the first parameter (requires_grad off), as a frozen backbone")
+    p.add_argument("--on_guard_error", choices=["raise", "continue"], default="raise",
+                   help="continue: a GuardError (raised on every rank alike) skips the step")
+    p.add_argument("--pg_timeout_s", type=int, default=0,
+                   help="the process group's collective timeout (0: torch's default)")
+    configs.add_flags(p)
     cluster_support.add_flags(p)
     a = p.parse_args()
     for name in ("steps", "first_step", "batch", "micro_batches"):
@@ -62,116 +66,105 @@ def parse_args():
 def main():
     args = parse_args()
     torch.set_num_threads(1)  # Ranks share the CPUs.
-    cluster_support.init_process_group(args)  # torchrun's env://, or --rendezvous.
-    rank, world = dist.get_rank(), dist.get_world_size()
+    timeout = datetime.timedelta(seconds=args.pg_timeout_s) if args.pg_timeout_s else None
+    cluster_support.init_process_group(args, timeout)  # torchrun's env://, or --rendezvous.
+    rank = dist.get_rank()
 
-    torch.manual_seed(args.seed)  # Identical initial replicas.
-    if args.model == "transformer":
-        corpus = load_corpus(args.corpus)
-        net = TinyTransformer()
-        batch_of = lambda seed: text_batch(corpus, args.batch, net.context, seed)  # noqa: E731
-
-        def loss_fn(model, batch):
-            inputs, targets = batch
-            return F.cross_entropy(model(inputs).reshape(-1, net.vocab), targets.reshape(-1))
-    else:
-        net = BnMlp(center=args.model == "center-mlp", nondeterministic=args.model == "put-mlp")
-        batch_of = lambda seed: regression_batch(args.batch, seed)  # noqa: E731
-
-        def loss_fn(model, batch):
-            return F.mse_loss(model(batch[0]), batch[1])
-
-    if args.freeze or args.model == "frozen-mlp":
-        next(net.parameters()).requires_grad_(False)
-    torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    torch.manual_seed(args.seed)  # Identical initial replicas.
+    setup = configs.Setup(args, rank, device)
+    net, loss_fn, scaler = setup.net, setup.loss_fn, setup.scaler
+    if args.freeze or args.model == "frozen-mlp":
+        next(net.parameters()).requires_grad_(False)
+    torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
+    if device.type == "cuda":
         torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
-    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None,
+    model = DDP(setup.module(), device_ids=[device.index] if device.type == "cuda" else None,
                 broadcast_buffers=not args.no_broadcast_buffers)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-
-    scaler = None
-    if args.grad_scaler > 0:
-        scaler = torch.amp.GradScaler(device.type, init_scale=args.grad_scaler)
+    comm_hook = setup.comm_hook()
     scaled = (lambda loss: scaler.scale(loss)) if scaler is not None else (lambda loss: loss)
-
-    def optimizer_step():
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
 
     guard = checkpoints = None
     if not args.unguarded:
         import sdc_guard  # sdc-guard
 
-        # sdc-guard (SDC_* settings); a GradScaler's scale travels with replays.
-        guard = sdc_guard.Guard(model, optimizer, loss_fn, grad_scaler=scaler)
+        # sdc-guard (SDC_* settings): a GradScaler's scale travels with replays; the
+        # communication hook runs inside the guard's.
+        guard = sdc_guard.Guard(model, optimizer, loss_fn, grad_scaler=scaler, comm_hook=comm_hook)
         net.fault_hook = guard.fault_point  # Tests and demos inject faults here.
-        if args.checkpoint_dir and rank == 0:
-            checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)
+        if args.checkpoint_dir:
+            checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
+    elif comm_hook is not None:
+        model.register_comm_hook(*comm_hook)
 
     progress = cluster_support.Progress(args, rank)
     turns = cluster_support.Turns(args, rank, args.first_step, args.first_step + args.steps - 1)
     for step in range(args.first_step, args.first_step + args.steps):
         turns.begin(step)
         start = time.perf_counter()
-        batches = [tuple(t.to(device) for t in batch_of((step * 1000003 + rank) * 31 + m))
-                   for m in range(args.micro_batches)]
+        batches = setup.batches(step, args.micro_batches)
         checkpoint = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         total = 0.0
         s = None
+        outcome = "none"
         if guard is not None:
-            with guard.step(step, batches[0], micro_batches=args.micro_batches) as s:  # sdc-guard
-                for i, mb in enumerate(batches):
-                    last = i == len(batches) - 1
-                    with contextlib.nullcontext() if last else model.no_sync():
-                        loss = loss_fn(model, mb) / args.micro_batches
-                        s.backward(scaled(loss))  # sdc-guard: in place of loss.backward()
-                    total += loss.item()
-            if s.apply:  # sdc-guard: the same decision on every rank
-                optimizer_step()
-            weight_ms = guard.after_optimizer_step(checkpoint=checkpoint)  # sdc-guard
+            weight_ms = guard.weight_check_total_ms  # Check 3's time in this iteration, below.
+            filters = list(warnings.filters)
+            try:
+                with guard.step(step, batches[0], micro_batches=args.micro_batches) as s:  # sdc-guard
+                    for i, mb in enumerate(batches):
+                        last = i == len(batches) - 1
+                        with contextlib.nullcontext() if last else model.no_sync():
+                            loss = setup.train_loss(model, mb, batches)
+                            s.backward(scaled(loss))  # sdc-guard: in place of loss.backward()
+                        total += loss.item()
+            except sdc_guard.GuardError as e:
+                if args.on_guard_error == "raise":
+                    raise
+                progress.note({"step": step, "rank": rank, "guard_error": str(e),
+                               "deterministic": torch.are_deterministic_algorithms_enabled(),
+                               "warning_filters_restored": warnings.filters == filters})
+            guard.optimizer_step(optimizer)  # sdc-guard: applies or skips (and the scaler's update)
+            if checkpoint and checkpoints is not None:
+                # sdc-guard: the gate (a collective), then a provisional save.
+                saved = checkpoints.checkpoint(step, net.state_dict(), format="torch")
+                outcome = "allowed" if saved else "vetoed"
+            elif checkpoint:
+                outcome = "allowed" if guard.may_checkpoint() else "vetoed"
+            weight_ms = guard.weight_check_total_ms - weight_ms
         else:
             optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(batches):
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else model.no_sync():
-                    loss = loss_fn(model, mb) / args.micro_batches
+                    loss = setup.train_loss(model, mb, batches)
                     scaled(loss).backward()
                 total += loss.item()
             cluster_support.extra_collective(args)
-            optimizer_step()
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
             weight_ms = 0.0
-        outcome = "none"
-        if checkpoint and guard is not None:
-            allowed = guard.may_checkpoint()  # sdc-guard: a collective
-            outcome = "allowed" if allowed else "vetoed"
-            if checkpoints is not None:
-                if allowed:
-                    checkpoints.save(step, net.state_dict())
-                checkpoints.reconcile()
         progress.step(step, total, s, outcome, (time.perf_counter() - start) * 1000, weight_ms)
         turns.end(step)
 
     summary = None
     if guard is not None:
-        guard.shutdown(flush_seconds=10)
+        guard.shutdown(flush_seconds=10)  # sdc-guard: the last reports reach sdcd
         if args.checkpoint_every > 0:
             dist.barrier()  # Every rank's reports are in: a late revocation is decided.
         if checkpoints is not None:
-            try:
-                guard.refresh_checkpoints(timeout_seconds=5)
-                checkpoints.reconcile()
-            except sdc_guard.GuardError as e:
-                print(f"ddp_train: checkpoint status unknown at the end: {e}", file=sys.stderr)
+            checkpoints.finish()  # sdc-guard: a revocation after the last checkpoint
         summary = guard.summary()
         print(f"sdc-guard rank {rank} summary: {summary}", file=sys.stderr)
-    progress.final(net, summary)
+    extra = {"scale": scaler.get_scale()} if scaler is not None else {}
+    progress.final(net, summary, extra)
     dist.destroy_process_group()
 
 

@@ -9,14 +9,22 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class TinyTransformer(nn.Module):
+    """``checkpointing``: None, or "reentrant" / "non-reentrant" to run each
+    block under torch.utils.checkpoint (activation checkpointing: the block
+    is recomputed in backward)."""
+
     vocab = 256  # Bytes.
     context = 64
 
-    def __init__(self, width=64, heads=4, layers=2, dropout=0.1):
+    def __init__(self, width=64, heads=4, layers=2, dropout=0.1, checkpointing=None):
         super().__init__()
+        if checkpointing not in (None, "reentrant", "non-reentrant"):
+            raise ValueError(f"checkpointing={checkpointing!r}")
+        self.checkpointing = checkpointing
         self.width, self.heads = width, heads
         self.token = nn.Embedding(self.vocab, width)
         self.position = nn.Embedding(self.context, width)
@@ -32,23 +40,34 @@ class TinyTransformer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.fault_hook = None  # A FaultPoint (sdc_guard.Guard.fault_point) for tests and demos.
 
+    def block(self, i, x):
+        blk = self.blocks[i]
+        b, t, w = x.shape
+        h = self.heads
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        qkv = blk["qkv"](blk["norm1"](x)).view(b, t, 3, h, w // h)
+        q, k, v = (qkv.select(2, j).transpose(1, 2) for j in range(3))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(w // h)
+        attn = self.dropout(torch.softmax(scores.masked_fill(mask, -1e9), -1))
+        y = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, w)
+        x = x + self.dropout(blk["proj"](y))
+        # Where activation faults land: the residual stream, after dropout,
+        # so a corrupted value always reaches the loss.
+        if i == 0 and self.fault_hook is not None:
+            x = self.fault_hook(x)
+        return x + self.dropout(blk["fc2"](F.gelu(blk["fc1"](blk["norm2"](x)))))
+
     def forward(self, tokens):
-        b, t = tokens.shape
-        w, h = self.width, self.heads
+        t = tokens.shape[1]
         x = self.token(tokens) + self.position(torch.arange(t, device=tokens.device))
-        mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
-        for i, blk in enumerate(self.blocks):
-            qkv = blk["qkv"](blk["norm1"](x)).view(b, t, 3, h, w // h)
-            q, k, v = (qkv.select(2, j).transpose(1, 2) for j in range(3))
-            scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(w // h)
-            attn = self.dropout(torch.softmax(scores.masked_fill(mask, -1e9), -1))
-            y = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, w)
-            x = x + self.dropout(blk["proj"](y))
-            # Where activation faults land: the residual stream, after dropout,
-            # so a corrupted value always reaches the loss.
-            if i == 0 and self.fault_hook is not None:
-                x = self.fault_hook(x)
-            x = x + self.dropout(blk["fc2"](F.gelu(blk["fc1"](blk["norm2"](x)))))
+        for i in range(len(self.blocks)):
+            if self.checkpointing is None:
+                x = self.block(i, x)
+            else:
+                # Recomputed in backward, with the RNG state of the forward
+                # (dropout draws the same masks).
+                x = torch.utils.checkpoint.checkpoint(
+                    self.block, i, x, use_reentrant=self.checkpointing == "reentrant")
         return self.head(self.final_norm(x))
 
 
@@ -114,12 +133,21 @@ def load_corpus(directory, min_bytes=1 << 16):
     return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def text_batch(corpus, batch, context, seed):
-    """(inputs, targets), each [batch, context] int64: windows at positions drawn with `seed`."""
+def text_batch(corpus, batch, context, seed, padded=False):
+    """(inputs, targets), each [batch, context] int64: windows at positions
+    drawn with `seed`. ``padded``: each sequence's last few targets are
+    -100 (cross_entropy's ignore_index), as padding leaves them, so
+    micro-batches hold different numbers of tokens."""
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, corpus.numel() - context - 1, (batch,), generator=g)
     windows = torch.stack([corpus[s:s + context + 1] for s in starts.tolist()]).long()
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+    targets = windows[:, 1:].contiguous()
+    if padded:
+        pads = torch.randint(0, context // 2, (batch,), generator=g)
+        for row, n in enumerate(pads.tolist()):
+            if n:
+                targets[row, -n:] = -100
+    return windows[:, :-1].contiguous(), targets
 
 
 def regression_batch(batch, seed):

@@ -90,11 +90,6 @@ bool OneRankInEvery(const std::vector<const Comparison*>& mismatched) {
   return false;
 }
 
-// Systemic: more mismatches than two faulty ranks can explain; every
-// comparison of a group of three or more without a rank common to all (in
-// a group of four or fewer the count cannot fire, and in a ring one faulty
-// GPU takes part in two comparisons only); or several mismatches confined
-// to the very same parameters that no two ranks share.
 // True when two ranks (or one) take part in every mismatched comparison: two
 // faulty GPUs explain them all, whatever they look like (a large error
 // makes every parameter differ, in every comparison it touches).
@@ -114,12 +109,18 @@ bool TwoRanksInEvery(const std::vector<const Comparison*>& mismatched) {
 // partners (by being those partners); with three they cannot.
 constexpr size_t kPartnersToConfirm = 3;
 
+// Systemic: more mismatches than two faulty ranks can explain; every
+// comparison of a group of three or more with no two ranks common to all
+// (the count cannot fire in a group of four or fewer; in a ring of three or
+// four two ranks always take part in every comparison, see
+// TwoFaultsOrNonDeterminism); or several mismatches confined to the very
+// same parameters that no two ranks share.
 bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
                    size_t comparisons) {
   const size_t m = mismatched.size();
   if (m > std::max<size_t>(4, comparisons / 4)) return true;
   if (m < 3) return false;
-  if (m == comparisons && !OneRankInEvery(mismatched)) return true;
+  if (m == comparisons && !TwoRanksInEvery(mismatched)) return true;
   const auto& params = mismatched.front()->differing_parameters;
   if (params.empty()) return false;
   for (const Comparison* c : mismatched) {
@@ -129,6 +130,19 @@ bool LooksSystemic(const std::vector<const Comparison*>& mismatched,
   // every mismatch (a faulty GPU differs in whatever it corrupts, and two
   // faulty GPUs hit by large errors differ in the same, first, parameters).
   return !TwoRanksInEvery(mismatched);
+}
+
+// Every comparison mismatches (three or more, none missing) and no rank
+// takes part in all, yet two do: in a ring of three or four ranks, always.
+// Two faulty GPUs look exactly like non-determinism or a software change
+// there. A tie-break cannot settle it either: where every replay differs
+// from every original the same way, the tie-breaker agrees with each
+// replay and would name every subject. So every rank involved becomes a
+// suspect, whose targeted audits follow, and nobody is named.
+bool TwoFaultsOrNonDeterminism(const std::vector<const Comparison*>& mismatched,
+                               size_t comparisons) {
+  return mismatched.size() >= 3 && mismatched.size() == comparisons &&
+         !OneRankInEvery(mismatched) && TwoRanksInEvery(mismatched);
 }
 
 }  // namespace
@@ -200,6 +214,22 @@ AuditVerdict Attribute(const AuditInput& in) {
     }
     SortUnique(v.suspects);
     v.explanation = absl::StrCat(v.mismatches, " comparison(s) mismatch; ", plan.note);
+    return v;
+  }
+
+  // Rule 2b: every comparison of a small group mismatches, two ranks take
+  // part in all of them and no single rank does.
+  if (TwoFaultsOrNonDeterminism(mismatched, v.comparisons.size())) {
+    v.outcome = AuditOutcome::kInconclusive;
+    for (const Comparison* c : mismatched) {
+      v.suspects.push_back(c->subject);
+      v.suspects.push_back(c->replayer);
+    }
+    SortUnique(v.suspects);
+    v.explanation = absl::StrCat(
+        "all ", v.mismatches, " comparisons mismatch: two faulty GPUs or non-determinism, "
+        "which one audit of a group this small cannot tell apart; nobody is named, ranks ",
+        RankList(v.suspects), " are suspects");
     return v;
   }
 

@@ -10,12 +10,20 @@
 // this order:
 //   1. Systemic. More mismatches than two faulty GPUs explain (over
 //      max(4, a quarter of the comparisons)), every comparison of a group of
-//      three or more (the count cannot fire in groups of four or fewer), or
-//      three or more mismatches that all differ in exactly the same
-//      parameters and that no two ranks between them take part in:
-//      non-determinism or a software change. Nobody is blamed.
+//      three or more with no two ranks taking part in all of them, or three
+//      or more mismatches that all differ in exactly the same parameters and
+//      that no two ranks between them take part in: non-determinism or a
+//      software change. Nobody is blamed.
 //   2. Fewer than three failure domains: detected, attribution impossible;
 //      the ranks involved become suspects.
+//   2b. Every comparison mismatches (three or more) and two ranks, but no
+//      single one, take part in all of them: in a ring of three or four
+//      ranks, always (the count cannot fire there). Two faulty GPUs look
+//      exactly like non-determinism then, and a tie-break cannot tell them
+//      apart either (a replay that differs from every original the same way
+//      would name every subject). Inconclusive: nobody is named, every rank
+//      involved is a suspect (targeted audits follow; the step fails, so
+//      checkpoints are vetoed and a provisional one is revoked).
 //   3. A rank whose comparisons (as owner and as replayer) all mismatch, with
 //      three or more distinct partners, is faulty: at most two other faulty
 //      ranks cannot explain them. With two partners (every rank of a ring

@@ -100,7 +100,8 @@ absl::StatusOr<Report> FromProto(const v1::Report& r) {
       out.body = StepReport{s.local_nonfinite(),     s.reduced_nonfinite(),
                             s.reduced_sum_squares(), s.reduced_digest(),
                             s.applied(),             s.skip_reason(),
-                            s.audit_unverified(),    s.audits_off()};
+                            s.audit_unverified(),    s.audits_off(),
+                            s.loss_scaled(),         s.no_confirmation()};
       break;
     }
     case v1::Report::kAudit: {
@@ -161,6 +162,8 @@ v1::Report ToProto(const Report& r) {
     p->set_skip_reason(s->skip_reason);
     p->set_audit_unverified(s->audit_unverified);
     p->set_audits_off(s->audits_off);
+    p->set_loss_scaled(s->loss_scaled);
+    p->set_no_confirmation(s->no_confirmation);
   } else if (const auto* a = std::get_if<AuditResult>(&r.body)) {
     v1::AuditResult* p = out.mutable_audit();
     p->set_role(ToProto(a->role));

@@ -50,7 +50,8 @@ Report Envelope(decltype(Report::body) body) {
 }
 
 TEST(ConvertTest, EveryReportBodyRoundTrips) {
-  StepReport s{1, 2, 3.5, 0xabcull, false, "NaN/Inf", true, "op without determinism"};
+  StepReport s{1,    2,    3.5, 0xabcull, false, "NaN/Inf", true, "op without determinism",
+                true, "2 micro-batches"};
   absl::StatusOr<Report> step = FromProto(ToProto(Envelope(s)));
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->job_id, "job-a");
@@ -67,6 +68,8 @@ TEST(ConvertTest, EveryReportBodyRoundTrips) {
   EXPECT_EQ(sb.skip_reason, "NaN/Inf");
   EXPECT_TRUE(sb.audit_unverified);
   EXPECT_EQ(sb.audits_off, "op without determinism");
+  EXPECT_TRUE(sb.loss_scaled);
+  EXPECT_EQ(sb.no_confirmation, "2 micro-batches");
 
   for (AuditRole role :
        {AuditRole::kOriginal, AuditRole::kReplay, AuditRole::kTieBreak, AuditRole::kConfirm}) {

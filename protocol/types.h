@@ -29,6 +29,12 @@ struct Placement {
   uint32_t replica_group = 0;  // Ranks of a group hold identical weights.
 };
 
+// The longest node name (bytes): common::IsSafeNodeName's limit, which sdcd
+// enforces on Hello and trainers at start. The trainers' in-band topology
+// exchange carries this many bytes per name, so two names that differ
+// anywhere are two nodes in-band as at sdcd (issue 39, case 8).
+inline constexpr size_t kMaxNodeNameBytes = 253;
+
 // The first message of a rank's stream.
 struct Hello {
   std::string job_id;
@@ -53,6 +59,14 @@ struct StepReport {
   std::string skip_reason;
   bool audit_unverified = false;
   std::string audits_off;  // Why the job turned replay audits off at this step.
+  // The step ran under a loss scaler (torch.amp.GradScaler): NaN/Inf in
+  // every rank's gradients is the scaler's overflow, which it skips and
+  // backs off from, not an incident; a lone rank's is named only when a
+  // replay on another domain comes out finite.
+  bool loss_scaled = false;
+  // Why no confirmation replay of this step's lone local NaN/Inf comes
+  // (every rank sets it alike); empty when one comes or none is needed.
+  std::string no_confirmation;
 };
 
 enum class AuditRole {

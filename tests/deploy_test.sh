@@ -72,6 +72,7 @@ sdcd_main="$src/daemon/sdcd_main.cc"
 service_cc="$src/daemon/service_metrics.cc"
 actuator_cc="$src/daemon/actuator.cc"
 options_h="$src/client/options.h"
+trainer_metrics_cc="$src/client/trainer_metrics.cc"
 
 section "tools"
 for tool in kubectl promtool shellcheck "$PY"; do
@@ -82,7 +83,7 @@ for tool in kubectl promtool shellcheck "$PY"; do
   fi
 done
 if "$PY" -c 'import yaml' 2>/dev/null; then ok "python3 yaml module"; else bad "python3-yaml is not installed"; fi
-for f in "$sdcd_main" "$service_cc" "$actuator_cc" "$options_h"; do
+for f in "$sdcd_main" "$service_cc" "$actuator_cc" "$options_h" "$trainer_metrics_cc"; do
   if [[ -r "$f" ]]; then ok "reference source ${f#"$src"/}"; else bad "cannot read $f"; fi
 done
 if ((failures > 0)); then
@@ -139,6 +140,9 @@ ALERTS = {  # name: (expr, for)
     "SdcAgentsDisconnected": ('sdc_agent_nodes{status="disconnected"} > 0', "10m"),
     "SdcVerdictSlow": ("histogram_quantile(0.99, sum by (job, instance, check, le) "
                        "(rate(sdc_verdict_latency_seconds_bucket[10m]))) > 10", "15m"),
+    "SdcTrainerLinkDown": ("count by (sdc_job) (sdc_trainer_link_up == 0) > 0", "5m"),
+    "SdcTrainerReportsDropped": ("sum by (sdc_job, kind, reason) "
+                                 "(increase(sdc_trainer_reports_dropped_total[15m])) > 0", None),
 }
 NAMESPACED_EXEMPT = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                      "PersistentVolume", "StorageClass", "PriorityClass", "ClusterIssuer"}
@@ -862,8 +866,11 @@ def check_alert_contract(r, alerts_path, metrics):
                  f"alert {name}: summary, and a description naming an sdcctl command")
         r.expect(ann.get("runbook_url") == f"docs/operations.md#{name.lower()}",
                  f"alert {name}: runbook_url docs/operations.md#{name.lower()}", str(ann.get("runbook_url")))
-        for metric in re.findall(r"\b(sdc_[a-z_]+?)(?:_bucket|_sum|_count)?\b", x.get("expr", "")):
-            r.expect(metric in metrics, f"alert {name}: metric {metric} is exported by sdcd", "not in sdcd's source")
+        # Metric names only: labels (by (sdc_job), {kind="..."}) are not metrics.
+        expr = re.sub(r"\b(?:by|without)\s*\([^)]*\)|\{[^}]*\}", "", x.get("expr", ""))
+        for metric in re.findall(r"\b(sdc_[a-z_]+?)(?:_bucket|_sum|_count)?\b", expr):
+            r.expect(metric in metrics, f"alert {name}: metric {metric} is exported by sdcd or a trainer",
+                     "not in sdcd's or the trainer's source")
     r.expect(set(rules) == set(ALERTS), "no alerts beyond the contract", str(sorted(set(rules) - set(ALERTS))))
 
 
@@ -1127,8 +1134,11 @@ def main():
                 bad += 1
         return 1 if bad else 0
     if mode == "alerts":
-        alerts, sdcd_main, service_cc = sys.argv[2:5]
-        metrics = set(re.findall(r'\.Name\("(sdc_[a-z_]+)"\)', read(sdcd_main) + read(service_cc)))
+        alerts, sdcd_main, service_cc, trainer_metrics_cc = sys.argv[2:6]
+        metrics = set(re.findall(r'\.Name\("(sdc_[a-z_]+)"\)', read(sdcd_main) + read(service_cc) +
+                                 read(trainer_metrics_cc)))
+        # The trainer's counters are named through a helper (CounterOf).
+        metrics |= set(re.findall(r'"(sdc_trainer_[a-z_]+)"', read(trainer_metrics_cc)))
         r = Report("alerts")
         check_alert_contract(r, alerts, metrics)
         return r.finish()
@@ -1216,7 +1226,8 @@ if (cd "$deploy/prometheus" && promtool test rules alerts_test.yml) >"$work/prom
 else
   bad "promtool test rules: $(cat "$work/promtool-test.out")"
 fi
-check alerts "$deploy/prometheus/alerts.yml" "$sdcd_main" "$service_cc" || bad "alert contract"
+check alerts "$deploy/prometheus/alerts.yml" "$sdcd_main" "$service_cc" "$trainer_metrics_cc" ||
+  bad "alert contract"
 if "$deploy/prometheus/sync-prometheusrule.sh" --check >"$work/sync.out" 2>&1; then
   ok "deploy/eks/base/prometheusrule.yaml is what sync-prometheusrule.sh generates"
 else

@@ -94,14 +94,21 @@ TEST_F(SdcdBadInputTest, EachBadInputHasItsStatusAndIsCounted) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_THAT(s.error_message(), HasSubstr("resend from 1"));
   EXPECT_EQ(sdcd_->Rejected("out_of_range"), 1);
-  // A weight report with the wrong tensor count.
+  // A weight report with the wrong tensor count: refused, and consumed (an
+  // acknowledgement says so), so the rank's later reports go on (issue 37).
   ASSERT_TRUE(rank.Connect().ok());
   core::WeightReport w;
   w.tensors = {{8, 1, 1}};
-  rank.Send(10, w);
-  s = rank.WaitFinished();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("has 1 tensors; the layout of replica group 0 has 2"));
+  const uint64_t bad = rank.Send(10, w);
+  absl::StatusOr<v1::CoordinatorMessage> refusal = rank.WaitFor(
+      [](const v1::CoordinatorMessage& m) { return m.ack().refused_sequence() != 0; });
+  ASSERT_TRUE(refusal.ok()) << refusal.status();
+  EXPECT_EQ(refusal->ack().refused_sequence(), bad);
+  EXPECT_EQ(refusal->ack().acked_sequence(), bad);
+  EXPECT_THAT(refusal->ack().refused_reason(),
+              HasSubstr("has 1 tensors; the layout of replica group 0 has 2"));
+  EXPECT_TRUE(rank.WaitAcked(rank.Send(11, core::StepReport{})).ok());
+  EXPECT_EQ(sdcd_->Rejected("invalid_argument"), 5);
 
   // An oversized message: refused by gRPC before it reaches sdcd.
   ASSERT_TRUE(rank.Connect().ok());

@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Makes the sdc_guard wheel: the Python package, the extension module that
-Bazel built (//client/python:_C.so) and the shared libraries it needs that a
-machine with torch does not have (Debian's gRPC, protobuf, Abseil, c-ares,
-RE2, OpenSSL, zlib, prometheus-cpp's core), in sdc_guard.libs/ with RPATH
-$ORIGIN, as auditwheel lays out a wheel. torch's own libraries are not bundled: the package imports
-torch first and the extension binds to the copies torch loaded.
+"""Makes the sdc_guard wheel: the pure-Python package, the engine library
+Bazel built (//client/python:libsdc_engine.so) for each torch version given,
+in sdc_guard/engines/torch<major>.<minor>/, and the shared libraries they need
+that a machine with torch does not have (Debian's gRPC, protobuf, Abseil,
+c-ares, RE2, OpenSSL, zlib, prometheus-cpp's core), in sdc_guard.libs/ with
+RPATH $ORIGIN, as auditwheel lays out a wheel. torch's own libraries are not bundled: the
+package imports torch first and the engine binds to the copies torch loaded.
+
+The engine libraries hold no CPython code (the build fails, naming the
+symbol, if one needs libpython or libtorch_python), so the wheel is tagged
+py3-none: one wheel for every CPython 3.10+ and the torch versions it
+carries, which its metadata requires.
 
 The wheel leaves glibc and libstdc++ to the machine, so every file in it must
 need no newer symbol versions than the oldest target has: Amazon Linux 2023
@@ -12,7 +18,8 @@ need no newer symbol versions than the oldest target has: Amazon Linux 2023
 22.04 and 24.04 have newer ones. The build fails, naming file and symbol,
 when one needs more (FLOOR below).
 
-usage: build_wheel.py --extension PATH --package DIR --out DIR [--version V]
+usage: build_wheel.py --engine TORCH=PATH [--engine ...] --package DIR --out DIR [--version V]
+(TORCH: the torch version the library was built against, e.g. 2.11.0.)
 Prints the wheel's path. Needs patchelf, ldd and objdump.
 """
 
@@ -36,6 +43,29 @@ SYSTEM = re.compile(
 
 # The newest symbol version each target-provided library may be asked for.
 FLOOR = {"GLIBC": (2, 34), "GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13)}
+
+
+def undefined_symbols(path):
+    """[(symbol, version or "")] that `path` imports."""
+    out = subprocess.run(["objdump", "-T", path], check=True, capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        if "*UND*" not in line:
+            continue
+        m = re.search(r"(?:\(?([A-Z]+_[0-9.]+)\)?\s+)?(\S+)\s*$", line)
+        if m:
+            found.append((m.group(2), m.group(1) or ""))
+    return found
+
+
+def cpython_uses(path):
+    """What ties `path` to one CPython: libpython or libtorch_python among its
+    NEEDED entries, or Py*/_Py* symbols it imports."""
+    out = subprocess.run(["objdump", "-p", path], check=True, capture_output=True, text=True).stdout
+    needed = re.findall(r"^\s*NEEDED\s+(\S+)", out, re.M)
+    bad = [n for n in needed if n.startswith(("libpython", "libtorch_python"))]
+    bad += sorted({s for s, _ in undefined_symbols(path) if re.match(r"_?Py[A-Z_]", s)})
+    return bad
 
 
 def too_new_symbols(path):
@@ -77,15 +107,29 @@ def record_line(root, relative):
     return f"{relative},sha256={digest},{len(data)}"
 
 
-def torch_version():
-    import importlib.metadata
+def minor(version):
+    """(major, minor) of "2.11.0"."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        sys.exit(f"build_wheel.py: {version!r} is not a torch version")
+    return int(m.group(1)), int(m.group(2))
 
-    return importlib.metadata.version("torch").split("+")[0]
+
+def torch_requirement(versions):
+    """The torch range a wheel with engines for `versions` runs on: from the
+    oldest minor version to the newest, without the ones in between it lacks."""
+    minors = sorted({minor(v) for v in versions})
+    (lo_major, lo), (hi_major, hi) = minors[0], minors[-1]
+    spec = [f">={lo_major}.{lo}", f"<{hi_major}.{hi + 1}"]
+    if lo_major == hi_major:
+        spec += [f"!={lo_major}.{m}.*" for m in range(lo + 1, hi) if (lo_major, m) not in minors]
+    return "torch" + ",".join(spec)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--extension", required=True, help="the _C.so Bazel built")
+    parser.add_argument("--engine", required=True, action="append", metavar="TORCH=PATH",
+                        help="a libsdc_engine.so and the torch version it was built against")
     parser.add_argument("--package", required=True, help="the sdc_guard/ source folder")
     parser.add_argument("--out", required=True, help="where the wheel goes (dist/)")
     parser.add_argument("--version", default=None, help="default: sdc_guard.__version__")
@@ -98,9 +142,17 @@ def main():
     if version is None:
         text = open(os.path.join(args.package, "__init__.py")).read()
         version = re.search(r'__version__ = "([^"]+)"', text).group(1)
-    python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    engines = {}  # "torch2.11" -> path
+    for spec in args.engine:
+        torch, _, path = spec.partition("=")
+        if not path or not os.path.isfile(path):
+            sys.exit(f"build_wheel.py: --engine {spec}: expected TORCH_VERSION=PATH of a file")
+        folder = "torch%d.%d" % minor(torch)
+        if folder in engines:
+            sys.exit(f"build_wheel.py: two engines for {folder}")
+        engines[folder] = (torch, path)
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    name = f"sdc_guard-{version}-{python_tag}-{python_tag}-{platform}.whl"
+    name = f"sdc_guard-{version}-py3-none-{platform}.whl"
     dist_info = f"sdc_guard-{version}.dist-info"
 
     with tempfile.TemporaryDirectory() as root:
@@ -111,18 +163,30 @@ def main():
         for f in sorted(os.listdir(args.package)):
             if f.endswith(".py"):
                 shutil.copy(os.path.join(args.package, f), package)
-        extension = os.path.join(package, "_C.so")
-        shutil.copy(args.extension, extension)
-        os.chmod(extension, 0o755)
-        for soname, resolved in sorted(needed_libraries(args.extension).items()):
-            target = os.path.join(libs, soname)
-            shutil.copy(resolved, target)
-            os.chmod(target, 0o755)
-            subprocess.run(["patchelf", "--set-rpath", "$ORIGIN", target], check=True)
-        # Only the bundled libraries: torch's come from the process.
-        subprocess.run(["patchelf", "--set-rpath", "$ORIGIN/../sdc_guard.libs", extension],
-                       check=True)
-        for lib in [extension] + sorted(os.path.join(libs, f) for f in os.listdir(libs)):
+        bundled = {}  # soname -> the file copied
+        copies = []
+        for folder, (_, path) in sorted(engines.items()):
+            bad = cpython_uses(path)
+            if bad:
+                sys.exit(f"build_wheel.py: {path} is tied to one CPython ({', '.join(bad[:8])}): "
+                         "the engine library must use libtorch's C++ API only")
+            copy = os.path.join(package, "engines", folder, "libsdc_engine.so")
+            os.makedirs(os.path.dirname(copy))
+            shutil.copy(path, copy)
+            os.chmod(copy, 0o755)
+            copies.append(copy)
+            for soname, resolved in sorted(needed_libraries(path).items()):
+                if soname in bundled:
+                    continue
+                target = os.path.join(libs, soname)
+                shutil.copy(resolved, target)
+                os.chmod(target, 0o755)
+                subprocess.run(["patchelf", "--set-rpath", "$ORIGIN", target], check=True)
+                bundled[soname] = target
+            # Only the bundled libraries: torch's come from the process.
+            subprocess.run(["patchelf", "--set-rpath", "$ORIGIN/../../../sdc_guard.libs", copy],
+                           check=True)
+        for lib in copies + sorted(bundled.values()):
             bad = too_new_symbols(lib)
             if bad:
                 sys.exit(f"build_wheel.py: {os.path.basename(lib)} needs symbols newer than the "
@@ -134,13 +198,13 @@ def main():
                     "Name: sdc-guard\n"
                     f"Version: {version}\n"
                     "Summary: Catches silent data corruption inside PyTorch DDP training\n"
-                    f"Requires-Python: =={sys.version_info.major}.{sys.version_info.minor}.*\n"
-                    f"Requires-Dist: torch=={torch_version()}\n")
+                    "Requires-Python: >=3.10\n"
+                    f"Requires-Dist: {torch_requirement([t for t, _ in engines.values()])}\n")
         with open(os.path.join(root, dist_info, "WHEEL"), "w") as f:
             f.write("Wheel-Version: 1.0\n"
                     "Generator: sdc-guard build_wheel.py\n"
                     "Root-Is-Purelib: false\n"
-                    f"Tag: {python_tag}-{python_tag}-{platform}\n")
+                    f"Tag: py3-none-{platform}\n")
         with open(os.path.join(root, dist_info, "top_level.txt"), "w") as f:
             f.write("sdc_guard\n")
         files = []

@@ -20,11 +20,18 @@ using internal::EchoJobId;
 using internal::RankList;
 
 void Coordinator::LedgerEntry::Add(const StepVerdict& v) {
-  if (v.check == CheckKind::kNonFinite) applied = applied || v.applied;
+  if (v.check == CheckKind::kNonFinite) {
+    applied = applied || v.applied;
+    nonfinite.insert(v.group);
+  }
   if (v.check == CheckKind::kWeights) weights[v.group] = v;
   if (v.check == CheckKind::kReplay) {
     audits.insert(v.group);
-    if (!v.complete && !v.failed) incomplete_audits[v.group] = v;
+    if (!v.complete && !v.failed) {
+      incomplete_audits[v.group] = v;
+    } else if (v.complete) {
+      incomplete_audits.erase(v.group);  // Completed by results that came late.
+    }
   }
   if (v.failed) failures.push_back(v);
 }

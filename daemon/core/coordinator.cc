@@ -130,6 +130,7 @@ uint64_t ContentDigest(const Report& r) {
     add(sum_bits);
     add(s->reduced_digest);
     add(s->applied);
+    add(s->loss_scaled);
   } else if (const auto* a = std::get_if<AuditResult>(&r.body)) {
     add(static_cast<uint64_t>(a->role));
     add(a->subject);
@@ -177,12 +178,60 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   recent = {r.sequence, digest};
   if (!replaying_) {
     rank.acked_sequence = r.sequence;
-    // The report is pending in this mutation: the store may write this later.
-    txn.mutation.progress.push_back(rank);
+    // The report is pending in this mutation: the store may write this
+    // later. One taken late is not: its progress goes with what it decided.
+    (txn.taken_late ? txn.mutation.ranks : txn.mutation.progress).push_back(rank);
   }
   absl::StatusOr<Effects> effects = Commit(txn);
   if (effects.ok()) effects->acked_sequence = rank.acked_sequence;
   return effects;
+}
+
+absl::StatusOr<Effects> Coordinator::Consume(const Report& r, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(r.job_id);
+  if (it == jobs_.end() || r.rank >= it->second.ranks.size() ||
+      !it->second.ranks[r.rank].has_value()) {
+    return absl::FailedPreconditionError("no attached rank sent this report");
+  }
+  JobState& job = it->second;
+  RankRecord& rank = job.ranks[r.rank]->record;
+  if (r.incarnation != rank.incarnation || r.sequence == 0 ||
+      r.sequence > rank.acked_sequence + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report ", r.sequence, " of rank ", r.rank, " is not the next one (",
+        rank.acked_sequence + 1, ") of its incarnation: not consumed"));
+  }
+  Txn txn;
+  if (r.sequence == rank.acked_sequence + 1) {
+    rank.acked_sequence = r.sequence;
+    // Written now: nothing pending carries this progress.
+    txn.mutation.ranks.push_back(rank);
+  }
+  txn.effects.notes.push_back(absl::StrCat("job ", EchoJobId(r.job_id), ": refused report ",
+                                           r.sequence, " of rank ", r.rank, " (step ", r.step,
+                                           "): ", why.message()));
+  absl::StatusOr<Effects> effects = Commit(txn);
+  if (effects.ok()) effects->acked_sequence = rank.acked_sequence;
+  return effects;
+}
+
+bool Coordinator::Forgotten(const JobState& job, Step step) const {
+  return !job.ledger.empty() && job.ledger.size() >= options_.ledger_steps &&
+         step < job.ledger.begin()->first;
+}
+
+void Coordinator::NoteLate(JobState& job, const Report& r, const std::string& what, Txn& txn) {
+  txn.taken_late = true;
+  const uint64_t n = ++job.late_reports;
+  uint64_t power = 1;
+  while (power * 10 <= n) power *= 10;
+  if (n != power) return;
+  txn.effects.notes.push_back(absl::StrCat(
+      "job ", EchoJobId(job.record.job_id), ": ", n,
+      n == 1 ? " report" : " reports", " taken after its check was decided (sdcd was away or "
+      "the rank was cut off longer than --report_deadline); the latest: ",
+      Describe(job, r.rank), " step ", r.step, ": ", what));
 }
 
 absl::Status Coordinator::Apply(JobState& job, const Report& r, Txn& txn) {

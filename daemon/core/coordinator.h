@@ -191,7 +191,22 @@ class Coordinator {
   // count, a role the plan does not give), FailedPrecondition (no Hello, stale
   // incarnation), OutOfRange (a gap in sequence numbers), AlreadyExists (a
   // second report of the same kind for the same step).
+  //
+  // Order between ranks is not an error: reports that come early are held
+  // (an audit result before every rank of the job said Hello, a tie-break
+  // result before its audit is attributed) and those that come late are
+  // taken and judged after the fact (see "Late reports" in
+  // docs/ARCHITECTURE.md): after an outage ranks come back in any order.
   absl::StatusOr<Effects> Ingest(const Report& report) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A report Ingest refused with `why` (InvalidArgument or AlreadyExists)
+  // is consumed: the rank's acknowledged sequence moves past it, so the
+  // rank drops it and the reports behind it flow on; the refusal goes to the
+  // operator's log (Effects::notes). Only the next sequence (or one already
+  // acknowledged) can be consumed: FailedPrecondition otherwise, or when the
+  // report's rank or incarnation is not the attached one.
+  absl::StatusOr<Effects> Consume(const Report& report, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The checkpoint gate; the decision is persisted. NotFound for unknown jobs.
   // An allowed checkpoint is provisional; the next allowed one confirms it,
@@ -281,6 +296,10 @@ class Coordinator {
     absl::flat_hash_set<Rank> applied;
     absl::flat_hash_set<Rank> skipped;
     std::map<Rank, std::pair<Rank, uint64_t>> confirms;  // subject -> (confirmer, nonfinite).
+    bool loss_scaled = false;  // Some rank's report: the step ran under a loss scaler.
+    std::map<uint32_t, uint64_t> reduced_majority;  // By group: the digest most ranks got.
+    // Why no confirmation replay comes (StepReport::no_confirmation).
+    std::string no_confirmation;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {
@@ -295,6 +314,10 @@ class Coordinator {
   };
   struct PendingAudit {
     absl::Time first_seen;
+    // Tie-break results that came before sdcd attributed the audit (ranks
+    // derive tie-breaks in-band from every result; sdcd only once every
+    // result is in), by (tiebreaker, subject).
+    std::map<std::pair<Rank, Rank>, Evidence> early_tiebreaks;
     uint64_t plan_id = 0;
     ReplayPlan plan;
     absl::flat_hash_map<Rank, Rank> subject_of;  // Replayer -> subject, from the plan.
@@ -314,6 +337,16 @@ class Coordinator {
     std::map<uint32_t, StepVerdict> incomplete_audits;
     std::vector<StepVerdict> failures;
     bool applied = false;
+    std::set<uint32_t> nonfinite;  // Groups whose check 1 of the step is decided.
+    // In memory only, for reports that come after check 1 was decided: the
+    // ranks whose local NaN/Inf it saw, and the confirmation replays it had
+    // (subject -> (confirmer, NaN/Inf elements)).
+    std::set<Rank> local_nonfinite;
+    std::map<Rank, std::pair<Rank, uint64_t>> confirms;
+    std::map<uint32_t, uint64_t> reduced_majority;  // By group: the digest most ranks got.
+    // The value each group's weight vote of the step decided (in memory
+    // only): a late report is compared with it.
+    std::map<uint32_t, uint64_t> weight_majority;
 
     // Files a decided verdict of this step.
     void Add(const StepVerdict& v);
@@ -345,7 +378,17 @@ class Coordinator {
     uint32_t said_hello = 0;  // Ranks with a slot; all of them: groups are complete.
     CheckpointLedger checkpoints;
     absl::Time last_seen;  // Last Hello, report or detach; restore time after one.
+    // Audit results that came before every rank said Hello (so the plan and
+    // the groups are not known yet), in arrival order; applied at the last
+    // Hello. Stored as pending reports.
+    std::vector<Report> held;
+    // Audits decided at the deadline without some results, with their
+    // evidence, so results arriving later complete them (in memory only; at
+    // most kMaxUnfinishedAudits per job, the oldest go first).
+    std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> unfinished;
+    uint64_t late_reports = 0;  // Taken after their check was decided.
   };
+  static constexpr size_t kMaxUnfinishedAudits = 16;
   // A GPU attributed faulty that still blocks checkpoints of its job (and,
   // when its incident's evidence was proven, of any job it is in).
   struct FaultyGpu {
@@ -361,6 +404,11 @@ class Coordinator {
   struct Txn {
     Mutation mutation;
     Effects effects;
+    // The report was taken without being stored as pending (it came after
+    // its check was decided): the rank's progress is written with this
+    // mutation, not later (Mutation::progress), so a resend after a crash
+    // cannot judge it twice.
+    bool taken_late = false;
   };
 
   // Every private member below REQUIRES mu_ (annotated where the analysis
@@ -378,6 +426,16 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists and returns the effects; the store's error if it refused.
   absl::StatusOr<Effects> Commit(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a report being applied is new to the store (not re-applied by
+  // Restore or from JobState::held), so it is stored as pending.
+  bool Fresh() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !replaying_ && !reapplying_; }
+  // True when the checks of `step` are older than what the job's ledger
+  // keeps (options_.ledger_steps): decided, or never to be.
+  bool Forgotten(const JobState& job, Step step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Counts a report taken after its check was decided and, for the 1st,
+  // 10th, 100th... of a job, says so in the operator's log.
+  void NoteLate(JobState& job, const Report& r, const std::string& what, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: `rank` said Hello.
   RankRecord& RankOf(JobState& job, Rank rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank of the job said Hello at least once (so groups are complete).
@@ -427,6 +485,9 @@ class Coordinator {
   // checks still open (a decided audit keeps its results).
   void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the audit results held until every rank said Hello; one that
+  // its plan refuses now is dropped and said (Effects::notes).
+  void ApplyHeld(JobState& job, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // step_checks.cc: check 1 (non-finite values, reduced gradients).
   //
@@ -453,6 +514,16 @@ class Coordinator {
                          Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The failures a step's checks found: explanations, first incident.
   struct StepFailures;
+  // A step report of a step whose check 1 was decided without it (or is
+  // older than the ledger): nothing reopens; what it shows that the
+  // decision lacked (NaN/Inf, a step skipped in-band for a reason no
+  // incident records) becomes an incident, decided in-band while sdcd was
+  // away, and the step's verdict says so.
+  void ApplyLateStepReport(JobState& job, GroupState& group, const Report& r,
+                           const StepReport& s, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces check 1's verdict of `step` with the failure `inc` found late.
+  void RecordLateVerdict(JobState& job, GroupState& group, Step step, const Incident& inc,
+                         Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Check 1's cross-rank part: did every member receive the same reduced
   // gradients? Records a minority as suspects (the bad data may come from
   // elsewhere in the all-reduce); returns the vote's outcome.
@@ -462,9 +533,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Check 1's local part: whose NaN/Inf a replay confirmed (faulty), whose
   // it reproduced (data or software), whose nobody replayed (suspect); and
-  // NaN/Inf that only the all-reduce produced. `local`: ranks with local
-  // NaN/Inf, ascending; `reduced`: CheckReducedGradients' outcome.
-  void CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
+  // NaN/Inf that only the all-reduce produced. Under a loss scaler only a
+  // confirmed rank is an incident: the rest is the scaler's overflow.
+  // `local`: ranks with local NaN/Inf, ascending; `reduced`:
+  // CheckReducedGradients' outcome. True when the step was the scaler's
+  // overflow and nothing else.
+  bool CheckNonFinite(JobState& job, GroupState& group, Step step, const PendingStep& ps,
                       const std::vector<Rank>& local, VoteOutcome reduced,
                       absl::Duration latency, StepFailures& found, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -482,6 +556,17 @@ class Coordinator {
   // AlreadyExists for a repeat or a result after the audit's verdict.
   absl::Status ApplyAudit(JobState& job, GroupState& group, const Report& r,
                           const AuditResult& a, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An audit result whose audit was decided (or is forgotten): it joins the
+  // evidence of an audit decided without it (JobState::unfinished), which
+  // is judged again once complete; else it is taken and noted.
+  absl::Status ApplyLateAudit(JobState& job, GroupState& group, const Report& r,
+                              const AuditResult& a, Evidence evidence, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Judges unfinished audit `key` once its results (and the tie-breaks its
+  // attribution needs) are in: incidents as at the time, said to be late.
+  void MaybeFinishLateAudit(JobState& job, GroupState& group,
+                            const std::tuple<uint32_t, Step, uint64_t>& key, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Attributes the audit `key` once its results are in (or at `deadline`),
   // sends tie-breaks when attribution needs them, and decides it once they
   // are in (or at `deadline`); else waits.
@@ -497,6 +582,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The final outcome, faulty ranks, suspects and notes of an audit.
   struct AuditFindings;
+  // Moves tie-break results that came early into `pa`'s tie-breaks; true
+  // when every tie-break then has its result.
+  static bool ResolveEarlyTieBreaks(PendingAudit& pa);
   // Settles an attributed audit's tie-breaks: each names the subject or the
   // replayer faulty, or leaves both suspect (as does a result that never
   // arrived). Pure. REQUIRES: pa.verdict is set.
@@ -521,9 +609,13 @@ class Coordinator {
   // weight_checks.cc: check 3 (the weight vote).
   //
   // InvalidArgument for a tensor count that is not the layout's (or tensors
-  // a relay said it elided); AlreadyExists for a repeat or a late report.
+  // a relay said it elided); AlreadyExists for a repeat. A report of a vote
+  // already decided is compared with the value it decided: a minority of
+  // one after the fact.
   absl::Status ApplyWeights(JobState& job, GroupState& group, const Report& r,
                             const WeightReport& w, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLateWeights(JobState& job, GroupState& group, const Report& r,
+                        const WeightReport& w, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides the vote of `step` once every member voted, or at `deadline`.
   void MaybeFinalizeWeights(JobState& job, GroupState& group, Step step, bool deadline,
                             Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -566,6 +658,7 @@ class Coordinator {
 
   mutable absl::Mutex mu_;
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // Restore() re-ingesting.
+  bool reapplying_ ABSL_GUARDED_BY(mu_) = false;  // ApplyHeld() re-applying.
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
   // Sums of the jobs' reservations (JobState::reserved and
   // reserved_unauthenticated), and layout bytes by identity class.

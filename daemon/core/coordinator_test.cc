@@ -8,204 +8,21 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "daemon/core/testing_cluster.h"
 #include "kernels/model_digest.h"
 
 namespace sdc::core {
 namespace {
-
-// A caller proven to be the node its Hello names (a node certificate).
-Caller Proven(const Hello& h) { return {h.placement.node, "certificate", {}}; }
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::SizeIs;
-
-constexpr char kJob[] = "job-a";
-const std::vector<std::string> kTensors = {"embed.weight", "layers.0.w", "layers.0.b",
-                                           "norm.weight"};
-
-// A cluster of `nodes` x `gpus` ranks talking to one coordinator, with the
-// bookkeeping a trainer would do (sequence numbers per rank).
-class Cluster {
- public:
-  Cluster(int nodes, int gpus, uint32_t audit_every = 10, uint32_t weight_every = 10,
-          CoordinatorOptions options = {})
-      : nodes_(nodes), gpus_(gpus), audit_every_(audit_every), weight_every_(weight_every) {
-    options_ = options;
-    Reset();
-  }
-
-  // A fresh coordinator on the same store, as after a restart.
-  void Reset() {
-    coordinator_ = std::make_unique<Coordinator>(options_, &clock_, &store_);
-  }
-
-  uint32_t world() const { return nodes_ * gpus_; }
-  std::string NodeOf(Rank r) const { return std::string("node-") + static_cast<char>('a' + r / gpus_); }
-  std::string GpuOf(Rank r) const { return absl::StrCat("GPU-", r); }
-
-  Hello HelloOf(Rank r, uint64_t incarnation = 1) const {
-    Hello h;
-    h.job_id = job_;
-    h.placement = {r, NodeOf(r), r % static_cast<uint32_t>(gpus_), GpuOf(r), 0};
-    h.world_size = world();
-    h.incarnation = incarnation;
-    h.weight_tensors = kTensors;
-    h.parameter_count = 3;
-    h.layout_digest = 77;
-    h.deterministic = true;
-    h.audit_every = audit_every_;
-    h.weight_check_every = weight_every_;
-    return h;
-  }
-
-  void AttachAll() {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Proven(HelloOf(r))).ok()) << r;
-    }
-  }
-
-  // Every rank from a caller that proved nothing (no node certificate, no
-  // agent relaying it).
-  void AttachAllUnauthenticated() {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Caller{}).ok()) << r;
-    }
-  }
-
-  // Hellos and reports from here on are job `job`'s (same nodes and GPUs).
-  void set_job(std::string job) { job_ = std::move(job); }
-
-  absl::StatusOr<Effects> Send(Rank r, Step step, decltype(Report::body) body,
-                               uint64_t incarnation = 1) {
-    Report rep;
-    rep.job_id = job_;
-    rep.rank = r;
-    rep.incarnation = incarnation;
-    rep.sequence = next_seq_[{job_, r, incarnation}] + 1;
-    rep.step = step;
-    rep.body = std::move(body);
-    absl::StatusOr<Effects> e = coordinator_->Ingest(rep);
-    if (e.ok() && !e->duplicate) next_seq_[{job_, r, incarnation}] = rep.sequence;
-    if (e.ok()) Collect(*e);
-    return e;
-  }
-
-  // Every rank reports a clean step (same reduced digest, applied).
-  void CleanStep(Step step) {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(Send(r, step, StepReport{0, 0, 1.0, 1234, true, "", false}).ok());
-    }
-  }
-
-  static WeightReport Weights(uint64_t salt = 0) {
-    WeightReport w;
-    for (size_t t = 0; t < kTensors.size(); ++t) w.tensors.push_back({16, 100 + t, 200 + t + salt * (t == 1)});
-    std::vector<kernels::NamedFingerprint> named;
-    for (size_t t = 0; t < kTensors.size(); ++t) named.push_back({kTensors[t], w.tensors[t]});
-    w.digest = kernels::ModelDigest(named);
-    return w;
-  }
-
-  void AllWeights(Step step, Rank corrupt = UINT32_MAX) {
-    for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(Send(r, step, Weights(r == corrupt ? 1 : 0)).ok());
-    }
-  }
-
-  // The scheduled audit of `step`: `wrong_own` ranks compute their own batch
-  // wrongly, `wrong_replay` ranks compute replays wrongly.
-  void Audit(Step step, std::set<Rank> wrong_own, std::set<Rank> wrong_replay,
-             uint64_t plan_id = 0, std::vector<Assignment> assignments = {},
-             std::set<Rank> silent = {}) {
-    if (assignments.empty()) {
-      Topology t(Members());
-      assignments = PlanFullAudit(t, step / audit_every_).assignments;
-    }
-    std::set<Rank> subjects;
-    for (const Assignment& a : assignments) subjects.insert(a.subject);
-    for (Rank s : subjects) {
-      if (silent.count(s)) continue;
-      AuditResult o;
-      o.role = AuditRole::kOriginal;
-      o.plan_id = plan_id;
-      o.subject = s;
-      o.loss_bits = BatchValue(s) + (wrong_own.count(s) ? 1 : 0);
-      o.gradient_digest = o.loss_bits;
-      ASSERT_TRUE(Send(s, step, o).ok()) << "original " << s;
-    }
-    for (const Assignment& a : assignments) {
-      if (silent.count(a.replayer)) continue;
-      AuditResult rp;
-      rp.role = AuditRole::kReplay;
-      rp.plan_id = plan_id;
-      rp.subject = a.subject;
-      rp.loss_bits = BatchValue(a.subject) + (wrong_replay.count(a.replayer) ? 7 + a.replayer : 0);
-      rp.gradient_digest = rp.loss_bits;
-      ASSERT_TRUE(Send(a.replayer, step, rp).ok()) << "replay " << a.replayer;
-    }
-  }
-
-  absl::StatusOr<Effects> TieBreakResult(Rank tiebreaker, Rank subject, Step step,
-                                         bool wrong = false, uint64_t plan_id = 0) {
-    AuditResult t;
-    t.role = AuditRole::kTieBreak;
-    t.plan_id = plan_id;
-    t.subject = subject;
-    t.loss_bits = BatchValue(subject) + (wrong ? 99 : 0);
-    t.gradient_digest = t.loss_bits;
-    return Send(tiebreaker, step, t);
-  }
-
-  // Answers every tie-break asked for `step` so far from healthy tie-breakers.
-  void SettleTieBreaks(Step step, uint64_t plan_id = 0) {
-    for (const TieBreakMessage& t : MessagesOf<TieBreakMessage>()) {
-      if (t.step != step) continue;
-      ASSERT_TRUE(TieBreakResult(t.replayer, t.subject, step, false, plan_id).ok());
-    }
-  }
-
-  static uint64_t BatchValue(Rank r) { return 1000 + 10 * r; }
-
-  std::vector<PlanMember> Members() const {
-    std::vector<PlanMember> m;
-    for (Rank r = 0; r < world(); ++r) m.push_back({r, NodeOf(r)});
-    return m;
-  }
-
-  void Collect(const Effects& e) {
-    for (const auto& m : e.messages) messages_.push_back(m);
-    for (const auto& c : e.checks) checks_.push_back(c);
-  }
-
-  template <typename T>
-  std::vector<T> MessagesOf() const {
-    std::vector<T> out;
-    for (const auto& m : messages_) {
-      if (const T* t = std::get_if<T>(&m.body)) out.push_back(*t);
-    }
-    return out;
-  }
-
-  Coordinator& c() { return *coordinator_; }
-  FakeClock& clock() { return clock_; }
-  MemoryStore& store() { return store_; }
-  std::vector<CheckEvent>& checks() { return checks_; }
-
- private:
-  int nodes_, gpus_;
-  uint32_t audit_every_, weight_every_;
-  CoordinatorOptions options_;
-  FakeClock clock_;
-  MemoryStore store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::string job_ = kJob;
-  std::map<std::tuple<std::string, Rank, uint64_t>, uint64_t> next_seq_;
-  std::vector<OutMessage> messages_;
-  std::vector<CheckEvent> checks_;
-};
+using testing::Cluster;
+using testing::kJob;
+using testing::kTensors;
+using testing::Proven;
 
 // ---------------------------------------------------------------------------
 // Registry and bad input
@@ -481,6 +298,44 @@ TEST(CoordinatorTest, UnconfirmedLocalNanMakesASuspectWithTargetedAudits) {
   EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
 }
 
+// Issue 39, case 7: under gradient accumulation (or with audits off) the
+// trainers run no confirmation replay of a lone NaN/Inf, and sdcd waited
+// for one until the deadline, vetoing checkpoints meanwhile. The step
+// report says none comes: the step is decided at once, no clock advance.
+TEST(CoordinatorTest, NoConfirmationComingDecidesALoneNanAtOnce) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Step s = 1; s <= 2; ++s) cl.CleanStep(s);
+  for (Rank r = 0; r < 6; ++r) {
+    StepReport rep{r == 2 ? 5u : 0u, 6, NAN, 1, false, "nonfinite", false};
+    rep.no_confirmation = "the step accumulated 4 micro-batches";
+    ASSERT_TRUE(cl.Send(r, 3, rep).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1)) << "decided without waiting for the deadline";
+  EXPECT_EQ(incidents[0].check, CheckKind::kNonFinite);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("no confirmation replay runs: 'the step accumulated 4 micro-batches'"));
+  ASSERT_THAT(cl.c().ListSuspects(), SizeIs(1));
+  ASSERT_THAT(cl.MessagesOf<PlanMessage>(), SizeIs(1)) << "a targeted audit of the suspect";
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+  auto d = cl.c().MayCheckpoint(kJob, 3);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->allowed);
+  EXPECT_FALSE(d->retryable) << d->reason;
+  EXPECT_THAT(d->reason, Not(HasSubstr("awaits a confirmation replay")));
+  EXPECT_THAT(d->reason, HasSubstr("failed the nonfinite check"));
+  // Without the note the step still waits for the replay.
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 4, StepReport{r == 2 ? 5u : 0u, 6, NAN, 1, false, "n", false}).ok());
+  }
+  EXPECT_THAT(cl.c().ListIncidents(kJob), SizeIs(1));
+  EXPECT_THAT(cl.c().MayCheckpoint(kJob, 4)->reason, HasSubstr("awaits a confirmation replay"));
+}
+
 TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   Cluster cl(3, 2);
   cl.AttachAll();
@@ -491,6 +346,59 @@ TEST(CoordinatorTest, NanOnEveryRankIsTheModelNotAGpu) {
   ASSERT_THAT(incidents, SizeIs(1));
   EXPECT_EQ(incidents[0].outcome, "all_ranks");
   EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+}
+
+// Issue 40, item 1: under a loss scaler NaN/Inf is the scaler's overflow.
+StepReport Scaled(uint64_t local_nonfinite, uint64_t reduced_nonfinite) {
+  StepReport s{local_nonfinite, reduced_nonfinite, NAN, 1, false, "loss scaler overflow", false};
+  s.loss_scaled = true;
+  return s;
+}
+
+TEST(CoordinatorTest, AnOverflowOnEveryRankUnderALossScalerIsNoIncident) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 3, Scaled(1, 6)).ok());
+  // A compression hook's fp16 sum overflowing on every rank is the same.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 4, Scaled(0, 6)).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+  // Without the scaler the same reports are the model's or the all-reduce's.
+  for (Rank r = 0; r < 6; ++r) {
+    ASSERT_TRUE(cl.Send(r, 5, StepReport{1, 6, NAN, 1, false, "nonfinite", false}).ok());
+  }
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "all_ranks");
+}
+
+TEST(CoordinatorTest, ALoneOverflowUnderALossScalerNamesNobodyUnlessAReplayIsFinite) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  // Step 3: rank 2's overflow, reproduced on another node: the data.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 3, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty()) << "waits for the confirmation replay";
+  AuditResult confirm;
+  confirm.role = AuditRole::kConfirm;
+  confirm.subject = 2;
+  confirm.nonfinite = 5;
+  ASSERT_TRUE(cl.Send(4, 3, confirm).ok());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  // Step 4: rank 2's overflow under accumulation, never replayed: no suspect.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 4, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  cl.clock().Advance(absl::Seconds(121));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  EXPECT_THAT(cl.c().ListSuspects(), IsEmpty());
+  // Step 5: a replay on another node comes out finite: the GPU is named.
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.Send(r, 5, Scaled(r == 2 ? 5 : 0, 6)).ok());
+  confirm.nonfinite = 0;
+  ASSERT_TRUE(cl.Send(4, 5, confirm).ok());
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(2));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("under a loss scaler"));
 }
 
 // Issue 27, item 5: values no healthy rank sends are refused, not stored.
@@ -621,9 +529,10 @@ TEST(CoordinatorTest, ReplayAuditAttributesAFaultyRank) {
 }
 
 // A result that arrives after its audit's verdict (a rank resending after
-// a reconnect, say) is refused, before and after a restart, instead of
-// opening the audit again and deciding it a second time at its deadline.
-TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
+// a reconnect, say) is taken and acknowledged, before and after a restart,
+// without opening the audit again and deciding it a second time at its
+// deadline (issue 37: a refused report blocked the rank's every later one).
+TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsTakenWithoutOpeningItAgain) {
   Cluster cl(3, 2);
   cl.AttachAll();
   cl.Audit(10, {}, {});
@@ -633,10 +542,9 @@ TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
   late.subject = 0;
   late.loss_bits = Cluster::BatchValue(0);
   late.gradient_digest = late.loss_bits;
-  auto refused = cl.Send(0, 10, late);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+  auto taken = cl.Send(0, 10, late);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_THAT(taken->notes, Contains(HasSubstr("taken after its check was decided")));
   cl.clock().Advance(absl::Minutes(10));
   cl.Collect(cl.c().Tick());
   EXPECT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
@@ -645,9 +553,12 @@ TEST(CoordinatorTest, AResultAfterTheAuditsVerdictIsRefused) {
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
   cl.AttachAll();
-  refused = cl.Send(0, 10, late);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(refused.status().message(), HasSubstr("audit of step 10 is already decided"));
+  taken = cl.Send(0, 10, late);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  cl.clock().Advance(absl::Minutes(10));
+  cl.Collect(cl.c().Tick());
+  EXPECT_THAT(cl.MessagesOf<AuditVerdictMessage>(), SizeIs(1));
+  EXPECT_EQ(cl.store().pending_count(), 0u);
 }
 
 TEST(CoordinatorTest, LoneMismatchIsSettledByATieBreak) {
@@ -1075,6 +986,50 @@ TEST(CoordinatorTest, ASystemicFailureRevokesNoCheckpoint) {
   cl.Audit(20, {}, {0, 1, 2, 3, 4, 5});  // Every replay differs: the software.
   auto status = cl.c().CheckpointStatus(kJob);
   EXPECT_THAT(status->revoked, IsEmpty());
+}
+
+// Issue 39, case 2: two faulty GPUs of three single-GPU nodes (or opposite
+// in a ring of four) make every comparison mismatch with no rank in all of
+// them. That was "systemic": nobody suspected, no targeted audit, and the
+// provisional checkpoint stayed to become final. Now every rank is a
+// suspect with a targeted audit, the provisional checkpoint is revoked, and
+// still no GPU is named (non-determinism looks the same).
+TEST(CoordinatorTest, TwoFaultyGpusOfASmallRingRevokeTheCheckpointAndAreAudited) {
+  for (int nodes : {3, 4}) {
+    SCOPED_TRACE(absl::StrCat(nodes, " nodes"));
+    Cluster cl(nodes, 1, /*audit_every=*/10, /*weight_every=*/10);
+    cl.AttachAll();
+    for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+    cl.Audit(10, {}, {});
+    cl.AllWeights(10);
+    ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
+    for (Step s = 11; s <= 20; ++s) cl.CleanStep(s);
+    // Rank 0 and, along step 20's ring, its subject (three nodes) or the
+    // rank opposite (four): both corrupt their own and others' batches.
+    std::map<Rank, Rank> subject_of;
+    for (const Assignment& a : PlanFullAudit(Topology(cl.Members()), 2).assignments) {
+      subject_of[a.replayer] = a.subject;
+    }
+    const Rank f2 = nodes == 3 ? subject_of.at(0) : subject_of.at(subject_of.at(0));
+    cl.Audit(20, {0, f2}, {0, f2});
+    auto incidents = cl.c().ListIncidents(kJob);
+    ASSERT_THAT(incidents, SizeIs(1));
+    EXPECT_EQ(incidents[0].outcome, "inconclusive");
+    EXPECT_FALSE(incidents[0].confirmed);
+    EXPECT_THAT(incidents[0].ranks, SizeIs(nodes));
+    EXPECT_THAT(incidents[0].explanation, HasSubstr("two faulty GPUs or non-determinism"));
+    EXPECT_THAT(cl.MessagesOf<TieBreakMessage>(), IsEmpty());
+    EXPECT_THAT(cl.c().ListRequests(), IsEmpty()) << "no GPU is named";
+    EXPECT_THAT(cl.c().ListSuspects(), SizeIs(nodes));
+    auto plans = cl.MessagesOf<PlanMessage>();
+    ASSERT_THAT(plans, SizeIs(nodes)) << "a targeted audit for every suspect";
+    EXPECT_THAT(plans[0].reason, HasSubstr("targeted audit of suspect rank 0"));
+    auto status = cl.c().CheckpointStatus(kJob);
+    ASSERT_TRUE(status.ok());
+    EXPECT_THAT(status->revoked, ElementsAre(10u));
+    EXPECT_EQ(status->confirmed_through, 0u);
+    EXPECT_FALSE(cl.c().MayCheckpoint(kJob, 20)->allowed);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -371,6 +371,9 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   }
   if (placement_changed) group.topology.reset();
   txn.mutation.ranks.push_back(rec);
+  // The last rank's first Hello completes the groups: what came before it
+  // (ranks back from an outage in any order) can be judged now.
+  if (AllAttached(job) && !job.held.empty()) ApplyHeld(job, txn);
 
   AttachResult result;
   result.acked_sequence = rec.acked_sequence;
@@ -464,8 +467,29 @@ void Coordinator::EvictJobsOf(const std::string& identity_class, Txn& txn) {
   }
 }
 
+void Coordinator::ApplyHeld(JobState& job, Txn& txn) {
+  std::vector<Report> held;
+  held.swap(job.held);
+  reapplying_ = true;  // Stored as pending when they came.
+  for (const Report& r : held) {
+    if (absl::Status s = Apply(job, r, txn); !s.ok()) {
+      txn.mutation.pending_removed.push_back(internal::KeyOf(r));
+      txn.effects.notes.push_back(absl::StrCat(
+          "job ", internal::EchoJobId(job.record.job_id), ": ", Describe(job, r.rank),
+          "'s audit result of step ", r.step, ", held until every rank said Hello, is refused: ",
+          s.message()));
+    }
+  }
+  reapplying_ = false;
+}
+
 void Coordinator::DropContributions(JobState& job, Rank rank, uint64_t incarnation,
                                     Txn& txn) {
+  auto held_stale = [&](const Report& r) { return r.rank == rank && r.incarnation <= incarnation; };
+  for (const Report& r : job.held) {
+    if (held_stale(r)) txn.mutation.pending_removed.push_back(internal::KeyOf(r));
+  }
+  job.held.erase(std::remove_if(job.held.begin(), job.held.end(), held_stale), job.held.end());
   auto stale = [&](std::vector<PendingKey>& keys) {
     auto mine = [&](const PendingKey& k) { return k.rank == rank && k.incarnation <= incarnation; };
     for (const PendingKey& k : keys) {
@@ -507,6 +531,9 @@ void Coordinator::DropContributions(JobState& job, Rank rank, uint64_t incarnati
     stale(pa.keys);
     pa.originals.erase(rank);
     pa.replays.erase(rank);
+    for (auto t = pa.early_tiebreaks.begin(); t != pa.early_tiebreaks.end();) {
+      t = t->first.first == rank ? pa.early_tiebreaks.erase(t) : std::next(t);
+    }
     it = pa.originals.empty() && pa.replays.empty() ? job.audits.erase(it) : std::next(it);
   }
 }

@@ -61,9 +61,21 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
         " gradient fingerprints; the layout has ", group.record.parameter_count,
         " parameters"));
   }
-  if (a.subject >= job.record.world_size ||
-      // members is ascending: O(log world) per audit result.
-      !std::binary_search(group.members.begin(), group.members.end(), a.subject)) {
+  if (a.subject >= job.record.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", a.subject, " is not in job ",
+                                                   job.record.job_id, " of ",
+                                                   job.record.world_size, " ranks"));
+  }
+  if (!AllAttached(job)) {
+    // Before every rank said Hello the groups and so the plan are unknown:
+    // ranks back from an outage come in any order. Held until the last
+    // Hello (registry.cc), stored as pending meanwhile.
+    if (Fresh()) txn.mutation.pending_added.push_back(r);
+    job.held.push_back(r);
+    return absl::OkStatus();
+  }
+  // members is ascending: O(log world) per audit result.
+  if (!std::binary_search(group.members.begin(), group.members.end(), a.subject)) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", a.subject,
                                                    " is not in rank ", r.rank,
                                                    "'s replica group"));
@@ -76,15 +88,15 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   PendingAudit* pa = existing == job.audits.end() ? nullptr : &existing->second;
   // The plan is derived once per audit, on its first result.
   std::optional<PendingAudit> fresh;
-  if (pa == nullptr && a.role != AuditRole::kTieBreak) {
+  if (pa == nullptr) {
     // A step runs one audit (a targeted plan waits for a step without the
     // scheduled one): a result after its verdict, say one resent after a
     // deadline decided without it, must not open the audit again.
     auto decided = job.ledger.find(r.step);
-    if (decided != job.ledger.end() && decided->second.audits.count(group.record.group) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "the audit of step ", r.step, " is already decided; rank ", r.rank,
-          "'s result is late"));
+    if (Forgotten(job, r.step) ||
+        job.unfinished.count(key) > 0 ||
+        (decided != job.ledger.end() && decided->second.audits.count(group.record.group) > 0)) {
+      return ApplyLateAudit(job, group, r, a, std::move(evidence), txn);
     }
     absl::StatusOr<ReplayPlan> plan = PlanFor(job, group, r.step, a.plan_id);
     if (!plan.ok()) return plan.status();
@@ -129,11 +141,30 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
       break;
     }
     case AuditRole::kTieBreak: {
-      PendingTieBreak* tb = nullptr;
-      if (pa != nullptr) {
-        for (PendingTieBreak& t : pa->tiebreaks) {
-          if (t.tiebreak.tiebreaker == r.rank && t.tiebreak.subject == a.subject) tb = &t;
+      if (pa == nullptr) {
+        // Before any other result of its audit (ranks resend in any order).
+        pa = &job.audits.emplace(key, *std::move(fresh)).first->second;
+        pa->first_seen = clock_->Now();
+        pa->plan_id = a.plan_id;
+        if (a.plan_id != 0) pa->suspect = job.plans[a.plan_id].suspect;
+      }
+      if (!pa->verdict.has_value()) {
+        // Ranks derived this tie-break in-band from every rank's results;
+        // sdcd derives it once they are all here (after an outage, ranks
+        // resend in any order). Kept until then.
+        const std::pair<Rank, Rank> id{r.rank, a.subject};
+        if (pa->early_tiebreaks.count(id) > 0) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "tie-break result of rank ", r.rank, " at step ", r.step, " already received"));
         }
+        pa->early_tiebreaks.emplace(id, std::move(evidence));
+        if (Fresh()) txn.mutation.pending_added.push_back(r);
+        pa->keys.push_back(KeyOf(r));
+        return absl::OkStatus();
+      }
+      PendingTieBreak* tb = nullptr;
+      for (PendingTieBreak& t : pa->tiebreaks) {
+        if (t.tiebreak.tiebreaker == r.rank && t.tiebreak.subject == a.subject) tb = &t;
       }
       if (tb == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -145,7 +176,7 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
             "tie-break result of rank ", r.rank, " at step ", r.step, " already received"));
       }
       tb->result = evidence;
-      if (!replaying_) txn.mutation.pending_added.push_back(r);
+      if (Fresh()) txn.mutation.pending_added.push_back(r);
       pa->keys.push_back(KeyOf(r));
       MaybeFinalizeAudit(job, group, key, /*deadline=*/false, txn);
       return absl::OkStatus();
@@ -164,7 +195,7 @@ absl::Status Coordinator::ApplyAudit(JobState& job, GroupState& group, const Rep
   } else {
     pa->replays[r.rank] = std::move(evidence);
   }
-  if (!replaying_) txn.mutation.pending_added.push_back(r);
+  if (Fresh()) txn.mutation.pending_added.push_back(r);
   pa->keys.push_back(KeyOf(r));
   MaybeFinalizeAudit(job, group, key, /*deadline=*/false, txn);
   return absl::OkStatus();
@@ -244,6 +275,26 @@ void Coordinator::MaybeFinalizeAudit(JobState& job, GroupState& group,
   if (pa.plan_id != 0) FinishTargetedAudit(job, group, pa.plan_id, faulty, txn);
   txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
                                   CheckKind::kReplay, pa.plan_id, std::move(pa.keys)});
+  bool tiebreaks_in = true;
+  for (const PendingTieBreak& t : pa.tiebreaks) tiebreaks_in = tiebreaks_in && t.result.has_value();
+  if (!v.missing.empty() || !tiebreaks_in) {
+    // Decided without some results: when their ranks come back (from a
+    // cut-off node, or with sdcd after an outage) the audit is judged
+    // again on all of them, as it would have been (MaybeFinishLateAudit).
+    for (PendingTieBreak& t : pa.tiebreaks) {
+      if (t.result.has_value()) {
+        pa.early_tiebreaks.emplace(std::make_pair(t.tiebreak.tiebreaker, t.tiebreak.subject),
+                                   *std::move(t.result));
+      }
+    }
+    pa.tiebreaks.clear();
+    pa.verdict.reset();
+    pa.keys.clear();
+    job.unfinished[it->first] = std::move(pa);
+    while (job.unfinished.size() > kMaxUnfinishedAudits) {
+      job.unfinished.erase(job.unfinished.begin());
+    }
+  }
   job.audits.erase(it);
 }
 
@@ -263,7 +314,9 @@ bool Coordinator::AttributeAudit(JobState& job, GroupState& group, PendingAudit&
     txn.effects.messages.push_back(
         {job.record.job_id, group.members, TieBreakMessage{step, t.subject, t.tiebreaker}});
   }
-  if (deadline) return false;
+  // The ranks ran these tie-breaks in-band; results that came before the
+  // last result sdcd needed are here already.
+  if (ResolveEarlyTieBreaks(pa) || deadline) return false;
   AuditVerdictMessage interim;
   interim.step = step;
   interim.outcome = AuditOutcome::kTieBreakPending;
@@ -273,6 +326,131 @@ bool Coordinator::AttributeAudit(JobState& job, GroupState& group, PendingAudit&
   interim.explanation = pa.verdict->explanation;
   txn.effects.messages.push_back({job.record.job_id, group.members, std::move(interim)});
   return true;
+}
+
+bool Coordinator::ResolveEarlyTieBreaks(PendingAudit& pa) {
+  bool resolved = true;
+  for (PendingTieBreak& t : pa.tiebreaks) {
+    auto early = pa.early_tiebreaks.find({t.tiebreak.tiebreaker, t.tiebreak.subject});
+    if (!t.result.has_value() && early != pa.early_tiebreaks.end()) {
+      t.result = std::move(early->second);
+      pa.early_tiebreaks.erase(early);
+    }
+    resolved = resolved && t.result.has_value();
+  }
+  return resolved;
+}
+
+absl::Status Coordinator::ApplyLateAudit(JobState& job, GroupState& group, const Report& r,
+                                         const AuditResult& a, Evidence evidence, Txn& txn) {
+  const std::tuple<uint32_t, Step, uint64_t> key{group.record.group, r.step, a.plan_id};
+  auto it = job.unfinished.find(key);
+  if (it == job.unfinished.end()) {
+    // Decided with every result it needed, or its evidence is gone (a
+    // restart, or more unfinished audits than sdcd keeps): taken, noted.
+    NoteLate(job, r,
+             absl::StrCat(AuditRoleName(a.role), " result of an audit decided without it; "
+                          "sdcd holds no evidence left to judge it with"),
+             txn);
+    return absl::OkStatus();
+  }
+  PendingAudit& pa = it->second;
+  switch (a.role) {
+    case AuditRole::kOriginal:
+      if (a.subject != r.rank || !pa.subjects.contains(r.rank)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r.rank, " sent an original result for rank ", a.subject,
+            "; the plan of step ", r.step, " expects none from it"));
+      }
+      if (!pa.originals.contains(r.rank)) pa.originals[r.rank] = std::move(evidence);
+      break;
+    case AuditRole::kReplay: {
+      auto assigned = pa.subject_of.find(r.rank);
+      if (assigned == pa.subject_of.end() || assigned->second != a.subject) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r.rank, " replayed rank ", a.subject, "'s micro-batch, but the plan of step ",
+            r.step, " does not assign that pair"));
+      }
+      if (!pa.replays.contains(r.rank)) pa.replays[r.rank] = std::move(evidence);
+      break;
+    }
+    case AuditRole::kTieBreak:
+      pa.early_tiebreaks.emplace(std::make_pair(r.rank, a.subject), std::move(evidence));
+      break;
+    case AuditRole::kConfirm:
+      break;  // Routed to check 1 before this.
+  }
+  NoteLate(job, r,
+           absl::StrCat(AuditRoleName(a.role), " result of an audit decided without it at the "
+                        "deadline; judged again once complete"),
+           txn);
+  MaybeFinishLateAudit(job, group, key, txn);
+  return absl::OkStatus();
+}
+
+void Coordinator::MaybeFinishLateAudit(JobState& job, GroupState& group,
+                                       const std::tuple<uint32_t, Step, uint64_t>& key,
+                                       Txn& txn) {
+  auto it = job.unfinished.find(key);
+  if (it == job.unfinished.end()) return;
+  PendingAudit& pa = it->second;
+  const Step step = std::get<1>(key);
+  if (pa.originals.size() < pa.subjects.size() || pa.replays.size() < pa.subject_of.size()) {
+    return;
+  }
+  bool deterministic = true;
+  for (Rank r : group.members) deterministic = deterministic && RankOf(job, r).deterministic;
+  if (!pa.verdict.has_value()) {
+    AuditInput input;
+    input.plan = &pa.plan;
+    input.topology = &TopologyOf(job, group);
+    input.originals = &pa.originals;
+    input.replays = &pa.replays;
+    input.compare_gradients = deterministic;
+    input.salt = step;
+    pa.verdict = Attribute(input);
+    for (const TieBreak& t : pa.verdict->tiebreaks) pa.tiebreaks.push_back({t, std::nullopt});
+  }
+  // The ranks ran the tie-breaks in-band when the step happened; their
+  // results come (or came) with the rest.
+  if (!ResolveEarlyTieBreaks(pa)) return;
+  const AuditFindings findings = SettleAudit(pa, deterministic);
+  const std::vector<std::string> differing = TensorNames(group, pa.verdict->differing_parameters);
+  const std::string explanation = absl::StrCat(
+      "decided in-band while sdcd was away (results of this audit arrived after it was decided "
+      "without them at the deadline), judged now: ",
+      absl::StrJoin(findings.notes, "; "));
+  StepVerdict verdict;
+  verdict.job_id = job.record.job_id;
+  verdict.group = group.record.group;
+  verdict.step = step;
+  verdict.check = CheckKind::kReplay;
+  verdict.complete = true;
+  verdict.failed = IsFailure(findings.outcome);
+  verdict.incident_id =
+      RecordAuditIncidents(job, group, step, findings, explanation, differing, txn);
+  verdict.summary = verdict.failed
+                        ? absl::StrCat(AuditOutcomeName(findings.outcome), ": ", explanation,
+                                       verdict.incident_id != 0
+                                           ? absl::StrCat(" (incident ", verdict.incident_id, ")")
+                                           : "")
+                        : absl::StrCat("completed late: ", pa.verdict->explanation);
+  AuditVerdictMessage msg;
+  msg.step = step;
+  msg.outcome = findings.outcome;
+  msg.faulty = {findings.faulty.begin(), findings.faulty.end()};
+  msg.suspects = ToVector(findings.suspects);
+  msg.differing_tensors = differing;
+  msg.explanation = explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
+  txn.effects.checks.push_back(
+      {CheckKind::kReplay, AuditOutcomeName(findings.outcome), clock_->Now() - pa.first_seen});
+  txn.effects.notes.push_back(absl::StrCat("job ", job.record.job_id, ": the audit of step ",
+                                           step, ", decided at the deadline without every "
+                                           "result, is complete now: ",
+                                           AuditOutcomeName(findings.outcome)));
+  RecordVerdict(job, std::move(verdict), txn);
+  job.unfinished.erase(it);
 }
 
 Coordinator::AuditFindings Coordinator::SettleAudit(const PendingAudit& pa, bool deterministic) {

@@ -59,7 +59,6 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
         absl::StrCat("out-of-order step: rank ", r.rank, " reported step ", r.step,
                      " after step ", rank.last_step));
   }
-  if (!replaying_) txn.mutation.pending_added.push_back(r);
   if (!replaying_ && rank.resumed && r.step <= rank.last_step) {
     // A restarted rank resumes at or below its last step: the job rolled
     // back to a checkpoint, and the verdicts of the abandoned steps are void.
@@ -68,6 +67,15 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
   rank.resumed = false;
   rank.has_last_step = true;
   rank.last_step = r.step;
+  if (!replaying_ && job.steps.count({group.record.group, r.step}) == 0) {
+    auto decided = job.ledger.find(r.step);
+    if (Forgotten(job, r.step) || (decided != job.ledger.end() &&
+                                   decided->second.nonfinite.count(group.record.group) > 0)) {
+      ApplyLateStepReport(job, group, r, s, txn);
+      return absl::OkStatus();
+    }
+  }
+  if (!replaying_) txn.mutation.pending_added.push_back(r);
 
   auto [it, fresh] = job.steps.try_emplace({group.record.group, r.step});
   PendingStep& ps = it->second;
@@ -81,8 +89,12 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
   ps.reported.insert(r.rank);
   ps.reduced[s.reduced_digest].ranks.push_back(r.rank);
   if (s.local_nonfinite > 0) ps.local_nonfinite.insert(r.rank);
+  if (s.loss_scaled) ps.loss_scaled = true;
   if (s.reduced_nonfinite > 0) ps.reduced_nonfinite.insert(r.rank);
   (s.applied ? ps.applied : ps.skipped).insert(r.rank);
+  if (!s.no_confirmation.empty() && ps.no_confirmation.empty()) {
+    ps.no_confirmation = s.no_confirmation;
+  }
   ps.keys.push_back(KeyOf(r));
   if (!s.audits_off.empty() && !replaying_) NoteAuditsOff(job, group, r.step, s.audits_off, txn);
   MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
@@ -100,12 +112,53 @@ absl::Status Coordinator::ApplyConfirmation(JobState& job, GroupState& group, co
         "confirmation of rank ", a.subject, "'s micro-batch at step ", r.step,
         " already received"));
   }
-  if (!replaying_) txn.mutation.pending_added.push_back(r);
+  auto entry = job.ledger.find(r.step);
+  const bool decided = Forgotten(job, r.step) ||
+                       (entry != job.ledger.end() &&
+                        entry->second.nonfinite.count(group.record.group) > 0);
+  if (ps == job.steps.end() && !decided) {
+    // Before any step report of its step (ranks resend in any order).
+    ps = job.steps.try_emplace({group.record.group, r.step}).first;
+    ps->second.first_seen = clock_->Now();
+  }
   if (ps == job.steps.end()) {
-    // The step was decided without it (deadline): nothing left to confirm.
-    if (!replaying_) txn.mutation.pending_removed.push_back(KeyOf(r));
+    // The step was decided without it (deadline). If that decision saw the
+    // subject's NaN/Inf unconfirmed, this replay decides it now; if the
+    // subject's own report is late too, it finds this replay there.
+    if (entry == job.ledger.end()) {
+      NoteLate(job, r, "confirmation replay of a step sdcd no longer holds", txn);
+      return absl::OkStatus();
+    }
+    LedgerEntry& e = entry->second;
+    if (e.confirms.count(a.subject) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "confirmation of rank ", a.subject, "'s micro-batch at step ", r.step,
+          " already received"));
+    }
+    e.confirms[a.subject] = {r.rank, a.nonfinite};
+    NoteLate(job, r, "confirmation replay of a step decided without it", txn);
+    if (e.local_nonfinite.count(a.subject) > 0) {
+      const bool faulty = a.nonfinite == 0;
+      const Incident& inc = RecordIncident(
+          job, group, r.step, CheckKind::kNonFinite, faulty ? "faulty" : "reproduced",
+          faulty ? std::vector<Rank>{a.subject} : std::vector<Rank>{}, faulty,
+          absl::StrCat(faulty ? absl::StrCat(Describe(job, a.subject),
+                                             " had NaN/Inf in its local gradients; ",
+                                             Describe(job, r.rank),
+                                             " replayed its micro-batch and got finite "
+                                             "gradients")
+                              : absl::StrCat(Describe(job, r.rank),
+                                             " reproduced the NaN/Inf of rank ", a.subject,
+                                             "'s micro-batch: the data or the software, not "
+                                             "the GPU"),
+                       " (the replay's report came after the step was decided without it: "
+                       "decided in-band while sdcd was away)"),
+          {}, txn);
+      RecordLateVerdict(job, group, r.step, inc, txn);
+    }
     return absl::OkStatus();
   }
+  if (Fresh()) txn.mutation.pending_added.push_back(r);
   ps->second.confirms[a.subject] = {r.rank, a.nonfinite};
   ps->second.keys.push_back(KeyOf(r));
   MaybeFinalizeStep(job, group, r.step, /*deadline=*/false, txn);
@@ -149,9 +202,10 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   if (!complete && !deadline) return;
   const std::vector<Rank> local = ToVector(ps.local_nonfinite);
   // A lone rank's local NaN/Inf waits for the in-band confirmation replay of
-  // the highest such rank (the one every rank agreed on).
+  // the highest such rank (the one every rank agreed on), unless a rank said
+  // none comes.
   const bool subset = !local.empty() && local.size() < group.members.size();
-  if (subset && !deadline &&
+  if (subset && !deadline && ps.no_confirmation.empty() &&
       ChooseConfirmer(TopologyOf(job, group), local.back(), step).has_value() &&
       ps.confirms.count(local.back()) == 0) {
     return;
@@ -167,20 +221,122 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   StepFailures found;
   const absl::Duration latency = clock_->Now() - ps.first_seen;
   const VoteOutcome reduced = CheckReducedGradients(job, group, step, ps, latency, found, txn);
-  CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
+  const bool overflow = CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
   if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
 
   verdict.failed = !found.failures.empty();
   verdict.incident_id = found.first_incident;
   verdict.summary = !found.failures.empty() ? absl::StrJoin(found.failures, "; ")
+                    : overflow ? "the loss scaler's overflow: the scaler skipped the step"
                     : complete              ? "pass"
                                             : absl::StrCat("missing ranks ",
                                                            RankList(Unreported(group.members,
                                                                                ps.reported)));
   RecordVerdict(job, std::move(verdict), txn);
+  // What a report coming after this decision is judged against.
+  if (auto e = job.ledger.find(step); e != job.ledger.end()) {
+    e->second.local_nonfinite.insert(ps.local_nonfinite.begin(), ps.local_nonfinite.end());
+    e->second.confirms.insert(ps.confirms.begin(), ps.confirms.end());
+    size_t most = 0;
+    for (const auto& [digest, ballot] : ps.reduced) {
+      if (ballot.ranks.size() > most) {
+        most = ballot.ranks.size();
+        e->second.reduced_majority[group.record.group] = digest;
+      }
+    }
+  }
   txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
                                   CheckKind::kNonFinite, 0, std::move(ps.keys)});
   job.steps.erase(it);
+}
+
+void Coordinator::RecordLateVerdict(JobState& job, GroupState& group, Step step,
+                                    const Incident& inc, Txn& txn) {
+  StepVerdict verdict;
+  verdict.job_id = job.record.job_id;
+  verdict.group = group.record.group;
+  verdict.step = step;
+  verdict.check = inc.check == CheckKind::kReplay ? CheckKind::kReplay : CheckKind::kNonFinite;
+  verdict.complete = true;
+  verdict.failed = true;
+  verdict.incident_id = inc.id;
+  verdict.summary = absl::StrCat(inc.explanation, " (incident ", inc.id, ")");
+  RecordVerdict(job, std::move(verdict), txn);
+}
+
+void Coordinator::ApplyLateStepReport(JobState& job, GroupState& group, const Report& r,
+                                      const StepReport& s, Txn& txn) {
+  NoteLate(job, r, "step report of a step whose check was decided without it", txn);
+  auto entry = job.ledger.find(r.step);
+  LedgerEntry* e = entry == job.ledger.end() ? nullptr : &entry->second;
+  const std::string late =
+      " (its report came after the step's check was decided without it: decided in-band "
+      "while sdcd was away, or while the rank was cut off)";
+  const Incident* inc = nullptr;
+  if (s.local_nonfinite > 0) {
+    if (e != nullptr && e->local_nonfinite.count(r.rank) > 0) return;  // Judged already.
+    if (e != nullptr) e->local_nonfinite.insert(r.rank);
+    auto c = e == nullptr ? decltype(e->confirms)::iterator() : e->confirms.find(r.rank);
+    const bool confirmed = e != nullptr && c != e->confirms.end();
+    if (confirmed && c->second.second == 0) {
+      inc = &RecordIncident(job, group, r.step, CheckKind::kNonFinite, "faulty", {r.rank}, true,
+                            absl::StrCat(Describe(job, r.rank),
+                                         " had NaN/Inf in its local gradients; ",
+                                         Describe(job, c->second.first),
+                                         " replayed its micro-batch and got finite gradients",
+                                         late),
+                            {}, txn);
+    } else if (confirmed) {
+      inc = &RecordIncident(job, group, r.step, CheckKind::kNonFinite, "reproduced", {}, false,
+                            absl::StrCat(Describe(job, c->second.first),
+                                         " reproduced the NaN/Inf of rank ", r.rank,
+                                         "'s micro-batch: the data or the software, not the GPU",
+                                         late),
+                            {}, txn);
+    } else {
+      inc = &RecordIncident(job, group, r.step, CheckKind::kNonFinite, "suspect", {r.rank}, false,
+                            absl::StrCat("NaN/Inf in the local gradients of ",
+                                         Describe(job, r.rank), " only; no replay confirmed it",
+                                         late),
+                            {}, txn);
+    }
+  } else if (s.reduced_nonfinite > 0 && (e == nullptr || e->failures.empty())) {
+    inc = &RecordIncident(job, group, r.step, CheckKind::kNonFinite, "suspect", {r.rank}, false,
+                          absl::StrCat("only ", Describe(job, r.rank),
+                                       " received NaN/Inf from the all-reduce", late),
+                          {}, txn);
+  } else if (e != nullptr && e->reduced_majority.count(group.record.group) > 0 &&
+             e->reduced_majority.at(group.record.group) != s.reduced_digest) {
+    inc = &RecordIncident(
+        job, group, r.step, CheckKind::kReducedGradients, "suspect", {r.rank}, false,
+        absl::StrCat(Describe(job, r.rank),
+                     " received reduced gradients that differ from those most ranks got; the "
+                     "bad data may come from elsewhere in the all-reduce, so targeted audits "
+                     "decide",
+                     late),
+        {}, txn);
+  } else if (!s.applied) {
+    // Skipped in-band for a reason no incident records yet: the evidence
+    // sdcd would attribute with (a replay audit's results) is either on
+    // its way (an unfinished audit waits for it) or gone.
+    for (const auto& [key, pa] : job.unfinished) {
+      if (std::get<0>(key) == group.record.group && std::get<1>(key) == r.step) return;
+    }
+    for (const auto& [key, pa] : job.audits) {
+      if (std::get<0>(key) == group.record.group && std::get<1>(key) == r.step) return;
+    }
+    for (const auto& [id, other] : incidents_) {
+      if (other.job_id == job.record.job_id && other.step == r.step) return;
+    }
+    inc = &RecordIncident(
+        job, group, r.step, CheckKind::kReplay, "decided_inband", {}, false,
+        absl::StrCat("step ", r.step, " was skipped on every rank in-band (", Echo(s.skip_reason),
+                     ") while sdcd was away; the results it would attribute it with reached "
+                     "sdcd after the step's checks were decided, or never did: nobody is "
+                     "blamed, see the trainers' logs for the step"),
+        {}, txn);
+  }
+  if (inc != nullptr) RecordLateVerdict(job, group, r.step, *inc, txn);
 }
 
 VoteOutcome Coordinator::CheckReducedGradients(JobState& job, GroupState& group, Step step,
@@ -219,17 +375,30 @@ VoteOutcome Coordinator::CheckReducedGradients(JobState& job, GroupState& group,
   return reduced.outcome;
 }
 
-void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
+bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
                                  const PendingStep& ps, const std::vector<Rank>& local,
                                  VoteOutcome reduced, absl::Duration latency,
                                  StepFailures& found, Txn& txn) {
+  // Under a loss scaler (fp16's GradScaler) NaN/Inf is how the scaler finds
+  // its scale too high: it skips the step and backs off, several times at
+  // the start of every run. That is the scaler's business, so it names
+  // nobody unless a replay on another domain shows a GPU computed NaN/Inf
+  // where a healthy one computes finite values.
+  const bool scaled = ps.loss_scaled;
   std::string nonfinite_result = "pass";
+  auto note = [&](const std::string& result) {
+    if (nonfinite_result == "pass") nonfinite_result = result;
+  };
   if (!local.empty() && local.size() == group.members.size()) {
-    nonfinite_result = "all_ranks";
-    found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
-                              "every rank's local gradients had NaN/Inf: the model or its "
-                              "data, not one GPU",
-                              {}, txn));
+    if (scaled) {
+      nonfinite_result = "overflow";
+    } else {
+      nonfinite_result = "all_ranks";
+      found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
+                                "every rank's local gradients had NaN/Inf: the model or its "
+                                "data, not one GPU",
+                                {}, txn));
+    }
   } else {
     for (Rank r : local) {
       auto c = ps.confirms.find(r);
@@ -237,29 +406,41 @@ void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
         nonfinite_result = "faulty";
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "faulty", {r}, true,
-            absl::StrCat(Describe(job, r), " had NaN/Inf in its local gradients; ",
+            absl::StrCat(Describe(job, r), " had NaN/Inf in its local gradients",
+                         scaled ? " (under a loss scaler)" : "", "; ",
                          Describe(job, c->second.first),
                          " replayed its micro-batch and got finite gradients"),
             {}, txn));
+      } else if (scaled) {
+        // Reproduced on another GPU, or never replayed (accumulated
+        // micro-batches): the scaler's overflow until a replay says otherwise.
+        note("overflow");
       } else if (c != ps.confirms.end()) {
-        if (nonfinite_result == "pass") nonfinite_result = "reproduced";
+        note("reproduced");
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "reproduced", {}, false,
             absl::StrCat(Describe(job, c->second.first), " reproduced the NaN/Inf of rank ", r,
                          "'s micro-batch: the data or the software, not the GPU"),
             {}, txn));
       } else {
-        if (nonfinite_result == "pass") nonfinite_result = "suspect";
+        note("suspect");
         found.Note(RecordIncident(
             job, group, step, CheckKind::kNonFinite, "suspect", {r}, false,
-            absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
-                         " only; no replay confirmed it"),
+            ps.no_confirmation.empty()
+                ? absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
+                               " only; no replay confirmed it")
+                : absl::StrCat("NaN/Inf in the local gradients of ", Describe(job, r),
+                               " only; no confirmation replay runs: ",
+                               Echo(ps.no_confirmation), "; a suspect until audits decide"),
             {}, txn));
       }
     }
   }
   if (local.empty() && !ps.reduced_nonfinite.empty()) {
-    if (ps.reduced_nonfinite.size() == group.members.size()) {
+    if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
+      // A compression hook's sum (fp16) overflowed like the scaler's own.
+      nonfinite_result = "overflow";
+    } else if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
       found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,
                                 "every rank's reduced gradients had NaN/Inf but no rank's "
@@ -275,6 +456,7 @@ void Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     }
   }
   txn.effects.checks.push_back({CheckKind::kNonFinite, nonfinite_result, latency});
+  return nonfinite_result == "overflow";
 }
 
 }  // namespace sdc::core

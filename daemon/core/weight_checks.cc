@@ -50,12 +50,12 @@ absl::Status Coordinator::ApplyWeights(JobState& job, GroupState& group, const R
     return absl::AlreadyExistsError(absl::StrCat(
         "weight report for step ", r.step, " from rank ", r.rank, " already received"));
   }
-  if (pending == job.weights.end()) {
+  if (pending == job.weights.end() && !replaying_) {
     auto verdict = job.ledger.find(r.step);
-    if (verdict != job.ledger.end() && verdict->second.weights.count(group_id) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "the weight check of step ", r.step, " is already decided; rank ", r.rank,
-          "'s report is late"));
+    if (Forgotten(job, r.step) ||
+        (verdict != job.ledger.end() && verdict->second.weights.count(group_id) > 0)) {
+      ApplyLateWeights(job, group, r, w, txn);
+      return absl::OkStatus();
     }
   }
   auto [it, fresh] = job.weights.try_emplace({group.record.group, r.step});
@@ -94,6 +94,46 @@ absl::Status Coordinator::ApplyWeights(JobState& job, GroupState& group, const R
   pw.keys.push_back(KeyOf(r));
   MaybeFinalizeWeights(job, group, r.step, /*deadline=*/false, txn);
   return absl::OkStatus();
+}
+
+void Coordinator::ApplyLateWeights(JobState& job, GroupState& group, const Report& r,
+                                   const WeightReport& w, Txn& txn) {
+  auto entry = job.ledger.find(r.step);
+  const uint32_t g = group.record.group;
+  if (entry == job.ledger.end() || entry->second.weight_majority.count(g) == 0) {
+    NoteLate(job, r, "weight report of a vote decided without it; sdcd no longer holds the "
+             "value it decided", txn);
+    return;
+  }
+  NoteLate(job, r, "weight report of a vote decided without it, compared with the value it "
+           "decided", txn);
+  if (WeightVoteDigest(w) == entry->second.weight_majority.at(g)) return;
+  // A minority of one, after the fact: as the vote would have named it.
+  const Incident& inc = RecordIncident(
+      job, group, r.step, CheckKind::kWeights, "faulty", {r.rank}, true,
+      absl::StrCat("rank(s) ", r.rank, " differ from the majority in weights (its report of step ",
+                   r.step, " came after the vote was decided without it: sdcd was away, or the "
+                   "rank was cut off)"),
+      {}, txn);
+  StepVerdict verdict;
+  verdict.job_id = job.record.job_id;
+  verdict.group = g;
+  verdict.step = r.step;
+  verdict.check = CheckKind::kWeights;
+  verdict.complete = true;
+  verdict.failed = true;
+  verdict.incident_id = inc.id;
+  verdict.summary = absl::StrCat(inc.explanation, " (incident ", inc.id, ")");
+  RecordVerdict(job, std::move(verdict), txn);
+  WeightVerdictMessage msg;
+  msg.step = r.step;
+  msg.pass = false;
+  msg.minority = {r.rank};
+  msg.majority_source = group.members.front() == r.rank && group.members.size() > 1
+                            ? group.members[1]
+                            : group.members.front();
+  msg.explanation = inc.explanation;
+  txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
 }
 
 void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step step,
@@ -171,6 +211,14 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
       {CheckKind::kWeights, VoteOutcomeName(vote.outcome), clock_->Now() - pw.first_seen});
   txn.effects.messages.push_back({job.record.job_id, group.members, std::move(msg)});
   RecordVerdict(job, std::move(verdict), txn);
+  auto decided = pw.ballots.find(vote.majority_digest);
+  if (!vote.per_tensor && decided != pw.ballots.end() &&
+      2 * decided->second.ranks.size() > group.members.size()) {
+    // What a report coming after this decision is compared with.
+    if (auto e = job.ledger.find(step); e != job.ledger.end()) {
+      e->second.weight_majority[group.record.group] = vote.majority_digest;
+    }
+  }
   txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
                                   CheckKind::kWeights, 0, std::move(pw.keys)});
   job.weights.erase(it);

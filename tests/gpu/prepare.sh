@@ -2,23 +2,18 @@
 # Builds what tests/gpu/run.sh needs on the GPU machine into gpu-bundle/ at
 # the repository root (ignored by git; the device tool carries it with
 # carry=["gpu-bundle"]). Run through `./sdc gpu-bundle`, which builds the
-# targets first. The GPU machine has torch 2.11.0+cu130, nvcc and a
-# compiler but no gRPC, protobuf or Abseil and no network: their libraries
-# travel here, with RPATH $ORIGIN/../lib, with the trainer client's own
-# libraries and Abseil's headers for building the extension module there
-# against its own Python.
+# targets and the wheel first. The GPU machine has torch 2.11.0+cu130 but no
+# gRPC, protobuf or Abseil and no network: their libraries travel here, with
+# RPATH $ORIGIN/../lib, and the sdc_guard wheel (which bundles its own) for
+# whatever Python that machine has.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/bazel-bin"
 OUT="$ROOT/gpu-bundle"
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/include"
+mkdir -p "$OUT/bin" "$OUT/lib"
 
-# guard_engine_test is not run there: its libraries (Bazel links tests
-# against one shared library per target) are what the extension module is
-# linked with on the GPU machine.
-BINARIES=(tests/gpu/gpu_bench kernels/cuda_test client/device_test client/guard_engine_test
-  daemon/sdcd ctl/sdcctl)
+BINARIES=(tests/gpu/gpu_bench kernels/cuda_test client/device_test daemon/sdcd ctl/sdcctl)
 for b in "${BINARIES[@]}"; do
   install -m 755 "$BIN/$b" "$OUT/bin/"
 done
@@ -38,17 +33,11 @@ bundle_libraries() {
 for b in "${BINARIES[@]}"; do
   bundle_libraries "$BIN/$b"
 done
-# What the extension module links there: guard_engine_test's libraries
-# without GoogleTest's (and never sdcd's tcmalloc, which must not load into
-# a process that has allocated already).
-ldd "$BIN/client/guard_engine_test" | awk '$2 == "=>" {print $1}' | while read -r soname; do
-  [[ -e "$OUT/lib/$soname" && "$soname" != libgtest* && "$soname" != libgmock* ]] && echo "$soname"
-done >"$OUT/engine.libs"
 for f in "$OUT"/bin/*; do
   patchelf --set-rpath '$ORIGIN/../lib' "$f"
 done
 for f in "$OUT"/lib/*; do
   patchelf --set-rpath '$ORIGIN' "$f"
 done
-cp -r /usr/include/absl "$OUT/include/"
+install -m 644 "$ROOT"/dist/sdc_guard-*.whl "$OUT/"
 du -sh "$OUT" | awk '{print "gpu-bundle: " $1}'

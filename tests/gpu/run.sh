@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a GPU, torch 2.11.0+cu130 in a virtual
-# environment, nvcc and a C++ compiler, and no network (see README.md).
+# environment and no network (see README.md).
 # Run from the repository root with gpu-bundle/ from `./sdc gpu-bundle`:
 #
 #   tests/gpu/run.sh            # prints one JSON line last; exit 0 when every check passed
@@ -10,8 +10,8 @@
 # 2. kernels/cuda_test and client/device_test: the CUDA kernels and the
 #    client's CUDA path bit for bit against the CPU, on random and crafted
 #    tensors;
-# 3. the extension module built here against this machine's Python and torch,
-#    and a guarded examples/ddp_train.py job of 3 processes on the GPU (Gloo
+# 3. the wheel built on the build machine, installed for this machine's
+#    Python (nothing compiled here), and a guarded examples/ddp_train.py job of 3 processes on the GPU (Gloo
 #    on CUDA tensors) with sdcd and an injected fault: the faulty rank must be
 #    blamed, the step skipped on every rank, the replicas identical.
 # Without a GPU (a dry run on a CPU machine) steps 1-2 report skips and the
@@ -32,10 +32,9 @@ for candidate in /opt/torch/.venv/bin/python3 "$HOME/.cache/sdc-guard/venv/bin/p
   [[ -z "$PY" && -x "$candidate" ]] && PY=$candidate
 done
 [[ -n "$PY" ]] || die "no Python with torch (set SDC_GPU_PYTHON)"
-read -r TORCH_DIR PY_INCLUDE SITE TORCH_VERSION < <("$PY" -c '
+read -r TORCH_DIR SITE TORCH_VERSION < <("$PY" -c '
 import os, sysconfig, torch
-print(os.path.dirname(torch.__file__), sysconfig.get_paths()["include"],
-      sysconfig.get_paths()["purelib"], torch.__version__)') || die "$PY cannot import torch"
+print(os.path.dirname(torch.__file__), sysconfig.get_paths()["purelib"], torch.__version__)') || die "$PY cannot import torch"
 NVIDIA_LIBS=$(ls -d "$SITE"/nvidia/*/lib 2>/dev/null | paste -sd: -)
 export LD_LIBRARY_PATH="$B/lib:$TORCH_DIR/lib:$NVIDIA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CUBLAS_WORKSPACE_CONFIG=:4096:8  # Audits run with deterministic algorithms.
@@ -64,20 +63,17 @@ log "kernels/cuda_test, client/device_test"
 cuda_test=$(gtest cuda_test)
 device_test=$(gtest device_test)
 
-# 3. The extension module for this machine's Python, then a guarded job.
-log "building the extension module for $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-mkdir -p "$WORK/site/sdc_guard"
-cp "$ROOT"/client/python/sdc_guard/*.py "$WORK/site/sdc_guard/"
-build_start=$SECONDS
-mapfile -t engine_libs < <(sed "s|^|$B/lib/|" "$B/engine.libs")
-timeout 300 g++ -O2 -std=c++17 -shared -fPIC -fvisibility=hidden \
-  -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H \
-  -I"$ROOT" -isystem "$B/include" -isystem "$TORCH_DIR/include" \
-  -isystem "$TORCH_DIR/include/torch/csrc/api/include" -isystem "$PY_INCLUDE" \
-  "$ROOT/client/python/module.cc" -o "$WORK/site/sdc_guard/_C.so" \
-  -Wl,--no-as-needed "${engine_libs[@]}" -L"$TORCH_DIR/lib" -ltorch_python -ltorch -ltorch_cpu -lc10 \
-  -Wl,-rpath,"$B/lib" 2>"$WORK/build.log" || die "building the extension failed: $(tail -c 600 "$WORK/build.log" | tr '\n"' ' ')"
-build_s=$((SECONDS - build_start))
+# 3. The wheel built on the build machine (its engine library has no CPython
+#    code: nothing is compiled here, whatever this machine's Python), then a
+#    guarded job.
+log "installing the wheel for Python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+install_start=$SECONDS
+wheel=$(ls "$B"/sdc_guard-*.whl 2>/dev/null | head -1)
+[[ -n "$wheel" ]] || die "no wheel in gpu-bundle/: run ./sdc gpu-bundle again"
+"$PY" -m zipfile -e "$wheel" "$WORK/site" || die "unpacking $wheel failed"
+PYTHONPATH="$WORK/site" "$PY" -c 'import sdc_guard' 2>"$WORK/import.log" ||
+  die "import sdc_guard failed: $(tail -c 600 "$WORK/import.log" | tr '\n"' ' ')"
+install_s=$((SECONDS - install_start))
 
 log "sdcd and a guarded job of 3 ranks ($([[ $gpu == true ]] && echo GPU || echo CPU: no GPU))"
 "$B/bin/sdcd" --db="$WORK/sdcd.db" --admin_token_file="$WORK/admin.token" \
@@ -141,7 +137,7 @@ b, c, d, j = (json.loads(a) for a in sys.argv[1:5])
 gpu = b["gpu"]
 tests = all(t["rc"] == 0 and t["failed"] == 0 for t in (c, d)) and (not gpu or c["skipped"] + d["skipped"] == 0)
 print("true" if tests and j["ok"] else "false")' "$bench" "$cuda_test" "$device_test" "$job")
-printf '{"ok":%s,"gpu":%s,"torch":"%s","bench":%s,"cuda_test":%s,"device_test":%s,"extension_build_s":%d,"job":%s,"wall_s":%d,"work":"%s"}\n' \
-  "$ok" "$gpu" "$TORCH_VERSION" "$bench" "$cuda_test" "$device_test" "$build_s" "$job" \
+printf '{"ok":%s,"gpu":%s,"torch":"%s","bench":%s,"cuda_test":%s,"device_test":%s,"wheel_install_s":%d,"job":%s,"wall_s":%d,"work":"%s"}\n' \
+  "$ok" "$gpu" "$TORCH_VERSION" "$bench" "$cuda_test" "$device_test" "$install_s" "$job" \
   "$((SECONDS - start))" "$WORK"
 [[ "$ok" == true ]]

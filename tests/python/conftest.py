@@ -39,7 +39,9 @@ def wait_for(predicate, timeout, what):
 
 
 class Sdcd:
-    """A real sdcd in `directory`, on ports the kernel picks (read from its log)."""
+    """A real sdcd in `directory`, on ports the kernel picks (read from its log).
+    Another Sdcd in the same directory is the same coordinator restarted on
+    its database (on new ports)."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -74,9 +76,56 @@ class Sdcd:
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout) if out.stdout.strip() else {}
 
+    def trainer_port(self):
+        return int(self.trainer_address.rsplit(":", 1)[1])
+
+    def kill(self):
+        """kill -9: a crash, as far as sdcd can tell."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
     def stop(self):
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+class Proxy:
+    """demo/tcp-proxy: the name trainers dial in front of sdcd. target(port)
+    moves it to another sdcd (open connections close), cut() closes every
+    connection and refuses new ones until restore()."""
+
+    def __init__(self, target_port=0):
+        self.process = subprocess.Popen(
+            [binary("demo/tcp-proxy"), str(target_port)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        line = self.process.stdout.readline()
+        assert line.startswith("listening "), line
+        self.address = "127.0.0.1:" + line.split()[1]
+
+    def _command(self, line):
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().strip()
+        assert answer == "ok", answer
+
+    def target(self, port):
+        self._command(f"target {port}")
+
+    def cut(self):
+        self._command("cut")
+
+    def restore(self):
+        self._command("restore")
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
@@ -99,51 +148,80 @@ def python_env(extra=None):
     return env
 
 
-def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300):
-    """Runs examples/ddp_train.py on `world` ranks (Gloo, a FileStore
-    rendezvous), rank r on node (r // (world / nodes)). Returns
-    ([per-rank step records], [per-rank final lines]); raises with the logs
-    when a rank fails or the job outlives `timeout`."""
+def start_job(directory, world, flags=(), env=None, nodes=3, rank_env=None):
+    """Starts examples/ddp_train.py on `world` ranks (Gloo, a FileStore
+    rendezvous), rank r on node (r // (world / nodes)), with `env` and
+    `rank_env(r)` (a dict) added to the environment. Returns (processes,
+    log paths); a rank that fails to start kills the ones started before."""
     os.makedirs(directory, exist_ok=True)
     store = os.path.join(directory, "rendezvous")
     if os.path.exists(store):
         os.remove(store)
     per_node = max(1, world // nodes)
     procs, logs = [], []
-    for r in range(world):
-        progress = os.path.join(directory, f"progress-{r}.jsonl")
-        if os.path.exists(progress):
-            os.remove(progress)
-        rank_env = python_env({
-            "SDC_NODE_NAME": f"node-{chr(ord('a') + r // per_node)}",
-            "LOCAL_RANK": str(r % per_node),
-            **(env or {}),
-        })
-        log_path = os.path.join(directory, f"rank-{r}.log")
-        logs.append(log_path)
-        with open(log_path, "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, EXAMPLE, f"--rank={r}", f"--world_size={world}",
-                 f"--rendezvous={store}", f"--progress={progress}", *flags],
-                stdout=log, stderr=subprocess.STDOUT, env=rank_env, start_new_session=True))
+    try:
+        for r in range(world):
+            progress = os.path.join(directory, f"progress-{r}.jsonl")
+            if os.path.exists(progress):
+                os.remove(progress)
+            proc_env = python_env({
+                "SDC_NODE_NAME": f"node-{chr(ord('a') + r // per_node)}",
+                "LOCAL_RANK": str(r % per_node),
+                **(env or {}),
+                **(rank_env(r) if rank_env else {}),
+            })
+            log_path = os.path.join(directory, f"rank-{r}.log")
+            logs.append(log_path)
+            with open(log_path, "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, EXAMPLE, f"--rank={r}", f"--world_size={world}",
+                     f"--rendezvous={store}", f"--progress={progress}", *flags],
+                    stdout=log, stderr=subprocess.STDOUT, env=proc_env, start_new_session=True))
+    except BaseException:
+        wait_job(procs, 0)
+        raise
+    return procs, logs
+
+
+def wait_job(procs, timeout):
+    """Waits for every process up to `timeout` seconds in all, kills what is
+    left (whatever happened, no rank outlives the call); returns whether
+    every process ended by itself."""
     deadline = time.monotonic() + timeout
+    ended = True
     try:
         for p in procs:
-            p.wait(max(1, deadline - time.monotonic()))
+            p.wait(max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        pass
+        ended = False
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    return ended
+
+
+def progress_lines(directory, rank):
+    path = os.path.join(directory, f"progress-{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l) for l in open(path)]
+
+
+def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300, rank_env=None):
+    """Runs examples/ddp_train.py on `world` ranks (start_job). Returns
+    ([per-rank step records], [per-rank final lines]); raises with the logs
+    when a rank fails or the job outlives `timeout`."""
+    procs, logs = start_job(directory, world, flags, env, nodes, rank_env)
+    wait_job(procs, timeout)
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed:
         raise AssertionError("rank(s) %s failed:\n%s" % (
             failed, "\n".join(f"--- rank {r}\n{open(logs[r]).read()[-3000:]}" for r in failed)))
     steps, finals = [], []
     for r in range(world):
-        lines = [json.loads(l) for l in open(os.path.join(directory, f"progress-{r}.jsonl"))]
-        steps.append([l for l in lines if "final" not in l])
+        lines = progress_lines(directory, r)
+        steps.append([l for l in lines if "final" not in l and "note" not in l])
         finals.append(next(l for l in lines if l.get("final")))
     return steps, finals

@@ -284,3 +284,220 @@ def test_may_checkpoint_needs_the_checkpoint_weight_check(group):
             guard.may_checkpoint()
     finally:
         guard.shutdown(0)
+
+
+# -- issue 40 and issue 41 item 1: real configurations, the one-wrapper API --
+
+
+def _copy(model):
+    """A second DDP model with the same weights (the same group)."""
+    twin = mlp()
+    with torch.no_grad():
+        for a, b in zip(twin.parameters(), model.parameters()):
+            a.copy_(b)
+    return twin
+
+
+def test_optimizer_step_backs_the_scaler_off_and_keeps_it_after_a_failed_step(group,
+                                                                              monkeypatch):
+    # Step 2 overflows (the scaler's business: skipped, backed off); step 3
+    # fails a check of the guard's own (an injected error in check 1): the
+    # gradients are zeroed and the scale stays as it was, without the
+    # scaler's "No inf checks were recorded"; step 4 trains as usual.
+    monkeypatch.setenv("SDC_INJECT_FAULT", "scan-error:0:step=3")
+    monkeypatch.setenv("SDC_ALLOW_FAULT_INJECTION", "yes-i-am-testing")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guard = sdc_guard.Guard(model, opt, mse, grad_scaler=scaler, audit_every=0,
+                            weight_check_every=1)
+    try:
+        scales, stepped = [], []
+        for step in (1, 2, 3, 4):
+            x, y = batch(step)
+            if step == 2:
+                x[0, 0] = float("inf")
+            before = [p.detach().clone() for p in model.parameters()]
+            try:
+                with guard.step(step, (x, y)) as s:
+                    s.backward(scaler.scale(mse(model, (x, y))))
+            except sdc_guard.GuardError as e:
+                assert step == 3 and "INJECTED scan-error" in str(e), e
+            if step == 2:
+                assert s.overflow and not s.apply
+                assert "loss scaler overflow" in s.reason
+                assert any(not torch.isfinite(p.grad).all() for p in model.parameters()), \
+                    "the NaN/Inf stays for the scaler to find"
+            stepped.append(guard.optimizer_step(opt))
+            scales.append(scaler.get_scale())
+            changed = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+            assert changed == (step in (1, 4)), step
+        assert stepped == [True, False, False, True]
+        assert scales == [1024.0, 512.0, 512.0, 512.0]
+        with pytest.raises(sdc_guard.GuardError, match="FAILED_PRECONDITION"):
+            guard.optimizer_step(opt)  # Step 4 was stepped already.
+        assert guard.summary()["weight_checks"] == 3  # Check 3 of steps 1-3 ran before the next.
+    finally:
+        guard.shutdown(0)
+    assert guard.summary()["weight_checks"] == 4  # The last one at shutdown.
+
+
+def test_the_norm_and_clipping_see_unscaled_gradients(group):
+    # fp32 under a GradScaler of 1024 (a power of two: exact): the same norm
+    # and, clipped to max_grad_norm, the same weights as without a scaler.
+    plain = mlp()
+    scaled = _copy(plain)
+    opts = [torch.optim.SGD(m.parameters(), 0.1) for m in (plain, scaled)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    guards = [sdc_guard.Guard(plain, opts[0], mse, audit_every=0, max_grad_norm=0.01),
+              sdc_guard.Guard(scaled, opts[1], mse, audit_every=0, max_grad_norm=0.01,
+                              grad_scaler=scaler)]
+    try:
+        norms = []
+        for m, g, scale in ((plain, guards[0], lambda l: l), (scaled, guards[1], scaler.scale)):
+            with g.step(1, batch()) as s:
+                s.backward(scale(mse(m, batch())))
+            norms.append(s.grad_norm)
+            assert g.optimizer_step() is True
+        assert norms[0] == norms[1] and norms[0] > 0.01, norms
+        for a, b in zip(plain.parameters(), scaled.parameters()):
+            assert torch.equal(a, b)
+    finally:
+        for g in guards:
+            g.shutdown(0)
+
+
+def test_a_model_with_its_own_comm_hook_is_refused_with_the_fix(group):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = mlp()
+    model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with pytest.raises(ValueError, match=r"already has a DDP communication hook "
+                                         r"\(bf16_compress_hook\).*comm_hook=\(state, hook\)"):
+        sdc_guard.Guard(model, opt, mse, audit_every=0)
+    with pytest.raises(TypeError, match="comm_hook: expected \\(state, hook\\)"):
+        sdc_guard.Guard(mlp(), opt, mse, audit_every=0, comm_hook=default_hooks.allreduce_hook)
+
+
+def test_the_trainers_hook_runs_inside_the_guards(group):
+    # Check 1 sees the local bucket before the hook compresses it: a NaN is
+    # found even though bf16's round trip would keep it, and the reduced
+    # buckets the engine checks are the hook's output (bf16-rounded).
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0,
+                            comm_hook=(None, default_hooks.bf16_compress_hook))
+    try:
+        assert guard.comm_hook.name == "bf16_compress_hook"
+        with guard.step(1, batch()) as s:
+            s.backward(mse(model, batch()))
+        assert s.apply
+        for p in model.parameters():
+            assert torch.equal(p.grad, p.grad.bfloat16().float()), "the hook's output"
+        guard.optimizer_step()
+        x, y = batch(2)
+        x[0, 0] = float("nan")
+        with guard.step(2, (x, y)) as s:
+            s.backward(mse(model, (x, y)))
+        assert not s.apply and "local gradients" in s.reason
+    finally:
+        guard.shutdown(0)
+
+
+def test_a_run_without_sdcd_says_once_what_the_checkpoint_gate_does(group, capsys):
+    from sdc_guard import notices
+
+    notices._told.clear()
+    guards = []
+    try:
+        for fallback in (None, "in-band"):
+            model = mlp()
+            guards.append(sdc_guard.Guard(model, torch.optim.SGD(model.parameters(), 0.1), mse,
+                                          audit_every=0, checkpoint_fallback=fallback))
+        err = capsys.readouterr().err
+        assert err.count("sdc_guard: no coordinator") == 1, err  # Once per process.
+        assert "vetoes every checkpoint: may_checkpoint() stays False (pass " \
+               "checkpoint_fallback='in-band'" in err
+        notices._told.clear()
+        assert "allows a checkpoint only when every replica holds the same weights" in \
+            notices.checkpoint_notice("", "in-band")
+        assert notices.checkpoint_notice("127.0.0.1:1", "veto") is None
+    finally:
+        for g in guards:
+            g.shutdown(0)
+
+
+@pytest.mark.parametrize("preset", [None, ":16:8"])
+def test_the_cublas_setting_is_made_at_import_unless_given(preset):
+    env = {k: v for k, v in python_env().items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    if preset:
+        env["CUBLAS_WORKSPACE_CONFIG"] = preset
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, sdc_guard; print(os.environ['CUBLAS_WORKSPACE_CONFIG'])"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (preset or ":4096:8")
+
+
+def test_an_earlier_runs_provisional_checkpoints_are_reported_never_judged(group, tmp_path,
+                                                                          capsys):
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "step-2.pt.provisional").write_bytes(b"an earlier run's")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0,
+                            checkpoint_fallback="in-band")
+    checkpoints = sdc_guard.ProvisionalCheckpoints(guard, str(directory))
+    try:
+        assert checkpoints.earlier_provisional == [2]
+        assert "1 provisional checkpoint(s) of an earlier run" in capsys.readouterr().err
+        for step in (3, 4):
+            with guard.step(step, batch(step)) as s:
+                s.backward(mse(model, batch(step)))
+            guard.optimizer_step()
+            assert checkpoints.checkpoint(step, model.module.state_dict(), format="torch")
+        # This run's 3 is final once 4 was allowed; the earlier run's 2 is
+        # left as it was, though this ledger would call it final.
+        assert guard.checkpoint_standing(2) == "final"
+        assert checkpoints.steps() == {2: ("pt", True), 3: ("pt", False), 4: ("pt", True)}
+        assert (directory / "step-2.pt.provisional").read_bytes() == b"an earlier run's"
+    finally:
+        guard.shutdown(0)
+
+
+def test_training_state_round_trips_through_dcp_checkpoints(group, tmp_path):
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), 0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    guard = sdc_guard.Guard(model, opt, mse, grad_scaler=scaler, audit_every=0,
+                            weight_check_every=0, checkpoint_fallback="in-band")
+    checkpoints = sdc_guard.ProvisionalCheckpoints(guard, str(tmp_path / "ckpt"))
+    state = {"train": sdc_guard.TrainingState(model, opt, scaler)}
+    try:
+        for step in (1, 2):
+            with guard.step(step, batch(step)) as s:
+                s.backward(scaler.scale(mse(model, batch(step))))
+            guard.optimizer_step()
+            assert checkpoints.checkpoint(step, state)
+        assert checkpoints.steps() == {1: ("dcp", False), 2: ("dcp", True)}
+        saved = {k: v.clone() for k, v in model.module.state_dict().items()}
+        # A fresh model, optimizer and scaler restored from the final one (1).
+        fresh = mlp()
+        with torch.no_grad():
+            for p in fresh.parameters():
+                p.zero_()
+        fresh_opt = torch.optim.Adam(fresh.parameters(), 0.01)
+        fresh_scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+        assert checkpoints.restore({"train": sdc_guard.TrainingState(fresh, fresh_opt,
+                                                                     fresh_scaler)}) == 1
+        assert fresh_scaler.get_scale() == 256.0
+        assert fresh_opt.state_dict()["state"][0]["step"] == 1
+        assert not all(torch.equal(fresh.module.state_dict()[k], v) for k, v in saved.items()), \
+            "restored step 1, not step 2"
+        assert not torch.equal(next(fresh.parameters()), torch.zeros_like(next(fresh.parameters())))
+    finally:
+        guard.shutdown(0)

@@ -34,7 +34,7 @@ cc_library(
     linkopts = [
         "-L%{CUDA_LIB}",
         "-Wl,-rpath,%{CUDA_LIB}",
-        "-l:libcudart.so.13",
+        "-l:%{CUDART}",
     ],
 )
 
@@ -51,14 +51,4 @@ cc_library(
         ":cuda_runtime",
         ":torch",
     ],
-)
-
-# For the Python extension module only; Python itself is never linked (the
-# interpreter that imports the module provides it).
-cc_library(
-    name = "torch_python",
-    hdrs = glob(["python_include/**/*.h"]),
-    includes = ["python_include"],
-    linkopts = ["-ltorch_python"],
-    deps = [":torch"],
 )

@@ -1,12 +1,16 @@
 """sdc_guard.Guard: the C++ engine around a DistributedDataParallel model.
 
 What runs where:
-  * check 1 (non-finite gradients) inside a DDP communication hook: each
-    gradient bucket is scanned before its all-reduce and handed to the engine
-    after it, so communication overlaps backward as in plain DDP;
+  * check 1 (non-finite gradients) inside a DDP communication hook
+    (hooks.py): each gradient bucket is scanned before its all-reduce (and
+    before the trainer's own hook, which runs inside the guard's) and handed
+    to the engine after it, so communication overlaps backward as in plain
+    DDP;
   * check 2 (ring replay audit) and the one agreement collective in
-    ``Step.__exit__``, after backward and before ``optimizer.step()``;
-  * check 3 (weight fingerprints) in ``after_optimizer_step``, asynchronous;
+    ``Step.__exit__``, after backward and before the optimizer step;
+  * the optimizer step, applied or skipped as ``GradScaler.step`` does
+    (``optimizer_step``, amp.py), then check 3 (weight fingerprints),
+    asynchronous, before the next step or checkpoint;
   * the checkpoint gate in ``may_checkpoint``.
 The decisions, kernels and reports are the engine's (client/guard_engine.h).
 """
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sdc_guard import _C
+from sdc_guard import _C, amp, hooks, notices
 from sdc_guard._C import GuardError
 
 # Keyword arguments of Guard and the SDC_* variable each overrides, with the
@@ -42,6 +46,9 @@ _OPTIONS = {
     "checkpoint_wait_ms": ("SDC_CHECKPOINT_WAIT_MS", "count"),
     "checkpoint_fallback": ("SDC_CHECKPOINT_FALLBACK", "text"),
     "report_linger_ms": ("SDC_REPORT_LINGER_MS", "count"),
+    "report_buffer": ("SDC_REPORT_BUFFER", "count"),
+    "report_buffer_mb": ("SDC_REPORT_BUFFER_MB", "count"),
+    "reconnect_max_ms": ("SDC_RECONNECT_MAX_MS", "count"),
     "small_collectives": ("SDC_SMALL_COLLECTIVES", "text"),
     "max_grad_norm": ("SDC_MAX_GRAD_NORM", "number"),
     "parameter_fingerprints": ("SDC_PARAMETER_FINGERPRINTS", "flag"),
@@ -172,6 +179,7 @@ class Step:
         # Set after the block:
         self.apply = True
         self.reason = ""
+        self.overflow = False  # The loss scaler's overflow: see Guard.optimizer_step.
         self.audited = False
         self.audit_outcome = ""
         self.audit_unverified = False
@@ -184,6 +192,7 @@ class Step:
         g = self._guard
         if g._current is not None:
             raise GuardError("FAILED_PRECONDITION: a guarded step is already open")
+        g._run_weight_check(checkpoint=False)  # The previous step's check 3, if still due.
         self._deterministic_before = (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -220,10 +229,13 @@ class Step:
         if first:
             self.loss = loss.detach()
             engine = g._engine()
-            engine.record_first_micro_batch(self.loss, g._loss_scale())
-            if engine.auditing and not g._original_from_hook:
-                # Accumulated locally (no_sync): .grad holds this micro-batch's own gradients.
-                engine.record_original_gradients_from_parameters()
+            try:
+                engine.record_first_micro_batch(self.loss, amp.loss_scale(g.grad_scaler))
+                if engine.auditing and not g._original_from_hook:
+                    # Accumulated locally (no_sync): .grad holds this micro-batch's own gradients.
+                    engine.record_original_gradients_from_parameters()
+            except Exception as e:  # noqa: BLE001  (fails the step on every rank, at its end)
+                engine.note_failure(f"recording the first micro-batch: {type(e).__name__}: {e}")
         return loss
 
     def _end_warnings(self):
@@ -244,36 +256,52 @@ class Step:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
                                        source=w.source)
 
+    def _abandon(self):
+        """Leaves a step that never reaches the engine's end: the process's
+        deterministic setting (and the engine's warning handler) as before."""
+        self._guard._engine().abort_step()
+        torch.use_deterministic_algorithms(
+            self._deterministic_before[0], warn_only=self._deterministic_before[1])
+
     def __exit__(self, exc_type, exc, tb):
         g = self._guard
         g._current = None
         self._end_warnings()
         if exc_type is not None:
-            torch.use_deterministic_algorithms(
-                self._deterministic_before[0], warn_only=self._deterministic_before[1])
+            # The trainer's own error: this rank leaves the step (as it would
+            # leave plain DDP's); the process is put back as it was.
+            self.apply, self.reason = False, f"{exc_type.__name__} inside the guarded step"
+            self._abandon()
             return False
         if self._backwards == 0:
-            torch.use_deterministic_algorithms(
-                self._deterministic_before[0], warn_only=self._deterministic_before[1])
+            self._abandon()
             raise GuardError(
                 "FAILED_PRECONDITION: no Step.backward(loss) in a guarded step (the audit needs "
                 "the loss the rank trained on: call s.backward(loss) instead of loss.backward())")
         if g._hook_calls_this_step == 0:
-            torch.use_deterministic_algorithms(
-                self._deterministic_before[0], warn_only=self._deterministic_before[1])
+            self._abandon()
             raise GuardError(
                 "FAILED_PRECONDITION: the gradients were not all-reduced in this step (every "
                 "micro-batch ran under no_sync()?): the last micro-batch's backward must sync")
-        d = g._engine().finish()
+        g.last_step = self
+        g._stepped = False
+        try:
+            d = g._engine().finish()
+        except GuardError as e:
+            # Every rank raises this same error at this step (a rank's check
+            # failed, or the preflight): the step is skipped everywhere, and
+            # a trainer that catches it may train on.
+            self.apply, self.reason = False, str(e)
+            raise
         self.apply = d["apply"]
         self.reason = d["reason"]
+        self.overflow = d["overflow"]
         self.audited = d["audited"]
         self.audit_outcome = d["audit_outcome"]
         self.audit_unverified = d["audit_unverified"]
         self.repaired = d["repaired"]
         self.grad_norm = d["grad_norm"]
         self.timings_ms = {k: d[k] for k in ("check1_ms", "agreement_ms", "audit_ms")}
-        g.last_step = self
         return False
 
 
@@ -289,9 +317,14 @@ class Guard:
     ValueError for options out of range; nothing is registered on the model
     unless the guard is fully created.
 
-    With mixed precision under ``torch.amp.GradScaler``, pass it as
-    ``grad_scaler`` and call ``s.backward(scaler.scale(loss))``: a peer's
-    replay then multiplies the loss by the same scale. Module buffers join
+    With mixed precision, autocast goes inside ``loss_fn`` (replays must run
+    it too). Under ``torch.amp.GradScaler``, pass it as ``grad_scaler``,
+    call ``s.backward(scaler.scale(loss))`` and end each step with
+    ``guard.optimizer_step(optimizer)``: a peer's replay multiplies the loss
+    by the same scale, and an overflow is the scaler's (skipped and backed
+    off, no incident). A DDP communication hook of the trainer's
+    (compression, PowerSGD) goes in ``comm_hook=(state, hook)``: it runs
+    inside the guard's, after check 1 has seen the local bucket. Module buffers join
     the weight vote as each step's forward reads them (after DDP's buffer
     broadcast); with ``broadcast_buffers=False`` every replica keeps its own
     running statistics, so they are left out of the vote (``vote_buffers``
@@ -299,7 +332,7 @@ class Guard:
     """
 
     def __init__(self, model, optimizer, loss_fn, *, process_group=None, grad_scaler=None,
-                 **options):
+                 comm_hook=None, **options):
         if not isinstance(model, DistributedDataParallel):
             raise TypeError(
                 "sdc_guard.Guard needs the model wrapped in "
@@ -317,9 +350,17 @@ class Guard:
             raise RuntimeError(
                 "torch.distributed is not initialised: call torch.distributed.init_process_group() "
                 "before creating the guard (torchrun sets the environment it needs)")
-        if grad_scaler is not None and not hasattr(grad_scaler, "get_scale"):
-            raise TypeError(
-                f"grad_scaler: expected a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
+        if grad_scaler is not None:
+            amp.check_scaler(grad_scaler)
+        hook_state, hook = hooks.check_user_hook(comm_hook)
+        if hook is not None:
+            model._check_comm_hook(hook)  # DDP's own checks of the hook (bf16's needs NCCL).
+        existing = hooks.registered_hook(model)
+        if existing is not None:
+            raise ValueError(
+                f"the model already has a DDP communication hook ({existing}), and DDP takes one: "
+                "register none and pass it to the guard instead, Guard(..., comm_hook=(state, "
+                "hook)), which runs it inside its own after check 1 has seen the local bucket")
         variables = _variables(options)
         if options.get("vote_buffers") is None and "SDC_VOTE_BUFFERS" not in os.environ:
             variables["SDC_VOTE_BUFFERS"] = "1" if model.broadcast_buffers else "0"
@@ -344,6 +385,9 @@ class Guard:
         self._hook_calls_this_step = 0
         self.hook_calls = 0
         self.last_step = None
+        self._stepped = True  # No step waits for its optimizer step.
+        self._weight_check_due = False
+        self.weight_check_total_ms = 0.0  # Check 3's time so far (its calls are lazy).
         self._closed = False
         self._core = _C.Engine(
             self.process_group,
@@ -352,7 +396,8 @@ class Guard:
             self._optimizer_state, self._replay_loss, variables,
             [n for n, _ in frozen], [p for _, p in frozen])
         try:
-            model.register_comm_hook(None, self._comm_hook)
+            self.comm_hook = hooks.GuardHook(self, hook_state, hook)
+            model.register_comm_hook(None, self.comm_hook)
             # After DDP's buffer broadcast, before the module's own forward
             # (BeginStep's copy serves a model without buffers: no hook).
             self._forward_hook = (self.module.register_forward_pre_hook(self._before_forward)
@@ -361,6 +406,10 @@ class Guard:
             self._core.shutdown(0.0)
             self._closed = True
             raise
+        fallback = variables.get("SDC_CHECKPOINT_FALLBACK",
+                                 os.environ.get("SDC_CHECKPOINT_FALLBACK", "veto"))
+        notices.say_once("checkpoint-gate", notices.checkpoint_notice(self._core.coordinator,
+                                                                      fallback), self.rank)
 
     # -- the step -------------------------------------------------------------
 
@@ -379,18 +428,51 @@ class Guard:
             raise ValueError(f"micro_batches={micro_batches!r}: expected a positive integer")
         return Step(self, int(step), batch, int(micro_batches))
 
+    def optimizer_step(self, optimizer=None, scaler=None):
+        """Ends the guarded step as ``GradScaler.step`` ends an iteration:
+        steps ``optimizer`` (the guard's by default; or a list) when the step
+        applies, and under a loss scaler (the guard's ``grad_scaler``) runs
+        ``scaler.step`` and always ``scaler.update()``, so an overflow backs
+        the scale off and a step the guard skipped leaves the scale as it
+        was (amp.py). Check 3 then runs before the next step or checkpoint.
+        Returns whether the optimizer stepped (the same on every rank)."""
+        s = self.last_step
+        if s is None or self._stepped:
+            raise GuardError("FAILED_PRECONDITION: optimizer_step() needs a guarded step that "
+                             "has not been stepped yet (`with guard.step(...)` first)")
+        if scaler is not None and scaler is not self.grad_scaler:
+            raise ValueError("scaler: not the guard's grad_scaler (pass the GradScaler to "
+                             "Guard(grad_scaler=...), whose scale replays multiply by)")
+        self._stepped = True
+        self._weight_check_due = True
+        return amp.finish_step(s, self.optimizer if optimizer is None else optimizer,
+                               self.grad_scaler)
+
+    def _run_weight_check(self, checkpoint):
+        """Check 3 of the step optimizer_step ended, if still due."""
+        if not self._weight_check_due:
+            return 0.0
+        return self.after_optimizer_step(checkpoint)
+
     def after_optimizer_step(self, checkpoint=False):
-        """Check 3 after ``optimizer.step()`` (or after a skipped step):
-        fingerprints the weights on weight-check steps, and always with
-        ``checkpoint=True`` (then the optimizer state too). Training does not
-        wait for the verdict. Returns the milliseconds it took."""
-        return self._engine().after_optimizer_step(bool(checkpoint))
+        """Check 3 after ``optimizer.step()`` (or after a skipped step), for
+        loops that step the optimizer themselves (``optimizer_step`` does
+        this on its own): fingerprints the weights on weight-check steps,
+        and always with ``checkpoint=True`` (then the optimizer state too).
+        Training does not wait for the verdict. Returns the milliseconds it
+        took."""
+        self._weight_check_due = False
+        ms = self._engine().after_optimizer_step(bool(checkpoint))
+        self.weight_check_total_ms += ms
+        return ms
 
     def may_checkpoint(self):
         """True when sdcd allows a checkpoint of this step; the same on every
-        rank (a collective). Needs ``after_optimizer_step(checkpoint=True)``
-        at this step. An allowed checkpoint is provisional: see
-        ProvisionalCheckpoints."""
+        rank (a collective). After ``optimizer_step`` it runs the step's
+        weight check with the optimizer state itself; a loop that steps on
+        its own calls ``after_optimizer_step(checkpoint=True)`` first. An
+        allowed checkpoint is provisional: see ProvisionalCheckpoints."""
+        self._run_weight_check(checkpoint=True)
         return self._engine().may_checkpoint()
 
     def checkpoint_standing(self, step):
@@ -425,8 +507,11 @@ class Guard:
         standings still answer; a new step is refused. The communication hook
         stays registered (DDP cannot remove one) and fails a backward pass."""
         if not self._closed:
-            self._closed = True
-            self._core.shutdown(float(flush_seconds))
+            try:
+                self._run_weight_check(checkpoint=False)  # The last step's, if still due.
+            finally:
+                self._closed = True
+                self._core.shutdown(float(flush_seconds))
 
     def __enter__(self):
         return self
@@ -448,17 +533,6 @@ class Guard:
             s._forward_seen = True
             self._engine().capture_forward_buffers()
 
-    def _loss_scale(self):
-        """The grad scaler's current scale as a float32 tensor, or None."""
-        scaler = self.grad_scaler
-        if scaler is None or not scaler.is_enabled():
-            return None
-        get = getattr(scaler, "_get_scale_async", None)
-        scale = get() if get is not None else None
-        if scale is None:  # Not initialised yet, or an older torch.
-            scale = torch.tensor(float(scaler.get_scale()), dtype=torch.float32)
-        return scale
-
     def _replay_loss(self, tensors):
         return self.loss_fn(self.module, self._rebuild(tensors))
 
@@ -478,31 +552,3 @@ class Guard:
                     if isinstance(value, torch.Tensor) and value.device == p.device:
                         out.append(value)
         return out
-
-    def _comm_hook(self, state, bucket):
-        """DDP's all-reduce of one gradient bucket, with check 1 on both sides.
-        Averages as DDP's own reducer does (sum of gradients each multiplied by
-        1/world), so a clean guarded run trains bit for bit as unguarded."""
-        engine = self._engine()
-        if self._current is None or self._closed:
-            raise GuardError(
-                "FAILED_PRECONDITION: backward() ran outside guard.step(): a guarded DDP model "
-                "trains inside `with guard.step(...)`")
-        buffer = bucket.buffer()
-        if self._first_backward and engine.auditing:
-            indices = [self._index[id(p)] for p in bucket.parameters()]
-            engine.record_original_gradients(indices, bucket.gradients())
-            self._original_from_hook = True
-        engine.scan_local_bucket(buffer)
-        self._hook_calls_this_step += 1
-        self.hook_calls += 1
-        buffer.mul_(1.0 / self._world)
-        index = bucket.index()
-        future = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
-
-        def reduced(fut):
-            tensor = fut.value()[0]
-            engine.add_reduced_bucket(index, tensor)
-            return tensor
-
-        return future.then(reduced)
