@@ -190,12 +190,11 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
 absl::StatusOr<Effects> Coordinator::Consume(const Report& r, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(r.job_id);
-  if (it == jobs_.end() || r.rank >= it->second.ranks.size() ||
-      !it->second.ranks[r.rank].has_value()) {
+  if (it == jobs_.end() || !it->second.ranks.contains(r.rank)) {
     return absl::FailedPreconditionError("no attached rank sent this report");
   }
   JobState& job = it->second;
-  RankRecord& rank = job.ranks[r.rank]->record;
+  RankRecord& rank = job.ranks.at(r.rank).record;
   if (r.incarnation != rank.incarnation || r.sequence == 0 ||
       r.sequence > rank.acked_sequence + 1) {
     return absl::FailedPreconditionError(absl::StrCat(
