@@ -328,11 +328,13 @@ TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
   EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
 }
 
-// Agents over TLS, when sdcd requires client certificates: an agent with
-// one registers and runs a diagnostic over the same stream; one without a
-// certificate, and one speaking plaintext, are refused, log gRPC's reason,
-// and never become nodes.
-TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
+// Agents over TLS with node identities: an agent whose certificate names
+// its node registers and runs a diagnostic over the same stream; one
+// without a certificate (the agent port asks for one but does not require
+// it, since an EKS agent proves its node with a token instead) is refused
+// as unauthenticated, and one speaking plaintext cannot connect; each logs
+// the reason and never becomes a node.
+TEST_F(AgentEndToEndTest, AgentsProveTheirNodeWithACertificateOverTls) {
   // Node identities on: node-tls's certificate names it (DNS SAN).
   absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::StartWithIdentities(dir_, {"node-tls"});
   ASSERT_TRUE(d.ok()) << d.status();
@@ -342,12 +344,13 @@ TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
   StartAgent("node-tls", sdcd_->AgentTlsFlags("node-tls"));
   Process& no_cert = LaunchAgent("node-no-cert", {ca});
   Process& plaintext = LaunchAgent("node-plaintext");
-  for (Process* refused : {&no_cert, &plaintext}) {
-    absl::StatusOr<std::string> ended =
-        refused->WaitForLog("stream to sdcd at " + coordinator_ +
-                            " ended: cannot connect within 10s: UNAVAILABLE: .*");
-    ASSERT_TRUE(ended.ok()) << ended.status();
-  }
+  absl::StatusOr<std::string> unproven = no_cert.WaitForLog(
+      "stream to sdcd at " + coordinator_ +
+      " ended: UNAUTHENTICATED: a node agent proves its node: a client certificate .*");
+  ASSERT_TRUE(unproven.ok()) << unproven.status();
+  absl::StatusOr<std::string> refused = plaintext.WaitForLog(
+      "stream to sdcd at " + coordinator_ + " ended: cannot connect within 10s: UNAVAILABLE: .*");
+  ASSERT_TRUE(refused.ok()) << refused.status();
 
   RunResult nodes = sdcd_->Sdcctl({"get", "nodes", "-o", "name"});
   ASSERT_EQ(nodes.exit_code, 0) << nodes.output;

@@ -86,7 +86,8 @@ class AwayTest : public ::testing::Test {
   }
 
   // sdcd on `trainer_port` (0: a new one), the same database every time;
-  // the proxies forward to it.
+  // the proxies forward to it: to its trainer port, or with relays to its
+  // agent port (agents and their relays have their own listener).
   void StartSdcd(int trainer_port = 0) {
     absl::StatusOr<std::unique_ptr<Sdcd>> d =
         Sdcd::Start(dir_, {absl::StrCat("--report_deadline=", report_deadline_)}, {}, trainer_port,
@@ -95,7 +96,8 @@ class AwayTest : public ::testing::Test {
     sdcd_ = *std::move(d);
     admin_port_ = sdcd_->admin_port();
     metrics_port_ = sdcd_->metrics_port();
-    for (auto& p : proxies_) p->Retarget(sdcd_->trainer_port());
+    const int target = agents_.empty() ? sdcd_->trainer_port() : sdcd_->agent_port();
+    for (auto& p : proxies_) p->Retarget(target);
   }
   void KillSdcd() { sdcd_->process().Kill(); }
   // kill -9, a pause, and sdcd back on its database (and port, unless moved).
