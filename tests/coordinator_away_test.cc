@@ -123,7 +123,11 @@ class AwayTest : public ::testing::Test {
                           absl::StrCat("--node_name=", node), "--heartbeat=1s",
                           absl::StrCat("--relay_listen=", RelayOf(n)),
                           absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))},
-                         absl::StrCat(dir_, "/agent-", node, ".log"));
+                         absl::StrCat(dir_, "/agent-", node, ".log"),
+                         // The GPUs its ranks report (TestHello: GPU-<rank>);
+                         // one its agent did not list leaves a rank unproven.
+                         {{"FAKE_NVML_UUIDS",
+                           absl::StrCat("GPU-", kGpus * n, ",GPU-", kGpus * n + 1)}});
       ASSERT_TRUE(agent.ok()) << agent.status();
       agents_.push_back(std::make_unique<Process>(*std::move(agent)));
       ASSERT_TRUE(agents_.back()->WaitForLog("relaying trainer streams from .*").ok());
