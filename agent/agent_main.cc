@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <set>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,7 +21,9 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent.pb.h"
 #include "agent/agent_metrics.h"
 #include "agent/config.h"
@@ -38,6 +41,7 @@
 #include "agent/log.h"
 #include "agent/node_action.h"
 #include "agent/relay.h"
+#include "agent/relay_socket.h"
 #include "agent/worker.h"
 
 namespace {
@@ -45,18 +49,22 @@ const sdc::agent::Config kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, coordinator, "",
-          "sdcd's address, HOST:PORT (its --listen, the port trainers use). Required.");
+          "sdcd's agent address, HOST:PORT (its --agent_listen). Required.");
 ABSL_FLAG(std::string, node_name, "",
           "This node's name as trainers report it and actuators address it. "
           "Default: $NODE_NAME, else the host name.");
 ABSL_FLAG(absl::Duration, heartbeat, kDefaults.heartbeat,
           "Heartbeat period (1s..10m); sdcd calls the node stale after three missed.");
 ABSL_FLAG(std::string, instance_id, "",
-          "HyperPod instance id (i-...). Default: taken from a node name hyperpod-i-..., "
-          "else none.");
+          "HyperPod instance id (i-...), shown to operators; sdcd never acts on an id an agent "
+          "states. Default: taken from a node name hyperpod-i-..., else none.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA of sdcd's certificate: connect with TLS.");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate, for sdcd --tls_client_ca (needs --tls_ca).");
+          "PEM client certificate whose DNS name is this node's: proves the node to sdcd "
+          "(--tls_client_ca; needs --tls_ca).");
+ABSL_FLAG(std::string, token_file, "",
+          "EKS: the pod's projected service-account token (audience sdcd), sent to prove the "
+          "node instead of a certificate; read again for every stream.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, action_command, "",
           "Node-local program an approved action runs (sdcd --actuator=agent), split on "
@@ -70,9 +78,15 @@ ABSL_FLAG(absl::Duration, diagnostic_timeout, kDefaults.diagnostic_timeout,
 ABSL_FLAG(std::string, nvml_library, kDefaults.nvml_library,
           "NVML library to load for the GPU inventory.");
 ABSL_FLAG(std::string, relay_listen, "",
-          "Relay this node's trainer ranks to sdcd: listen here (unix:PATH or a loopback "
-          "HOST:PORT) for their streams, and point their SDC_COORDINATOR at it. Empty: no "
-          "relay (ranks connect to sdcd themselves).");
+          "Relay this node's trainer ranks to sdcd: listen on this Unix socket (unix:PATH, mode "
+          "0660) for their streams, and point their SDC_COORDINATOR at it. Empty: no relay "
+          "(ranks connect to sdcd themselves).");
+ABSL_FLAG(std::vector<std::string>, relay_allowed_uids, {},
+          "Comma-separated uids whose processes may use the relay (checked with SO_PEERCRED). "
+          "Default: the agent's own uid.");
+ABSL_FLAG(int64_t, relay_group, -1,
+          "Group id to own the relay socket (mode 0660), so trainers of that group may "
+          "connect; -1: the agent's.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus /metrics and /healthz (200 while the agent runs; the body says "
           "whether the link to sdcd is up) on HOST:PORT, e.g. 0.0.0.0:9465. Empty: off.");
@@ -115,6 +129,8 @@ Config ConfigFromFlags(const Environment& env) {
   c.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   c.tls_key = absl::GetFlag(FLAGS_tls_key);
+  c.token_file = absl::GetFlag(FLAGS_token_file);
+  c.relay_group = absl::GetFlag(FLAGS_relay_group);
   c.action_command = absl::GetFlag(FLAGS_action_command);
   c.action_timeout = absl::GetFlag(FLAGS_action_timeout);
   c.diagnostic_timeout = absl::GetFlag(FLAGS_diagnostic_timeout);
@@ -143,7 +159,16 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   const Environment env = ReadEnvironment();
-  const Config config = ConfigFromFlags(env);
+  Config config = ConfigFromFlags(env);
+  for (const std::string& uid : absl::GetFlag(FLAGS_relay_allowed_uids)) {
+    uint32_t n = 0;
+    if (!absl::SimpleAtoi(uid, &n)) {
+      std::fprintf(stderr, "sdc-agent: --relay_allowed_uids: '%s' is not a uid\n", uid.c_str());
+      return 2;
+    }
+    config.relay_allowed_uids.push_back(n);
+  }
+  if (config.relay_allowed_uids.empty()) config.relay_allowed_uids.push_back(getuid());
   if (absl::Status s = Validate(config); !s.ok()) {
     std::fprintf(stderr, "sdc-agent: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -271,6 +296,7 @@ int Main(int argc, char** argv) {
   options.tls_ca = config.tls_ca;
   options.tls_cert = config.tls_cert;
   options.tls_key = config.tls_key;
+  options.token_file = config.token_file;
   options.timing.heartbeat = config.heartbeat;
   AgentLink agent_link(options, identity, on_diagnostic, on_action, [&](v1::Heartbeat* h) {
     h->set_diagnostics_queued(diagnostics_queued);
@@ -284,11 +310,23 @@ int Main(int argc, char** argv) {
                    absl::FormatDuration(config.heartbeat), ", action command ",
                    config.action_command.empty() ? "none" : config.action_command));
   std::unique_ptr<grpc::Server> relay_server;
+  std::unique_ptr<RelaySocket> relay_socket;
   if (!config.relay_listen.empty()) {
-    relay = std::make_unique<TrainerRelay>(MakeRelayChannel(options));
+    std::function<std::string()> bearer;
+    if (!config.token_file.empty()) bearer = [&config] { return ReadToken(config.token_file); };
+    relay = std::make_unique<TrainerRelay>(MakeRelayChannel(options), config.node_name, bearer);
+    absl::StatusOr<std::unique_ptr<RelaySocket>> socket = RelaySocket::Listen(
+        config.relay_listen.substr(5),
+        std::set<uid_t>(config.relay_allowed_uids.begin(), config.relay_allowed_uids.end()),
+        static_cast<gid_t>(config.relay_group));
+    if (!socket.ok()) {
+      std::fprintf(stderr, "sdc-agent: --relay_listen: %s\n",
+                   std::string(socket.status().message()).c_str());
+      return 2;
+    }
+    relay_socket = *std::move(socket);
     grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort(config.relay_listen, grpc::InsecureServerCredentials(), &port);
+    // No listening port: RelaySocket hands it the connections it admits.
     // The ranks' channel settings (common/channel.h), as sdcd accepts them.
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
@@ -296,20 +334,18 @@ int Main(int argc, char** argv) {
     builder.SetMaxReceiveMessageSize(TrainerRelay::kMaxRankMessageBytes);
     builder.SetMaxSendMessageSize(16 << 20);
     builder.RegisterService(relay.get());
-    // A unix: socket is created with the process's umask; trainers run as
-    // other users and must be able to connect, as any local process can to
-    // a loopback port. The link to sdcd has not started, so no diagnostic
-    // writes a file meanwhile.
-    const mode_t umask_before = umask(0);
     relay_server = builder.BuildAndStart();
-    umask(umask_before);
-    if (relay_server == nullptr || (config.relay_listen.rfind("unix:", 0) != 0 && port == 0)) {
-      std::fprintf(stderr, "sdc-agent: --relay_listen: cannot listen on %s\n",
+    if (relay_server == nullptr) {
+      std::fprintf(stderr, "sdc-agent: --relay_listen: cannot start the relay on %s\n",
                    config.relay_listen.c_str());
       return 2;
     }
-    Log(absl::StrCat("relaying trainer streams from ", config.relay_listen, " to ",
-                     config.coordinator));
+    relay_socket->Serve(relay_server.get());
+    std::vector<std::string> uids;
+    for (uint32_t u : config.relay_allowed_uids) uids.push_back(absl::StrCat(u));
+    Log(absl::StrCat("relaying trainer streams from ", config.relay_listen, " (uids ",
+                     absl::StrJoin(uids, ","), ") to ", config.coordinator, " as node ",
+                     config.node_name));
   }
 
   std::unique_ptr<metrics::Exposer> exposer;
@@ -331,6 +367,7 @@ int Main(int argc, char** argv) {
   sigwait(&signals, &signal_number);
   Log(absl::StrCat("signal ", signal_number, ": shutting down"));
   if (relay != nullptr) {
+    relay_socket->Stop();
     relay->Shutdown();  // Ranks reconnect (to a restarted agent, or elsewhere).
     relay_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   }

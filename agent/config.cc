@@ -25,15 +25,7 @@ absl::Status Readable(const std::string& flag, const std::string& path) {
 constexpr size_t kMaxUnixPath = 107;
 
 bool RelayAddressIsLocal(const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) return address.size() > 5;  // Length: see Validate.
-  for (const char* host : {"127.0.0.1:", "[::1]:", "localhost:"}) {
-    const std::string prefix = host;
-    if (address.rfind(prefix, 0) == 0) {
-      int port = 0;
-      return absl::SimpleAtoi(address.substr(prefix.size()), &port) && port > 0 && port < 65536;
-    }
-  }
-  return false;
+  return address.rfind("unix:", 0) == 0 && address.size() > 5;  // Length: see Validate.
 }
 
 absl::Status Validate(const Config& c) {
@@ -65,6 +57,15 @@ absl::Status Validate(const Config& c) {
   if (!c.tls_cert.empty() && c.tls_ca.empty()) {
     return Bad("tls_cert", "a client certificate needs --tls_ca (TLS to sdcd)");
   }
+  if (!c.token_file.empty()) {
+    if (absl::Status s = Readable("token_file", c.token_file); !s.ok()) return s;
+    const size_t colon = c.coordinator.rfind(':');
+    const std::string host = c.coordinator.substr(0, colon);
+    const bool loopback = host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+    if (c.tls_ca.empty() && !loopback) {
+      return Bad("token_file", "a token is sent over TLS only: add --tls_ca");
+    }
+  }
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"tls_ca", c.tls_ca},
                                    {"tls_cert", c.tls_cert},
                                    {"tls_key", c.tls_key}}) {
@@ -81,15 +82,18 @@ absl::Status Validate(const Config& c) {
   }
   if (c.nvml_library.empty()) return Bad("nvml_library", "empty");
   if (!c.relay_listen.empty() && !RelayAddressIsLocal(c.relay_listen)) {
-    // The relay speaks for ranks with no credentials of its own: only this
-    // node's processes may reach it.
+    // The relay speaks for ranks with no credentials of its own: only the
+    // node's processes of allowed users may reach it (SO_PEERCRED).
     return Bad("relay_listen",
-               absl::StrCat("must be unix:PATH or a loopback address (127.0.0.1:PORT, "
-                            "[::1]:PORT, localhost:PORT), got \"", c.relay_listen, "\""));
+               absl::StrCat("must be unix:PATH (only a Unix socket tells the relay which user "
+                            "connects), got \"", c.relay_listen, "\""));
   }
   if (c.relay_listen.rfind("unix:", 0) == 0 && c.relay_listen.size() - 5 > kMaxUnixPath) {
     return Bad("relay_listen", absl::StrCat("a Unix socket path has at most ", kMaxUnixPath,
                                             " characters, this one ", c.relay_listen.size() - 5));
+  }
+  if (c.relay_group < -1 || c.relay_group > 0x7fffffff) {
+    return Bad("relay_group", absl::StrCat("expected a group id, got ", c.relay_group));
   }
   if (!c.inject_diagnostic_fault.empty() && !c.inject_fault()) {
     return Bad("inject_diagnostic_fault",

@@ -27,11 +27,10 @@ TEST(ConfigTest, DefaultsWithACoordinatorAndANodeAreValid) {
   EXPECT_TRUE(Validate(c).ok()) << Validate(c);
   EXPECT_TRUE(c.inject_fault());
   EXPECT_FALSE(Good().inject_fault());
-  for (const char* relay : {"unix:/run/sdc-agent/trainers.sock", "127.0.0.1:7401",
-                            "[::1]:7401", "localhost:7401"}) {
-    c.relay_listen = relay;
-    EXPECT_TRUE(Validate(c).ok()) << relay << ": " << Validate(c);
-  }
+  c.relay_listen = "unix:/run/sdc-agent/trainers.sock";
+  c.relay_allowed_uids = {0, 1000};
+  c.relay_group = 1000;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
 }
 
 TEST(ConfigTest, EachBadValueNamesItsFlag) {
@@ -73,11 +72,14 @@ TEST(ConfigTest, EachBadValueNamesItsFlag) {
       {[](Config& c) { c.diagnostic_timeout = -absl::Seconds(1); },
        "--diagnostic_timeout: must be positive"},
       {[](Config& c) { c.relay_listen = "0.0.0.0:7401"; },
-       "--relay_listen: must be unix:PATH or a loopback address (127.0.0.1:PORT, [::1]:PORT, "
-       "localhost:PORT), got \"0.0.0.0:7401\""},
-      {[](Config& c) { c.relay_listen = "127.0.0.1:99999"; },
-       "--relay_listen: must be unix:PATH or a loopback address (127.0.0.1:PORT, [::1]:PORT, "
-       "localhost:PORT), got \"127.0.0.1:99999\""},
+       "--relay_listen: must be unix:PATH (only a Unix socket tells the relay which user "
+       "connects), got \"0.0.0.0:7401\""},
+      {[](Config& c) { c.relay_listen = "127.0.0.1:7401"; },
+       "--relay_listen: must be unix:PATH (only a Unix socket tells the relay which user "
+       "connects), got \"127.0.0.1:7401\""},
+      {[](Config& c) { c.relay_group = -2; }, "--relay_group: expected a group id, got -2"},
+      {[](Config& c) { c.token_file = "/nonexistent/token"; },
+       "--token_file: cannot read /nonexistent/token"},
       {[](Config& c) { c.relay_listen = "unix:/" + std::string(120, 'x'); },
        "--relay_listen: a Unix socket path has at most 107 characters, this one 121"},
       {[](Config& c) { c.inject_diagnostic_fault = "yes"; },

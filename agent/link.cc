@@ -1,10 +1,13 @@
 #include "agent/link.h"
 
 #include <algorithm>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/log.h"
@@ -19,6 +22,13 @@ std::function<double()> Jitter() {
 }
 
 }  // namespace
+
+std::string ReadToken(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return std::string(absl::StripAsciiWhitespace(s.str()));
+}
 
 std::shared_ptr<grpc::Channel> MakeAgentChannel(const LinkOptions& options) {
   grpc::ChannelArguments args = common::KeepaliveArguments();
@@ -129,6 +139,9 @@ std::string AgentLink::ConnectFailure() {
   // that never said who it is.
   grpc::ClientContext probe;
   probe.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (!options_.token_file.empty()) {
+    probe.AddMetadata("authorization", absl::StrCat("Bearer ", ReadToken(options_.token_file)));
+  }
   std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorToAgent>> stream =
       stub_->Connect(&probe);
   stream->WritesDone();
@@ -144,6 +157,10 @@ std::string AgentLink::Session(uint64_t session) {
                         ConnectFailure());
   }
   grpc::ClientContext context;
+  if (!options_.token_file.empty()) {
+    // kubelet rotates the projected token: each stream reads the current one.
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", ReadToken(options_.token_file)));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return "stopping";

@@ -34,6 +34,9 @@ struct LinkOptions {
   std::string tls_ca;       // Non-empty: TLS, trusting this CA (PEM file).
   std::string tls_cert;     // Optional client certificate (PEM file) ...
   std::string tls_key;      // ... and its key.
+  // Optional: a file holding a bearer token (EKS: the pod's projected
+  // service-account token), read again for every stream.
+  std::string token_file;
   core::LinkTiming timing;
 };
 
@@ -98,6 +101,9 @@ class AgentLink {
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::deque<v1::AgentMessage> outbox_ ABSL_GUARDED_BY(mu_);
 };
+
+// The token in `path`, whitespace trimmed; "" when it cannot be read.
+std::string ReadToken(const std::string& path);
 
 // A channel to sdcd with the trainers' keepalive settings and TLS when
 // options.tls_ca is set. Unreadable files give an empty PEM (Validate

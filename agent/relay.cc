@@ -109,7 +109,9 @@ class TrainerRelay::Upstream {
  public:
   // Returns at once: the call starts (and may wait for a connection) on the
   // upstream's own thread, so no caller waits for sdcd.
-  Upstream(TrainerRelay* relay, v1::TrainerService::Stub* stub) : relay_(relay) {
+  Upstream(TrainerRelay* relay, v1::TrainerService::Stub* stub, const std::string& bearer)
+      : relay_(relay) {
+    if (!bearer.empty()) context_.AddMetadata("authorization", absl::StrCat("Bearer ", bearer));
     thread_ = std::thread([this, stub] { Run(stub); });
   }
 
@@ -209,8 +211,12 @@ class TrainerRelay::Upstream {
 
 // ---------------------------------------------------------------------------
 
-TrainerRelay::TrainerRelay(std::shared_ptr<grpc::Channel> coordinator)
-    : channel_(std::move(coordinator)), stub_(v1::TrainerService::NewStub(channel_)) {}
+TrainerRelay::TrainerRelay(std::shared_ptr<grpc::Channel> coordinator, std::string node,
+                           std::function<std::string()> bearer)
+    : channel_(std::move(coordinator)),
+      stub_(v1::TrainerService::NewStub(channel_)),
+      node_(std::move(node)),
+      bearer_(std::move(bearer)) {}
 
 TrainerRelay::~TrainerRelay() { Shutdown(); }
 
@@ -247,10 +253,27 @@ TrainerRelay::Forwarded TrainerRelay::Forward(uint64_t session, v1::TrainerMessa
   v1::RelayedMessage m;
   m.set_session(session);
   m.mutable_message()->Swap(message);  // The next read refills it.
+  if (m.message().has_hello()) {
+    v1::RankPlacement* placement = m.mutable_message()->mutable_hello()->mutable_placement();
+    if (placement->node_name() != node_) {
+      Log(absl::StrCat("relay: rank ", placement->rank(), " of job ",
+                       m.message().hello().job_id().substr(0, 128), " says node '",
+                       placement->node_name().substr(0, 253), "'; it runs on ", node_,
+                       ", which is what sdcd is told"));
+      placement->set_node_name(node_);
+    }
+  }
+  // The token is read (a file) outside the lock, for a new stream to sdcd.
+  bool opening;
+  {
+    absl::MutexLock lock(&mu_);
+    opening = upstream_ == nullptr;
+  }
+  const std::string bearer = opening && bearer_ ? bearer_() : "";
   absl::MutexLock lock(&mu_);
   if (shut_down_ || sessions_.count(session) == 0) return Forwarded::kEnding;
   if (upstream_ == nullptr) {
-    upstream_ = std::make_unique<Upstream>(this, stub_.get());
+    upstream_ = std::make_unique<Upstream>(this, stub_.get(), bearer);
     Log("relay: opening a stream to sdcd");
   }
   if (upstream_->Send(std::move(m), why)) return Forwarded::kQueued;

@@ -5,7 +5,10 @@
 // node attach to the agent exactly as they would to sdcd (the same
 // TrainerService, so SDC_COORDINATOR simply names the agent), and the agent
 // carries all their streams to sdcd on one TrainerService.Relay stream,
-// batched. At 16,384 ranks that turns 16,384 streams and one gRPC message
+// batched. The relay proves its node to sdcd (its certificate or token),
+// and every Hello it carries is placed on this node: the relay overwrites
+// the placement's node name with its own (sdcd does the same), since a rank
+// it relays runs here whatever it says. At 16,384 ranks that turns 16,384 streams and one gRPC message
 // per report into 2,048 streams and one message per node per batch (see
 // docs/ARCHITECTURE.md, "Relay").
 //
@@ -17,6 +20,7 @@
 // stream to sdcd for them. MayCheckpoint is forwarded as it is.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,7 +39,10 @@ class TrainerRelay final
     : public v1::TrainerService::WithRawCallbackMethod_Attach<
           v1::TrainerService::WithCallbackMethod_MayCheckpoint<v1::TrainerService::Service>> {
  public:
-  explicit TrainerRelay(std::shared_ptr<grpc::Channel> coordinator);
+  // `node` is this agent's node; `bearer` (may be null) gives the token to
+  // send with each stream to sdcd (read afresh: kubelet rotates it).
+  TrainerRelay(std::shared_ptr<grpc::Channel> coordinator, std::string node,
+               std::function<std::string()> bearer);
   ~TrainerRelay() override;  // Shutdown().
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Attach(
@@ -90,6 +97,8 @@ class TrainerRelay final
 
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::TrainerService::Stub> stub_;
+  const std::string node_;
+  const std::function<std::string()> bearer_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -113,7 +113,7 @@ class Bench {
       h.deterministic = true;
       h.audit_every = 100;
       h.weight_check_every = 10;
-      absl::StatusOr<AttachResult> a = coordinator_.Attach(h);
+      absl::StatusOr<AttachResult> a = coordinator_.Attach(h, Caller{h.placement.node, "certificate", {}});
       if (!a.ok()) return a.status();
     }
     return absl::OkStatus();

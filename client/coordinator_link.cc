@@ -99,9 +99,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const GuardOptions& options) {
   args.SetMaxSendMessageSize(16 << 20);
   // The channel's own reconnect backoff (gRPC's default grows to 120 s)
   // is the link's: the link opens a stream as soon as the channel connects.
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as each connection
+  // attempt's deadline, and 100 ms is shorter than a TLS handshake (node
+  // identities) on a busy node, which then never connected.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_min)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_min)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.reconnect_max)));

@@ -40,4 +40,16 @@ std::string InstanceIdFromNodeName(absl::string_view node_name) {
   return IsInstanceId(node_name) ? std::string(node_name) : "";
 }
 
+std::string InstanceIdFromProviderId(absl::string_view provider_id) {
+  provider_id = absl::StripAsciiWhitespace(provider_id);
+  const size_t slash = provider_id.rfind('/');
+  if (slash == absl::string_view::npos) return "";
+  const absl::string_view last = provider_id.substr(slash + 1);
+  if (IsInstanceId(last)) return std::string(last);
+  const size_t at = last.rfind("-i-");
+  if (at == absl::string_view::npos) return "";
+  const absl::string_view id = last.substr(at + 1);
+  return IsInstanceId(id) ? std::string(id) : "";
+}
+
 }  // namespace sdc::common

@@ -31,6 +31,14 @@ bool IsInstanceId(absl::string_view text);
 // nothing else. "" for any other name.
 std::string InstanceIdFromNodeName(absl::string_view node_name);
 
+// The instance id a Kubernetes Node's spec.providerID names: its last
+// '/'-separated part when that is an instance id ("aws:///us-west-2a/i-0abc..."),
+// or that part's suffix after its last '-' that starts an instance id
+// (HyperPod: ".../hyperpod-<cluster>-i-0abc..."). "" for anything else.
+// The providerID is the cluster's record of the node (kubelet and the cloud
+// controller set it), not what a caller says.
+std::string InstanceIdFromProviderId(absl::string_view provider_id);
+
 }  // namespace sdc::common
 
 #endif  // SDC_COMMON_IDENTITY_H_

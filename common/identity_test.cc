@@ -45,9 +45,24 @@ TEST(IdentityTest, InstanceIds) {
 TEST(IdentityTest, FromHyperPodNodeNames) {
   EXPECT_EQ(InstanceIdFromNodeName("hyperpod-i-0123456789abcdef0"), "i-0123456789abcdef0");
   EXPECT_EQ(InstanceIdFromNodeName("hyperpod-i-0123456789abcdef0-x"), "");
+  // A forged name that embeds a controller's id names no instance.
+  EXPECT_EQ(InstanceIdFromNodeName("x-i-0123456789abcdef0"), "");
+  EXPECT_EQ(InstanceIdFromNodeName("x-hyperpod-i-0123456789abcdef0"), "");
   EXPECT_EQ(InstanceIdFromNodeName("ip-10-1-0-31"), "");
   EXPECT_EQ(InstanceIdFromNodeName("node-b"), "");
   EXPECT_EQ(InstanceIdFromNodeName("i-0123456789abcdef0"), "");
+}
+
+TEST(IdentityTest, FromProviderIds) {
+  EXPECT_EQ(InstanceIdFromProviderId("aws:///us-west-2a/i-0123456789abcdef0"),
+            "i-0123456789abcdef0");
+  EXPECT_EQ(InstanceIdFromProviderId(
+                "aws:///usw2-az2/sagemaker/cluster/hyperpod-abc123def456-i-0123456789abcdef0\n"),
+            "i-0123456789abcdef0");
+  EXPECT_EQ(InstanceIdFromProviderId("aws:///us-west-2a/i-0123456789abcdef0x"), "");
+  EXPECT_EQ(InstanceIdFromProviderId("i-0123456789abcdef0"), "");  // Not a providerID.
+  EXPECT_EQ(InstanceIdFromProviderId("kind://docker/kind/kind-worker"), "");
+  EXPECT_EQ(InstanceIdFromProviderId(""), "");
 }
 
 }  // namespace

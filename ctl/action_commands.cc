@@ -132,6 +132,16 @@ int RunOperatorRemove(Session& s) {
   return kExitOk;
 }
 
+int RunOperatorApprove(Session& s) {
+  v1::ApproveOperatorRequest q;
+  q.set_name(s.config().args[0]);
+  v1::Operator r;
+  grpc::Status status = s.admin().Call(&AdminStub::ApproveOperator, q, &r);
+  if (!status.ok()) return s.Failed(status);
+  s.Print(absl::StrCat("operator/", r.name(), " approved: its token works now\n"));
+  return kExitOk;
+}
+
 int RunWhoAmI(Session& s) {
   v1::WhoAmIResponse r;
   grpc::Status status = s.admin().Call(&AdminStub::WhoAmI, {}, &r);

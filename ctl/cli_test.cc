@@ -269,7 +269,7 @@ TEST(MatchCommandTest, UsageErrors) {
       {{"describe", "suspect", "GPU-1"},
        "unknown resource \"suspect\" (want request, incident, job or node)"},
       {{"operator", "rename"},
-       "unknown subcommand \"rename\" of operator (want add, list or remove)"},
+       "unknown subcommand \"rename\" of operator (want add, list, remove or approve)"},
       {{"history"}, "history what? (want gpu or node)"},
       {{"approve"}, "usage: sdcctl approve ID --reason=TEXT [--dry-run] [--force]"},
       {{"approve", "1", "2"},

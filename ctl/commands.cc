@@ -72,7 +72,8 @@ std::vector<Command> Build() {
   approve.help =
       "Approves replacement request ID as the operator your credential names (role operator or "
       "admin). With sdcd --approvals_required=N the request runs after N distinct operators "
-      "approve.";
+      "approve. --force (admins only) decides a decided request again or passes the execution "
+      "cap, and needs two admins' forced approvals.";
   approve.run = RunApprove;
   out.push_back(approve);
 
@@ -113,7 +114,9 @@ std::vector<Command> Build() {
 
   const char* const kOperatorsHelp =
       "Needs role admin (the bootstrap token is root, an admin). `add` prints the new token once "
-      "on stdout: sdcctl operator add alice > alice.token";
+      "on stdout: sdcctl operator add alice > alice.token. Under two-person approval (sdcd "
+      "--approvals_required=2) the token works once a second admin runs `sdcctl operator "
+      "approve alice`; root enrolls only the first admins.";
   Command operator_add;
   operator_add.path = {{"operator", {"operators"}}, {"add"}};
   operator_add.args = {{"NAME"}};
@@ -138,6 +141,14 @@ std::vector<Command> Build() {
   operator_remove.help = kOperatorsHelp;
   operator_remove.run = RunOperatorRemove;
   out.push_back(operator_remove);
+
+  Command operator_approve;
+  operator_approve.path = {{"operator", {"operators"}}, {"approve"}};
+  operator_approve.args = {{"NAME", Accepts::kText, "operator"}};
+  operator_approve.summary = "(admin) a second admin's consent: the operator's token works";
+  operator_approve.help = kOperatorsHelp;
+  operator_approve.run = RunOperatorApprove;
+  out.push_back(operator_approve);
 
   Command whoami;
   whoami.path = {{"whoami"}};

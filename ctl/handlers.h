@@ -24,6 +24,7 @@ int RunHistoryGpu(Session& session);
 int RunHistoryNode(Session& session);
 int RunOperatorAdd(Session& session);
 int RunOperatorRemove(Session& session);
+int RunOperatorApprove(Session& session);
 int RunWhoAmI(Session& session);
 int RunVersion(Session& session);
 int RunCompletion(Session& session);

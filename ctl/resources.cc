@@ -40,6 +40,11 @@ Fields IncidentFields(const v1::Incident& i, absl::Time now) {
           {"Nodes", JoinCell(i.node_names())},
           {"GPUs", JoinCell(i.gpu_uuids())},
           {"Attributed", YesNo(i.confirmed())},
+          // Evidence from a rank no caller proved opens no request.
+          {"Evidence", i.unproven_evidence()
+                           ? std::string("unproven (a rank's placement was not proven): it "
+                                         "cannot open a replacement request")
+                           : std::string("proven")},
           {"Tensors", JoinCell(i.differing_tensors())},
           {"Explanation", Cell(i.explanation())},
           {"Created", FormatTimestamp(i.created_unix_ms(), now)}};
@@ -65,7 +70,9 @@ std::string NestedTable(absl::string_view title, const std::vector<Row>& rows) {
 std::string ApprovalsLine(const Request& r) {
   if (r.approvals_required() <= 1 && r.approvals().empty()) return "";
   std::vector<std::string> names;
-  for (const v1::Approval& a : r.approvals()) names.push_back(Cell(a.operator_()));
+  for (const v1::Approval& a : r.approvals()) {
+    names.push_back(absl::StrCat(Cell(a.operator_()), a.force() ? " (force)" : ""));
+  }
   return absl::StrCat("Approvals:  ", names.empty() ? kNone : absl::StrJoin(names, ", "), " (",
                       r.approvals().size(), " of ", std::max<uint32_t>(1, r.approvals_required()),
                       " required)\n");
@@ -99,12 +106,19 @@ std::string Evidence(const Request& r, absl::Time now) {
 // ---------------------------------------------------------------------------
 // describe job and describe node: nested tables.
 
+// Who proved a rank's placement: "certificate", "relay", or why not.
+std::string Proof(const v1::Rank& r) {
+  if (r.identity().empty()) return "unauthenticated";
+  if (!r.unproven().empty()) return absl::StrCat(Cell(r.proof()), ", not evidence: ", r.unproven());
+  return Cell(r.proof());
+}
+
 std::string Ranks(const Related& related) {
-  std::vector<Row> rows = {{"RANK", "NODE", "GPU", "ATTACHED", "CHECKED-THROUGH"}};
+  std::vector<Row> rows = {{"RANK", "NODE", "GPU", "ATTACHED", "CHECKED-THROUGH", "PROVEN-BY"}};
   for (const v1::Rank& r : related.ranks.ranks()) {
     rows.push_back({absl::StrCat(r.placement().rank()), Cell(r.placement().node_name()),
                     Cell(r.placement().gpu_uuid()), YesNo(r.attached()),
-                    absl::StrCat(r.checks_through_step())});
+                    absl::StrCat(r.checks_through_step()), Proof(r)});
   }
   return NestedTable("Ranks", rows);
 }
@@ -443,6 +457,10 @@ Resource Operators() {
       .Named([](const Operator& o) { return Cell(o.name()); })
       .Column("ROLE", [](const Operator& o) { return RoleName(o.role()); })
       .Column("CREATED-BY", [](const Operator& o) { return Cell(o.created_by()); })
+      // Pending: under two-person approval, no second admin consented yet.
+      .Column("STATUS", [](const Operator& o) {
+        return std::string(o.active() ? "Active" : "Pending");
+      })
       .Column("AGE", [](const Operator& o, absl::Time now) {
         return FormatAgeSince(o.created_unix_ms(), now);
       })

@@ -977,6 +977,7 @@ TEST(DescribeRequestTest, HistoryAndEvidence) {
             "    Nodes:        node-c\n"
             "    GPUs:         <none>\n"
             "    Attributed:   no\n"
+            "    Evidence:     proven\n"
             "    Tensors:      <none>\n"
             "    Explanation:  <none>\n"
             "    Created:      2027-01-15T07:00:00Z (1h ago)\n"
@@ -998,6 +999,7 @@ TEST(DescribeRequestTest, AttributedEvidence) {
                              "    Nodes:        node-b\n"
                              "    GPUs:         GPU-3\n"
                              "    Attributed:   yes\n"
+                             "    Evidence:     proven\n"
                              "    Tensors:      layer.0.weight,layer.1.bias\n"
                              "    Explanation:  rank 3 differs from its replay on node-a\n"
                              "    Created:      2027-01-15T07:59:01Z (59s ago)\n"));
@@ -1321,7 +1323,11 @@ TEST(OperatorsFormatTest, TableNameAndRoles) {
   o->set_created_by("root");
   o->set_created_unix_ms(MillisAgo(absl::Minutes(5)));
   EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kTable, kNow),
-            "NAME    ROLE    CREATED-BY   AGE\nalice   admin   root         5m\n");
+            "NAME    ROLE    CREATED-BY   STATUS    AGE\nalice   admin   root         Pending   5m\n");
+  o->set_active(true);
+  o->set_approved_by("bob");
+  EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kTable, kNow),
+            "NAME    ROLE    CREATED-BY   STATUS   AGE\nalice   admin   root         Active   5m\n");
   EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kName, kNow), "operator/alice\n");
   EXPECT_EQ(*ParseRole("Viewer"), v1::ROLE_VIEWER);
   EXPECT_EQ(ParseRole("root").status().code(), absl::StatusCode::kInvalidArgument);
@@ -1339,6 +1345,8 @@ TEST(DescribeJobTest, SummaryRanksAndIncidents) {
   r0->mutable_placement()->set_gpu_uuid("GPU-0");
   r0->set_attached(true);
   r0->set_checks_through_step(120);
+  r0->set_identity("node-a");
+  r0->set_proof("relay");
   v1::Rank* r3 = related.ranks.add_ranks();
   r3->mutable_placement()->set_rank(3);
   r3->mutable_placement()->set_node_name("node-b");
@@ -1353,9 +1361,9 @@ TEST(DescribeJobTest, SummaryRanksAndIncidents) {
             "Open Incidents:  1\n"
             "Created:         2027-01-15T07:48:00Z (12m ago)\n"
             "Ranks:\n"
-            "  RANK   NODE     GPU      ATTACHED   CHECKED-THROUGH\n"
-            "  0      node-a   GPU-0    yes        120\n"
-            "  3      node-b   <none>   no         110\n"
+            "  RANK   NODE     GPU      ATTACHED   CHECKED-THROUGH   PROVEN-BY\n"
+            "  0      node-a   GPU-0    yes        120               relay\n"
+            "  3      node-b   <none>   no         110               unauthenticated\n"
             "Incidents:\n"
             "  Incident 4:\n"
             "    Job:          job-a\n"
@@ -1366,6 +1374,7 @@ TEST(DescribeJobTest, SummaryRanksAndIncidents) {
             "    Nodes:        node-b\n"
             "    GPUs:         GPU-3\n"
             "    Attributed:   yes\n"
+            "    Evidence:     proven\n"
             "    Tensors:      layer.0.weight,layer.1.bias\n"
             "    Explanation:  rank 3 differs from its replay on node-a\n"
             "    Created:      2027-01-15T07:59:01Z (59s ago)\n");
@@ -1388,6 +1397,7 @@ TEST(DescribeIncidentTest, ResolvedAtGetsItsOwnBlock) {
             "Nodes:        node-c\n"
             "GPUs:         <none>\n"
             "Attributed:   no\n"
+            "Evidence:     proven\n"
             "Tensors:      <none>\n"
             "Explanation:  <none>\n"
             "Created:      2027-01-15T07:00:00Z (1h ago)\n"
@@ -1420,13 +1430,14 @@ TEST(FormatOperatorsTest, WideIsTheTableAndRoleIsALabel) {
     o->set_name(name);
     o->set_role(role);
     o->set_created_by("root");
+    o->set_active(true);
     o->set_created_unix_ms(MillisAgo(absl::Hours(2)));
   }
   const std::string table =
-      "NAME    ROLE     CREATED-BY   AGE\n"
-      "alice   admin    root         2h\n"
-      "bob     viewer   root         2h\n"
-      "carol   admin    root         2h\n";
+      "NAME    ROLE     CREATED-BY   STATUS   AGE\n"
+      "alice   admin    root         Active   2h\n"
+      "bob     viewer   root         Active   2h\n"
+      "carol   admin    root         Active   2h\n";
   EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kTable, kNow), table);
   EXPECT_EQ(Kind("operators").Format(r, OutputFormat::kWide, kNow), table);
   ASSERT_TRUE(Kind("operators").Filter({{"role", "admin"}}, &r).ok());

@@ -365,8 +365,9 @@ TEST_F(SdcctlTest, DescribeJobMakesItsRelatedCalls) {
   Result r = Run(root_, {"describe", "job/job-a"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Job:             job-a\n"));
-  EXPECT_THAT(r.out, HasSubstr("Ranks:\n  RANK   NODE     GPU      ATTACHED   CHECKED-THROUGH\n"
-                               "  3      node-b   <none>   no         0\n"));
+  EXPECT_THAT(r.out, HasSubstr("Ranks:\n  RANK   NODE     GPU      ATTACHED   CHECKED-THROUGH   "
+                               "PROVEN-BY\n  3      node-b   <none>   no         0                 "
+                               "unauthenticated\n"));
   EXPECT_THAT(r.out, HasSubstr("Incidents:\n  Incident 4:\n    Job:          job-a\n"));
   EXPECT_THAT(r.out, Not(HasSubstr("Incident 9")));
   absl::MutexLock lock(&seen_.mu);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/identity.h"
 #include "common/subprocess.h"
 
 namespace sdc::daemon {
@@ -96,9 +97,12 @@ std::map<std::string, std::string> FailedNodes(const std::string& json) {
 
 class HyperPodApiActuator : public Actuator {
  public:
-  HyperPodApiActuator(std::string cluster, std::map<std::string, std::string> ids,
-                      absl::Duration timeout)
-      : cluster_(std::move(cluster)), ids_(std::move(ids)), timeout_(timeout) {}
+  explicit HyperPodApiActuator(const ActuatorConfig& config)
+      : cluster_(config.hyperpod_cluster),
+        ids_(config.node_ids),
+        from_kubernetes_(config.instance_ids_from_kubernetes),
+        never_replace_(config.never_replace),
+        timeout_(config.timeout) {}
   std::string name() const override { return "hyperpod"; }
 
   std::vector<ActuatorResult> Execute(
@@ -106,10 +110,15 @@ class HyperPodApiActuator : public Actuator {
     std::vector<ActuatorResult> out(requests.size());
     std::vector<std::pair<size_t, std::string>> todo;  // (request index, instance id)
     for (size_t i = 0; i < requests.size(); ++i) {
-      std::string id = InstanceId(requests[i].node);
+      const std::string& node = requests[i].node;
+      std::string where;
+      std::string id = InstanceId(node, &where);
       if (id.empty()) {
-        out[i] = {false, absl::StrCat("no HyperPod instance id known for node ",
-                                      requests[i].node)};
+        out[i] = {false, absl::StrCat("no HyperPod instance id known for node ", node, " (",
+                                      where, ")")};
+      } else if (never_replace_.count(id) > 0) {
+        out[i] = {false, absl::StrCat("refused: node ", node, " is instance ", id, " (", where,
+                                      "), which is marked never-replace")};
       } else {
         todo.push_back({i, id});
       }
@@ -143,16 +152,45 @@ class HyperPodApiActuator : public Actuator {
   }
 
  private:
-  std::string InstanceId(const std::string& node) const {
+  // The node's instance id from the cluster's records, and *where says
+  // which (or, when none, where it looked). Never a substring of a name: a
+  // node named "x-i-<controller's id>" is no instance at all.
+  std::string InstanceId(const std::string& node, std::string* where) const {
     auto it = ids_.find(node);
-    if (it != ids_.end()) return it->second;
-    static const std::regex kId("(i-[0-9a-f]{8,17})");
-    std::smatch m;
-    return std::regex_search(node, m, kId) ? m[1].str() : "";
+    if (it != ids_.end()) {
+      *where = "--hyperpod_node_ids_file";
+      return it->second;
+    }
+    if (std::string id = common::InstanceIdFromNodeName(node); !id.empty()) {
+      *where = "its HyperPod node name";
+      return id;
+    }
+    if (!from_kubernetes_) {
+      *where = "not in --hyperpod_node_ids_file, and not a hyperpod-i-... node name";
+      return "";
+    }
+    if (!IsSafeNodeName(node)) {
+      *where = "not a node name";
+      return "";
+    }
+    const std::vector<std::string> argv = {"kubectl", "get", "node", node, "-o",
+                                           "jsonpath={.spec.providerID}"};
+    const CommandResult r = RunCommand(argv, timeout_);
+    if (!r.started || r.timed_out || r.exit_code != 0) {
+      *where = FromCommand(argv, r).detail;
+      return "";
+    }
+    std::string id = common::InstanceIdFromProviderId(r.output);
+    *where = id.empty() ? absl::StrCat("its Node's providerID \"", OneLine(r.output),
+                                       "\" names no instance")
+                        : "its Node's spec.providerID";
+    return id;
   }
 
   const std::string cluster_;
   const std::map<std::string, std::string> ids_;
+  const bool from_kubernetes_;
+  const std::set<std::string> never_replace_;
   const absl::Duration timeout_;
 };
 
@@ -185,8 +223,7 @@ absl::StatusOr<std::unique_ptr<Actuator>> MakeActuator(const ActuatorConfig& con
     if (config.hyperpod_cluster.empty()) {
       return absl::InvalidArgumentError("--actuator=hyperpod needs --hyperpod_cluster");
     }
-    return std::make_unique<HyperPodApiActuator>(config.hyperpod_cluster, config.node_ids,
-                                                 config.timeout);
+    return std::make_unique<HyperPodApiActuator>(config);
   }
   if (config.kind == "command") {
     const std::vector<std::string> words =

@@ -10,7 +10,14 @@
 //   slurm     scontrol update node=NAME state=fail reason=Action:Replace
 //             (the shell form is reason="Action:Replace"; argv carries no quotes)
 //   hyperpod  aws sagemaker batch-replace-cluster-nodes --cluster-name C
-//             --node-ids ID... (at most 25 ids a call; per-node failures)
+//             --node-ids ID... (at most 25 ids a call; per-node failures).
+//             A node's instance id comes from configuration
+//             (--hyperpod_node_ids_file), from a HyperPod EKS node name
+//             ("hyperpod-i-..." exactly), or with
+//             --hyperpod_instance_ids_from_kubernetes from the Node's
+//             spec.providerID (kubectl get node): the cluster's records,
+//             never what an agent or a trainer says. An id in never_replace
+//             is refused.
 //   command   an operator's program: --actuator_command="/path/prog {node}
 //             {action} {request}" (split on spaces, placeholders substituted)
 // Programs run without a shell (node names come from trainers and are
@@ -18,6 +25,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +58,13 @@ struct ActuatorConfig {
   // For kind=hyperpod: node name -> HyperPod instance id; names that embed an
   // id ("hyperpod-i-0abc...") need no entry.
   std::map<std::string, std::string> node_ids;
+  // For kind=hyperpod: look a node's id up in its Kubernetes Node's
+  // spec.providerID (`kubectl get node NAME -o jsonpath={.spec.providerID}`)
+  // when neither of the above gives one.
+  bool instance_ids_from_kubernetes = false;
+  // Node names and instance ids never acted on (sdcd --never_replace); the
+  // coordinator core refuses names, the hyperpod actuator resolved ids.
+  std::set<std::string> never_replace;
 };
 
 // InvalidArgument naming the problem (unknown kind, missing command or

@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/grpc_edge.h"
 #include "grpc/grpc_security_constants.h"
 
@@ -16,12 +17,18 @@ AdminCredentials CredentialsOf(const AdminAuth& auth, grpc::CallbackServerContex
   }
   if (auth.accept_client_certs && c->auth_context() != nullptr &&
       c->auth_context()->IsPeerAuthenticated()) {
-    std::string cn;
+    std::vector<std::string> names;
     for (const grpc::string_ref& v :
-         c->auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
-      cn.assign(v.data(), v.size());
+         c->auth_context()->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+      names.emplace_back(v.data(), v.size());
     }
-    credentials.certificate_name = std::move(cn);
+    if (names.empty()) {
+      for (const grpc::string_ref& v :
+           c->auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+        names.emplace_back(v.data(), v.size());
+      }
+    }
+    credentials.certificate_names = std::move(names);
   }
   return credentials;
 }
@@ -37,18 +44,29 @@ absl::StatusOr<Principal> Authenticate(const AdminAuth& auth,
     if (!principal.has_value()) {
       return absl::UnauthenticatedError("the admin token is not valid");
     }
-  } else if (credentials.certificate_name.has_value()) {
-    const std::string& cn = *credentials.certificate_name;
-    if (auth.operators != nullptr) principal = auth.operators->ByName(cn);
+  } else if (credentials.certificate_names.has_value()) {
+    for (const std::string& name : *credentials.certificate_names) {
+      if (auth.operators != nullptr) principal = auth.operators->ByName(name);
+      if (principal.has_value()) break;
+    }
     if (!principal.has_value()) {
-      return absl::UnauthenticatedError(
-          absl::StrCat("the client certificate's common name \"", absl::CHexEscape(cn),
-                       "\" names no operator (an admin adds it: sdcctl operator add NAME)"));
+      std::vector<std::string> quoted;
+      for (const std::string& n : *credentials.certificate_names) {
+        quoted.push_back(absl::StrCat("\"", absl::CHexEscape(n.substr(0, 80)), "\""));
+      }
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the client certificate's names (", absl::StrJoin(quoted, ", "),
+          ") name no operator (an admin adds one: sdcctl operator add NAME)"));
     }
   } else {
     return absl::UnauthenticatedError(
         "admin calls need 'authorization: Bearer <token>' (sdcctl --token_file) or a "
         "TLS client certificate");
+  }
+  if (principal->pending) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "operator ", principal->name, "'s enrollment waits for a second admin's consent "
+        "(another admin runs: sdcctl operator approve ", principal->name, ")"));
   }
   if (principal->role < needed) {
     return absl::PermissionDeniedError(absl::StrCat(principal->name, " has role ",

@@ -6,15 +6,20 @@
 // byte of its request is parsed.
 //
 // The caller is named by the bearer token when one is sent, else by a
-// verified TLS client certificate when accepted. The codes follow gRPC's
-// meaning: UNAUTHENTICATED when the call names no principal (no credential,
-// a header that is not a bearer token, a wrong or revoked token, a
-// certificate whose common name names no operator); PERMISSION_DENIED only
-// for a known principal whose role is below the call's.
+// verified TLS client certificate from the admin CA when accepted: a
+// subject alternative name of it (DNS or email) that is a registered
+// operator's name (its common name only for a certificate without SANs).
+// The codes follow gRPC's meaning: UNAUTHENTICATED when the call names no
+// principal (no credential, a header that is not a bearer token, a wrong or
+// revoked token, a certificate that names no operator); PERMISSION_DENIED
+// for a known principal short of the call: its role is below the call's,
+// or (two-person mode) its enrollment still waits for a second admin's
+// consent.
 
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/operators.h"
@@ -27,8 +32,8 @@ namespace sdc::daemon {
 struct AdminAuth {
   // The root token and per-operator tokens; must outlive the services.
   const Operators* operators = nullptr;
-  // A verified TLS client certificate whose common name names a registered
-  // operator authenticates as that operator (when no bearer token is sent).
+  // A verified TLS client certificate naming a registered operator
+  // authenticates as that operator (when no bearer token is sent).
   bool accept_client_certs = false;
 };
 
@@ -36,9 +41,10 @@ struct AdminAuth {
 struct AdminCredentials {
   // The `authorization` header's value, when sent.
   std::optional<std::string> authorization;
-  // The common name of its TLS client certificate, when the peer was
-  // verified and AdminAuth::accept_client_certs.
-  std::optional<std::string> certificate_name;
+  // The names its verified TLS client certificate gives, when the peer was
+  // verified and AdminAuth::accept_client_certs: its subject alternative
+  // names, or its common name when it has none.
+  std::optional<std::vector<std::string>> certificate_names;
 };
 
 // The credentials of call `c`.

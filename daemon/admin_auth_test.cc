@@ -17,6 +17,8 @@
 namespace sdc::daemon {
 namespace {
 
+const Principal kRootPrincipal{"root", Role::kAdmin, /*person=*/false, /*pending=*/false};
+
 using ::testing::HasSubstr;
 
 class AdminAuthTest : public ::testing::Test {
@@ -25,10 +27,10 @@ class AdminAuthTest : public ::testing::Test {
     auto loaded = Operators::Load(&store_, "root-secret");
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     operators_ = *std::move(loaded);
-    auto alice = operators_->Add("alice", Role::kOperator, "root", absl::FromUnixSeconds(1));
+    auto alice = operators_->Add("alice", Role::kOperator, kRootPrincipal, absl::FromUnixSeconds(1));
     ASSERT_TRUE(alice.ok());
     alice_token_ = alice->second;
-    auto bob = operators_->Add("bob", Role::kViewer, "root", absl::FromUnixSeconds(1));
+    auto bob = operators_->Add("bob", Role::kViewer, kRootPrincipal, absl::FromUnixSeconds(1));
     ASSERT_TRUE(bob.ok());
     bob_token_ = bob->second;
     auth_.operators = operators_.get();
@@ -40,9 +42,10 @@ class AdminAuthTest : public ::testing::Test {
     c.authorization = "Bearer " + token;
     return c;
   }
-  static AdminCredentials Certificate(const std::string& name) {
+  // A certificate's subject alternative names.
+  static AdminCredentials Certificate(std::vector<std::string> names) {
     AdminCredentials c;
-    c.certificate_name = name;
+    c.certificate_names = std::move(names);
     return c;
   }
 
@@ -64,7 +67,10 @@ TEST_F(AdminAuthTest, CredentialsNameTheirPrincipal) {
       {"root token", Bearer("root-secret"), "root", Role::kAdmin},
       {"operator token", Bearer(alice_token_), "alice", Role::kOperator},
       {"viewer token", Bearer(bob_token_), "bob", Role::kViewer},
-      {"certificate", Certificate("alice"), "alice", Role::kOperator},
+      {"certificate", Certificate({"alice"}), "alice", Role::kOperator},
+      // Any of a certificate's names that is an operator's (DNS or email SAN).
+      {"certificate with several names", Certificate({"laptop-17.example.com", "alice"}),
+       "alice", Role::kOperator},
   };
   for (const Case& c : cases) {
     absl::StatusOr<Principal> who = Authenticate(auth_, c.credentials, Role::kViewer);
@@ -76,7 +82,7 @@ TEST_F(AdminAuthTest, CredentialsNameTheirPrincipal) {
 
 TEST_F(AdminAuthTest, RefusalsCarryTheirCodeAndSayWhy) {
   AdminCredentials token_and_certificate = Bearer("wrong");
-  token_and_certificate.certificate_name = "alice";  // The token decides.
+  token_and_certificate.certificate_names = std::vector<std::string>{"alice"};  // The token decides.
   AdminAuth no_operators;
   struct Case {
     std::string name;
@@ -97,12 +103,12 @@ TEST_F(AdminAuthTest, RefusalsCarryTheirCodeAndSayWhy) {
        absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
       {"no operators at all", &no_operators, Bearer("root-secret"), Role::kViewer,
        absl::StatusCode::kUnauthenticated, "the admin token is not valid"},
-      {"certificate naming nobody", &auth_, Certificate("mallory"), Role::kViewer,
+      {"certificate naming nobody", &auth_, Certificate({"mallory"}), Role::kViewer,
        absl::StatusCode::kUnauthenticated,
-       "the client certificate's common name \"mallory\" names no operator"},
+       "the client certificate's names (\"mallory\") name no operator"},
       {"viewer needing operator", &auth_, Bearer(bob_token_), Role::kOperator,
        absl::StatusCode::kPermissionDenied, "bob has role viewer; this call needs operator"},
-      {"operator needing admin", &auth_, Certificate("alice"), Role::kAdmin,
+      {"operator needing admin", &auth_, Certificate({"alice"}), Role::kAdmin,
        absl::StatusCode::kPermissionDenied, "alice has role operator; this call needs admin"},
   };
   for (const Case& c : cases) {

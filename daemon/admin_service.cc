@@ -22,15 +22,6 @@ v1::OperatorRole ToProto(Role role) {
   return v1::OPERATOR_ROLE_UNSPECIFIED;
 }
 
-v1::Operator ToProto(const OperatorRecord& r) {
-  v1::Operator out;
-  out.set_name(r.name);
-  out.set_role(ToProto(r.role));
-  out.set_created_unix_ms(UnixMillis(r.created));
-  out.set_created_by(r.created_by);
-  return out;
-}
-
 // Finishes `reactor` with `s` after counting it as a rejected input.
 template <typename Response>
 void Refuse(ServiceMetrics* metrics, RawUnaryReactor<Response>* reactor, const absl::Status& s) {
@@ -39,6 +30,17 @@ void Refuse(ServiceMetrics* metrics, RawUnaryReactor<Response>* reactor, const a
 }
 
 }  // namespace
+
+v1::Operator AdminService::OperatorProto(const OperatorRecord& r) const {
+  v1::Operator out;
+  out.set_name(r.name);
+  out.set_role(ToProto(r.role));
+  out.set_created_unix_ms(UnixMillis(r.created));
+  out.set_created_by(r.created_by);
+  out.set_approved_by(r.approved_by);
+  out.set_active(operators_->Active(r));
+  return out;
+}
 
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* c,
                                                  const grpc::ByteBuffer* in,
@@ -142,14 +144,26 @@ grpc::ServerUnaryReactor* AdminService::Decide(grpc::CallbackServerContext* c,
   return ServeAuthenticated<v1::DecideRequest, v1::ReplacementRequest>(
       auth_, metrics_, c, in, out, Role::kOperator,
       [this, approve](const Principal& who, const v1::DecideRequest& q, auto* reactor) {
-        // Under two-person approval every approval names a person: the
-        // shared bootstrap token would let one person supply the second.
-        if (approve && who.name == kRootName && approvals_required_ > 1) {
+        // Under two-person approval every approval names a separately
+        // enrolled person: a shared credential (root) would let one person
+        // supply the second. Force passes the caps and re-decides: an
+        // admin's, and two of them (Escalation).
+        std::string refused;
+        if (q.force() && who.role < Role::kAdmin) {
+          refused = absl::StrCat(who.name, " has role ", RoleName(who.role),
+                                 "; --force needs an admin");
+        } else if (approve && !who.person && (approvals_required_ > 1 || q.force())) {
+          refused = absl::StrCat(
+              who.name, " is not a separately enrolled person, so it may not approve when ",
+              q.force() ? "forcing (two admins must)"
+                        : absl::StrCat(approvals_required_,
+                                       " operators must (sdcd --approvals_required)"),
+              ": approve with your own credential (sdcctl operator add NAME, then a second "
+              "admin's sdcctl operator approve NAME)");
+        }
+        if (!refused.empty()) {
           metrics_->Rejected("permission_denied");
-          reactor->Reply({grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("root may not approve when ", approvals_required_,
-                                       " operators must (sdcd --approvals_required): approve "
-                                       "with your own token (sdcctl operator add NAME)")});
+          reactor->Reply({grpc::StatusCode::PERMISSION_DENIED, refused});
           return;
         }
         // Who decides is the credential's principal; the request's
@@ -240,12 +254,12 @@ grpc::ServerUnaryReactor* AdminService::AddOperator(grpc::CallbackServerContext*
             Refuse(metrics_, reactor, absl::InvalidArgumentError("unknown role"));
             return;
         }
-        auto added = operators_->Add(q.name(), role, who.name, absl::Now());
+        auto added = operators_->Add(q.name(), role, who, absl::Now());
         if (!added.ok()) {
           Refuse(metrics_, reactor, added.status());
           return;
         }
-        *reactor->response()->mutable_operator_() = ToProto(added->first);
+        *reactor->response()->mutable_operator_() = OperatorProto(added->first);
         reactor->response()->set_token(added->second);
         reactor->Reply(grpc::Status::OK);
       });
@@ -258,7 +272,7 @@ grpc::ServerUnaryReactor* AdminService::ListOperators(grpc::CallbackServerContex
       auth_, metrics_, c, in, out, Role::kAdmin,
       [this](const Principal&, const v1::ListOperatorsRequest&, auto* reactor) {
         for (const OperatorRecord& r : operators_->List()) {
-          *reactor->response()->add_operators() = ToProto(r);
+          *reactor->response()->add_operators() = OperatorProto(r);
         }
         reactor->Reply(grpc::Status::OK);
       });
@@ -269,13 +283,29 @@ grpc::ServerUnaryReactor* AdminService::RemoveOperator(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* out) {
   return ServeAuthenticated<v1::RemoveOperatorRequest, v1::Operator>(
       auth_, metrics_, c, in, out, Role::kAdmin,
-      [this](const Principal&, const v1::RemoveOperatorRequest& q, auto* reactor) {
-        auto removed = operators_->Remove(q.name());
+      [this](const Principal& who, const v1::RemoveOperatorRequest& q, auto* reactor) {
+        auto removed = operators_->Remove(q.name(), who);
         if (!removed.ok()) {
           Refuse(metrics_, reactor, removed.status());
           return;
         }
-        *reactor->response() = ToProto(*removed);
+        *reactor->response() = OperatorProto(*removed);
+        reactor->Reply(grpc::Status::OK);
+      });
+}
+
+grpc::ServerUnaryReactor* AdminService::ApproveOperator(grpc::CallbackServerContext* c,
+                                                        const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return ServeAuthenticated<v1::ApproveOperatorRequest, v1::Operator>(
+      auth_, metrics_, c, in, out, Role::kAdmin,
+      [this](const Principal& who, const v1::ApproveOperatorRequest& q, auto* reactor) {
+        auto approved = operators_->Approve(q.name(), who);
+        if (!approved.ok()) {
+          Refuse(metrics_, reactor, approved.status());
+          return;
+        }
+        *reactor->response() = OperatorProto(*approved);
         reactor->Reply(grpc::Status::OK);
       });
 }

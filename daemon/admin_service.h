@@ -33,8 +33,9 @@ using AdminServiceBase = v1::AdminService::WithRawCallbackMethod_ListJobs<
     v1::AdminService::WithRawCallbackMethod_AddOperator<
     v1::AdminService::WithRawCallbackMethod_ListOperators<
     v1::AdminService::WithRawCallbackMethod_RemoveOperator<
+    v1::AdminService::WithRawCallbackMethod_ApproveOperator<
     v1::AdminService::WithRawCallbackMethod_WhoAmI<
-    v1::AdminService::Service>>>>>>>>>>>>>>;
+    v1::AdminService::Service>>>>>>>>>>>>>>>;
 
 // Thread-safe. Roles per method: see proto/admin.proto.
 class AdminService final : public AdminServiceBase {
@@ -68,6 +69,7 @@ class AdminService final : public AdminServiceBase {
   SDC_ADMIN_RAW_METHOD(AddOperator)
   SDC_ADMIN_RAW_METHOD(ListOperators)
   SDC_ADMIN_RAW_METHOD(RemoveOperator)
+  SDC_ADMIN_RAW_METHOD(ApproveOperator)
   SDC_ADMIN_RAW_METHOD(WhoAmI)
 #undef SDC_ADMIN_RAW_METHOD
 
@@ -75,6 +77,7 @@ class AdminService final : public AdminServiceBase {
   grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* c, const grpc::ByteBuffer* in,
                                    grpc::ByteBuffer* out, bool approve);
   void FillEvidence(v1::ReplacementRequest* r);
+  v1::Operator OperatorProto(const OperatorRecord& r) const;
 
   core::Coordinator* coordinator_;
   Delivery* delivery_;

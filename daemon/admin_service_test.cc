@@ -133,7 +133,7 @@ TEST_F(AdminServiceTest, UnderTwoPersonApprovalRootMayNotApprove) {
   v1::ReplacementRequest decided;
   grpc::Status s = stub_->Approve(As("root-secret").get(), approve, &decided);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(s.error_message(), HasSubstr("root may not approve when 2 operators must"));
+  EXPECT_THAT(s.error_message(), HasSubstr("root is not a separately enrolled person, so it may not approve when 2 operators must"));
   // An operator's approval reaches the coordinator: there is no request 1.
   const std::string alice = Add("alice", v1::ROLE_OPERATOR);
   s = stub_->Approve(As(alice).get(), approve, &decided);

@@ -390,8 +390,15 @@ class AgentOutbox : public AgentSink, public StreamHandle<AgentStreamReactor> {
 
 class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::CoordinatorToAgent> {
  public:
-  explicit AgentStreamReactor(AgentService* service)
-      : service_(service), outbox_(std::make_shared<AgentOutbox>(this)) {
+  AgentStreamReactor(AgentService* service, absl::StatusOr<ProvenNode> proven)
+      : service_(service), outbox_(std::make_shared<AgentOutbox>(this)),
+        proven_(std::move(proven)) {
+    if (!proven_.ok()) {
+      // Refused before a byte of its messages is read.
+      service_->metrics_->Rejected(RejectReason(proven_.status().code()));
+      RequestFinish(ToGrpc(proven_.status()));
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -427,7 +434,14 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
       if (!in_.has_identity()) {
         return absl::InvalidArgumentError("the first message of a stream must be a NodeIdentity");
       }
-      const AgentIdentity identity = FromProto(in_.identity());
+      AgentIdentity identity = FromProto(in_.identity());
+      // Only a node speaks for itself: the node this stream registers is
+      // the one its credentials proved.
+      if (!proven_->node.empty() && identity.node_name != proven_->node) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "this agent proved to be node ", proven_->node, " (", proven_->proof,
+            ") and may not register node '", identity.node_name.substr(0, 253), "'"));
+      }
       absl::StatusOr<uint64_t> session = hub->OpenStream(identity, outbox_);
       if (!session.ok()) return session.status();
       session_ = *session;
@@ -462,6 +476,7 @@ class AgentStreamReactor : public QueuedStream<v1::AgentMessage, v1::Coordinator
 
   AgentService* const service_;
   const std::shared_ptr<AgentOutbox> outbox_;
+  const absl::StatusOr<ProvenNode> proven_;  // What its credentials proved.
   v1::AgentMessage in_;  // Touched only by the read path, one read at a time.
   uint64_t session_ = 0;
   std::string node_;
@@ -478,7 +493,7 @@ void AgentOutbox::End(absl::Status status) {
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AgentService::Connect(
     grpc::CallbackServerContext* context) {
-  return new AgentStreamReactor(this);
+  return new AgentStreamReactor(this, authenticator_->Agent(CredentialsOf(*context)));
 }
 
 // ---------------------------------------------------------------------------

@@ -7,7 +7,9 @@
 //   AgentHub          joins the registry, the live agent streams, and whoever
 //                     waits for a diagnostic or an action to finish.
 //   AgentService      AgentService.Connect, one bidi stream per agent, on
-//                     the trainer listener. Callback API; no reaction blocks.
+//                     the agent listener (--agent_listen). An agent proves
+//                     its node (daemon/node_identity.h) and registers that
+//                     node only. Callback API; no reaction blocks.
 //   NodeAdminService  ListNodes, GetNode, Diagnose for sdcctl, on the admin
 //                     listener with AdminService's authentication.
 //
@@ -33,6 +35,7 @@
 #include "daemon/agents_actuator.h"
 #include "daemon/core/clock.h"
 #include "daemon/admin_auth.h"
+#include "daemon/node_identity.h"
 #include "daemon/service_metrics.h"
 #include "grpcpp/grpcpp.h"
 
@@ -139,7 +142,9 @@ class AgentHub : public NodeActionRunner {
 class AgentService final
     : public v1::AgentService::WithRawCallbackMethod_Connect<v1::AgentService::Service> {
  public:
-  AgentService(AgentHub* hub, ServiceMetrics* metrics) : hub_(hub), metrics_(metrics) {}
+  // `authenticator` outlives the service.
+  AgentService(AgentHub* hub, ServiceMetrics* metrics, const NodeAuthenticator* authenticator)
+      : hub_(hub), metrics_(metrics), authenticator_(authenticator) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Connect(
       grpc::CallbackServerContext* context) override;
@@ -148,6 +153,7 @@ class AgentService final
   friend class AgentStreamReactor;
   AgentHub* const hub_;
   ServiceMetrics* const metrics_;
+  const NodeAuthenticator* const authenticator_;
 };
 
 // Thread-safe. Diagnose with `wait` holds no thread while it waits: its

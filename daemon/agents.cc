@@ -351,13 +351,13 @@ absl::StatusOr<Diagnostic> AgentRegistry::GetDiagnostic(uint64_t id) const {
   return absl::NotFoundError(absl::StrCat("no diagnostic ", id));
 }
 
-std::map<std::string, std::string> AgentRegistry::InstanceIds() const {
+std::vector<std::string> AgentRegistry::GpuIds(const std::string& node) const {
   absl::MutexLock lock(&mu_);
-  std::map<std::string, std::string> ids;
-  for (const auto& [name, n] : nodes_) {
-    if (!n.identity.instance_id.empty()) ids[name] = n.identity.instance_id;
-  }
-  return ids;
+  std::vector<std::string> out;
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return out;
+  for (const AgentGpu& g : it->second.identity.gpus) out.push_back(g.uuid);
+  return out;
 }
 
 }  // namespace sdc::daemon

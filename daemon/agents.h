@@ -52,9 +52,11 @@ struct AgentGpu {
 };
 
 struct AgentIdentity {
-  std::string node_name;
+  std::string node_name;  // Proven by the stream's credentials (AgentService).
   std::string hostname;
-  std::string instance_id;  // "" or "i-" + 8..17 hex digits.
+  // "" or "i-" + 8..17 hex digits: what the agent says, shown to operators
+  // only. Actuators never act on it (daemon/actuator.h).
+  std::string instance_id;
   std::vector<AgentGpu> gpus;
   std::string gpu_note;     // Why `gpus` is empty.
   std::string agent_version;
@@ -213,8 +215,10 @@ class AgentRegistry {
   // NotFound if unknown or no longer kept.
   absl::StatusOr<Diagnostic> GetDiagnostic(uint64_t id) const;
 
-  // node name -> HyperPod instance id, for nodes whose agent knows one.
-  std::map<std::string, std::string> InstanceIds() const;
+  // The GPU UUIDs `node`'s agent listed when it last registered; empty
+  // when it listed none or never registered. Rank placements are checked
+  // against them (a GPU id counts only if its node's agent listed it).
+  std::vector<std::string> GpuIds(const std::string& node) const;
 
  private:
   struct PendingAction {

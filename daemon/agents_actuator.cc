@@ -20,39 +20,14 @@ class AgentActuator : public Actuator {
   const absl::Duration timeout_;
 };
 
-class LiveIdsHyperPodActuator : public Actuator {
- public:
-  LiveIdsHyperPodActuator(ActuatorConfig config, InstanceIdSource ids)
-      : config_(std::move(config)), ids_(std::move(ids)) {}
-  std::string name() const override { return "hyperpod"; }
-  std::vector<ActuatorResult> Execute(
-      const std::vector<core::ReplacementRequest>& requests) override {
-    ActuatorConfig config = config_;
-    for (auto& [node, id] : ids_()) config.node_ids.emplace(node, id);  // The file's win.
-    absl::StatusOr<std::unique_ptr<Actuator>> actuator = MakeActuator(config);
-    if (!actuator.ok()) {
-      return std::vector<ActuatorResult>(
-          requests.size(), ActuatorResult{false, std::string(actuator.status().message())});
-    }
-    return (*actuator)->Execute(requests);
-  }
-
- private:
-  const ActuatorConfig config_;
-  const InstanceIdSource ids_;
-};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Actuator>> MakeActuatorWithAgents(const ActuatorConfig& config,
-                                                                 NodeActionRunner* runner,
-                                                                 InstanceIdSource instance_ids) {
+                                                                 NodeActionRunner* runner) {
   if (config.kind == kAgentActuatorKind) {
     return std::make_unique<AgentActuator>(runner, config.timeout);
   }
-  absl::StatusOr<std::unique_ptr<Actuator>> plain = MakeActuator(config);
-  if (!plain.ok() || config.kind != "hyperpod") return plain;
-  return std::make_unique<LiveIdsHyperPodActuator>(config, std::move(instance_ids));
+  return MakeActuator(config);
 }
 
 ActuatorConfig ForValidation(const ActuatorConfig& config) {

@@ -7,10 +7,6 @@
 //             (NodeAction on its stream) and waits, bounded by
 //             --actuator_timeout, for its ActionResult; the agent runs its
 //             own --action_command. Succeeds only when that command did.
-//   hyperpod  the HyperPod API actuator, with instance ids the agents
-//             registered added to --hyperpod_node_ids_file's (the file wins
-//             for a node in both): built afresh for every batch, so a node
-//             whose agent registered after sdcd started is covered.
 //   others    exactly MakeActuator's.
 
 #include <functional>
@@ -38,14 +34,12 @@ class NodeActionRunner {
       const std::vector<core::ReplacementRequest>& requests, absl::Duration timeout) = 0;
 };
 
-// node name -> HyperPod instance id, as the agents registered them.
-using InstanceIdSource = std::function<std::map<std::string, std::string>()>;
-
-// InvalidArgument as MakeActuator. REQUIRES: `runner` (for kind agent) and
-// `instance_ids` (for kind hyperpod) outlive the actuator.
+// InvalidArgument as MakeActuator. REQUIRES: `runner` (for kind agent)
+// outlives the actuator. Instance ids never come from agents (what an agent
+// says of itself is no record of the node): the hyperpod actuator takes them
+// from the cluster's records (daemon/actuator.h).
 absl::StatusOr<std::unique_ptr<Actuator>> MakeActuatorWithAgents(const ActuatorConfig& config,
-                                                                 NodeActionRunner* runner,
-                                                                 InstanceIdSource instance_ids);
+                                                                 NodeActionRunner* runner);
 
 // `config` as daemon/config.h's Validate can check it: the agent kind
 // (which Validate does not know) reads as dry-run; others are unchanged.

@@ -311,13 +311,14 @@ TEST(AgentRegistryKeepTest, KeepsTheLastFinishedDiagnosticsNewestFirst) {
   EXPECT_EQ(registry.GetDiagnostic(1).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(AgentRegistryTest, InstanceIdsOfNodesThatKnowOne) {
-  AgentIdentity a = Identity("hyperpod-i-0123456789abcdef0");
-  a.instance_id = "i-0123456789abcdef0";
+TEST_F(AgentRegistryTest, GpuIdsAreWhatTheNodesAgentListed) {
+  AgentIdentity a = Identity("node-a");
+  a.gpus = {{"GPU-aaaa", "H100", 0}, {"GPU-bbbb", "H100", 1}};
   Register(a);
   Register(Identity("node-b"));
-  EXPECT_EQ(registry_.InstanceIds(), (std::map<std::string, std::string>{
-                                         {"hyperpod-i-0123456789abcdef0", "i-0123456789abcdef0"}}));
+  EXPECT_THAT(registry_.GpuIds("node-a"), ElementsAre("GPU-aaaa", "GPU-bbbb"));
+  EXPECT_TRUE(registry_.GpuIds("node-b").empty());
+  EXPECT_TRUE(registry_.GpuIds("node-c").empty());
 }
 
 }  // namespace

@@ -36,6 +36,18 @@ void AttachCall::Request() {
   service_->RequestAttach(&context_, &stream_, queue_, queue_, &request_tag_);
 }
 
+grpc::Status AttachCall::Handle() {
+  if (!identified_) {
+    identified_ = true;
+    const TrainerContext& c = service_->context_;
+    SessionIdentity identity;
+    identity.certificate_nodes = CredentialsOf(context_).certificate_nodes;
+    identity.trust_stated = c.authenticator != nullptr && c.authenticator->insecure_dev_mode();
+    session_->set_identity(std::move(identity));
+  }
+  return session_->Handle(in_);
+}
+
 bool AttachCall::Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) {
   return common::FoldAck(last, next);
 }

@@ -29,13 +29,15 @@ class AttachCall final : public StreamCall<v1::TrainerMessage, v1::CoordinatorMe
   const char* Method() const override { return "attach"; }
   void Request() override;
   void Rearm() override { Arm(service_, queue_); }
-  grpc::Status Handle() override { return session_->Handle(in_); }
+  // The first message learns who carries the stream (its certificate).
+  grpc::Status Handle() override;
   void OnDone() override { session_->Close(); }
   // Acknowledgements are watermarks: one waiting absorbs the next.
   bool Absorb(v1::CoordinatorMessage& last, v1::CoordinatorMessage& next) override;
 
   TrainerService* const service_;
   std::unique_ptr<RankSession> session_;
+  bool identified_ = false;  // The read path only.
 };
 
 }  // namespace sdc::daemon

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -46,9 +47,82 @@ absl::Status ValidateAddress(const std::string& flag, const std::string& address
   return absl::OkStatus();
 }
 
+bool IsLocalAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) return true;
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  const std::string host = address.substr(0, colon);
+  return host == "localhost" || host == "[::1]" || host == "::1" ||
+         absl::StartsWith(host, "127.");
+}
+
 absl::Status Validate(const Config& c) {
   if (absl::Status s = ValidateAddress("listen", c.listen, false); !s.ok()) return s;
   if (absl::Status s = ValidateAddress("admin_listen", c.admin_listen, true); !s.ok()) return s;
+  if (!c.agent_listen.empty()) {
+    if (absl::Status s = ValidateAddress("agent_listen", c.agent_listen, false); !s.ok()) return s;
+    if (c.agent_listen == c.listen && !absl::EndsWith(c.listen, ":0")) {
+      return Bad("agent_listen", "must differ from --listen: agents have their own port");
+    }
+  }
+  // Bearer tokens and agents' credentials never cross a network in clear.
+  if (!IsLocalAddress(c.admin_listen) && !c.admin_tls) {
+    return Bad("admin_listen",
+               absl::StrCat(c.admin_listen, " is not a loopback address, and the admin service "
+                            "would carry bearer tokens in clear there: add --admin_tls (with "
+                            "--tls_cert and --tls_key), or listen on 127.0.0.1 or unix:PATH"));
+  }
+  if (!c.agent_listen.empty() && !IsLocalAddress(c.agent_listen) && c.tls_cert.empty()) {
+    return Bad("agent_listen",
+               absl::StrCat(c.agent_listen, " is not a loopback address, and agents prove "
+                            "their node there with certificates or tokens: add --tls_cert and "
+                            "--tls_key"));
+  }
+  if (c.insecure_dev_mode) {
+    for (const auto& [flag, address] :
+         {std::pair<const char*, const std::string&>{"listen", c.listen},
+          {"agent_listen", c.agent_listen},
+          {"admin_listen", c.admin_listen}}) {
+      if (!address.empty() && !IsLocalAddress(address)) {
+        return Bad("insecure_dev_mode",
+                   absl::StrCat("takes every caller at its word, so every listener must be "
+                                "loopback; --", flag, " is ", address));
+      }
+    }
+  }
+  if (c.agent_token_keys.empty() != c.agent_token_issuer.empty()) {
+    return Bad(c.agent_token_keys.empty() ? "agent_token_keys" : "agent_token_issuer",
+               "--agent_token_keys and --agent_token_issuer go together");
+  }
+  if (!c.agent_token_keys.empty() && c.agent_token_service_accounts.empty()) {
+    return Bad("agent_token_service_accounts", "name the agents' service account");
+  }
+  for (const std::string& sa : c.agent_token_service_accounts) {
+    if (!absl::StartsWith(sa, "system:serviceaccount:")) {
+      return Bad("agent_token_service_accounts",
+                 absl::StrCat("expected system:serviceaccount:NAMESPACE:NAME, got '", sa, "'"));
+    }
+  }
+  if (!c.admin_client_ca.empty() && c.admin_client_ca == c.tls_client_ca) {
+    return Bad("admin_client_ca",
+               "must be a CA of its own, not --tls_client_ca's: a node's certificate is no "
+               "person's");
+  }
+  for (const std::string& n : c.never_replace) {
+    if (!core::IsSafeNodeName(n)) {
+      return Bad("never_replace", absl::StrCat("'", n, "' is neither a node name nor an instance id"));
+    }
+  }
+  if (c.max_ranks_per_node < 1) return Bad("max_ranks_per_node", "must be at least 1");
+  if (c.max_unauthenticated_ranks < 0) {
+    return Bad("max_unauthenticated_ranks", "must not be negative");
+  }
+  if (c.max_jobs_per_identity < 1) return Bad("max_jobs_per_identity", "must be at least 1");
+  if (c.max_open_requests_per_job < 0 || c.max_open_requests_per_job > c.max_open_requests) {
+    return Bad("max_open_requests_per_job",
+               absl::StrCat("expected 0 (half of --max_open_requests) to --max_open_requests (",
+                            c.max_open_requests, "), got ", c.max_open_requests_per_job));
+  }
   if (absl::Status s = ValidateAddress("metrics_listen", c.metrics_listen, false); !s.ok()) {
     return s;
   }
@@ -79,6 +153,7 @@ absl::Status Validate(const Config& c) {
                                    {"tls_key", c.tls_key},
                                    {"tls_client_ca", c.tls_client_ca},
                                    {"admin_client_ca", c.admin_client_ca},
+                                   {"agent_token_keys", c.agent_token_keys},
                                    {"hyperpod_node_ids_file", c.hyperpod_node_ids_file}}) {
     if (!path.empty()) {
       if (absl::Status s = ReadableFile(flag, path); !s.ok()) return s;

@@ -81,6 +81,7 @@ core::Incident FromProto(const v1::Incident& i) {
   out.nodes.assign(i.node_names().begin(), i.node_names().end());
   out.gpus.assign(i.gpu_uuids().begin(), i.gpu_uuids().end());
   out.confirmed = i.confirmed();
+  out.unproven_evidence = i.unproven_evidence();
   out.explanation = i.explanation();
   out.differing_tensors.assign(i.differing_tensors().begin(), i.differing_tensors().end());
   out.created = FromUnixMillis(i.created_unix_ms());
@@ -110,7 +111,8 @@ core::ReplacementRequest FromProto(const v1::ReplacementRequest& r) {
   out.actuator_result = r.actuator_result();
   out.cap_override = r.cap_override();
   for (const auto& a : r.approvals()) {
-    out.approvals.push_back({a.operator_(), a.reason(), FromUnixMillis(a.at_unix_ms())});
+    out.approvals.push_back(
+        {a.operator_(), a.reason(), FromUnixMillis(a.at_unix_ms()), a.force()});
   }
   // Stored before two-person approval existed: one approval sufficed.
   out.approvals_required = r.approvals_required() == 0 ? 1 : r.approvals_required();
@@ -141,6 +143,7 @@ v1::Incident ToProto(const core::Incident& i) {
   for (const auto& n : i.nodes) out.add_node_names(n);
   for (const auto& g : i.gpus) out.add_gpu_uuids(g);
   out.set_confirmed(i.confirmed);
+  out.set_unproven_evidence(i.unproven_evidence);
   out.set_explanation(i.explanation);
   for (const auto& t : i.differing_tensors) out.add_differing_tensors(t);
   out.set_created_unix_ms(UnixMillis(i.created));
@@ -180,6 +183,7 @@ v1::ReplacementRequest ToProto(const core::ReplacementRequest& r) {
     x->set_operator_(a.op);
     x->set_reason(a.reason);
     x->set_at_unix_ms(UnixMillis(a.at));
+    x->set_force(a.force);
   }
   out.set_approvals_required(r.approvals_required);
   return out;
@@ -217,6 +221,9 @@ v1::Rank ToProto(const core::RankSummary& r) {
   out.set_attached(r.attached);
   out.set_checks_through_step(r.checks_through);
   out.set_incarnation(r.incarnation);
+  out.set_identity(r.identity);
+  out.set_proof(r.proof);
+  out.set_unproven(r.unproven);
   return out;
 }
 

@@ -10,6 +10,8 @@
 namespace sdc::daemon {
 namespace {
 
+const Principal kRootPrincipal{"root", Role::kAdmin, /*person=*/false, /*pending=*/false};
+
 using ::testing::HasSubstr;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
@@ -33,11 +35,11 @@ TEST(OperatorsTest, RootTokenAndOperatorTokensNameTheirPrincipal) {
   MemoryOperatorStore store;
   auto ops = Operators::Load(&store, "root-secret");
   ASSERT_TRUE(ops.ok()) << ops.status();
-  auto alice = (*ops)->Add("alice", Role::kOperator, "root", kT0);
+  auto alice = (*ops)->Add("alice", Role::kOperator, kRootPrincipal, kT0);
   ASSERT_TRUE(alice.ok()) << alice.status();
   EXPECT_EQ(alice->second.size(), 64u);
   EXPECT_EQ(alice->first.token_sha256, Sha256(alice->second));
-  auto bob = (*ops)->Add("bob", Role::kViewer, "root", kT0);
+  auto bob = (*ops)->Add("bob", Role::kViewer, kRootPrincipal, kT0);
   ASSERT_TRUE(bob.ok());
   EXPECT_NE(alice->second, bob->second);
 
@@ -73,7 +75,7 @@ TEST(OperatorsTest, AnEmptyRootTokenAcceptsNoToken) {
 TEST(OperatorsTest, NamesAreValidatedAndUnique) {
   MemoryOperatorStore store;
   auto ops = *Operators::Load(&store, "t");
-  ASSERT_TRUE(ops->Add("alice@example.com", Role::kAdmin, "root", kT0).ok());
+  ASSERT_TRUE(ops->Add("alice@example.com", Role::kAdmin, kRootPrincipal, kT0).ok());
   struct Case {
     std::string name;
     absl::StatusCode code;
@@ -85,7 +87,7 @@ TEST(OperatorsTest, NamesAreValidatedAndUnique) {
            {std::string(65, 'a'), absl::StatusCode::kInvalidArgument, "1 to 64"},
            {"root", absl::StatusCode::kAlreadyExists, "bootstrap token"},
            {"alice@example.com", absl::StatusCode::kAlreadyExists, "already exists"}}) {
-    auto r = ops->Add(c.name, Role::kViewer, "root", kT0);
+    auto r = ops->Add(c.name, Role::kViewer, kRootPrincipal, kT0);
     ASSERT_FALSE(r.ok()) << c.name;
     EXPECT_EQ(r.status().code(), c.code) << c.name;
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
@@ -97,13 +99,13 @@ TEST(OperatorsTest, RemovedTokensStopWorkingAndReloadKeepsTheRest) {
   std::string alice_token, bob_token;
   {
     auto ops = *Operators::Load(&store, "t");
-    alice_token = ops->Add("alice", Role::kOperator, "root", kT0)->second;
-    bob_token = ops->Add("bob", Role::kAdmin, "root", kT0)->second;
-    auto removed = ops->Remove("alice");
+    alice_token = ops->Add("alice", Role::kOperator, kRootPrincipal, kT0)->second;
+    bob_token = ops->Add("bob", Role::kAdmin, kRootPrincipal, kT0)->second;
+    auto removed = ops->Remove("alice", kRootPrincipal);
     ASSERT_TRUE(removed.ok());
     EXPECT_EQ(removed->name, "alice");
     EXPECT_FALSE(ops->ByToken(alice_token).has_value());
-    EXPECT_EQ(ops->Remove("alice").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(ops->Remove("alice", kRootPrincipal).status().code(), absl::StatusCode::kNotFound);
   }
   auto reloaded = *Operators::Load(&store, "t");
   EXPECT_FALSE(reloaded->ByToken(alice_token).has_value());
@@ -113,6 +115,65 @@ TEST(OperatorsTest, RemovedTokensStopWorkingAndReloadKeepsTheRest) {
   EXPECT_EQ(reloaded->List()[0].created_by, "root");
   EXPECT_EQ(reloaded->ByName("bob")->role, Role::kAdmin);
   EXPECT_FALSE(reloaded->ByName("alice").has_value());
+}
+
+// Two-person mode: root enrolls the first two admins and nothing else; an
+// admin's enrollment works only after a second admin consents (never the
+// same one, never root); a certificate (an external identity) needs no
+// consent; an admin whose removal would reopen the bootstrap stays. The
+// consent survives a reload.
+TEST(OperatorsTest, TwoPersonModeNeedsASecondAdminsConsent) {
+  MemoryOperatorStore store;
+  auto ops = *Operators::Load(&store, "t", /*approvals_required=*/2);
+  ASSERT_TRUE(ops->two_person());
+  EXPECT_EQ(ops->Add("olga", Role::kOperator, kRootPrincipal, kT0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto alice = ops->Add("alice", Role::kAdmin, kRootPrincipal, kT0);
+  auto bob = ops->Add("bob", Role::kAdmin, kRootPrincipal, kT0);
+  ASSERT_TRUE(alice.ok() && bob.ok());
+  EXPECT_EQ(alice->first.approved_by, kBootstrapConsent);
+  auto third = ops->Add("carl", Role::kAdmin, kRootPrincipal, kT0);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kPermissionDenied) << "bootstrap is over";
+  EXPECT_THAT(std::string(third.status().message()), HasSubstr("only the first 2 admins"));
+
+  const Principal as_alice = *ops->ByToken(alice->second);
+  EXPECT_TRUE(as_alice.person);
+  EXPECT_FALSE(as_alice.pending);
+  auto mallory = ops->Add("mallory", Role::kOperator, as_alice, kT0);
+  ASSERT_TRUE(mallory.ok());
+  std::optional<Principal> pending = ops->ByToken(mallory->second);
+  ASSERT_TRUE(pending.has_value());
+  EXPECT_TRUE(pending->pending);
+  EXPECT_FALSE(ops->Active(mallory->first));
+  // alice cannot vouch twice, root cannot vouch at all.
+  EXPECT_EQ(ops->Approve("mallory", as_alice).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ops->Approve("mallory", kRootPrincipal).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ops->ByToken(mallory->second)->pending);
+  // A certificate naming mallory is a person already.
+  EXPECT_FALSE(ops->ByName("mallory")->pending);
+  EXPECT_TRUE(ops->ByName("mallory")->person);
+  // bob consents.
+  auto approved = ops->Approve("mallory", *ops->ByToken(bob->second));
+  ASSERT_TRUE(approved.ok()) << approved.status();
+  EXPECT_EQ(approved->approved_by, "bob");
+  EXPECT_FALSE(ops->ByToken(mallory->second)->pending);
+  EXPECT_EQ(ops->Approve("mallory", *ops->ByToken(bob->second)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Removing an admin would leave one: refused; root manages nothing now.
+  EXPECT_EQ(ops->Remove("bob", as_alice).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ops->Remove("mallory", kRootPrincipal).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto reloaded = *Operators::Load(&store, "t", 2);
+  EXPECT_FALSE(reloaded->ByToken(mallory->second)->pending);
+  // One-person enrollments wait for a second admin once two-person mode is on.
+  MemoryOperatorStore single;
+  auto one = *Operators::Load(&single, "t");
+  auto dave = one->Add("dave", Role::kOperator, kRootPrincipal, kT0);
+  ASSERT_TRUE(dave.ok());
+  EXPECT_FALSE(one->ByToken(dave->second)->pending);
+  EXPECT_TRUE((*Operators::Load(&single, "t", 2))->ByToken(dave->second)->pending);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "daemon/rank_session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -79,9 +80,31 @@ grpc::Status RankSession::Handle(const v1::TrainerMessage& in, uint64_t* acked) 
   return grpc::Status::OK;
 }
 
+core::Caller RankSession::CallerFor(const core::Hello& hello) const {
+  auto gpus = [&](const std::string& node) {
+    return context_.node_gpus ? context_.node_gpus(node) : std::vector<std::string>{};
+  };
+  if (!identity_.relay_node.empty()) {
+    return {identity_.relay_node, "relay", gpus(identity_.relay_node)};
+  }
+  const std::vector<std::string>& certified = identity_.certificate_nodes;
+  if (std::find(certified.begin(), certified.end(), hello.placement.node) != certified.end()) {
+    return {hello.placement.node, "certificate", gpus(hello.placement.node)};
+  }
+  // A certificate for another node: the coordinator refuses the Hello.
+  if (!certified.empty()) return {certified.front(), "certificate", {}};
+  if (identity_.trust_stated) {
+    return {hello.placement.node, NodeAuthenticator::kStated, gpus(hello.placement.node)};
+  }
+  return {};
+}
+
 grpc::Status RankSession::Attach(const v1::Hello& in) {
-  const core::Hello hello = FromProto(in);
-  absl::StatusOr<core::AttachResult> result = context_.coordinator->Attach(hello);
+  core::Hello hello = FromProto(in);
+  // The relay overwrites the field: a relayed rank runs on its relay's node.
+  if (!identity_.relay_node.empty()) hello.placement.node = identity_.relay_node;
+  absl::StatusOr<core::AttachResult> result =
+      context_.coordinator->Attach(hello, CallerFor(hello));
   if (!result.ok()) return ToGrpc(result.status());
   attached_ = true;
   job_ = hello.job_id;

@@ -3,14 +3,20 @@
 
 // One rank's conversation with sdcd, whatever carries it (its own Attach
 // stream, or a session of a relay): a Hello, then reports, each handed to
-// the coordinator and answered once durable.
+// the coordinator and answered once durable. The Hello's placement is bound
+// to who carries it (docs/operations.md, "Trust model"): a relay's node
+// replaces the Hello's, a direct stream's node certificate must name it,
+// and a rank nobody proved is attached unauthenticated.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/core/coordinator.h"
 #include "daemon/delivery.h"
+#include "daemon/node_identity.h"
 #include "daemon/outbox.h"
 #include "daemon/service_metrics.h"
 #include "daemon/stream_registry.h"
@@ -25,14 +31,40 @@ struct TrainerContext {
   Delivery* delivery = nullptr;
   StreamRegistry* streams = nullptr;
   ServiceMetrics* metrics = nullptr;
+  // How callers prove nodes (daemon/node_identity.h); null: nobody proves
+  // anything (every rank unauthenticated, no relay served).
+  const NodeAuthenticator* authenticator = nullptr;
+  // This service is on the agent listener: relays (authenticated agents)
+  // are served. On the trainer listener a relay is refused.
+  bool agent_port = false;
+  // The GPU UUIDs a node's agent listed (AgentRegistry::GpuIds); null: none.
+  std::function<std::vector<std::string>(const std::string& node)> node_gpus;
+};
+
+// Who carries a session, as its stream proved it.
+struct SessionIdentity {
+  // A relay's proven node: every Hello on it is placed there ("the relay
+  // overwrites the field"). Empty: the stream is a rank's own.
+  std::string relay_node;
+  // A direct stream's verified certificate's node names.
+  std::vector<std::string> certificate_nodes;
+  // sdcd --insecure_dev_mode: a caller that proved nothing is taken at its
+  // word.
+  bool trust_stated = false;
 };
 
 // Not thread-safe: its stream's reader calls it.
 class RankSession {
  public:
-  // `outbox` is where this rank's messages go once it said Hello.
-  RankSession(const TrainerContext& context, std::shared_ptr<Outbox> outbox)
-      : context_(context), outbox_(std::move(outbox)) {}
+  // `outbox` is where this rank's messages go once it said Hello; `identity`
+  // who carries it.
+  RankSession(const TrainerContext& context, std::shared_ptr<Outbox> outbox,
+              SessionIdentity identity = {})
+      : context_(context), outbox_(std::move(outbox)), identity_(std::move(identity)) {}
+
+  // Set before the Hello arrives (a direct stream learns its credentials
+  // when its call starts).
+  void set_identity(SessionIdentity identity) { identity_ = std::move(identity); }
 
   // Handles one message. Not OK: the session must end with that status
   // (INVALID_ARGUMENT for a message out of place, the coordinator's code for
@@ -49,9 +81,12 @@ class RankSession {
 
  private:
   grpc::Status Attach(const v1::Hello& hello);
+  // Who proved the Hello's node (see the top).
+  core::Caller CallerFor(const core::Hello& hello) const;
 
   const TrainerContext context_;
   const std::shared_ptr<Outbox> outbox_;
+  SessionIdentity identity_;
   bool attached_ = false;
   std::string job_;
   core::Rank rank_ = 0;

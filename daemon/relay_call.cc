@@ -77,6 +77,20 @@ void RelayCall::Rearm() {
 }
 
 grpc::Status RelayCall::Handle() {
+  const TrainerContext& c = service_->context_;
+  if (!identity_.has_value()) {
+    if (!c.agent_port || c.authenticator == nullptr) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              "relays connect to sdcd's agent listener (--agent_listen), where the agent "
+              "proves its node; this is the trainer listener"};
+    }
+    absl::StatusOr<ProvenNode> proven = c.authenticator->Agent(CredentialsOf(context_));
+    if (!proven.ok()) return ToGrpc(proven.status());
+    SessionIdentity identity;
+    identity.relay_node = proven->node;  // Empty in the development mode.
+    identity.trust_stated = proven->node.empty();
+    identity_ = std::move(identity);
+  }
   if (in_.messages_size() > kMaxMessagesPerBatch) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("a relay message carries at most ", kMaxMessagesPerBatch,
@@ -114,7 +128,7 @@ grpc::Status RelayCall::Handle() {
         } else {
           Session fresh;
           fresh.outbox = std::make_shared<SessionOutbox>(weak_from_this(), m.session());
-          fresh.rank = std::make_unique<RankSession>(context, fresh.outbox);
+          fresh.rank = std::make_unique<RankSession>(context, fresh.outbox, *identity_);
           it = sessions_.emplace(m.session(), std::move(fresh)).first;
         }
       }

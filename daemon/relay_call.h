@@ -4,12 +4,15 @@
 // TrainerService.Relay: a node agent's stream carrying many ranks'
 // sessions (sdc-agent --relay_listen). Each session is handled as an Attach
 // stream would be (a RankSession); their replies are batched into as few
-// writes as the relay can take.
+// writes as the relay can take. Served on the agent listener only: the
+// relay proves its node (daemon/node_identity.h) before its first message
+// is handled, and every rank it carries is placed on that node.
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -82,6 +85,8 @@ class RelayCall final : public StreamCall<v1::RelayUp, v1::RelayDown>,
   static constexpr size_t kMaxGone = 65536;
 
   TrainerService* const service_;
+  // Who the relay proved to be; set by the first message (the read path).
+  std::optional<SessionIdentity> identity_;
   // The relay's latest message set compact_replies: verdicts may be shared.
   std::atomic<bool> compact_{false};
   absl::Mutex sessions_mu_;

@@ -40,6 +40,8 @@
 #include "common/metrics/pull_exposer.h"
 #include "daemon/delivery.h"
 #include "daemon/grpc_edge.h"
+#include "daemon/node_identity.h"
+#include "daemon/service_account_token.h"
 #include "daemon/service_metrics.h"
 #include "daemon/sqlite_store.h"
 #include "daemon/stream_registry.h"
@@ -54,6 +56,11 @@ const sdc::daemon::Config kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, listen, kDefaults.listen, "Trainer service address, HOST:PORT.");
+ABSL_FLAG(std::string, agent_listen, kDefaults.agent_listen,
+          "Node agents' address, HOST:PORT (their AgentService streams and the relays of their "
+          "node's ranks). Off loopback it needs --tls_cert: agents prove their node there with a "
+          "client certificate (--tls_client_ca) or a service-account token "
+          "(--agent_token_keys). Empty: no agents.");
 ABSL_FLAG(std::string, admin_listen, kDefaults.admin_listen,
           "Admin service address: HOST:PORT (loopback by default) or unix:PATH.");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
@@ -64,10 +71,39 @@ ABSL_FLAG(std::string, admin_token_file, kDefaults.admin_token_file,
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate for the trainer service.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
-          "If set, trainers must present a client certificate signed by this CA.");
+          "If set, trainers must present a client certificate signed by this CA, and agents may; "
+          "a certificate's DNS name is the node it proves.");
 ABSL_FLAG(bool, admin_tls, false, "Serve the admin service over TLS with --tls_cert.");
 ABSL_FLAG(std::string, admin_client_ca, "",
-          "If set, admin clients may authenticate with a certificate from this CA.");
+          "If set, admin clients may authenticate with a certificate from this CA (its own, not "
+          "--tls_client_ca): a subject alternative name that is a registered operator's.");
+ABSL_FLAG(std::string, agent_token_keys, "",
+          "EKS: the service-account issuer's public keys (the JWKS of kubectl get --raw "
+          "/openid/v1/jwks, or PEM), to verify agents' projected tokens.");
+ABSL_FLAG(std::string, agent_token_issuer, "",
+          "EKS: the issuer (iss) agents' tokens must carry (kubectl get --raw "
+          "/.well-known/openid-configuration).");
+ABSL_FLAG(std::string, agent_token_audience, kDefaults.agent_token_audience,
+          "The audience agents' tokens must carry.");
+ABSL_FLAG(std::vector<std::string>, agent_token_service_accounts,
+          kDefaults.agent_token_service_accounts,
+          "Comma-separated service accounts (system:serviceaccount:NS:NAME) whose tokens prove "
+          "an agent's node.");
+ABSL_FLAG(bool, insecure_dev_mode, false,
+          "DEVELOPMENT ONLY: take callers at their word (a Hello's placement, an agent's node), "
+          "as before node identities. Refused unless every listener is loopback.");
+ABSL_FLAG(int, max_ranks_per_node, kDefaults.max_ranks_per_node,
+          "Ranks a node may hold in a job when its agent lists no GPUs (else its GPU count); a "
+          "job holds no more ranks than its nodes can.");
+ABSL_FLAG(int64_t, max_unauthenticated_ranks, kDefaults.max_unauthenticated_ranks,
+          "Ranks unauthenticated callers may hold together.");
+ABSL_FLAG(int, max_jobs_per_identity, kDefaults.max_jobs_per_identity,
+          "Jobs one identity (a proven node, or all unauthenticated callers) may hold.");
+ABSL_FLAG(int, max_open_requests_per_job, kDefaults.max_open_requests_per_job,
+          "Replacement requests one job may have open; 0: half of --max_open_requests.");
+ABSL_FLAG(bool, hyperpod_instance_ids_from_kubernetes, false,
+          "For --actuator=hyperpod: read a node's instance id from its Node's spec.providerID "
+          "(kubectl get node) when --hyperpod_node_ids_file and its name give none.");
 ABSL_FLAG(std::string, actuator, "dry-run",
           "What approval does: dry-run, eks, slurm, hyperpod, command or agent (the node's "
           "sdc-agent runs its --action_command).");
@@ -78,8 +114,8 @@ ABSL_FLAG(absl::Duration, actuator_timeout, absl::Seconds(60),
           "Deadline for each program an actuator runs.");
 ABSL_FLAG(std::string, hyperpod_cluster, "", "For --actuator=hyperpod: the cluster name.");
 ABSL_FLAG(std::string, hyperpod_node_ids_file, "",
-          "For --actuator=hyperpod: lines of 'node-name instance-id' (in addition to the ids "
-          "node agents register; the file wins).");
+          "For --actuator=hyperpod: lines of 'node-name instance-id' (instance ids come from "
+          "configuration or the cluster's records, never from what an agent says).");
 ABSL_FLAG(std::string, action, kDefaults.action, "What a request asks for: replace or reboot.");
 ABSL_FLAG(std::string, approval, kDefaults.approval,
           "require: a human approves every request; auto: approve at once.");
@@ -95,7 +131,8 @@ ABSL_FLAG(absl::Duration, execution_window, kDefaults.execution_window,
 ABSL_FLAG(absl::Duration, request_ttl, kDefaults.request_ttl,
           "Pending requests expire after this.");
 ABSL_FLAG(std::vector<std::string>, never_replace, {},
-          "Comma-separated nodes that are never replaced (controllers).");
+          "Comma-separated nodes (names or instance ids i-...) that are never replaced "
+          "(controllers).");
 ABSL_FLAG(absl::Duration, report_deadline, kDefaults.report_deadline,
           "A step's checks are decided with what arrived after this long.");
 ABSL_FLAG(int, targeted_audits, kDefaults.targeted_audits,
@@ -130,6 +167,18 @@ void Log(const std::string& line) {
 Config ConfigFromFlags() {
   Config c;
   c.listen = absl::GetFlag(FLAGS_listen);
+  c.agent_listen = absl::GetFlag(FLAGS_agent_listen);
+  c.agent_token_keys = absl::GetFlag(FLAGS_agent_token_keys);
+  c.agent_token_issuer = absl::GetFlag(FLAGS_agent_token_issuer);
+  c.agent_token_audience = absl::GetFlag(FLAGS_agent_token_audience);
+  c.agent_token_service_accounts = absl::GetFlag(FLAGS_agent_token_service_accounts);
+  c.insecure_dev_mode = absl::GetFlag(FLAGS_insecure_dev_mode);
+  c.max_ranks_per_node = absl::GetFlag(FLAGS_max_ranks_per_node);
+  c.max_unauthenticated_ranks = absl::GetFlag(FLAGS_max_unauthenticated_ranks);
+  c.max_jobs_per_identity = absl::GetFlag(FLAGS_max_jobs_per_identity);
+  c.max_open_requests_per_job = absl::GetFlag(FLAGS_max_open_requests_per_job);
+  c.actuator.instance_ids_from_kubernetes =
+      absl::GetFlag(FLAGS_hyperpod_instance_ids_from_kubernetes);
   c.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.db = absl::GetFlag(FLAGS_db);
@@ -152,6 +201,7 @@ Config ConfigFromFlags() {
   c.execution_window = absl::GetFlag(FLAGS_execution_window);
   c.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   c.never_replace = absl::GetFlag(FLAGS_never_replace);
+  c.actuator.never_replace = {c.never_replace.begin(), c.never_replace.end()};
   c.report_deadline = absl::GetFlag(FLAGS_report_deadline);
   c.targeted_audits = absl::GetFlag(FLAGS_targeted_audits);
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
@@ -260,6 +310,10 @@ int Main(int argc, char** argv) {
   options.max_jobs = static_cast<size_t>(config.max_jobs);
   options.max_ranks = static_cast<uint64_t>(config.max_ranks);
   options.job_expiry = config.job_expiry;
+  options.max_ranks_per_node = static_cast<uint32_t>(config.max_ranks_per_node);
+  options.max_unauthenticated_ranks = static_cast<uint64_t>(config.max_unauthenticated_ranks);
+  options.max_jobs_per_identity = static_cast<size_t>(config.max_jobs_per_identity);
+  options.max_open_requests_per_job = config.max_open_requests_per_job;
   options.escalation.request_ttl = config.request_ttl;
   options.escalation.max_open_requests = config.max_open_requests;
   options.escalation.max_executed_per_window = config.max_executions;
@@ -275,8 +329,24 @@ int Main(int argc, char** argv) {
   // Node agents: in memory, rebuilt as agents (re)register.
   AgentRegistry agents(AgentRegistryOptions{}, &clock);
   AgentHub agent_hub(&agents, &clock);
-  std::unique_ptr<Actuator> actuator = *MakeActuatorWithAgents(
-      config.actuator, &agent_hub, [&agents] { return agents.InstanceIds(); });
+  std::unique_ptr<Actuator> actuator = *MakeActuatorWithAgents(config.actuator, &agent_hub);
+  // How agents and trainers prove their node (daemon/node_identity.h).
+  std::unique_ptr<TokenVerifier> tokens;
+  if (!config.agent_token_keys.empty()) {
+    TokenPolicy policy;
+    policy.issuer = config.agent_token_issuer;
+    policy.audience = config.agent_token_audience;
+    policy.subjects = config.agent_token_service_accounts;
+    absl::StatusOr<std::unique_ptr<TokenVerifier>> made =
+        TokenVerifier::Create(ReadFile(config.agent_token_keys), policy);
+    if (!made.ok()) Die(absl::StrCat("--agent_token_keys: ", made.status().message()));
+    tokens = *std::move(made);
+  }
+  NodeAuthenticator authenticator(tokens.get(), &clock, config.insecure_dev_mode);
+  if (config.insecure_dev_mode) {
+    Log("--insecure_dev_mode: every caller is taken at its word (placements, agents' nodes); "
+        "never run this where anyone else can reach sdcd");
+  }
 
   // Shared with the exposer, which holds it weakly (prometheus-cpp's way).
   const auto collector = std::make_shared<metrics::Collector>();
@@ -387,16 +457,24 @@ int Main(int argc, char** argv) {
   Delivery delivery(db, &streams, &service_metrics, log_effects);
   absl::Mutex wake_mu;
   bool wake = false;
-  TrainerService trainer(TrainerContext{&coordinator, &delivery, &streams, &service_metrics});
+  TrainerContext trainer_context{&coordinator, &delivery, &streams, &service_metrics};
+  trainer_context.authenticator = &authenticator;
+  trainer_context.node_gpus = [&agents](const std::string& node) { return agents.GpuIds(node); };
+  TrainerService trainer(trainer_context);
+  // The same service on the agent listener, where relays are served.
+  TrainerContext agent_trainer_context = trainer_context;
+  agent_trainer_context.agent_port = true;
+  TrainerService agent_trainer(agent_trainer_context);
   auto& relays = metrics::BuildGauge()
                      .Name("sdc_relay_streams")
                      .Help("Relay streams open (sdc-agent --relay_listen), each carrying its "
                            "node's ranks; those ranks count in sdc_attached_ranks too.")
                      .Register(registry)
                      .Add({});
-  registry.AddCollectHook([&] { relays.Set(static_cast<double>(trainer.relays())); });
+  registry.AddCollectHook([&] { relays.Set(static_cast<double>(agent_trainer.relays())); });
   absl::StatusOr<std::unique_ptr<Operators>> operators = Operators::Load(
-      db, config.admin_token_file.empty() ? "" : AdminToken(config.admin_token_file));
+      db, config.admin_token_file.empty() ? "" : AdminToken(config.admin_token_file),
+      config.approvals_required);
   if (!operators.ok()) Die(absl::StrCat("--db: ", operators.status().message()));
   AdminAuth auth{operators->get(), !config.admin_client_ca.empty()};
   AdminService admin(&coordinator, &delivery, &service_metrics, auth, operators->get(),
@@ -404,8 +482,8 @@ int Main(int argc, char** argv) {
     absl::MutexLock lock(&wake_mu);
     wake = true;
   });
-  // Agents dial the trainer listener; operators reach them on the admin one.
-  AgentService agent_service(&agent_hub, &service_metrics);
+  // Agents dial their own listener; operators reach them on the admin one.
+  AgentService agent_service(&agent_hub, &service_metrics, &authenticator);
   NodeAdminService node_admin(&agent_hub, &clock, &service_metrics, auth);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -417,7 +495,6 @@ int Main(int argc, char** argv) {
       config.listen, Credentials(config, !config.tls_cert.empty(), config.tls_client_ca, true),
       &trainer_port);
   trainer_builder.RegisterService(&trainer);
-  trainer_builder.RegisterService(&agent_service);
   ConfigureKeepalive(trainer_builder);
   // Trainer streams spread over this many completion queues, one thread
   // each (see daemon/stream_call.h): 1,024 streams per queue at 16,384 ranks.
@@ -426,6 +503,26 @@ int Main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> trainer_server = trainer_builder.BuildAndStart();
   if (trainer_server == nullptr) Die(absl::StrCat("--listen: cannot listen on ", config.listen));
   trainer.Start();
+  // Agents: client certificates requested (and verified) when a client CA is
+  // given, never required (an EKS agent proves its node with a token).
+  std::unique_ptr<grpc::Server> agent_server;
+  int agent_port = 0;
+  if (!config.agent_listen.empty()) {
+    grpc::ServerBuilder agent_builder;
+    agent_builder.AddListeningPort(
+        config.agent_listen,
+        Credentials(config, !config.tls_cert.empty(), config.tls_client_ca, false), &agent_port);
+    agent_builder.RegisterService(&agent_service);
+    agent_builder.RegisterService(&agent_trainer);
+    ConfigureKeepalive(agent_builder);
+    // One relay per node: 2,048 relays at 16,384 ranks.
+    agent_trainer.AddQueues(agent_builder, 4);
+    agent_server = agent_builder.BuildAndStart();
+    if (agent_server == nullptr) {
+      Die(absl::StrCat("--agent_listen: cannot listen on ", config.agent_listen));
+    }
+    agent_trainer.Start();
+  }
   grpc::ServerBuilder admin_builder;
   admin_builder.AddListeningPort(
       config.admin_listen,
@@ -438,7 +535,11 @@ int Main(int argc, char** argv) {
     Die(absl::StrCat("--admin_listen: cannot listen on ", config.admin_listen));
   }
   Log(absl::StrCat("sdcd ", kVersion, " serving trainers on ", config.listen, " (port ",
-                   trainer_port, "), admin on ", config.admin_listen,
+                   trainer_port, "), agents on ",
+                   config.agent_listen.empty() ? std::string("none (no --agent_listen)")
+                                               : absl::StrCat(config.agent_listen, " (port ",
+                                                              agent_port, ")"),
+                   ", admin on ", config.admin_listen,
                    absl::StartsWith(config.admin_listen, "unix:") ? ""
                                                                    : absl::StrCat(" (port ", admin_port, ")"),
                    ", metrics on port ", (*exposer)->port(), ", database ", config.db,
@@ -456,6 +557,9 @@ int Main(int argc, char** argv) {
       agent_hub.Tick();
       const bool healthy = db->health().ok();
       trainer_server->GetHealthCheckService()->SetServingStatus(healthy);
+      if (agent_server != nullptr) {
+        agent_server->GetHealthCheckService()->SetServingStatus(healthy);
+      }
       admin_server->GetHealthCheckService()->SetServingStatus(healthy);
       absl::SleepFor(absl::Seconds(1));
     }
@@ -490,8 +594,13 @@ int Main(int argc, char** argv) {
   // was not acknowledged; their open streams would hold the shutdown.
   // Relays first: a relayed rank told to reconnect would otherwise come
   // back at once on its relay's still open stream.
+  agent_trainer.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   trainer.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   streams.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
+  if (agent_server != nullptr) {
+    agent_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    agent_trainer.Stop();
+  }
   trainer_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   trainer.Stop();
   admin_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

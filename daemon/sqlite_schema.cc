@@ -189,6 +189,14 @@ CREATE TABLE operators (
   created_by TEXT NOT NULL
 );
 )sql",
+    // 7: node identities (issue 38): who proved each rank's placement, and
+    // which admin consented to an operator's enrollment (two-person).
+    R"sql(
+ALTER TABLE ranks ADD COLUMN identity TEXT NOT NULL DEFAULT '';
+ALTER TABLE ranks ADD COLUMN proof TEXT NOT NULL DEFAULT '';
+ALTER TABLE ranks ADD COLUMN unproven TEXT NOT NULL DEFAULT '';
+ALTER TABLE operators ADD COLUMN approved_by TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);

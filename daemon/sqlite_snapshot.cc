@@ -52,6 +52,9 @@ absl::StatusOr<core::Snapshot> ReadSnapshot(sqlite3* db) {
       r.last_step = s.Int(9);
       r.deterministic = s.Int(10) != 0;
       r.resumed = s.Int(11) != 0;
+      r.identity = s.Text(12);
+      r.proof = s.Text(13);
+      r.unproven = s.Text(14);
       snap.ranks.push_back(std::move(r));
     }
   }

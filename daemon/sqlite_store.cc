@@ -441,19 +441,20 @@ absl::Status SqliteStore::WriteRank(const core::RankRecord& r) {
   // An upsert changes the row in place; REPLACE deleted and reinserted it,
   // in the table and in its primary key's index.
   Stmt& s = Prepared(
-      "INSERT INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
-      "ON CONFLICT (job_id, rank) DO UPDATE SET node = excluded.node, "
+      "INSERT INTO ranks VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
+      "?15) ON CONFLICT (job_id, rank) DO UPDATE SET node = excluded.node, "
       "local_rank = excluded.local_rank, gpu_uuid = excluded.gpu_uuid, "
       "replica_group = excluded.replica_group, incarnation = excluded.incarnation, "
       "acked_sequence = excluded.acked_sequence, has_last_step = excluded.has_last_step, "
       "last_step = excluded.last_step, deterministic = excluded.deterministic, "
-      "resumed = excluded.resumed");
+      "resumed = excluded.resumed, identity = excluded.identity, proof = excluded.proof, "
+      "unproven = excluded.unproven");
   s.Bind(1, r.job_id).Bind(2, r.placement.rank).Bind(3, r.placement.node);
   s.Bind(4, r.placement.local_rank).Bind(5, r.placement.gpu_uuid);
   s.Bind(6, r.placement.replica_group).Bind(7, static_cast<int64_t>(r.incarnation));
   s.Bind(8, static_cast<int64_t>(r.acked_sequence)).Bind(9, r.has_last_step ? 1 : 0);
   s.Bind(10, static_cast<int64_t>(r.last_step)).Bind(11, r.deterministic ? 1 : 0);
-  s.Bind(12, r.resumed ? 1 : 0);
+  s.Bind(12, r.resumed ? 1 : 0).Bind(13, r.identity).Bind(14, r.proof).Bind(15, r.unproven);
   return s.Run("writing a rank");
 }
 
@@ -710,8 +711,9 @@ absl::Status SqliteStore::IndexReports() {
 
 absl::StatusOr<std::vector<OperatorRecord>> SqliteStore::LoadOperators() {
   absl::MutexLock lock(&write_mu_);
-  Stmt s(db_, "SELECT name, role, token_sha256, created_unix_ms, created_by FROM operators "
-              "ORDER BY name");
+  Stmt s(db_,
+         "SELECT name, role, token_sha256, created_unix_ms, created_by, approved_by FROM "
+         "operators ORDER BY name");
   if (!s.ok()) return SqlError(db_, "reading operators");
   std::vector<OperatorRecord> out;
   while (s.Next()) {
@@ -719,23 +721,35 @@ absl::StatusOr<std::vector<OperatorRecord>> SqliteStore::LoadOperators() {
     if (!role.ok()) {
       return absl::DataLossError(absl::StrCat("operator ", s.Text(0), ": ", role.status().message()));
     }
-    out.push_back({s.Text(0), *role, s.Bytes(2), FromUnixMillis(s.Int(3)), s.Text(4)});
+    out.push_back({s.Text(0), *role, s.Bytes(2), FromUnixMillis(s.Int(3)), s.Text(4),
+                   s.Text(5)});
   }
   return out;
 }
 
 absl::Status SqliteStore::InsertOperator(const OperatorRecord& r) {
   absl::MutexLock lock(&write_mu_);
-  Stmt s(db_, "INSERT INTO operators VALUES (?1, ?2, ?3, ?4, ?5)");
+  Stmt s(db_, "INSERT INTO operators VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
   if (!s.ok()) return SqlError(db_, "adding an operator");
   s.Bind(1, r.name).Bind(2, std::string(RoleName(r.role))).Blob(3, r.token_sha256);
-  s.Bind(4, UnixMillis(r.created)).Bind(5, r.created_by);
+  s.Bind(4, UnixMillis(r.created)).Bind(5, r.created_by).Bind(6, r.approved_by);
   if (sqlite3_step(s.raw()) != SQLITE_DONE) {
     if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
       return absl::AlreadyExistsError(absl::StrCat("operator ", r.name, " already exists"));
     }
     return SqlError(db_, "adding an operator");
   }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::ApproveOperator(const std::string& name,
+                                          const std::string& approved_by) {
+  absl::MutexLock lock(&write_mu_);
+  Stmt s(db_, "UPDATE operators SET approved_by = ?2 WHERE name = ?1");
+  if (!s.ok()) return SqlError(db_, "approving an operator");
+  s.Bind(1, name).Bind(2, approved_by);
+  if (absl::Status st = s.Run("approving an operator"); !st.ok()) return st;
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no operator ", name));
   return absl::OkStatus();
 }
 

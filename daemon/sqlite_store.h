@@ -72,6 +72,7 @@ class SqliteStore : public core::Store, public OperatorStore {
   // the coordinator's mutations; each change is its own transaction).
   absl::StatusOr<std::vector<OperatorRecord>> LoadOperators() override;
   absl::Status InsertOperator(const OperatorRecord& record) override;
+  absl::Status ApproveOperator(const std::string& name, const std::string& approved_by) override;
   absl::Status DeleteOperator(const std::string& name) override;
 
   // OK until a commit fails.
@@ -86,7 +87,7 @@ class SqliteStore : public core::Store, public OperatorStore {
   // row when it has none pending left (see Settle).
   size_t settling_reports() const { return settling_reports_.load(std::memory_order_relaxed); }
 
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
 
  private:
   SqliteStore(sqlite3* db, std::string path, SqliteStoreOptions options);

@@ -20,6 +20,11 @@
 namespace sdc::daemon {
 namespace {
 
+const Principal kRootPrincipal{"root", Role::kAdmin, /*person=*/false, /*pending=*/false};
+
+// A caller proven to be the node its Hello names (a node certificate).
+core::Caller Proven(const core::Hello& h) { return {h.placement.node, "certificate", {}}; }
+
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::Contains;
@@ -131,7 +136,7 @@ void IngestWeights(const std::string& path, core::FakeClock* clock, core::Rank f
   ASSERT_TRUE(store.ok());
   core::Coordinator c({}, clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
-  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r), Proven(HelloOf(r))).ok());
   for (core::Rank r = first; r < end; ++r) {
     auto e = c.Ingest(WeightsOf(r, r == 3));
     ASSERT_TRUE(e.ok());
@@ -772,6 +777,9 @@ TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
   // The database as schema 2 had it, with three pending reports whose
   // arrival order is not their key order.
   std::string sql = R"sql(
+ALTER TABLE ranks DROP COLUMN identity;
+ALTER TABLE ranks DROP COLUMN proof;
+ALTER TABLE ranks DROP COLUMN unproven;
 DROP TABLE operators;
 DROP TABLE report_log;
 DROP TABLE dropped_reports;
@@ -848,7 +856,7 @@ TEST(SqliteStoreTest, CoordinatorRestartsFromTheDatabase) {
   ASSERT_TRUE(store.ok());
   core::Coordinator c({}, &clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
-  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r), Proven(HelloOf(r))).ok());
   auto dup = c.Ingest(WeightsOf(2, false));
   ASSERT_TRUE(dup.ok());
   EXPECT_TRUE(dup->duplicate);
@@ -890,7 +898,7 @@ TEST(SqliteStoreTest, RestoreRemovesTheReportsOfADecidedCheck) {
   core::Coordinator c({}, &clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
   EXPECT_THAT(c.ListIncidents("job"), SizeIs(1));
-  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+  for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r), Proven(HelloOf(r))).ok());
   // The check stays decided: a late report of it is taken without opening
   // it again (as a report, not as one that skips a sequence: rank 4's
   // progress came from its marked report).
@@ -927,7 +935,7 @@ TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
     ASSERT_TRUE(store.ok());
     core::Coordinator c({}, &clock, store->get());
     ASSERT_TRUE(c.Restore().ok());
-    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r)).ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r), Proven(HelloOf(r))).ok());
     // Apart from the reports: a rank record that shares their commit is
     // written with it.
     (*store)->Drain();
@@ -950,7 +958,7 @@ TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
   core::Coordinator c({}, &clock, store->get());
   ASSERT_TRUE(c.Restore().ok());
   for (core::Rank r = 0; r < 6; ++r) {
-    auto attached = c.Attach(HelloOf(r));
+    auto attached = c.Attach(HelloOf(r), Proven(HelloOf(r)));
     ASSERT_TRUE(attached.ok());
     EXPECT_EQ(attached->acked_sequence, r < 4 ? 1u : 0u) << "rank " << r;
   }
@@ -984,10 +992,10 @@ TEST(SqliteStoreTest, OperatorsAndApprovalsSurviveAReopen) {
     ASSERT_TRUE(store.ok()) << store.status();
     auto ops = Operators::Load(store->get(), "root-token");
     ASSERT_TRUE(ops.ok()) << ops.status();
-    auto alice = (*ops)->Add("alice", Role::kOperator, "root", absl::FromUnixSeconds(1000));
+    auto alice = (*ops)->Add("alice", Role::kOperator, kRootPrincipal, absl::FromUnixSeconds(1000));
     ASSERT_TRUE(alice.ok()) << alice.status();
     alice_token = alice->second;
-    ASSERT_TRUE((*ops)->Add("bob", Role::kViewer, "alice", absl::FromUnixSeconds(1001)).ok());
+    ASSERT_TRUE((*ops)->Add("bob", Role::kViewer, Principal{"alice", Role::kAdmin, true, false}, absl::FromUnixSeconds(1001)).ok());
     OperatorRecord dup{"bob", Role::kAdmin, std::string(32, 'x'), absl::FromUnixSeconds(1), "x"};
     EXPECT_EQ((*store)->InsertOperator(dup).code(), absl::StatusCode::kAlreadyExists);
     EXPECT_EQ((*store)->DeleteOperator("nobody").code(), absl::StatusCode::kNotFound);

@@ -1,8 +1,10 @@
 // TrainerService over real gRPC on loopback, with a real Coordinator (an
 // in-memory store, a fake clock): an Attach stream's Hello and report, a
-// relay's sessions (one refused, the relay carrying on) and its end at
-// shutdown, and the checkpoint gate's answers, an undecodable request
-// included.
+// relay (an agent proving its node with a service-account token) and its
+// sessions (one refused, the relay carrying on, every rank placed on the
+// relay's node) and its end at shutdown, a relay refused on the trainer
+// listener or without credentials, and the checkpoint gate's answers, an
+// undecodable request included.
 
 #include "daemon/trainer_service.h"
 
@@ -23,7 +25,10 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "daemon/node_identity.h"
+#include "daemon/service_account_token.h"
 #include "tests/testing/sdcd.h"
+#include "tests/testing/token_issuer.h"
 
 namespace sdc::daemon {
 namespace {
@@ -59,26 +64,58 @@ v1::TrainerMessage StepReportOf(core::Rank rank, uint64_t sequence, core::Step s
   return m;
 }
 
+// The agent listener's service: relays prove their node with a token.
+TrainerContext AgentPort(TrainerContext c, const NodeAuthenticator* authenticator) {
+  c.authenticator = authenticator;
+  c.agent_port = true;
+  return c;
+}
+
 class TrainerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    absl::StatusOr<testing::TokenIssuer> issuer =
+        testing::TokenIssuer::Create(testing::TokenIssuer::Algorithm::kES256, "k1");
+    ASSERT_TRUE(issuer.ok());
+    issuer_ = std::make_unique<testing::TokenIssuer>(*std::move(issuer));
+    TokenPolicy policy;
+    policy.issuer = testing::PodTokenClaims().issuer;
+    policy.subjects = {"system:serviceaccount:sdc-agent:sdc-agent"};
+    absl::StatusOr<std::unique_ptr<TokenVerifier>> verifier =
+        TokenVerifier::Create(issuer_->Jwks(), policy);
+    ASSERT_TRUE(verifier.ok()) << verifier.status();
+    verifier_ = *std::move(verifier);
+    authenticator_ = std::make_unique<NodeAuthenticator>(verifier_.get(), &clock_, false);
+    service_ = std::make_unique<TrainerService>(
+        AgentPort(TrainerContext{&coordinator_, &delivery_, &streams_, &metrics_},
+                  authenticator_.get()));
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    service_.AddQueues(builder, 2);
+    builder.RegisterService(service_.get());
+    service_->AddQueues(builder, 2);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    service_.Start();
+    service_->Start();
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
                                    grpc::InsecureChannelCredentials());
     stub_ = v1::TrainerService::NewStub(channel_);
   }
 
   void TearDown() override {
-    service_.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+    if (server_ == nullptr) return;
+    service_->EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
     streams_.EndAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    service_.Stop();
+    service_->Stop();
+  }
+
+  // A relay call carrying node-b's agent token (kubelet's, as the issuer
+  // signs it).
+  void AsAgentOf(const std::string& node, grpc::ClientContext* context) {
+    testing::PodTokenClaims claims;
+    claims.node = node;
+    claims.expiry = clock_.Now() + absl::Hours(1);  // sdcd's (fake) clock judges it.
+    context->AddMetadata("authorization", "Bearer " + issuer_->PodToken(claims));
   }
 
   static void WithDeadline(grpc::ClientContext* context) {
@@ -100,7 +137,10 @@ class TrainerServiceTest : public ::testing::Test {
   ServiceMetrics metrics_{registry_};
   StreamRegistry streams_;
   Delivery delivery_{&store_, &streams_, &metrics_};
-  TrainerService service_{TrainerContext{&coordinator_, &delivery_, &streams_, &metrics_}};
+  std::unique_ptr<testing::TokenIssuer> issuer_;
+  std::unique_ptr<TokenVerifier> verifier_;
+  std::unique_ptr<NodeAuthenticator> authenticator_;
+  std::unique_ptr<TrainerService> service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -128,6 +168,7 @@ TEST_F(TrainerServiceTest, AnAttachStreamIsWelcomedAndAcknowledged) {
 TEST_F(TrainerServiceTest, ARelayCarriesSessionsEndsARefusedOneAndEndsAtShutdown) {
   grpc::ClientContext context;
   WithDeadline(&context);
+  AsAgentOf("node-b", &context);
   auto relay = stub_->Relay(&context);
   v1::RelayUp up;
   auto* first = up.add_messages();
@@ -154,17 +195,75 @@ TEST_F(TrainerServiceTest, ARelayCarriesSessionsEndsARefusedOneAndEndsAtShutdown
   }
   EXPECT_TRUE(welcomed);
   EXPECT_TRUE(ended);
-  EXPECT_EQ(service_.relays(), 1u);
+  EXPECT_EQ(service_->relays(), 1u);
   EXPECT_EQ(coordinator_.AttachedRanks(), 1u);
   EXPECT_THAT(Metrics(), HasSubstr("sdc_rejected_inputs_total{reason=\"invalid_argument\"} 1\n"));
+  // The Hello said node-a; the relay proved node-b, which is where it runs.
+  absl::StatusOr<std::vector<core::RankSummary>> ranks = coordinator_.ListRanks("job-t");
+  ASSERT_TRUE(ranks.ok());
+  ASSERT_EQ(ranks->size(), 1u);
+  EXPECT_EQ((*ranks)[0].placement.node, "node-b");
+  EXPECT_EQ((*ranks)[0].identity, "node-b");
+  EXPECT_EQ((*ranks)[0].proof, "relay");
+  EXPECT_EQ((*ranks)[0].unproven, "");
 
-  service_.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
+  service_->EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "sdcd is shutting down"));
   while (relay->Read(&down)) {
   }
   grpc::Status status = relay->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(status.error_message(), "sdcd is shutting down");
   EXPECT_EQ(coordinator_.AttachedRanks(), 0u);
+}
+
+// A relay that proves no node, or comes to the trainer listener, ends
+// before its first message is handled.
+TEST_F(TrainerServiceTest, ARelayWithoutANodeOrOnTheTrainerPortIsRefused) {
+  v1::RelayUp up;
+  auto* hello = up.add_messages();
+  hello->set_session(1);
+  *hello->mutable_message() = HelloOf(0);
+  {
+    grpc::ClientContext context;
+    WithDeadline(&context);
+    auto relay = stub_->Relay(&context);
+    ASSERT_TRUE(relay->Write(up));
+    v1::RelayDown down;
+    while (relay->Read(&down)) {
+    }
+    grpc::Status s = relay->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(s.error_message(), HasSubstr("a node agent proves its node"));
+  }
+  // The trainer listener's service.
+  TrainerService trainers(TrainerContext{&coordinator_, &delivery_, &streams_, &metrics_});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&trainers);
+  trainers.AddQueues(builder, 1);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  trainers.Start();
+  auto stub = v1::TrainerService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    WithDeadline(&context);
+    AsAgentOf("node-b", &context);
+    auto relay = stub->Relay(&context);
+    ASSERT_TRUE(relay->Write(up));
+    v1::RelayDown down;
+    while (relay->Read(&down)) {
+    }
+    grpc::Status s = relay->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(s.error_message(), HasSubstr("relays connect to sdcd's agent listener"));
+  }
+  EXPECT_EQ(coordinator_.AttachedRanks(), 0u);
+  trainers.EndRelays(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  trainers.Stop();
 }
 
 TEST_F(TrainerServiceTest, TheCheckpointGateAnswersAndCountsItsDecisions) {

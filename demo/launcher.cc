@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "admin.grpc.pb.h"
+#include "demo/pki.h"
 #include "demo/process.h"
 #include "demo/progress_line.h"
 #include "demo/tcp_proxy.h"
@@ -183,6 +184,22 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   result.token_file = c.run_dir + "/admin.token";
   const absl::Time start = absl::Now();
 
+  const bool with_sdcd = !c.unguarded && !c.coordinator_unreachable && !c.no_coordinator;
+  // Node identities, made at start: a throwaway CA and one certificate per
+  // node, which its ranks present (SDC_TLS_CERT). sdcd takes a rank's node
+  // from its certificate, so evidence about a node comes from that node.
+  ClusterPki pki;
+  if (with_sdcd) {
+    const std::string pki_dir = c.run_dir + "/pki";
+    mkdir(pki_dir.c_str(), 0700);
+    std::vector<std::string> nodes;
+    for (int n = 0; n < c.nodes; ++n) nodes.push_back(NodeName(n));
+    absl::StatusOr<ClusterPki> made = WriteClusterPki(pki_dir, nodes);
+    if (!made.ok()) return made.status();
+    pki = *std::move(made);
+    result.pki_dir = pki_dir;
+  }
+
   // The coordinator, on free loopback ports it reports in its log.
   Process sdcd;
   int trainer_port = 0, admin_port = 0, metrics_port = 0;
@@ -192,7 +209,8 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
          absl::StrCat("--listen=127.0.0.1:", trainer_port),
          absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
          absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-         "--actuator=" + c.actuator, "--report_deadline=30s"},
+         "--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
+         "--tls_client_ca=" + pki.ca, "--actuator=" + c.actuator, "--report_deadline=30s"},
         c.run_dir + "/sdcd.log", {}, /*detached=*/c.keep_coordinator);
     if (!p.ok()) return p.status();
     sdcd = *std::move(p);
@@ -203,7 +221,6 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     metrics_port = PortAfter(*line, "metrics on port ");
     return absl::OkStatus();
   };
-  const bool with_sdcd = !c.unguarded && !c.coordinator_unreachable && !c.no_coordinator;
   std::unique_ptr<Admin> admin;
   bool sdcd_started = false;
   auto start_first = [&]() -> absl::Status {
@@ -267,6 +284,10 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     if (with_sdcd) {
       env["SDC_COORDINATOR"] = absl::StrCat(
           "127.0.0.1:", proxies.empty() ? trainer_port : proxies[r / c.gpus_per_node]->port());
+      const std::string node = NodeName(r / c.gpus_per_node);
+      env["SDC_TLS_CA"] = pki.ca;
+      env["SDC_TLS_CERT"] = pki.NodeCert(node);
+      env["SDC_TLS_KEY"] = pki.NodeKey(node);
     }
     for (const auto& [name, value] : c.trainer_env) env[name] = value;
     // Port 1 on loopback: nothing listens, every connection is refused.

@@ -121,6 +121,9 @@ struct ClusterResult {
   std::string admin_address;
   std::string token_file;
   std::string db;
+  // The throwaway CA and per-node certificates the run's ranks presented
+  // (node identities); empty without sdcd.
+  std::string pki_dir;
   int sdcd_pid = 0;          // When kept running.
   int coordinator_restarts = 0;  // kill -9 and start again (kKill, kMove).
   // Per rank, the guard's summary counters of its final line

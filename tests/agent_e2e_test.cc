@@ -65,7 +65,7 @@ class AgentEndToEndTest : public ::testing::Test {
   // A real sdc-agent for `node`, heartbeating every second, connecting to
   // `coordinator_` (sdcd's trainer address unless a test sets it).
   Process& LaunchAgent(const std::string& node, const std::vector<std::string>& flags = {}) {
-    if (coordinator_.empty()) coordinator_ = sdcd_->trainer_address();
+    if (coordinator_.empty()) coordinator_ = sdcd_->agent_address();
     std::vector<std::string> argv = {BinaryPath("agent/sdc-agent"),
                                      absl::StrCat("--coordinator=", coordinator_),
                                      absl::StrCat("--node_name=", node), "--heartbeat=1s"};
@@ -328,27 +328,29 @@ TEST_F(AgentEndToEndTest, GpuInventoryFromNvml) {
   EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
 }
 
-// Agents over TLS, when sdcd requires client certificates: an agent with
-// one registers and runs a diagnostic over the same stream; one without a
-// certificate, and one speaking plaintext, are refused, log gRPC's reason,
-// and never become nodes.
-TEST_F(AgentEndToEndTest, AgentsNeedAClientCertificateWhenSdcdRequiresOne) {
-  ASSERT_TRUE(WriteTestCertificates(dir_).ok());
-  StartSdcd({absl::StrCat("--tls_cert=", dir_, "/server.pem"),
-             absl::StrCat("--tls_key=", dir_, "/server.key"),
-             absl::StrCat("--tls_client_ca=", dir_, "/ca.pem")});
-  coordinator_ = absl::StrCat("localhost:", sdcd_->trainer_port());
-  const std::string ca = absl::StrCat("--tls_ca=", dir_, "/ca.pem");
-  StartAgent("node-tls", {ca, absl::StrCat("--tls_cert=", dir_, "/client.pem"),
-                          absl::StrCat("--tls_key=", dir_, "/client.key")});
+// Agents over TLS with node identities: an agent whose certificate names
+// its node registers and runs a diagnostic over the same stream; one
+// without a certificate (the agent port asks for one but does not require
+// it, since an EKS agent proves its node with a token instead) is refused
+// as unauthenticated, and one speaking plaintext cannot connect; each logs
+// the reason and never becomes a node.
+TEST_F(AgentEndToEndTest, AgentsProveTheirNodeWithACertificateOverTls) {
+  // Node identities on: node-tls's certificate names it (DNS SAN).
+  absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::StartWithIdentities(dir_, {"node-tls"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  sdcd_ = *std::move(d);
+  coordinator_ = absl::StrCat("localhost:", sdcd_->agent_port());
+  const std::string ca = absl::StrCat("--tls_ca=", sdcd_->pki().ca);
+  StartAgent("node-tls", sdcd_->AgentTlsFlags("node-tls"));
   Process& no_cert = LaunchAgent("node-no-cert", {ca});
   Process& plaintext = LaunchAgent("node-plaintext");
-  for (Process* refused : {&no_cert, &plaintext}) {
-    absl::StatusOr<std::string> ended =
-        refused->WaitForLog("stream to sdcd at " + coordinator_ +
-                            " ended: cannot connect within 10s: UNAVAILABLE: .*");
-    ASSERT_TRUE(ended.ok()) << ended.status();
-  }
+  absl::StatusOr<std::string> unproven = no_cert.WaitForLog(
+      "stream to sdcd at " + coordinator_ +
+      " ended: UNAUTHENTICATED: a node agent proves its node: a client certificate .*");
+  ASSERT_TRUE(unproven.ok()) << unproven.status();
+  absl::StatusOr<std::string> refused = plaintext.WaitForLog(
+      "stream to sdcd at " + coordinator_ + " ended: cannot connect within 10s: UNAVAILABLE: .*");
+  ASSERT_TRUE(refused.ok()) << refused.status();
 
   RunResult nodes = sdcd_->Sdcctl({"get", "nodes", "-o", "name"});
   ASSERT_EQ(nodes.exit_code, 0) << nodes.output;

@@ -46,7 +46,7 @@ class AgentMetricsTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_dir_ = socket_dir;
     absl::StatusOr<Process> agent = Process::Start(
-        {BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->trainer_address()),
+        {BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->agent_address()),
          "--node_name=node-a", "--heartbeat=1s", "--metrics_listen=127.0.0.1:0",
          absl::StrCat("--relay_listen=", relay())},
         dir_ + "/agent.log");

@@ -1,6 +1,6 @@
 // sdc-agent's trainer relay, end to end: a real sdcd (fresh database, free
-// ports), a real sdc-agent relaying on a Unix socket, and trainer ranks that
-// attach to the agent instead of sdcd: scripted ranks over the real gRPC
+// ports, node identities on), a real sdc-agent per node relaying on a Unix
+// socket, and trainer ranks that attach to their node's agent instead of sdcd: scripted ranks over the real gRPC
 // API, and the client library's own CoordinatorLink. Everything sdcd says
 // reaches the rank it names through the relay; when sdcd restarts, the
 // relayed ranks' streams end and they reconnect through the agent, losing
@@ -37,9 +37,15 @@ constexpr uint32_t kWorld = 6;  // Nodes node-a, node-b, node-c of two ranks.
 
 class AgentRelayTest : public ::testing::Test {
  protected:
+  static constexpr const char* kNodes[] = {"node-a", "node-b", "node-c"};
+
   void SetUp() override {
     dir_ = TestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir_);
+    // Node identities on: each node's agent proves its node with its
+    // certificate and relays that node's ranks (sdcd places every rank a
+    // relay carries on the relay's node).
+    absl::StatusOr<std::unique_ptr<Sdcd>> d =
+        Sdcd::StartWithIdentities(dir_, {kNodes[0], kNodes[1], kNodes[2]});
     ASSERT_TRUE(d.ok()) << d.status();
     sdcd_ = *std::move(d);
     // A Unix socket path has at most 107 characters; the test directory's
@@ -47,41 +53,61 @@ class AgentRelayTest : public ::testing::Test {
     char socket_dir[] = "/tmp/sdc-relay-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_dir_ = socket_dir;
-    absl::StatusOr<Process> agent = Process::Start(
-        {BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->trainer_address()),
-         "--node_name=node-a", "--heartbeat=1s", absl::StrCat("--relay_listen=", relay()),
-         absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))},
-        dir_ + "/agent.log");
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = std::make_unique<Process>(*std::move(agent));
-    ASSERT_TRUE(agent_->WaitForLog("relaying trainer streams from .*").ok())
-        << ReadFile(dir_ + "/agent.log");
-    // Trainers run as other users than the agent: anyone may connect.
-    struct stat st;
-    ASSERT_EQ(stat((socket_dir_ + "/relay.sock").c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0777u);
+    for (int n = 0; n < 3; ++n) {
+      const std::string node = kNodes[n];
+      std::vector<std::string> argv = {
+          BinaryPath("agent/sdc-agent"), absl::StrCat("--coordinator=", sdcd_->agent_address()),
+          absl::StrCat("--node_name=", node), "--heartbeat=1s",
+          absl::StrCat("--relay_listen=", relay(node)),
+          absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))};
+      for (const std::string& flag : sdcd_->AgentTlsFlags(node)) argv.push_back(flag);
+      const std::string log = absl::StrCat(dir_, "/agent-", node, ".log");
+      // The agent lists the GPUs its ranks report (TestHello: GPU-<rank>):
+      // a GPU id its node's agent did not list would leave the rank
+      // unproven, and its evidence could open no request.
+      absl::StatusOr<Process> agent = Process::Start(
+          argv, log, {{"FAKE_NVML_UUIDS", absl::StrCat("GPU-", 2 * n, ",GPU-", 2 * n + 1)}});
+      ASSERT_TRUE(agent.ok()) << agent.status();
+      agents_.push_back(std::make_unique<Process>(*std::move(agent)));
+      ASSERT_TRUE(agents_.back()->WaitForLog("relaying trainer streams from .*").ok())
+          << ReadFile(log);
+      // Only the allowed uids' processes may relay (the agent's own by
+      // default, the test's here): not world-writable.
+      struct stat st;
+      ASSERT_EQ(stat(relay(node).substr(5).c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0660u);
+    }
   }
 
   void TearDown() override {
-    agent_.reset();  // Stops it.
+    agents_.clear();  // Stops them.
     sdc::testing::Run({"rm", "-rf", socket_dir_});
   }
 
-  std::string relay() const { return "unix:" + socket_dir_ + "/relay.sock"; }
+  // The relay socket of `node`'s agent.
+  std::string relay(const std::string& node = "node-a") const {
+    return absl::StrCat("unix:", socket_dir_, "/", node, ".sock");
+  }
+  // Each rank dials its own node's agent.
+  ChannelFor Relays() const {
+    return [this](const std::string& node) { return Channel(relay(node)); };
+  }
+  // node-a's agent.
+  Process* agent() { return agents_.front().get(); }
 
   std::string dir_;
   std::string socket_dir_;
   std::unique_ptr<Sdcd> sdcd_;
-  std::unique_ptr<Process> agent_;
+  std::vector<std::unique_ptr<Process>> agents_;
 };
 
 TEST_F(AgentRelayTest, AnAuditThroughTheRelayBlamesTheFaultyRank) {
-  absl::StatusOr<Ranks> ranks = ConnectRanks(relay(), "job-relay", kWorld, 2, kTensors);
+  absl::StatusOr<Ranks> ranks = ConnectRanks(Relays(), "job-relay", kWorld, 2, kTensors);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  // Six ranks, one relay stream, as sdcd's metrics see them.
+  // Six ranks, one relay stream per node, as sdcd's metrics see them.
   absl::StatusOr<std::string> metrics = HttpGet(sdcd_->metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_THAT(*metrics, HasSubstr("\nsdc_relay_streams 1\n"));
+  EXPECT_THAT(*metrics, HasSubstr("\nsdc_relay_streams 3\n"));
   EXPECT_THAT(*metrics, HasSubstr("\nsdc_attached_ranks 6\n"));
   ASSERT_TRUE(SendScheduledAudit(*ranks, 10, /*faulty=*/3).ok());
   // Every rank gets the verdict, through the relay, naming rank 3.
@@ -143,11 +169,13 @@ TEST_F(AgentRelayTest, AMalformedFrameEndsItsSessionWithInvalidArgument) {
 }
 
 TEST_F(AgentRelayTest, WeightTensorsCrossTheRelayOncePerDigest) {
-  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-weights", kWorld, 2, kTensors);
+  absl::StatusOr<Ranks> connected = ConnectRanks(Relays(), "job-weights", kWorld, 2, kTensors);
   ASSERT_TRUE(connected.ok()) << connected.status();
   Ranks ranks = *std::move(connected);
-  // One after another, so that the relay's order is known: ranks 0 and 3
-  // carry their digests' tensors, the other four reach sdcd without them.
+  // One after another, so that each relay's order is known. Each node's
+  // agent relays its two ranks (node-a 0 and 1, node-b 2 and 3, node-c 4
+  // and 5) and carries each digest's tensors once: ranks 0, 2, 3 (its own
+  // digest) and 4 with tensors, ranks 1 and 5 without.
   for (core::Rank r = 0; r < kWorld; ++r) {
     const uint64_t seq = ranks[r]->Send(10, WeightsOf(/*wrong=*/r == 3));
     ASSERT_TRUE(ranks[r]->WaitAcked(seq, absl::Seconds(20)).ok()) << r;
@@ -162,7 +190,7 @@ TEST_F(AgentRelayTest, WeightTensorsCrossTheRelayOncePerDigest) {
     EXPECT_THAT(verdict->weight_verdict().minority_ranks(), ElementsAre(3));
     EXPECT_THAT(verdict->weight_verdict().differing_tensors(), ElementsAre("w1"));
   }
-  // What sdcd received: two reports with tensors, four without.
+  // What sdcd received: four reports with tensors, two without.
   v1::Report full = daemon::ToProto(core::Report{"job-weights", 0, 1, 1, 10, WeightsOf(false)});
   v1::Report elided = full;
   elided.mutable_weights()->clear_tensors();
@@ -171,8 +199,8 @@ TEST_F(AgentRelayTest, WeightTensorsCrossTheRelayOncePerDigest) {
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   const double bytes = Sample(*metrics, "sdc_report_bytes_total{kind=\"weights\"}");
   EXPECT_EQ(Sample(*metrics, "sdc_reports_total{kind=\"weights\"}"), 6);
-  EXPECT_GE(bytes, 2 * full.ByteSizeLong() + 4 * elided.ByteSizeLong());
-  EXPECT_LT(bytes, 3 * full.ByteSizeLong() + 3 * elided.ByteSizeLong());
+  EXPECT_GE(bytes, 4 * full.ByteSizeLong() + 2 * elided.ByteSizeLong());
+  EXPECT_LT(bytes, 5 * full.ByteSizeLong() + 1 * elided.ByteSizeLong());
 }
 
 TEST_F(AgentRelayTest, TheClientLibraryWorksThroughTheRelay) {
@@ -201,7 +229,7 @@ TEST_F(AgentRelayTest, TheClientLibraryWorksThroughTheRelay) {
 }
 
 TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
-  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-restart", kWorld, 2, kTensors);
+  absl::StatusOr<Ranks> connected = ConnectRanks(Relays(), "job-restart", kWorld, 2, kTensors);
   ASSERT_TRUE(connected.ok()) << connected.status();
   Ranks ranks = *std::move(connected);
   const core::StepReport clean{0, 0, 1.0, 7, true, "", false};
@@ -209,6 +237,7 @@ TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
   for (auto& r : ranks) ASSERT_TRUE(r->WaitAcked(1).ok());
 
   const int port = sdcd_->trainer_port();
+  const int agent_port = sdcd_->agent_port();
   sdcd_->process().Kill();
   // The agent ends every stream it relayed, saying why.
   for (auto& r : ranks) {
@@ -216,7 +245,8 @@ TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
     EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
     EXPECT_THAT(ended.error_message(), HasSubstr("sdc-agent lost its stream to sdcd"));
   }
-  absl::StatusOr<std::unique_ptr<Sdcd>> second = Sdcd::Start(dir_, {}, {}, port);
+  absl::StatusOr<std::unique_ptr<Sdcd>> second = Sdcd::StartWithIdentities(
+      dir_, {kNodes[0], kNodes[1], kNodes[2]}, {}, {}, port, agent_port);
   ASSERT_TRUE(second.ok()) << second.status();
   // Back through the same agent: sdcd remembers what it acknowledged.
   for (auto& r : ranks) {
@@ -228,7 +258,7 @@ TEST_F(AgentRelayTest, RelayedRanksReconnectWhenSdcdRestarts) {
 }
 
 TEST_F(AgentRelayTest, ARefusedRankEndsWithSdcdsStatusWhileItsNodeCarriesOn) {
-  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-refuse", kWorld, 2, kTensors);
+  absl::StatusOr<Ranks> connected = ConnectRanks(Relays(), "job-refuse", kWorld, 2, kTensors);
   ASSERT_TRUE(connected.ok()) << connected.status();
   Ranks ranks = *std::move(connected);
   // Rank 0 keeps writing after sending another rank's report: sdcd's
@@ -257,7 +287,7 @@ TEST_F(AgentRelayTest, ARefusedRankEndsWithSdcdsStatusWhileItsNodeCarriesOn) {
 }
 
 TEST_F(AgentRelayTest, StoppingSdcdEndsRelayedStreamsSayingSo) {
-  absl::StatusOr<Ranks> connected = ConnectRanks(relay(), "job-stop", kWorld, 2, kTensors);
+  absl::StatusOr<Ranks> connected = ConnectRanks(Relays(), "job-stop", kWorld, 2, kTensors);
   ASSERT_TRUE(connected.ok()) << connected.status();
   Ranks ranks = *std::move(connected);
   std::thread stop([&] {

@@ -107,7 +107,7 @@ class CoordinatorSide {
       h.deterministic = true;
       h.audit_every = audit_every;
       h.weight_check_every = 0;
-      absl::StatusOr<core::AttachResult> attached = coordinator_.Attach(h);
+      absl::StatusOr<core::AttachResult> attached = coordinator_.Attach(h, core::Caller{h.placement.node, "certificate", {}});
       EXPECT_TRUE(attached.ok()) << attached.status();
     }
     sequence_.assign(layout.nodes.size(), 0);

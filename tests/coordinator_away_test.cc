@@ -86,7 +86,8 @@ class AwayTest : public ::testing::Test {
   }
 
   // sdcd on `trainer_port` (0: a new one), the same database every time;
-  // the proxies forward to it.
+  // the proxies forward to it: to its trainer port, or with relays to its
+  // agent port (agents and their relays have their own listener).
   void StartSdcd(int trainer_port = 0) {
     absl::StatusOr<std::unique_ptr<Sdcd>> d =
         Sdcd::Start(dir_, {absl::StrCat("--report_deadline=", report_deadline_)}, {}, trainer_port,
@@ -95,7 +96,8 @@ class AwayTest : public ::testing::Test {
     sdcd_ = *std::move(d);
     admin_port_ = sdcd_->admin_port();
     metrics_port_ = sdcd_->metrics_port();
-    for (auto& p : proxies_) p->Retarget(sdcd_->trainer_port());
+    const int target = agents_.empty() ? sdcd_->trainer_port() : sdcd_->agent_port();
+    for (auto& p : proxies_) p->Retarget(target);
   }
   void KillSdcd() { sdcd_->process().Kill(); }
   // kill -9, a pause, and sdcd back on its database (and port, unless moved).
@@ -121,7 +123,11 @@ class AwayTest : public ::testing::Test {
                           absl::StrCat("--node_name=", node), "--heartbeat=1s",
                           absl::StrCat("--relay_listen=", RelayOf(n)),
                           absl::StrCat("--nvml_library=", BinaryPath("agent/libfake_nvml.so"))},
-                         absl::StrCat(dir_, "/agent-", node, ".log"));
+                         absl::StrCat(dir_, "/agent-", node, ".log"),
+                         // The GPUs its ranks report (TestHello: GPU-<rank>);
+                         // one its agent did not list leaves a rank unproven.
+                         {{"FAKE_NVML_UUIDS",
+                           absl::StrCat("GPU-", kGpus * n, ",GPU-", kGpus * n + 1)}});
       ASSERT_TRUE(agent.ok()) << agent.status();
       agents_.push_back(std::make_unique<Process>(*std::move(agent)));
       ASSERT_TRUE(agents_.back()->WaitForLog("relaying trainer streams from .*").ok());

@@ -7,8 +7,8 @@
 # What it checks, and prints as it goes:
 #  - every kustomization (deploy/eks/base and each overlay) renders with
 #    `kubectl kustomize`; on the rendered objects: images, namespace, the
-#    coordinator Deployment (1 replica, Recreate, named ports 7400/9464, gRPC
-#    probes on 7400, PVC at /var/lib/sdc, flags sdcd really has, actuator,
+#    coordinator Deployment (1 replica, Recreate, named ports 7400/7402/9464,
+#    probes, PVC at /var/lib/sdc, flags sdcd really has, actuator,
 #    approval, security context, resources), PVC, Service, ServiceMonitor,
 #    RBAC (nodes get/list/watch/patch only, bound to sdcd only), the agent
 #    DaemonSet (tolerations, NODE_NAME, NVML env, no privilege, no RBAC,
@@ -16,8 +16,11 @@
 #    hostPath, metrics port and /healthz probes), PriorityClasses, sdcd's
 #    PodDisruptionBudget and GPU-node anti-affinity, the NetworkPolicies
 #    (ports equal the Service's; who is admitted and refused), the PodMonitor,
-#    for the hyperpod-api overlay --actuator=hyperpod with its IRSA role, and
-#    for the mtls overlay TLS on both ends from one cert-manager CA;
+#    for the hyperpod-api overlay --actuator=hyperpod with its IRSA role,
+#    node identities (agents on sdcd's agent port over TLS with a projected
+#    service-account token of the audience and account sdcd verifies, with
+#    keys and issuer from a ConfigMap), and TLS on both ends from one
+#    cert-manager CA (client certificates with the mtls overlay);
 #  - deploy/eks/iam: the policy allows exactly the SageMaker calls
 #    daemon/actuator.cc makes; the trust policy names ServiceAccount sdcd;
 #  - deploy/prometheus/alerts.yml: promtool check + unit tests, the alert
@@ -25,9 +28,11 @@
 #    metrics exist in sdcd's source, and the PrometheusRule carries the same
 #    groups;
 #  - the PyTorchJob examples (sidecar; relay: same socket as the agent's);
-#  - the systemd units: required settings, sdcd flags, systemd-analyze verify;
+#  - the systemd units: required settings, sdcd flags (agent port, TLS, the
+#    agents' node certificates), systemd-analyze verify;
 #  - the Slurm installer (role detection with python3 and jq, files
-#    installed) and trainer-env.sh;
+#    installed, the cluster CA and node certificates of --pki, the relay's
+#    uids) and trainer-env.sh (coordinator, the node's certificate);
 #  - shellcheck on every .sh under deploy/ and on this file;
 #  - that the checks can fail: mutated manifests must be rejected.
 # Any failure: a FAIL line naming it, and exit status 1.
@@ -75,7 +80,7 @@ options_h="$src/client/options.h"
 trainer_metrics_cc="$src/client/trainer_metrics.cc"
 
 section "tools"
-for tool in kubectl promtool shellcheck "$PY"; do
+for tool in kubectl promtool shellcheck openssl "$PY"; do
   if command -v "$tool" >/dev/null; then
     ok "$tool: $(command -v "$tool")"
   else
@@ -118,8 +123,10 @@ DEFAULT_TAG = "0.2.0"
 # sdc-agent's flags (agent/agent_main.cc) that a manifest may set; --inject_diagnostic_fault
 # (tests only) is deliberately absent, so a manifest carrying it is rejected.
 AGENT_FLAGS = {"coordinator", "node_name", "heartbeat", "instance_id", "tls_ca", "tls_cert", "tls_key",
-               "action_command", "action_timeout", "diagnostic_timeout", "nvml_library", "relay_listen",
-               "metrics_listen"}
+               "token_file", "action_command", "action_timeout", "diagnostic_timeout", "nvml_library",
+               "relay_listen", "relay_allowed_uids", "relay_group", "metrics_listen"}
+AGENT_PORT = 7402  # sdcd's --agent_listen: agents prove their node there
+TOKEN_AUDIENCE = "sdcd"  # sdcd's default --agent_token_audience (daemon/config.h)
 RBAC_VERBS = {"get", "list", "watch", "patch"}
 HEALTH_KEY = "sagemaker.amazonaws.com/node-health-status"
 HEALTH_TAINTS = [
@@ -352,6 +359,7 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
     r.expect(ports.get("grpc") == 7400, "sdcd port grpc: 7400", str(ports))
     r.expect(ports.get("metrics") == 9464, "sdcd port metrics: 9464", str(ports))
+    r.expect(ports.get("agents") == AGENT_PORT, f"sdcd port agents: {AGENT_PORT}", str(ports))
     # With TLS on the trainer port kubelet's gRPC probe cannot connect: the
     # probes then use /healthz on the (plain HTTP) metrics port.
     tls = any(a.startswith("--tls_cert=") for a in c.get("args") or [])
@@ -375,6 +383,9 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     parsed = check_flag_list(r, "sdcd args", c.get("args") or [], known)
     listen = flag_values(parsed, "listen")
     r.expect(listen == ["0.0.0.0:7400"], "--listen=0.0.0.0:7400", str(listen))
+    agl = flag_values(parsed, "agent_listen")
+    r.expect(agl == [f"0.0.0.0:{AGENT_PORT}"], f"--agent_listen=0.0.0.0:{AGENT_PORT} (agents get a port)", str(agl))
+    r.expect(not flag_values(parsed, "insecure_dev_mode"), "no --insecure_dev_mode")
     ml = flag_values(parsed, "metrics_listen")
     r.expect(len(ml) == 1 and host_port(ml[0]) == ("0.0.0.0", "9464"), "--metrics_listen on 0.0.0.0:9464", str(ml))
     al = flag_values(parsed, "admin_listen")
@@ -418,7 +429,7 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     sp = svc["spec"]
     r.expect(sp.get("type", "ClusterIP") == "ClusterIP", "Service sdcd is ClusterIP")
     sports = {p.get("name"): p for p in sp.get("ports") or []}
-    for name, port in (("grpc", 7400), ("metrics", 9464)):
+    for name, port in (("grpc", 7400), ("agents", AGENT_PORT), ("metrics", 9464)):
         p = sports.get(name) or {}
         r.expect(p.get("port") == port and resolve_port(c, p.get("targetPort", port)) == port,
                  f"Service port {name}: {port} -> container {port}", str(p))
@@ -526,8 +537,9 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
     coord = flag_values(aparsed, "coordinator")
     svc_hosts = {f"sdcd.{svc['metadata']['namespace']}.svc", f"sdcd.{svc['metadata']['namespace']}.svc.cluster.local",
                  f"sdcd.{svc['metadata']['namespace']}"}
-    r.expect(len(coord) == 1 and host_port(coord[0])[0] in svc_hosts and host_port(coord[0])[1] == "7400",
-             "agent --coordinator is the sdcd Service on 7400", str(coord))
+    r.expect(len(coord) == 1 and host_port(coord[0])[0] in svc_hosts and host_port(coord[0])[1] == str(AGENT_PORT),
+             f"agent --coordinator is the sdcd Service's agent port {AGENT_PORT}", str(coord))
+    check_node_identity(r, by, dep, c, parsed, ds, a, aparsed)
 
     check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator)
 
@@ -678,7 +690,11 @@ def check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator):
     trainer = {TRAINER_LABEL[0]: TRAINER_LABEL[1]}
     cases = [  # (who, namespace, labels, port, admitted)
         ("a labelled trainer in any namespace", "team-a", trainer, 7400, True),
-        ("the agent pods", agent_ns, agent_labels, 7400, True),
+        ("the agent pods", agent_ns, agent_labels, AGENT_PORT, True),
+        ("a labelled trainer on the agent port", "team-a", trainer, AGENT_PORT, False),
+        ("an unlabelled pod on the agent port", "team-a", {"app": "web"}, AGENT_PORT, False),
+        ("agent-labelled pods outside the agent namespace on the agent port", "team-a", agent_labels, AGENT_PORT,
+         False),
         ("Prometheus", PROMETHEUS_NS, {"app.kubernetes.io/name": "prometheus"}, 9464, True),
         ("an unlabelled pod", "team-a", {"app": "web"}, 7400, False),
         ("agent-labelled pods outside the agent namespace", "team-a", agent_labels, 7400, False),
@@ -715,6 +731,41 @@ def check_eks_wiring(r, by, dep, c, ds, a, aparsed, svc, actuator):
                  "no IRSA role or --hyperpod_cluster without --actuator=hyperpod")
 
 
+def check_node_identity(r, by, dep, c, sparsed, ds, a, aparsed):
+    """Agents prove their node to sdcd: a projected service-account token sdcd verifies, over TLS."""
+    pod, apod = dep["spec"]["template"]["spec"], ds["spec"]["template"]["spec"]
+    tf = flag_values(aparsed, "token_file")
+    avols = {v["name"]: v for v in apod.get("volumes") or []}
+    m = next((m for m in a.get("volumeMounts") or [] if tf and tf[0].startswith(m["mountPath"].rstrip("/") + "/")), None)
+    sources = ((avols.get(m["name"]) if m else None) or {}).get("projected", {}).get("sources") or []
+    sat = next((x["serviceAccountToken"] for x in sources if "serviceAccountToken" in x), {})
+    r.expect(len(tf) == 1 and m is not None and m.get("readOnly") is True and
+             tf[0] == m["mountPath"].rstrip("/") + "/" + sat.get("path", ""),
+             "agent --token_file is the projected service-account token, mounted read-only", f"{tf} {m} {sources}")
+    aud = (flag_values(sparsed, "agent_token_audience") or [TOKEN_AUDIENCE])[0]
+    r.expect(sat.get("audience") == aud, f"the token's audience is sdcd's --agent_token_audience ({aud})", str(sat))
+    r.expect(0 < int(sat.get("expirationSeconds", 3600)) <= 86400, "the token expires within a day", str(sat))
+    r.expect(apod.get("automountServiceAccountToken") is False, "the agent gets no API token")
+    sa = f"system:serviceaccount:{ds['metadata']['namespace']}:{apod.get('serviceAccountName', 'default')}"
+    accounts = [x for v in flag_values(sparsed, "agent_token_service_accounts") for x in v.split(",")] or \
+        ["system:serviceaccount:sdc-agent:sdc-agent"]  # sdcd's default (daemon/config.h)
+    r.expect(sa in accounts, f"sdcd takes tokens of the agent's service account {sa}", str(accounts))
+    keys, issuer = flag_values(sparsed, "agent_token_keys"), flag_values(sparsed, "agent_token_issuer")
+    r.expect(len(keys) == 1 and len(issuer) == 1 and issuer[0], "sdcd: --agent_token_keys and --agent_token_issuer",
+             f"{keys} {issuer}")
+    vols = {v["name"]: v for v in pod.get("volumes") or []}
+    km = next((m for m in c.get("volumeMounts") or [] if keys and keys[0].startswith(m["mountPath"].rstrip("/") + "/")), None)
+    cm = ((vols.get(km["name"]) if km else None) or {}).get("configMap", {}).get("name")
+    r.expect(km is not None and km.get("readOnly") is True and cm in by.get("ConfigMap", {}),
+             "--agent_token_keys is a file of a ConfigMap defined here, mounted read-only", f"{keys} {km}")
+    env = {e["name"]: e for e in c.get("env") or []}
+    for ref in re.findall(r"\$\((\w+)\)", issuer[0] if issuer else ""):
+        src = ((env.get(ref) or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}
+        r.expect(src.get("name") == cm and src.get("key") in ((by.get("ConfigMap", {}).get(cm) or {}).get("data") or {}),
+                 f"--agent_token_issuer's ${ref} comes from ConfigMap {cm}", str(env.get(ref)))
+    r.expect(flag_values(aparsed, "tls_ca"), "agents dial sdcd with TLS (their token never crosses in clear)")
+
+
 def check_mtls(r, by, dep, c, ds, a, aparsed):
     """TLS is on for both ends or neither; files come from cert-manager Secrets of one CA."""
     sparsed = parse_flags(c.get("args") or [])
@@ -725,6 +776,11 @@ def check_mtls(r, by, dep, c, ds, a, aparsed):
              f"sdcd {s_flags}, agent {a_flags}")
     if not (s_on and a_on):
         return
+    r.expect(s_flags["tls_cert"] and s_flags["tls_key"], "sdcd: --tls_cert and --tls_key", str(s_flags))
+    r.expect(a_flags["tls_ca"] and bool(a_flags["tls_cert"]) == bool(a_flags["tls_key"]),
+             "agent: --tls_ca (sdcd's CA), and --tls_cert with --tls_key or neither", str(a_flags))
+    s_flags = {f: v for f, v in s_flags.items() if v}
+    a_flags = {f: v for f, v in a_flags.items() if v}
     certs = by.get("Certificate", {})
 
     def secret_files(who, container, pod, flags, ns):
@@ -964,7 +1020,9 @@ def check_units(r, sdcd_unit, agent_unit, known):
     r.expect(exec_start[:1] == ["/usr/local/bin/sdcd"], "sdcd.service runs /usr/local/bin/sdcd", str(exec_start[:1]))
     parsed = check_flag_list(r, "sdcd.service ExecStart", exec_start[1:], known)
     want = {"--db=/var/lib/sdc/sdcd.db", "--admin_token_file=/var/lib/sdc/admin.token", "--listen=0.0.0.0:7400",
-            "--admin_listen=unix:/run/sdc/admin.sock", "--metrics_listen=0.0.0.0:9464", "--actuator=slurm"}
+            f"--agent_listen=0.0.0.0:{AGENT_PORT}", "--admin_listen=unix:/run/sdc/admin.sock",
+            "--metrics_listen=0.0.0.0:9464", "--tls_cert=/etc/sdc-guard/tls/sdcd.crt",
+            "--tls_key=/etc/sdc-guard/tls/sdcd.key", "--tls_client_ca=/etc/sdc-guard/tls/ca.crt", "--actuator=slurm"}
     r.expect(set(exec_start[1:]) == want, "sdcd.service ExecStart flags are exactly the Slurm set",
              f"extra {sorted(set(exec_start[1:]) - want)}, missing {sorted(want - set(exec_start[1:]))}")
     r.expect(flag_values(parsed, "approval") in ([], ["require"]), "sdcd.service keeps --approval=require")
@@ -981,6 +1039,14 @@ def check_units(r, sdcd_unit, agent_unit, known):
     aflags = [x for x in aexec[1:] if x != "$SDC_AGENT_FLAGS"]
     aparsed = check_flag_list(r, "sdc-agent.service ExecStart", aflags, AGENT_FLAGS)
     r.expect(flag_values(aparsed, "coordinator") == ["${SDC_COORDINATOR}"], "sdc-agent --coordinator=${SDC_COORDINATOR}")
+    r.expect(flag_values(aparsed, "tls_ca") == ["/etc/sdc-guard/tls/ca.crt"] and
+             flag_values(aparsed, "tls_cert") == ["/etc/sdc-guard/tls/node.crt"] and
+             flag_values(aparsed, "tls_key") == ["/etc/sdc-guard/tls/node.key"],
+             "sdc-agent proves its node with the node certificate over TLS (the CA of sdcd's --tls_client_ca)",
+             str(aflags))
+    r.expect(flag_values(parsed, "tls_client_ca") == flag_values(aparsed, "tls_ca"),
+             "sdcd verifies agents' certificates with the CA agents trust")
+    r.expect(aone("RuntimeDirectory") == "sdc-agent", "sdc-agent.service RuntimeDirectory=sdc-agent (the relay socket's)")
     r.expect(not any(approval_auto(x) for x in read(sdcd_unit).splitlines() + read(agent_unit).splitlines()),
              "no --approval=auto in the units")
 
@@ -1029,7 +1095,8 @@ def mutations():
         "ServiceMonitor port http": m(lambda d: find(d, "ServiceMonitor", "sdcd")["spec"]["endpoints"][0].update(port="http")),
         "ServiceMonitor selects nothing": m(lambda d: find(d, "ServiceMonitor", "sdcd")["spec"]["selector"]["matchLabels"].update(
             {"app.kubernetes.io/name": "other"})),
-        "Service metrics port 9465": m(lambda d: find(d, "Service", "sdcd")["spec"]["ports"][1].update(port=9465)),
+        "Service metrics port 9465": m(lambda d: find(d, "Service", "sdcd")["spec"]["ports"][2].update(port=9465)),
+        "Service without the agent port": m(lambda d: find(d, "Service", "sdcd")["spec"]["ports"].pop(1)),
         "agent without health-status toleration": m(lambda d: agent_pod(d).update(tolerations=[
             {"key": "nvidia.com/gpu", "operator": "Exists"}])),
         "agent privileged": m(lambda d: agent_pod(d)["containers"][0]["securityContext"].update(privileged=True)),
@@ -1037,6 +1104,19 @@ def mutations():
         "agent /tmp on the read-only root": m(lambda d: agent_pod(d)["containers"][0].pop("volumeMounts")),
         "agent NODE_NAME literal": m(lambda d: agent_pod(d)["containers"][0]["env"][0].update(value="x", valueFrom=None)),
         "agent coordinator elsewhere": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(0, "--coordinator=sdcd:7400")),
+        "agent on the trainer port": m(lambda d: agent_pod(d)["containers"][0]["args"].__setitem__(
+            0, "--coordinator=sdcd.sdc-system.svc:7400")),
+        "sdcd without an agent port": m(lambda d: dep_container(d)["args"].remove("--agent_listen=0.0.0.0:7402")),
+        "sdcd in insecure dev mode": m(lambda d: dep_container(d)["args"].append("--insecure_dev_mode")),
+        "agent without its token": m(lambda d: agent_pod(d)["containers"][0]["args"].remove(
+            "--token_file=/var/run/secrets/sdc-guard/token")),
+        "agent token for the API server": m(lambda d: next(v for v in agent_pod(d)["volumes"] if "projected" in v)
+                                            ["projected"]["sources"][0]["serviceAccountToken"].update(audience="https://kubernetes.default.svc")),
+        "agent automounts its API token": m(lambda d: agent_pod(d).update(automountServiceAccountToken=True)),
+        "sdcd trusts another service account": m(lambda d: dep_container(d)["args"].append(
+            "--agent_token_service_accounts=system:serviceaccount:default:default")),
+        "sdcd without the token keys": m(lambda d: [dep_container(d)["args"].remove(x) for x in list(dep_container(d)["args"])
+                                                   if x.startswith("--agent_token_")]),
         "PrometheusRule drifted": m(lambda d: find(d, "PrometheusRule", "sdc-guard")["spec"]["groups"][0]["rules"][0].update(
             expr="sdc_replacement_requests > 1")),
         "wrong namespace": m(lambda d: find(d, "Service", "sdcd")["metadata"].update(namespace="default")),
@@ -1068,8 +1148,10 @@ def mutations():
         "NetworkPolicy port 7401": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0]["ports"][0].update(port=7401)),
         "NetworkPolicy admits every pod": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0].update(
             **{"from": [{"namespaceSelector": {}}]})),
-        "NetworkPolicy forgets the agents": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0]["from"].pop(1)),
-        "NetworkPolicy metrics from anywhere": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][1].pop("from")),
+        "NetworkPolicy agent port from anywhere": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][1].pop("from")),
+        "NetworkPolicy agent port for trainers": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][1]["from"].append(
+            find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][0]["from"][0])),
+        "NetworkPolicy metrics from anywhere": m(lambda d: find(d, "NetworkPolicy", "sdcd")["spec"]["ingress"][2].pop("from")),
         "PodMonitor on port http": m(lambda d: find(d, "PodMonitor", "sdc-agent")["spec"]["podMetricsEndpoints"][0].update(
             port="http")),
         "IRSA role without the hyperpod actuator": m(lambda d: find(d, "ServiceAccount", "sdcd")["metadata"].update(
@@ -1340,9 +1422,10 @@ for tool in python3 jq; do
     installed "cmp-$tool" sdc-agent &&
     [[ -f "$work/roots/cmp-$tool/etc/systemd/system/sdc-agent.service" && ! -e "$work/roots/cmp-$tool/usr/local/bin/sdcd" ]] &&
     grep -qx "SDC_TORCH_LIB=$torch_lib" "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
-    grep -qx 'SDC_COORDINATOR=10.1.0.10:7400' "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
+    grep -qx 'SDC_COORDINATOR=10.1.0.10:7402' "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
+    grep -qx 'SDC_TRAINER_COORDINATOR=10.1.0.10:7400' "$work/roots/cmp-$tool/etc/default/sdc-agent" &&
     grep -q 'would run: systemctl enable --now sdc-agent.service' "$work/roots/cmp-$tool.log"; then
-    ok "installer ($tool): compute detected (SDC_GUARD_DIST); agent linked from the bundle, SDC_COORDINATOR=controller:7400, SDC_TORCH_LIB, enabled"
+    ok "installer ($tool): compute detected (SDC_GUARD_DIST); agent linked from the bundle, SDC_COORDINATOR=controller:7402 (agents), SDC_TRAINER_COORDINATOR=controller:7400, SDC_TORCH_LIB, enabled"
   else
     bad "installer ($tool) compute: $(cat "$work/roots/cmp-$tool.log")"
   fi
@@ -1355,18 +1438,53 @@ for tool in python3 jq; do
   fi
 done
 if install_as explicit python3 "192.0.2.1" --role compute --coordinator head:7400 --no-start --dist "$dist" &&
-  grep -qx 'SDC_COORDINATOR=head:7400' "$work/roots/explicit/etc/default/sdc-agent" &&
+  grep -qx 'SDC_COORDINATOR=head:7402' "$work/roots/explicit/etc/default/sdc-agent" &&
+  grep -qx 'SDC_TRAINER_COORDINATOR=head:7400' "$work/roots/explicit/etc/default/sdc-agent" &&
   ! grep -q 'enable --now' "$work/roots/explicit.log"; then
   ok "installer: --role compute --coordinator --no-start"
 else
   bad "installer explicit role: $(cat "$work/roots/explicit.log")"
 fi
-if install_as relay python3 "192.0.2.1" --role compute --coordinator head:7400 --relay --no-start --dist "$dist" &&
-  grep -qx 'SDC_RELAY_LISTEN=127.0.0.1:7401' "$work/roots/relay/etc/default/sdc-agent" &&
+if install_as relay python3 "192.0.2.1" --role compute --coordinator head:7400 --relay-uids 1001,1002 --no-start \
+  --dist "$dist" &&
+  grep -qx 'SDC_RELAY_LISTEN=unix:/run/sdc-agent/relay.sock' "$work/roots/relay/etc/default/sdc-agent" &&
+  grep -q '^SDC_AGENT_FLAGS="--relay_allowed_uids=1001,1002' "$work/roots/relay/etc/default/sdc-agent" &&
   grep -qx 'SDC_RELAY_LISTEN=' "$work/roots/explicit/etc/default/sdc-agent"; then
-  ok "installer: --relay writes SDC_RELAY_LISTEN=127.0.0.1:7401 (empty without it)"
+  ok "installer: --relay-uids writes SDC_RELAY_LISTEN=unix:/run/sdc-agent/relay.sock and --relay_allowed_uids (empty without it)"
 else
-  bad "installer --relay: $(cat "$work/roots/relay.log")"
+  bad "installer --relay-uids: $(cat "$work/roots/relay.log")"
+fi
+if install_as badrelay python3 "192.0.2.1" --role compute --coordinator head:7400 --relay-uids alice --dist "$dist"; then
+  bad "installer must refuse --relay-uids alice"
+else
+  ok "installer refuses --relay-uids that are not uids"
+fi
+# Node identities: --pki makes the cluster's CA once (controller), sdcd's
+# certificate for its names, and each compute node's certificate naming the
+# node; both chain to the CA, keys not world-readable.
+mkdir -p "$work/pki"
+chmod 0700 "$work/pki"
+if install_as pki-ctl python3 "10.1.0.10" --pki "$work/pki" --no-start "$dist" &&
+  install_as pki-cmp python3 "10.1.0.31" --pki "$work/pki" --no-start "$dist" &&
+  openssl verify -CAfile "$work/pki/ca.crt" "$work/roots/pki-ctl/etc/sdc-guard/tls/sdcd.crt" \
+    "$work/roots/pki-cmp/etc/sdc-guard/tls/node.crt" >/dev/null &&
+  openssl x509 -in "$work/roots/pki-ctl/etc/sdc-guard/tls/sdcd.crt" -noout -ext subjectAltName | grep -q 'IP Address:10.1.0.10' &&
+  openssl x509 -in "$work/roots/pki-cmp/etc/sdc-guard/tls/node.crt" -noout -ext subjectAltName |
+  grep -qx "    DNS:$(hostname)" &&
+  cmp -s "$work/pki/ca.crt" "$work/roots/pki-cmp/etc/sdc-guard/tls/ca.crt" &&
+  [[ "$(stat -c %a "$work/roots/pki-cmp/etc/sdc-guard/tls/node.key")" == 640 &&
+    "$(stat -c %a "$work/roots/pki-ctl/etc/sdc-guard/tls/sdcd.key")" == 640 ]]; then
+  ok "installer --pki: one CA; sdcd's certificate names the controller's address, a compute node's its Slurm name (DNS:$(hostname)); keys 0640"
+else
+  bad "installer --pki: $(cat "$work/roots/pki-ctl.log" "$work/roots/pki-cmp.log")"
+fi
+rm -rf "$work/nopki" && mkdir -p "$work/nopki"
+if install_as nopki python3 "10.1.0.31" --pki "$work/nopki" --no-start "$dist"; then
+  bad "installer must refuse a compute node when --pki holds no CA"
+elif grep -q "no CA in" "$work/roots/nopki.log"; then
+  ok "installer refuses a compute node when --pki holds no CA (the controller makes it)"
+else
+  bad "installer --pki without a CA: $(cat "$work/roots/nopki.log")"
 fi
 if install_as slurmuser python3 "10.1.0.10" --sdcd-user slurm "$dist" &&
   grep -qx 'User=slurm' "$work/roots/slurmuser/etc/systemd/system/sdcd.service.d/user.conf"; then
@@ -1439,10 +1557,12 @@ if [[ "$got" == "$(hostname)" ]]; then
 else
   bad "trainer-env.sh SDC_NODE_NAME fallback: got '$got'"
 fi
-# With a relaying agent on the node, trainers dial it; without, sdcd.
-printf 'SDC_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=127.0.0.1:7401\n' >"$work/agent-relay.env"
-printf 'SDC_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=\n' >"$work/agent-direct.env"
-for pair in "agent-relay.env|127.0.0.1:7401" "agent-direct.env|head:7400"; do
+# With a relaying agent on the node, trainers dial it; without, sdcd's
+# trainer port (the agent's own address is sdcd's agent port).
+printf 'SDC_COORDINATOR=head:7402\nSDC_TRAINER_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=unix:/run/sdc-agent/relay.sock\n' \
+  >"$work/agent-relay.env"
+printf 'SDC_COORDINATOR=head:7402\nSDC_TRAINER_COORDINATOR=head:7400\nSDC_RELAY_LISTEN=\n' >"$work/agent-direct.env"
+for pair in "agent-relay.env|unix:/run/sdc-agent/relay.sock" "agent-direct.env|head:7400"; do
   # shellcheck disable=SC2016 # expanded by the inner bash
   got="$(env -i PATH="$PATH" SLURM_JOB_ID=7 SDC_AGENT_DEFAULTS="$work/${pair%%|*}" \
     bash -c 'set -euo pipefail; source "$1"; printf "%s" "$SDC_COORDINATOR"' _ "$tenv" 2>&1)" || true
@@ -1452,7 +1572,27 @@ for pair in "agent-relay.env|127.0.0.1:7401" "agent-direct.env|head:7400"; do
     bad "trainer-env.sh with ${pair%%|*}: got '$got'"
   fi
 done
-mapfile -t exported < <(sed -n 's/^export \([A-Z_]*\)=.*/\1/p' "$tenv")
+# Dialing sdcd, a rank presents the node's certificate (when its user can
+# read the key); through the relay, none.
+mkdir -p "$work/tls"
+touch "$work/tls/ca.crt" "$work/tls/node.crt" "$work/tls/node.key"
+# shellcheck disable=SC2016 # expanded by the inner bash
+got="$(env -i PATH="$PATH" SLURM_JOB_ID=7 SDC_AGENT_DEFAULTS="$work/agent-direct.env" SDC_TLS_DIR="$work/tls" \
+  bash -c 'set -euo pipefail; source "$1"; printf "%s|%s|%s" "$SDC_TLS_CA" "$SDC_TLS_CERT" "$SDC_TLS_KEY"' _ "$tenv" 2>&1)" || true
+if [[ "$got" == "$work/tls/ca.crt|$work/tls/node.crt|$work/tls/node.key" ]]; then
+  ok "trainer-env.sh: dialing sdcd, SDC_TLS_CA/CERT/KEY are the node's certificate"
+else
+  bad "trainer-env.sh TLS: got '$got'"
+fi
+# shellcheck disable=SC2016 # expanded by the inner bash
+got="$(env -i PATH="$PATH" SLURM_JOB_ID=7 SDC_AGENT_DEFAULTS="$work/agent-relay.env" SDC_TLS_DIR="$work/tls" \
+  bash -c 'source "$1"; printf "%s" "${SDC_TLS_CERT:-none}"' _ "$tenv" 2>&1)" || true
+if [[ "$got" == none ]]; then
+  ok "trainer-env.sh: through the relay socket, no certificate"
+else
+  bad "trainer-env.sh relay TLS: got '$got'"
+fi
+mapfile -t exported < <(sed -n 's/^ *export \([A-Z_]*\)=.*/\1/p' "$tenv")
 check vars "$options_h" "${exported[@]}" || bad "trainer-env.sh exports a variable the client does not read"
 
 section "shellcheck"

@@ -9,7 +9,7 @@
 #  - every image sdc-guard/sdcd or sdc-guard/sdc-agent named in deploy/eks/**
 #    (manifests, the example, kustomize `images:` newTag) carries the tag
 #    VERSION, and the kustomization's app.kubernetes.io/version is VERSION;
-#  - the Dockerfiles EXPOSE exactly the contract's ports (sdcd 7400 and 9464,
+#  - the Dockerfiles EXPOSE exactly the contract's ports (sdcd 7400, 7402 and 9464,
 #    sdc-agent 9465), every containerPort of a container running the image is
 #    EXPOSEd, and every Service port targets a container port of sdcd;
 #  - the program each manifest runs (command[0]) exists at that path in the
@@ -41,7 +41,7 @@ import yaml
 
 deploy, version, tarball, scratch = sys.argv[1:5]
 IMAGES = {"sdc-guard/sdcd": "sdcd.Dockerfile", "sdc-guard/sdc-agent": "sdc-agent.Dockerfile"}
-CONTRACT_PORTS = {"sdc-guard/sdcd": {7400, 9464}, "sdc-guard/sdc-agent": {9465}}
+CONTRACT_PORTS = {"sdc-guard/sdcd": {7400, 7402, 9464}, "sdc-guard/sdc-agent": {9465}}
 failures = []
 
 
@@ -231,7 +231,7 @@ mutate() {  # NAME FILE SED-EXPRESSION
 mutate "old image tag" eks/base/coordinator-deployment.yaml "s#sdc-guard/sdcd:$version#sdc-guard/sdcd:0.0.9#"
 mutate "old overlay newTag" eks/overlays/hyperpod/kustomization.yaml "0,/newTag: $version/s//newTag: 0.0.9/"
 mutate "old version label" eks/base/kustomization.yaml "s#app.kubernetes.io/version: $version#app.kubernetes.io/version: 0.0.9#"
-mutate "port not exposed" images/sdcd.Dockerfile "s#^EXPOSE 7400 9464#EXPOSE 7400#"
+mutate "port not exposed" images/sdcd.Dockerfile "s#^EXPOSE 7400 7402 9464#EXPOSE 7400 9464#"
 mutate "program not in image" images/sdcd.Dockerfile "s#ln -s /opt/sdc-guard/bin/sdcd /usr/local/bin/sdcd#ln -s /opt/sdc-guard/bin/sdcd /usr/bin/sdcd#"
 mutate "agent program not in image" images/sdc-agent.Dockerfile "s#/usr/local/bin/sdc-agent \\\\#/usr/bin/sdc-agent \\\\#"
 mutate "uid mismatch" images/sdc-agent.Dockerfile "s#^USER 0:0#USER 1000:1000#"

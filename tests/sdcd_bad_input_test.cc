@@ -202,7 +202,10 @@ TEST_F(SdcdBadInputTest, MalformedFramesEndStreamsWithInvalidArgument) {
       {"/sdc.v1.AgentService/Connect", "agent_connect", "sdc.v1.AgentMessage"},
   };
   for (const auto& c : cases) {
-    const grpc::Status s = SendRawFrame(Channel(sdcd_->trainer_address()), c.method, garbage);
+    // Relays and agents are served on the agent listener.
+    const std::string address = std::string(c.label) == "attach" ? sdcd_->trainer_address()
+                                                                   : sdcd_->agent_address();
+    const grpc::Status s = SendRawFrame(Channel(address), c.method, garbage);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("malformed message: not a ", c.type)));
     EXPECT_EQ(sdcd_->Counter("sdc_malformed_messages_total", "method", c.label), 1) << c.label;

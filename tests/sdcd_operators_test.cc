@@ -30,6 +30,7 @@
 namespace sdc::testing {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -52,11 +53,11 @@ RunResult Ctl(const Sdcd& sdcd, const std::string& token_file, std::vector<std::
   return sdc::testing::Run(argv, all);
 }
 
-// `operator add NAME --role=ROLE` as root; the token written to DIR/NAME.token.
-std::string AddOperator(const Sdcd& sdcd, const std::string& dir, const std::string& name,
-                        const std::string& role) {
-  RunResult r = Ctl(sdcd, sdcd.token_file(),
-                    {"operator", "add", name, absl::StrCat("--role=", role)});
+// `operator add NAME --role=ROLE` with the credential in `as` (root's token
+// file, or an admin's); the token written to DIR/NAME.token.
+std::string AddOperator(const Sdcd& sdcd, const std::string& as, const std::string& dir,
+                        const std::string& name, const std::string& role) {
+  RunResult r = Ctl(sdcd, as, {"operator", "add", name, absl::StrCat("--role=", role)});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // stdout and stderr share `output`: the token is the line of 64 hex digits.
   std::string token;
@@ -121,6 +122,17 @@ class OperatorsTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Sdcd>> d = Sdcd::Start(dir_, {"--approvals_required=2"});
     ASSERT_TRUE(d.ok()) << d.status();
     sdcd_ = *std::move(d);
+    // Under two-person rules root enrolls the first two admins, and nobody else.
+    adm_one_ = AddOperator(*sdcd_, sdcd_->token_file(), dir_, "adm-one", "admin");
+    adm_two_ = AddOperator(*sdcd_, sdcd_->token_file(), dir_, "adm-two", "admin");
+  }
+
+  // NAME enrolled by adm-one, with adm-two's consent; its token file.
+  std::string Enroll(const std::string& name, const std::string& role) {
+    const std::string token = AddOperator(*sdcd_, adm_one_, dir_, name, role);
+    RunResult consent = Ctl(*sdcd_, adm_two_, {"operator", "approve", name});
+    EXPECT_EQ(consent.exit_code, 0) << consent.output;
+    return token;
   }
 
   // A replacement request (id 1) for the node of a faulty rank.
@@ -135,13 +147,14 @@ class OperatorsTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<Sdcd> sdcd_;
+  std::string adm_one_, adm_two_;
   Ranks ranks_;
 };
 
 TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
-  const std::string alice = AddOperator(*sdcd_, dir_, "alice", "operator");
-  const std::string carol = AddOperator(*sdcd_, dir_, "carol", "operator");
-  const std::string bob = AddOperator(*sdcd_, dir_, "bob", "viewer");
+  const std::string alice = Enroll("alice", "operator");
+  const std::string carol = Enroll("carol", "operator");
+  const std::string bob = Enroll("bob", "viewer");
   ASSERT_NO_FATAL_FAILURE(OpenRequest());
 
   // A viewer reads but cannot decide.
@@ -157,7 +170,8 @@ TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
   // The shared root token does not count as a person here.
   RunResult root = Ctl(*sdcd_, sdcd_->token_file(), {"approve", "1", "--reason=x"});
   EXPECT_EQ(root.exit_code, 6) << root.output;
-  EXPECT_THAT(root.output, HasSubstr("root may not approve when 2 operators must"));
+  EXPECT_THAT(root.output, HasSubstr("root is not a separately enrolled person, so it may not approve when 2 "
+                                       "operators must"));
 
   // alice's token, whatever name the request carries: recorded as alice.
   v1::DecideRequest q;
@@ -210,8 +224,8 @@ TEST_F(OperatorsTest, TheApproverIsTheCredentialsOperatorAndTwoAreNeeded) {
 }
 
 TEST_F(OperatorsTest, OneDenyEndsTheRequestAndResolveRecordsTheCredential) {
-  const std::string alice = AddOperator(*sdcd_, dir_, "alice", "operator");
-  const std::string dave = AddOperator(*sdcd_, dir_, "dave", "operator");
+  const std::string alice = Enroll("alice", "operator");
+  const std::string dave = Enroll("dave", "operator");
   ASSERT_NO_FATAL_FAILURE(OpenRequest());
   ASSERT_EQ(Ctl(*sdcd_, alice, {"approve", "1", "--reason=bad"}).exit_code, 0);
   RunResult denied = Ctl(*sdcd_, dave, {"deny", "1", "--reason=diagnostic passed"});
@@ -222,14 +236,14 @@ TEST_F(OperatorsTest, OneDenyEndsTheRequestAndResolveRecordsTheCredential) {
 }
 
 TEST_F(OperatorsTest, OperatorManagementNeedsAnAdmin) {
-  const std::string ops = AddOperator(*sdcd_, dir_, "erin", "operator");
-  const std::string adm = AddOperator(*sdcd_, dir_, "frank", "admin");
+  const std::string ops = Enroll("erin", "operator");
+  const std::string adm = Enroll("frank", "admin");
   RunResult denied = Ctl(*sdcd_, ops, {"operator", "add", "mallory"});
   EXPECT_EQ(denied.exit_code, 6) << denied.output;
   EXPECT_THAT(denied.output, HasSubstr("erin has role operator; this call needs admin"));
   RunResult list = Ctl(*sdcd_, adm, {"operator", "list", "--no-headers"});
   ASSERT_EQ(list.exit_code, 0) << list.output;
-  EXPECT_THAT(list.output, HasSubstr("erin    operator   root"));
+  EXPECT_THAT(list.output, ContainsRegex("erin +operator +adm-one +Active"));
   EXPECT_THAT(list.output, Not(HasSubstr("NAME")));
   RunResult dup = Ctl(*sdcd_, adm, {"operator", "add", "erin"});
   EXPECT_EQ(dup.exit_code, 1) << dup.output;
@@ -242,6 +256,28 @@ TEST_F(OperatorsTest, OperatorManagementNeedsAnAdmin) {
   // sdcd's database holds digests, never a token.
   const std::string db = ReadFile(sdcd_->db());
   EXPECT_THAT(db, Not(HasSubstr(TokenOf(adm))));
+}
+
+// Issue 38, finding 5, as the attack: one admin mints a second operator to
+// supply the second approval. Before, mallory's token worked at once and
+// alice + mallory approved the replacement; now mallory's enrollment waits
+// for a second admin, and the request stays Pending.
+TEST_F(OperatorsTest, OneAdminCannotMintTheSecondApprover) {
+  const std::string alice = Enroll("alice", "operator");
+  const std::string mallory = AddOperator(*sdcd_, adm_one_, dir_, "mallory", "operator");
+  ASSERT_NO_FATAL_FAILURE(OpenRequest());
+  ASSERT_EQ(Ctl(*sdcd_, alice, {"approve", "1", "--reason=bad"}).exit_code, 0);
+  RunResult second = Ctl(*sdcd_, mallory, {"approve", "1", "--reason=agreed"});
+  EXPECT_EQ(second.exit_code, 6) << second.output;
+  EXPECT_THAT(second.output, HasSubstr("operator mallory's enrollment waits for a second "
+                                       "admin's consent"));
+  // adm-one cannot consent to its own enrollment, nor approve it away.
+  RunResult self = Ctl(*sdcd_, adm_one_, {"operator", "approve", "mallory"});
+  EXPECT_NE(self.exit_code, 0) << self.output;
+  RunResult state = Ctl(*sdcd_, alice, {"get", "requests", "1", "-o", "json"});
+  EXPECT_THAT(state.output, HasSubstr("\"state\": \"PENDING\"")) << state.output;
+  RunResult list = Ctl(*sdcd_, adm_two_, {"operator", "list", "--no-headers"});
+  EXPECT_THAT(list.output, ContainsRegex("mallory +operator +adm-one +Pending"));
 }
 
 // Authentication precedes parsing: an unauthenticated request (no token, or
@@ -279,7 +315,7 @@ TEST_F(OperatorsTest, UnauthenticatedBytesAreNeverParsed) {
 }
 
 TEST_F(OperatorsTest, ConfigFileSelectorsWatchCompletionAndHelp) {
-  const std::string alice = AddOperator(*sdcd_, dir_, "alice", "operator");
+  const std::string alice = Enroll("alice", "operator");
   ASSERT_NO_FATAL_FAILURE(OpenRequest());
   const std::string config = dir_ + "/sdcctl.yaml";
   WriteText(config, absl::StrCat("server: ", sdcd_->admin_address(), "\ntoken_file: ", alice,
@@ -398,7 +434,8 @@ TEST(OperatorCertificateTest, TheCommonNameNamesTheOperator) {
   const std::vector<std::string> root = {absl::StrCat("--token_file=", sdcd->token_file())};
   RunResult refused = ctl(cert, {"whoami"});
   EXPECT_EQ(refused.exit_code, 6) << refused.output;
-  EXPECT_THAT(refused.output, HasSubstr("common name \"sdc-client\" names no operator"));
+  EXPECT_THAT(refused.output,
+              HasSubstr("the client certificate's names (\"sdc-client\") name no operator"));
   ASSERT_EQ(ctl(root, {"operator", "add", "sdc-client", "--role=viewer"}).exit_code, 0);
   RunResult who = ctl(cert, {"whoami"});
   ASSERT_EQ(who.exit_code, 0) << who.output;
@@ -426,6 +463,22 @@ TEST(ApprovalsRequiredFlagTest, OutOfRangeOrWithAutoApprovalIsRefused) {
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.message));
   }
+}
+
+// Issue 38, finding 7: sdcd accepted an admin address reachable from the
+// network without TLS, so operators' bearer tokens crossed it in clear.
+// Now it refuses to start, and says how to fix it; loopback without TLS
+// still starts.
+TEST(PlaintextAdminTest, APublicAdminAddressWithoutTlsIsRefused) {
+  const std::string dir = TestDir("plaintext-admin");
+  const std::vector<std::string> argv = {
+      BinaryPath("daemon/sdcd"), absl::StrCat("--db=", dir, "/sdcd.db"),
+      absl::StrCat("--admin_token_file=", dir, "/admin.token"), "--listen=127.0.0.1:0",
+      "--admin_listen=0.0.0.0:0", "--metrics_listen=127.0.0.1:0"};
+  RunResult r = sdc::testing::Run(argv, {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--admin_listen: 0.0.0.0:0 is not a loopback address, and the "
+                                  "admin service would carry bearer tokens in clear there"));
 }
 
 }  // namespace

@@ -217,7 +217,7 @@ class SdcdRelayTest : public ::testing::Test {
 
 TEST_F(SdcdRelayTest, SessionsAreAnsweredAsAttachStreamsAndDurable) {
   {
-    Relay relay(sdcd_->trainer_address());
+    Relay relay(sdcd_->agent_address());
     // Session ids are the relay's own: not the ranks.
     std::vector<std::pair<uint64_t, v1::TrainerMessage>> hellos;
     for (core::Rank r = 0; r < kWorld; ++r) hellos.push_back({100 + r, HelloOf(r)});
@@ -253,7 +253,7 @@ TEST_F(SdcdRelayTest, SessionsAreAnsweredAsAttachStreamsAndDurable) {
 // Welcome, then acknowledgements that never go back, a resent duplicate
 // (nothing written for it) included.
 TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
-  Relay relay(sdcd_->trainer_address());
+  Relay relay(sdcd_->agent_address());
   std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch = EveryRanksHelloAndSteps(10);
   ASSERT_TRUE(relay.Send(batch));
   for (core::Rank r = 0; r < kWorld; ++r) {
@@ -269,7 +269,7 @@ TEST_F(SdcdRelayTest, OneMessagesRepliesKeepEachSessionsOrder) {
 // the same message hears nothing after its end, though its earlier reports
 // were written.
 TEST_F(SdcdRelayTest, PackedAcknowledgementsKeepEachSessionsOrder) {
-  Relay relay(sdcd_->trainer_address());
+  Relay relay(sdcd_->agent_address());
   std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch = EveryRanksHelloAndSteps(10);
   batch.push_back({10, StepReportOf(1, 3, 3)});  // Rank 1's report on rank 0's session.
   ASSERT_TRUE(relay.Send(batch, /*compact=*/true));
@@ -297,7 +297,7 @@ TEST_F(SdcdRelayTest, PackedAcknowledgementsKeepEachSessionsOrder) {
 }
 
 TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
-  Relay relay(sdcd_->trainer_address());
+  Relay relay(sdcd_->agent_address());
   ASSERT_TRUE(relay.Send({{1, HelloOf(0)}, {2, HelloOf(1)}}));
   for (uint64_t s : {1, 2}) {
     ASSERT_TRUE(relay.WaitFor(s, [](const v1::RelayedReply& x) { return x.message().has_welcome(); }).ok());
@@ -332,7 +332,7 @@ TEST_F(SdcdRelayTest, ARefusedSessionEndsAloneWithItsStatus) {
 // one reply naming its sessions; a relay that does not gets a copy per
 // session. Either way every rank holds it, after its Welcome.
 TEST_F(SdcdRelayTest, AVerdictForARelaysRanksIsOneReply) {
-  Relay relay(sdcd_->trainer_address());
+  Relay relay(sdcd_->agent_address());
   std::vector<std::pair<uint64_t, v1::TrainerMessage>> batch;
   for (core::Rank r = 0; r < kWorld; ++r) {
     batch.push_back({20 + r, HelloOf(r)});

@@ -4,6 +4,8 @@
 //   unset or "2gpus"    two H100s, GPU-11111111-... and GPU-22222222-...
 //   "driver_not_loaded" nvmlInit_v2 returns 9 (NVML_ERROR_DRIVER_NOT_LOADED)
 //   "uuid_fails"        nvmlDeviceGetUUID of device 1 returns 999 (UNKNOWN)
+// and $FAKE_NVML_UUIDS, "UUID0,UUID1" when set, names the two devices (the
+// relay test's agents list the GPU ids their ranks report).
 // Every nvmlInit_v2 must be matched by an nvmlShutdown: the fake counts and
 // nvmlShutdown returns 1 (UNINITIALIZED) when it is not.
 
@@ -54,6 +56,14 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void** device) {
 int nvmlDeviceGetUUID(void* device, char* uuid, unsigned int length) {
   const unsigned int i = *static_cast<unsigned int*>(device);
   if (i == 1 && std::strcmp(Mode(), "uuid_fails") == 0) return 999;
+  if (const char* names = std::getenv("FAKE_NVML_UUIDS"); names != nullptr) {
+    const char* comma = std::strchr(names, ',');
+    if (comma == nullptr) return 999;
+    const char* from = i == 0 ? names : comma + 1;
+    const size_t n = i == 0 ? static_cast<size_t>(comma - names) : std::strlen(from);
+    std::snprintf(uuid, length, "%.*s", static_cast<int>(n), from);
+    return 0;
+  }
   std::snprintf(uuid, length, "GPU-%u%u%u%u%u%u%u%u-0000-0000-0000-000000000000", i + 1, i + 1,
                 i + 1, i + 1, i + 1, i + 1, i + 1, i + 1);
   return 0;

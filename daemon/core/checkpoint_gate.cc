@@ -56,16 +56,32 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
   std::vector<std::string> waits;
   std::vector<std::string> vetoes;
   // 1. Every rank's step reports through `step`.
-  std::vector<Rank> behind;
-  for (Rank r = 0; r < job.ranks.size(); ++r) {
-    const auto& slot = job.ranks[r];
-    if (!slot.has_value() || !slot->record.has_last_step || slot->record.last_step < step) {
-      behind.push_back(r);
+  // Slots are sparse (a claimed world of a million ranks holds only those
+  // that said Hello): ranks without one are behind, counted, not walked.
+  std::vector<Rank> named;  // The first few behind, as RankList names them.
+  uint64_t behind = job.record.world_size - job.ranks.size();
+  Rank gap = 0;  // Ranks below this without a slot are named already.
+  auto name_gap_to = [&](Rank end) {
+    for (; gap < end && named.size() <= 8; ++gap) named.push_back(gap);
+    gap = std::max(gap, end);
+  };
+  for (const auto& [r, slot] : job.ranks) {
+    name_gap_to(r);
+    gap = r + 1;
+    if (!slot.record.has_last_step || slot.record.last_step < step) {
+      ++behind;
+      if (named.size() <= 8) named.push_back(r);
     }
   }
-  if (!behind.empty()) {
-    waits.push_back(absl::StrCat("checks of step ", step, " not yet reported by ranks ",
-                                 RankList(behind)));
+  name_gap_to(job.record.world_size);
+  if (behind > 0) {
+    std::string list = RankList(named);
+    if (behind > named.size()) {
+      named.resize(std::min<size_t>(named.size(), 8));
+      list = absl::StrCat(RankList(named), ", ... (", behind, " ranks)");
+    }
+    waits.push_back(
+        absl::StrCat("checks of step ", step, " not yet reported by ranks ", list));
   }
   // 2. Nothing still open at or before `step`.
   for (const auto& [key, ps] : job.steps) {
@@ -154,10 +170,12 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
     }
   }
   // 5. A GPU attributed faulty is still in the job.
-  for (const auto& slot : job.ranks) {
-    if (!slot.has_value()) continue;
+  for (const auto& [r, state] : job.ranks) {
+    const RankState* slot = &state;
     auto f = faulty_gpus_.find(slot->record.placement.gpu_uuid);
     if (f == faulty_gpus_.end()) continue;
+    // Unproven evidence blocks only the job it came from.
+    if (!f->second.proven && f->second.job_id != job.record.job_id) continue;
     const auto inc = incidents_.find(f->second.incident_id);
     const uint64_t request = inc == incidents_.end() ? 0 : inc->second.request_id;
     vetoes.push_back(absl::StrCat(

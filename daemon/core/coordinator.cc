@@ -45,24 +45,23 @@ const Topology& Coordinator::TopologyOf(const JobState& job, const GroupState& g
   if (group.topology == nullptr) {
     std::vector<PlanMember> members;
     for (Rank r : group.members) {
-      members.push_back({r, job.ranks[r]->record.placement.node});
+      members.push_back({r, job.ranks.at(r).record.placement.node});
     }
     group.topology = std::make_unique<Topology>(std::move(members));
   }
   return *group.topology;
 }
 
-RankRecord& Coordinator::RankOf(JobState& job, Rank rank) { return job.ranks[rank]->record; }
+RankRecord& Coordinator::RankOf(JobState& job, Rank rank) { return job.ranks.at(rank).record; }
 
 bool Coordinator::AllAttached(const JobState& job) {
   return job.said_hello == job.record.world_size;
 }
 
 std::string Coordinator::Describe(const JobState& job, Rank rank) const {
-  if (rank >= job.ranks.size() || !job.ranks[rank].has_value()) {
-    return absl::StrCat("rank ", rank);
-  }
-  const Placement& p = job.ranks[rank]->record.placement;
+  auto slot = job.ranks.find(rank);
+  if (slot == job.ranks.end()) return absl::StrCat("rank ", rank);
+  const Placement& p = slot->second.record.placement;
   return absl::StrCat("rank ", rank, " (", p.gpu_uuid, " on ", p.node, ")");
 }
 
@@ -81,11 +80,12 @@ absl::Status Coordinator::ValidateReport(const JobState& job, const Report& r) c
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown rank ", r.rank, ": job ", r.job_id, " has world size ", job.record.world_size));
   }
-  const auto& slot = job.ranks[r.rank];
-  if (!slot.has_value()) {
+  auto found = job.ranks.find(r.rank);
+  if (found == job.ranks.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", r.rank, " of job ", r.job_id, " has not said Hello"));
   }
+  const RankState* slot = &found->second;
   if (r.incarnation != slot->record.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         r.incarnation < slot->record.incarnation ? "stale report" : "report from the future",
@@ -157,7 +157,7 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
   JobState& job = it->second;
   if (absl::Status s = ValidateReport(job, r); !s.ok()) return s;
   job.last_seen = clock_->Now();
-  RankState& state = *job.ranks[r.rank];
+  RankState& state = job.ranks.at(r.rank);
   RankRecord& rank = state.record;
   const uint64_t digest = ContentDigest(r);
   auto& recent = state.recent[r.sequence % state.recent.size()];
@@ -191,12 +191,11 @@ absl::StatusOr<Effects> Coordinator::Ingest(const Report& r) {
 absl::StatusOr<Effects> Coordinator::Consume(const Report& r, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(r.job_id);
-  if (it == jobs_.end() || r.rank >= it->second.ranks.size() ||
-      !it->second.ranks[r.rank].has_value()) {
+  if (it == jobs_.end() || !it->second.ranks.contains(r.rank)) {
     return absl::FailedPreconditionError("no attached rank sent this report");
   }
   JobState& job = it->second;
-  RankRecord& rank = job.ranks[r.rank]->record;
+  RankRecord& rank = job.ranks.at(r.rank).record;
   if (r.incarnation != rank.incarnation || r.sequence == 0 ||
       r.sequence > rank.acked_sequence + 1) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -56,7 +57,44 @@ struct CoordinatorOptions {
   // is dropped from memory and from the store (its incidents, requests and
   // suspects stay). Default: 72 hours.
   absl::Duration job_expiry = absl::Hours(72);
+  // Quotas by identity (docs/operations.md, "Trust model"), so that no
+  // caller locks others out. A job holds, against max_ranks, only what its
+  // nodes can hold: min(world size, the sum of its identities' capacities),
+  // where a node proven by its caller holds as many ranks as its agent
+  // listed GPUs, else max_ranks_per_node, and each node an unauthenticated
+  // rank names counts as one more such node. Rank slots a node fills in one
+  // job are bounded by its capacity. Unauthenticated ranks together hold at
+  // most max_unauthenticated_ranks. Each identity (a proven node, or every
+  // unauthenticated caller together) holds at most max_jobs_per_identity
+  // jobs (its own abandoned jobs go first to make room) and
+  // max_layout_bytes_per_identity of weight layouts (the tensor names of the
+  // replica groups its Hellos created). Defaults: 16 ranks per node, 4,096
+  // unauthenticated ranks, 64 jobs and 256 MiB per identity.
+  uint32_t max_ranks_per_node = 16;
+  uint64_t max_unauthenticated_ranks = 4096;
+  size_t max_jobs_per_identity = 64;
+  uint64_t max_layout_bytes_per_identity = uint64_t{256} << 20;
+  // One job opens at most this many replacement requests at once (it may
+  // join those already open for its nodes); 0: half of
+  // escalation.max_open_requests, at least 1.
+  int max_open_requests_per_job = 0;
   EscalationPolicy escalation;
+};
+
+// Who sent a Hello, as sdcd's edge proved it (docs/operations.md, "Trust
+// model"): evidence about a node counts only from a caller proven to be that
+// node.
+struct Caller {
+  // The node the caller proved to be: the name its node certificate gives,
+  // or the node of the authenticated agent that relays it. Empty: the caller
+  // proved nothing; its ranks are recorded, but their evidence can never open
+  // a replacement request.
+  std::string node;
+  // How it was proved, for operators ("certificate", "relay", ...).
+  std::string proof;
+  // The GPU ids that node's agent listed; empty when it listed none (or has
+  // not registered): any GPU id is then taken as the rank's.
+  std::vector<std::string> gpus;
 };
 
 // A message to trainer ranks and its recipients.
@@ -123,6 +161,9 @@ struct RankSummary {
   bool attached = false;
   Step checks_through = 0;
   uint64_t incarnation = 0;
+  std::string identity;  // RankRecord's: who proved the placement, how, or why not.
+  std::string proof;
+  std::string unproven;
 };
 
 class Coordinator {
@@ -133,9 +174,13 @@ class Coordinator {
   // arrival order. Call once, before anything else.
   absl::Status Restore() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A rank's Hello. InvalidArgument for malformed hellos; FailedPrecondition
-  // when it contradicts the job (world size, cadence, layout) or is stale.
-  absl::StatusOr<AttachResult> Attach(const Hello& hello) ABSL_LOCKS_EXCLUDED(mu_);
+  // A rank's Hello from `caller`. InvalidArgument for malformed hellos;
+  // FailedPrecondition when it contradicts the job (world size, cadence,
+  // layout) or is stale; PermissionDenied when the caller proved a node other
+  // than the one the Hello names, or is unauthenticated and the rank is held
+  // by a proven caller; ResourceExhausted past a quota (CoordinatorOptions).
+  absl::StatusOr<AttachResult> Attach(const Hello& hello, const Caller& caller)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The rank's stream ended.
   void Detach(const std::string& job_id, Rank rank, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -232,6 +277,10 @@ class Coordinator {
     // or a placement changed (not on every Hello: 16,384 Hellos would
     // rebuild it 16,384 times). See TopologyOf.
     mutable std::unique_ptr<Topology> topology;
+    // The identity class (IdentityClass) whose Hello created it, and the
+    // bytes of its layout charged to it; "" and 0 for a restored group.
+    std::string creator;
+    uint64_t layout_bytes = 0;
   };
   // One distinct digest of a vote, with one copy of its tensors.
   struct Ballot {
@@ -308,9 +357,24 @@ class Coordinator {
     // Files a decided verdict of this step.
     void Add(const StepVerdict& v);
   };
+  // What one identity holds in a job: its rank slots and how many it may.
+  struct IdentityShare {
+    uint32_t slots = 0;
+    uint32_t capacity = 0;
+  };
   struct JobState {
     JobRecord record;
-    std::vector<std::optional<RankState>> ranks;
+    // Sparse: a slot per rank that said Hello. The world size is a claim;
+    // memory follows what attached.
+    absl::btree_map<Rank, RankState> ranks;
+    // By identity key (IdentityKey): the slots each fills, and the sums of
+    // their capacities (all, and unauthenticated ones), whose minimum with
+    // the world size is what the job holds (reserved, against max_ranks).
+    std::map<std::string, IdentityShare> identities;
+    uint64_t capacity = 0;
+    uint64_t capacity_unauthenticated = 0;
+    uint64_t reserved = 0;
+    uint64_t reserved_unauthenticated = 0;
     std::map<uint32_t, GroupState> groups;
     std::map<std::pair<uint32_t, Step>, PendingStep> steps;
     std::map<std::pair<uint32_t, Step>, PendingWeights> weights;
@@ -331,13 +395,15 @@ class Coordinator {
     uint64_t late_reports = 0;  // Taken after their check was decided.
   };
   static constexpr size_t kMaxUnfinishedAudits = 16;
-  // A GPU attributed faulty that still blocks checkpoints of its job.
+  // A GPU attributed faulty that still blocks checkpoints of its job (and,
+  // when its incident's evidence was proven, of any job it is in).
   struct FaultyGpu {
     std::string job_id;
     Rank rank = 0;
     std::string node;
     Step step = 0;
     uint64_t incident_id = 0;
+    bool proven = true;
   };
 
   // Work of one call: the mutation and effects it builds.
@@ -390,16 +456,37 @@ class Coordinator {
   std::vector<std::string> TensorNames(const GroupState& group,
                                        const std::vector<uint32_t>& indices) const;
 
-  // registry.cc: Hellos, detaches, room for jobs, expiry.
+  // registry.cc: Hellos, detaches, quotas, expiry.
   //
   // InvalidArgument for a malformed hello; FailedPrecondition when it
   // contradicts its job (world size, cadence, layout) or is stale.
   absl::Status ValidateHello(const Hello& h) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Room for a new job of `world_size` ranks, expiring abandoned jobs first;
-  // ResourceExhausted when there is none.
-  absl::Status MakeRoomForJob(uint32_t world_size, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops abandoned jobs (see CoordinatorOptions::job_expiry).
+  // What a Hello's caller proves about its placement, and what it may hold.
+  struct Admission;
+  // PermissionDenied, or the rank record's identity, proof and unproven.
+  static absl::Status Prove(const Hello& h, const Caller& caller, RankRecord* out);
+  // The quotas of CoordinatorOptions for a Hello whose placement `proved`
+  // describes: ResourceExhausted naming the limit, after expiring abandoned
+  // jobs (and the identity's own, for its job count) when that makes room.
+  absl::StatusOr<Admission> Admit(const Hello& h, const Caller& caller, const RankRecord& proved,
+                                  Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops abandoned jobs (see CoordinatorOptions::job_expiry); with
+  // `identity_class`, that class's abandoned jobs whatever their age, oldest
+  // first, until it holds fewer than max_jobs_per_identity.
   void ExpireJobs(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictJobsOf(const std::string& identity_class, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets job `it` (its quotas too), recording the removal in `txn`.
+  void DropJob(std::map<std::string, JobState>::iterator it, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `rank`'s slot of `job` from identity key `from` ("" for a new
+  // slot) to `to`, keeping the job's capacities and reservations and sdcd's
+  // totals in step.
+  void MoveSlot(JobState& job, const std::string& from, const std::string& to,
+                uint32_t capacity) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ranks of `group` whose placement is not proven, ascending.
+  std::vector<Rank> UnprovenMembers(const JobState& job, const GroupState& group) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Forgets what a rank's incarnations up to `incarnation` contributed to
   // checks still open (a decided audit keeps its results).
   void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
@@ -592,7 +679,11 @@ class Coordinator {
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // Restore() re-ingesting.
   bool reapplying_ ABSL_GUARDED_BY(mu_) = false;  // ApplyHeld() re-applying.
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t held_ranks_ ABSL_GUARDED_BY(mu_) = 0;  // Sum of the jobs' world sizes.
+  // Sums of the jobs' reservations (JobState::reserved and
+  // reserved_unauthenticated), and layout bytes by identity class.
+  uint64_t held_ranks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t held_unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> layout_bytes_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Incident> incidents_ ABSL_GUARDED_BY(mu_);
   uint64_t next_incident_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Suspect> suspects_ ABSL_GUARDED_BY(mu_);  // By GPU.

@@ -20,6 +20,9 @@
 namespace sdc::core {
 namespace {
 
+// A caller proven to be the node its Hello names (a node certificate).
+Caller Proven(const Hello& h) { return {h.placement.node, "certificate", {}}; }
+
 class Bytes {
  public:
   Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
@@ -147,7 +150,8 @@ void FuzzCoordinatorOnce(const uint8_t* data, size_t size) {
     const uint64_t before = store.applied();
     switch (in.Small(8)) {
       case 0: {
-        absl::StatusOr<AttachResult> a = c->Attach(HelloFor(in, world));
+        const Hello hello = HelloFor(in, world);
+        absl::StatusOr<AttachResult> a = c->Attach(hello, Proven(hello));
         Check(a.ok() || store.applied() == before, "refused hello wrote to the store");
         break;
       }

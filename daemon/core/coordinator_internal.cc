@@ -1,5 +1,6 @@
 #include "daemon/core/coordinator_internal.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -39,5 +40,13 @@ std::string RankList(const std::vector<Rank>& ranks) {
 std::vector<Rank> ToVector(const std::set<Rank>& s) { return {s.begin(), s.end()}; }
 
 PendingKey KeyOf(const Report& r) { return {r.job_id, r.rank, r.incarnation, r.sequence}; }
+
+std::string IdentityKey(const RankRecord& r) {
+  return r.identity.empty() ? absl::StrCat("?", r.placement.node) : r.identity;
+}
+
+std::string IdentityClass(const std::string& key) {
+  return absl::StartsWith(key, "?") ? "" : key;
+}
 
 }  // namespace sdc::core::internal

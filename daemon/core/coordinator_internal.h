@@ -36,6 +36,15 @@ std::vector<Rank> ToVector(const std::set<Rank>& s);
 // The key under which report `r` is stored while its check is open.
 PendingKey KeyOf(const Report& r);
 
+// The key under which a rank slot's identity holds its share of a job: the
+// node its caller proved, or for an unauthenticated rank "?" and the node it
+// names (each such node counts as one more node of the job).
+std::string IdentityKey(const RankRecord& r);
+
+// The identity whose job count and layout bytes a key's slot uses: the
+// proven node, or "" for every unauthenticated caller together.
+std::string IdentityClass(const std::string& key);
+
 }  // namespace sdc::core::internal
 
 #endif  // SDC_DAEMON_CORE_COORDINATOR_INTERNAL_H_

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@ using ::testing::SizeIs;
 using testing::Cluster;
 using testing::kJob;
 using testing::kTensors;
+using testing::Proven;
 
 // ---------------------------------------------------------------------------
 // Registry and bad input
@@ -88,7 +90,7 @@ TEST(CoordinatorTest, BadHellosAreRefusedWithSpecificCodes) {
   for (const Case& c : cases) {
     Hello h = cl.HelloOf(1);
     c.mutate(h);
-    absl::StatusOr<AttachResult> r = cl.c().Attach(h);
+    absl::StatusOr<AttachResult> r = cl.c().Attach(h, Proven(h));
     EXPECT_EQ(r.status().code(), c.code) << c.name << ": " << r.status().code();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message)) << c.name;
     EXPECT_LT(r.status().message().size(), 400u) << c.name << ": the echo is bounded";
@@ -461,19 +463,19 @@ TEST(CoordinatorTest, JobsAreBoundedAndAbandonedOnesExpire) {
     h.world_size = world;
     return h;
   };
-  ASSERT_TRUE(cl.c().Attach(job_of("job-b", 4, 0)).ok());
-  absl::StatusOr<AttachResult> refused = cl.c().Attach(job_of("job-c", 1, 0));
+  ASSERT_TRUE(cl.c().Attach(job_of("job-b", 4, 0), Proven(job_of("job-b", 4, 0))).ok());
+  absl::StatusOr<AttachResult> refused = cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0)));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--max_jobs 2"));
   // job-b leaves; an hour later it is abandoned and job-c fits.
   cl.c().Detach("job-b", 0, 1);
   cl.clock().Advance(absl::Minutes(59));
-  EXPECT_EQ(cl.c().Attach(job_of("job-c", 1, 0)).status().code(),
+  EXPECT_EQ(cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0))).status().code(),
             absl::StatusCode::kResourceExhausted) << "not abandoned yet";
   cl.clock().Advance(absl::Minutes(2));
-  ASSERT_TRUE(cl.c().Attach(job_of("job-c", 1, 0)).ok());
+  ASSERT_TRUE(cl.c().Attach(job_of("job-c", 1, 0), Proven(job_of("job-c", 1, 0))).ok());
   // The rank budget: 6 + 1 held, 4 more would pass 10.
-  EXPECT_THAT(std::string(cl.c().Attach(job_of("job-d", 4, 0)).status().message()),
+  EXPECT_THAT(std::string(cl.c().Attach(job_of("job-d", 4, 0), Proven(job_of("job-d", 4, 0))).status().message()),
               HasSubstr("--max_ranks 10"));
   absl::StatusOr<Snapshot> snap = cl.store().Load();
   ASSERT_TRUE(snap.ok());
@@ -764,7 +766,7 @@ TEST(CoordinatorTest, ARestartKeepsTheCarriedTensorsOfElidedVotes) {
   ASSERT_TRUE(cl.Send(2, 10, Cluster::Weights()).ok());
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   for (Rank r : {3u, 4u, 5u}) ASSERT_TRUE(cl.Send(r, 10, Elided(Cluster::Weights())).ok());
   auto incidents = cl.c().ListIncidents(kJob);
   ASSERT_THAT(incidents, SizeIs(1));
@@ -889,7 +891,7 @@ TEST(CoordinatorTest, ASuppressedRequestsIncidentIsResolvedByAnOperator) {
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
   EXPECT_EQ(cl.c().ListIncidents(kJob).at(0).resolution, "GPU 5 of node-c drained by hand");
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   for (Step s = 31; s <= 40; ++s) cl.CleanStep(s);
   cl.AllWeights(40);
   d = cl.c().MayCheckpoint(kJob, 40);
@@ -923,7 +925,7 @@ TEST(CoordinatorTest, AppliedFailureVetoesUntilRollback) {
   EXPECT_THAT(d->reason, HasSubstr("step 20 applied gradients that failed the replay check"));
   EXPECT_THAT(d->reason, HasSubstr("roll back to a checkpoint before step 20"));
   // Every rank restarts from a checkpoint at step 10.
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r, 2)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r, 2), Proven(cl.HelloOf(r, 2))).ok());
   for (Step s = 11; s <= 20; ++s) {
     for (Rank r = 0; r < 6; ++r) {
       ASSERT_TRUE(cl.Send(r, s, StepReport{0, 0, 1, 1234, true, "", false}, 2).ok());
@@ -1062,7 +1064,7 @@ TEST(CoordinatorTest, RestartRebuildsStateAndNothingIsDecidedTwice) {
   EXPECT_EQ(pending, 3u);
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 6; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   // Acknowledged reports stay acknowledged.
   Report again;
   again.job_id = kJob;
@@ -1131,7 +1133,10 @@ TEST(CoordinatorTest, ARequestExecutingWhenSdcdStoppedFailsAndCanBeRetried) {
   EXPECT_THAT(cl.c().StartApproved("eks").first, IsEmpty()) << "never run twice by itself";
   EXPECT_EQ(cl.c().Approve(id, "alice", "retry", false, false).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // A retry is forced: two people's word.
   ASSERT_TRUE(cl.c().Approve(id, "alice", "node checked: retry", /*force=*/true, false).ok());
+  EXPECT_THAT(cl.c().StartApproved("eks").first, IsEmpty());
+  ASSERT_TRUE(cl.c().Approve(id, "bob", "agreed: retry", /*force=*/true, false).ok());
   EXPECT_THAT(cl.c().StartApproved("eks").first, SizeIs(1));
   // And the failure was stored: another restart finds it.
   cl.Reset();
@@ -1151,6 +1156,107 @@ TEST(CoordinatorTest, PendingRequestsExpire) {
   cl.clock().Advance(absl::Minutes(2));
   cl.c().Tick();
   EXPECT_EQ(cl.c().ListRequests()[0].state, RequestState::kExpired);
+}
+
+// ---------------------------------------------------------------------------
+// Trust (issue 38): each test is an attack that worked before node
+// identities; it fails now.
+
+// Finding 1: anyone who reaches the trainer port places a rank on any node.
+// A forged job whose Hellos name nodes its caller never proved to be, and
+// whose weight reports make node-a's rank the minority, gets an incident
+// (recorded, saying why its evidence is not proven) but no replacement
+// request for node-a. A caller proven to be another node (an agent on node-c
+// relaying) cannot place a rank on node-a at all.
+TEST(CoordinatorTrustTest, AForgedPlacementOpensNoReplacementRequest) {
+  Cluster cl(3, 1);
+  cl.AttachAllUnauthenticated();
+  cl.AllWeights(10, /*corrupt=*/0);
+  const std::vector<Incident> incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_THAT(incidents[0].nodes, ElementsAre("node-a"));
+  EXPECT_TRUE(incidents[0].unproven_evidence);
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("unproven evidence never opens a replacement request"));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty()) << "forged evidence replaced node-a";
+
+  Hello h = cl.HelloOf(0);
+  h.job_id = "job-b";
+  const absl::StatusOr<AttachResult> redirected =
+      cl.c().Attach(h, Caller{"node-c", "relay", {}});
+  EXPECT_EQ(redirected.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(redirected.status().message()),
+              HasSubstr("says it runs on node 'node-a' but its caller proved to be node 'node-c'"));
+}
+
+// A proven rank cannot be taken over by an unauthenticated Hello with a
+// higher incarnation (before, the higher incarnation simply won).
+TEST(CoordinatorTrustTest, AnUnauthenticatedHelloCannotTakeOverAProvenRank) {
+  Cluster cl(3, 1);
+  cl.AttachAll();
+  const absl::StatusOr<AttachResult> taken = cl.c().Attach(cl.HelloOf(0, /*incarnation=*/9), Caller{});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(taken.status().message()),
+              HasSubstr("an unauthenticated Hello cannot take it over"));
+}
+
+// Finding 4, the lock-out: one Hello claiming the largest world size sdcd
+// takes (--max_ranks) used all of --max_ranks, and an attached job never
+// expires, so every real job was refused. A job now holds only what its
+// nodes can hold: the forged one 16 ranks (one unauthenticated node), and
+// the real job attaches.
+TEST(CoordinatorTrustTest, AWorldSizeClaimDoesNotLockOthersOut) {
+  CoordinatorOptions options;
+  options.max_ranks = 1000;
+  Cluster cl(3, 2, 10, 10, options);
+  Hello forged = cl.HelloOf(0);
+  forged.job_id = "job-forged";
+  forged.world_size = 1000;
+  ASSERT_TRUE(cl.c().Attach(forged, Caller{}).ok());
+  Hello proven_forged = forged;
+  proven_forged.job_id = "job-forged-too";
+  ASSERT_TRUE(cl.c().Attach(proven_forged, Proven(proven_forged)).ok())
+      << "a proven node holds no more than its capacity either";
+  cl.AttachAll();
+  EXPECT_THAT(cl.c().ListJobs(), SizeIs(3));
+  // Nor can the claim be grown by the same caller: one node holds at most
+  // --max_ranks_per_node ranks of a job.
+  for (Rank r = 1; r < 16; ++r) {
+    forged.placement.rank = r;
+    ASSERT_TRUE(cl.c().Attach(forged, Caller{}).ok()) << r;
+  }
+  forged.placement.rank = 16;
+  const absl::StatusOr<AttachResult> more = cl.c().Attach(forged, Caller{});
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(more.status().message()), HasSubstr("--max_ranks_per_node"));
+}
+
+// Finding 4, the crowding: four forged incidents filled
+// --max_open_requests (4), and a real incident then got no request.
+// Unproven evidence opens none, and one job (even of proven nodes) opens at
+// most its share (half), so a real job's incident still gets its request.
+TEST(CoordinatorTrustTest, ForgedOrOneJobsRequestsCannotCrowdOutARealOne) {
+  Cluster cl(4, 1);
+  cl.set_job("job-forged");
+  cl.AttachAllUnauthenticated();
+  for (Rank r = 0; r < 4; ++r) cl.AllWeights(10 * (r + 1), r);
+  EXPECT_THAT(cl.c().ListIncidents("job-forged"), SizeIs(4));
+  EXPECT_THAT(cl.c().ListRequests(), IsEmpty());
+
+  cl.set_job("job-greedy");
+  cl.AttachAll();
+  for (Rank r = 0; r < 3; ++r) cl.AllWeights(10 * (r + 1), r);
+  EXPECT_THAT(cl.c().ListIncidents("job-greedy"), SizeIs(3));
+  ASSERT_THAT(cl.c().ListRequests(), SizeIs(2)) << "one job's share is 2 of 4";
+  EXPECT_THAT(cl.c().ListIncidents("job-greedy")[2].explanation,
+              HasSubstr("--max_open_requests_per_job 2"));
+
+  cl.set_job(kJob);
+  cl.AttachAll();
+  cl.AllWeights(10, 3);
+  const std::vector<ReplacementRequest> requests = cl.c().ListRequests();
+  ASSERT_THAT(requests, SizeIs(3));
+  EXPECT_EQ(requests[2].node, "node-d");
 }
 
 }  // namespace

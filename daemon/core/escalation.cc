@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/identity.h"
 
 namespace sdc::core {
 
@@ -55,6 +56,12 @@ Escalation::OpenResult Escalation::Open(const std::string& node, const std::stri
   OpenResult result;
   if (policy_.never_replace.count(node) > 0) {
     result.suppressed = absl::StrCat("node ", node, " is marked never-replace");
+    return result;
+  }
+  if (const std::string id = common::InstanceIdFromNodeName(node);
+      !id.empty() && policy_.never_replace.count(id) > 0) {
+    result.suppressed =
+        absl::StrCat("node ", node, " is instance ", id, ", which is marked never-replace");
     return result;
   }
   for (auto& [id, r] : requests_) {
@@ -146,19 +153,27 @@ absl::StatusOr<ReplacementRequest> Escalation::Approve(uint64_t id, const std::s
   }
   ReplacementRequest copy = **r;
   const uint32_t required = static_cast<uint32_t>(std::max(1, policy_.approvals_required));
+  // Force is two-person whatever `required` is.
+  const uint32_t needed = force ? std::max<uint32_t>(2, required) : required;
   copy.approvals_required = required;
   for (const Approval& a : copy.approvals) {
     if (a.op == op) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "request ", id, " already has ", op, "'s approval; it needs ", required,
-          " approvals from distinct operators: another operator must approve"));
+          "request ", id, " already has ", op, "'s approval; it needs ", needed,
+          force ? " forced" : "", " approvals from distinct operators: another operator must ",
+          force ? "approve with --force" : "approve"));
     }
   }
-  copy.approvals.push_back({op, reason, now});
-  if (copy.approvals.size() < required) {
+  copy.approvals.push_back({op, reason, now, force});
+  const uint32_t counted =
+      force ? static_cast<uint32_t>(std::count_if(copy.approvals.begin(), copy.approvals.end(),
+                                                  [](const Approval& a) { return a.force; }))
+            : static_cast<uint32_t>(copy.approvals.size());
+  if (counted < needed) {
     copy.transitions.push_back(
         {copy.state, copy.state, now, op,
-         absl::StrCat("approval ", copy.approvals.size(), " of ", required, ": ", reason)});
+         absl::StrCat(force ? "forced approval " : "approval ", counted, " of ", needed,
+                      force ? " (force needs two people)" : "", ": ", reason)});
     copy.updated = now;
   } else {
     copy.cap_override = force;
@@ -234,6 +249,13 @@ std::vector<ReplacementRequest> Escalation::ExpireDue(absl::Time now) {
 const ReplacementRequest* Escalation::Find(uint64_t id) const {
   auto it = requests_.find(id);
   return it == requests_.end() ? nullptr : &it->second;
+}
+
+const ReplacementRequest* Escalation::OpenFor(const std::string& node) const {
+  for (const auto& [id, r] : requests_) {
+    if (r.node == node && IsOpen(r.state)) return &r;
+  }
+  return nullptr;
 }
 
 std::vector<ReplacementRequest> Escalation::List() const {

@@ -15,6 +15,11 @@
 // ends the round; denied, expired and failed requests start a new round
 // when approved again with force.
 //
+// Force (deciding a decided request again, or passing the execution cap) is
+// two-person whatever N: a forced approval moves the request only once
+// max(2, N) distinct operators approved with force in its round. Who may
+// force (admins only) is the admin service's rule.
+//
 // One open request per node: later incidents on the node join it. A decided
 // request (Denied, Expired, Failed) can be approved again only with force.
 // Not thread-safe: the Coordinator serializes calls.
@@ -46,7 +51,10 @@ struct EscalationPolicy {
   // Default true: a human approves every replacement. False approves at once
   // (the actor is recorded as "sdcd (policy: auto-approve)").
   bool require_approval = true;
-  // Nodes that are never replaced (controllers, login nodes).
+  // Nodes that are never replaced (controllers, login nodes): node names,
+  // or instance ids ("i-..."), which also match a node whose name embeds
+  // the id (common::InstanceIdFromNodeName). Actuators that resolve a
+  // node's instance id otherwise check it too (daemon/actuator.h).
   std::set<std::string> never_replace;
   // "replace" or "reboot": what approval asks the actuator to do.
   std::string action = "replace";
@@ -99,6 +107,8 @@ class Escalation {
   std::vector<ReplacementRequest> ExpireDue(absl::Time now);
 
   const ReplacementRequest* Find(uint64_t id) const;
+  // The open (Pending, Approved, Executing) request for `node`, or null.
+  const ReplacementRequest* OpenFor(const std::string& node) const;
   std::vector<ReplacementRequest> List() const;
   // Approved requests, oldest first.
   std::vector<uint64_t> ReadyToExecute() const;

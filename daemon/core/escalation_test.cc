@@ -382,13 +382,29 @@ TEST(EscalationDecisionTest, ForceRedecides) {
     SCOPED_TRACE(absl::StrCat(c.decision, " ", RequestStateName(c.from), " with force"));
     Escalation e = WithRequestIn(c.from);
     const size_t transitions = e.Find(1)->transitions.size();
-    const Decision& decide = std::string(c.decision) == "approve" ? kApprove : kDeny;
+    const bool approve = std::string(c.decision) == "approve";
+    const Decision& decide = approve ? kApprove : kDeny;
+    // A forced approval is two people's: the first is recorded, the state
+    // stays; a deny stops things on one person's word.
+    size_t added = 0;
+    if (approve) {
+      const absl::StatusOr<ReplacementRequest> first =
+          decide(e, 1, "dave", "first look", true, false, At(absl::Hours(29)));
+      ASSERT_TRUE(first.ok()) << first.status();
+      EXPECT_EQ(first->state, c.from);
+      EXPECT_EQ(Transitions(*e.Find(1)).back(),
+                Tr(c.from, c.from, At(absl::Hours(29)), "dave",
+                   "forced approval 1 of 2 (force needs two people): first look"));
+      EXPECT_EQ(decide(e, 1, "dave", "again", true, false, At(absl::Hours(29))).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+      added = 1;
+    }
     const absl::StatusOr<ReplacementRequest> r =
         decide(e, 1, "carol", "second look", true, false, At(absl::Hours(30)));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->state, c.to);
     EXPECT_EQ(StateOf(e, 1), RequestStateName(c.to));
-    ASSERT_EQ(e.Find(1)->transitions.size(), transitions + 1);
+    ASSERT_EQ(e.Find(1)->transitions.size(), transitions + 1 + added);
     EXPECT_EQ(Transitions(*e.Find(1)).back(),
               Tr(c.from, c.to, At(absl::Hours(30)), "carol", "second look"));
   }
@@ -501,12 +517,20 @@ TEST(EscalationCapTest, ExecutionCapBlocksApprovalWithinTheWindow) {
   }
 }
 
-TEST(EscalationCapTest, ForceOverridesTheExecutionCap) {
+TEST(EscalationCapTest, ForceOverridesTheExecutionCapWithTwoPeople) {
   Escalation e = OneExecuted(true);
-  const absl::StatusOr<ReplacementRequest> r =
+  const absl::StatusOr<ReplacementRequest> one =
       e.Approve(2, "bob", "urgent", true, false, At(absl::Hours(3)));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->state, kPending) << "one person's force passes nothing";
+  // A plain approval does not complete a forced round past the cap.
+  ExpectError(e.Approve(2, "carol", "ok", false, false, At(absl::Hours(3))),
+              absl::StatusCode::kFailedPrecondition, "blast-radius cap");
+  const absl::StatusOr<ReplacementRequest> r =
+      e.Approve(2, "carol", "agreed", true, false, At(absl::Hours(3)));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->state, kApproved);
+  EXPECT_TRUE(r->cap_override);
   EXPECT_EQ(StateOf(e, 2), "Approved");
 }
 
@@ -734,9 +758,11 @@ TEST(EscalationLifecycleTest, EveryTransitionIsRecorded) {
   Escalation e({});
   ASSERT_TRUE(e.Open("node-a", "GPU-1", 7, "rank 3 faulty", kT0).opened);
   ASSERT_TRUE(e.Deny(1, "alice", "wait for burn-in", false, false, At(absl::Hours(1))).ok());
+  ASSERT_TRUE(e.Approve(1, "dave", "burn-in failed", true, false, At(absl::Hours(2))).ok());
   ASSERT_TRUE(e.Approve(1, "bob", "burn-in failed", true, false, At(absl::Hours(2))).ok());
   ASSERT_TRUE(e.StartExecution(1, "slurm", At(absl::Hours(3))).ok());
   ASSERT_TRUE(e.FinishExecution(1, false, "scontrol: timeout", At(absl::Hours(4))).ok());
+  ASSERT_TRUE(e.Approve(1, "erin", "retry", true, false, At(absl::Hours(5))).ok());
   ASSERT_TRUE(e.Approve(1, "carol", "retry", true, false, At(absl::Hours(5))).ok());
   ASSERT_TRUE(e.StartExecution(1, "slurm", At(absl::Hours(6))).ok());
   ASSERT_TRUE(e.FinishExecution(1, true, "node state=fail", At(absl::Hours(7))).ok());
@@ -747,9 +773,13 @@ TEST(EscalationLifecycleTest, EveryTransitionIsRecorded) {
       ElementsAre(
           Tr(kPending, kPending, kT0, "sdcd", "rank 3 faulty"),
           Tr(kPending, kDenied, At(absl::Hours(1)), "alice", "wait for burn-in"),
+          Tr(kDenied, kDenied, At(absl::Hours(2)), "dave",
+             "forced approval 1 of 2 (force needs two people): burn-in failed"),
           Tr(kDenied, kApproved, At(absl::Hours(2)), "bob", "burn-in failed"),
           Tr(kApproved, kExecuting, At(absl::Hours(3)), "actuator:slurm", "replace node-a"),
           Tr(kExecuting, kFailed, At(absl::Hours(4)), "actuator:slurm", "scontrol: timeout"),
+          Tr(kFailed, kFailed, At(absl::Hours(5)), "erin",
+             "forced approval 1 of 2 (force needs two people): retry"),
           Tr(kFailed, kApproved, At(absl::Hours(5)), "carol", "retry"),
           Tr(kApproved, kExecuting, At(absl::Hours(6)), "actuator:slurm", "replace node-a"),
           Tr(kExecuting, kDone, At(absl::Hours(7)), "actuator:slurm", "node state=fail")));
@@ -836,7 +866,10 @@ TEST(EscalationTwoPersonTest, TheSameOperatorTwiceIsRefused) {
   for (bool force : {false, true}) {
     ExpectError(e.Approve(1, "alice", "again", force, false, At(absl::Minutes(2))),
                 absl::StatusCode::kFailedPrecondition,
-                "already has alice's approval; it needs 2 approvals from distinct operators");
+                force ? "already has alice's approval; it needs 2 forced approvals from distinct "
+                        "operators"
+                      : "already has alice's approval; it needs 2 approvals from distinct "
+                        "operators");
   }
   EXPECT_EQ(StateOf(e, 1), "Pending");
   EXPECT_THAT(Approvers(*e.Find(1)), ElementsAre("alice"));

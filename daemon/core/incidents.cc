@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/coordinator_internal.h"
 
 namespace sdc::core {
+
+using internal::RankList;
 
 Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step step,
                                       CheckKind check, const std::string& outcome,
@@ -36,19 +40,55 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
   inc.explanation = explanation;
   inc.differing_tensors = std::move(differing);
   inc.created = now;
+  // Evidence about a node counts only from callers proven to be the nodes
+  // they name: a group with an unproven member (any of them may have forged
+  // what blamed another) opens no request.
+  const std::vector<Rank> unproven = UnprovenMembers(job, group);
+  inc.unproven_evidence = !unproven.empty();
+  if (inc.unproven_evidence) {
+    const RankRecord& first = RankOf(job, unproven.front());
+    inc.explanation += absl::StrCat(
+        " (evidence not proven: the placement of rank", unproven.size() > 1 ? "s " : " ",
+        RankList(unproven), " is not proven, rank ", unproven.front(), " because ",
+        first.unproven, "; unproven evidence never opens a replacement request)");
+  }
   if (inc.confirmed) {
+    const int per_job = options_.max_open_requests_per_job > 0
+                            ? options_.max_open_requests_per_job
+                            : std::max(1, escalation_.policy().max_open_requests / 2);
+    std::set<uint64_t> open_for_job;
+    for (const auto& [id, other] : incidents_) {
+      if (other.job_id != job.record.job_id || other.request_id == 0) continue;
+      const ReplacementRequest* r = escalation_.Find(other.request_id);
+      if (r != nullptr && IsOpen(r->state)) open_for_job.insert(r->id);
+    }
     for (size_t i = 0; i < inc.ranks.size(); ++i) {
-      Escalation::OpenResult opened = escalation_.Open(
-          inc.nodes[i], inc.gpus[i], inc.id,
-          absl::StrCat(CheckKindName(check), " check, step ", step, ": ", explanation), now);
-      if (opened.request.has_value()) {
-        if (inc.request_id == 0) inc.request_id = opened.request->id;
-        txn.mutation.requests.push_back(*opened.request);
-        txn.effects.requests.push_back(*opened.request);
+      std::string suppressed;
+      if (inc.unproven_evidence) {
+        suppressed = "its evidence is not proven";
+      } else if (static_cast<int>(open_for_job.size()) >= per_job &&
+                 escalation_.OpenFor(inc.nodes[i]) == nullptr) {
+        suppressed = absl::StrCat("job ", job.record.job_id, " already has ", open_for_job.size(),
+                                  " replacement requests open, its share (",
+                                  "--max_open_requests_per_job ", per_job, ")");
       } else {
-        inc.explanation += absl::StrCat(" (no replacement request: ", opened.suppressed, ")");
+        Escalation::OpenResult opened = escalation_.Open(
+            inc.nodes[i], inc.gpus[i], inc.id,
+            absl::StrCat(CheckKindName(check), " check, step ", step, ": ", explanation), now);
+        if (opened.request.has_value()) {
+          if (inc.request_id == 0) inc.request_id = opened.request->id;
+          open_for_job.insert(opened.request->id);
+          txn.mutation.requests.push_back(*opened.request);
+          txn.effects.requests.push_back(*opened.request);
+        } else {
+          suppressed = opened.suppressed;
+        }
       }
-      faulty_gpus_[inc.gpus[i]] = {job.record.job_id, inc.ranks[i], inc.nodes[i], step, inc.id};
+      if (!suppressed.empty() && !inc.unproven_evidence) {
+        inc.explanation += absl::StrCat(" (no replacement request: ", suppressed, ")");
+      }
+      faulty_gpus_[inc.gpus[i]] = {job.record.job_id, inc.ranks[i], inc.nodes[i],
+                                   step,              inc.id,       !inc.unproven_evidence};
       if (suspects_.erase(inc.gpus[i]) > 0) {
         txn.mutation.suspects_removed.push_back(inc.gpus[i]);
       }

@@ -28,6 +28,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using testing::kJob;
+using testing::Proven;
 using ::testing::Not;
 using ::testing::SizeIs;
 
@@ -93,7 +94,7 @@ std::vector<Incident> Faulty(const std::vector<Incident>& incidents) {
 // the client dropped or resent them forever.
 TEST(LateReportsTest, AuditResultsBeforeEveryHelloAreHeldThenJudged) {
   Cluster cl(3, 2);
-  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
+  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
   const std::vector<AuditPart> parts = ScheduledAudit(cl, 10, /*faulty=*/1);
   for (const AuditPart& p : parts) {
     if (p.from == 5) continue;
@@ -104,8 +105,8 @@ TEST(LateReportsTest, AuditResultsBeforeEveryHelloAreHeldThenJudged) {
   // Held reports survive a restart as pending ones.
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r)).ok());
-  ASSERT_TRUE(cl.c().Attach(cl.HelloOf(5)).ok());
+  for (Rank r = 0; r < 5; ++r) ASSERT_TRUE(cl.c().Attach(cl.HelloOf(r), Proven(cl.HelloOf(r))).ok());
+  ASSERT_TRUE(cl.c().Attach(cl.HelloOf(5), Proven(cl.HelloOf(5))).ok());
   for (const AuditPart& p : parts) {
     if (p.from != 5) continue;
     auto e = cl.Send(p.from, 10, p.result);
@@ -262,7 +263,7 @@ TEST(LateReportsTest, ARefusedReportIsConsumedAndTheNextIsTaken) {
   // Survives a restart: the rank record carries it.
   cl.Reset();
   ASSERT_TRUE(cl.c().Restore().ok());
-  auto attached = cl.c().Attach(cl.HelloOf(2));
+  auto attached = cl.c().Attach(cl.HelloOf(2), Proven(cl.HelloOf(2)));
   ASSERT_TRUE(attached.ok());
   EXPECT_EQ(attached->acked_sequence, 1u);
   Report next = bad;

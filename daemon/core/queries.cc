@@ -27,15 +27,12 @@ std::vector<JobSummary> Coordinator::ListJobs() const {
     std::set<std::string> nodes;
     bool all = true;
     Step last = UINT64_MAX;
-    for (const auto& slot : job.ranks) {
-      if (!slot.has_value()) {
-        all = false;
-        continue;
-      }
-      nodes.insert(slot->record.placement.node);
-      s.attached += slot->attached ? 1 : 0;
-      if (!slot->record.has_last_step) all = false;
-      last = std::min(last, slot->record.last_step);
+    if (job.ranks.size() < job.record.world_size) all = false;
+    for (const auto& [r, slot] : job.ranks) {
+      nodes.insert(slot.record.placement.node);
+      s.attached += slot.attached ? 1 : 0;
+      if (!slot.record.has_last_step) all = false;
+      last = std::min(last, slot.record.last_step);
     }
     s.last_step = all ? last : 0;
     s.nodes = static_cast<uint32_t>(nodes.size());
@@ -53,10 +50,10 @@ absl::StatusOr<std::vector<RankSummary>> Coordinator::ListRanks(
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", EchoJobId(job_id)));
   std::vector<RankSummary> out;
-  for (const auto& slot : it->second.ranks) {
-    if (!slot.has_value()) continue;
-    out.push_back({job_id, slot->record.placement, slot->attached, slot->record.last_step,
-                   slot->record.incarnation});
+  for (const auto& [r, slot] : it->second.ranks) {
+    out.push_back({job_id, slot.record.placement, slot.attached, slot.record.last_step,
+                   slot.record.incarnation, slot.record.identity, slot.record.proof,
+                   slot.record.unproven});
   }
   return out;
 }
@@ -119,7 +116,7 @@ uint32_t Coordinator::AttachedRanks() const {
   absl::MutexLock lock(&mu_);
   uint32_t n = 0;
   for (const auto& [id, job] : jobs_) {
-    for (const auto& slot : job.ranks) n += slot.has_value() && slot->attached ? 1 : 0;
+    for (const auto& [r, slot] : job.ranks) n += slot.attached ? 1 : 0;
   }
   return n;
 }

@@ -34,6 +34,13 @@ struct RankRecord {
   // A new incarnation of a rank that had reported steps: if it resumes at or
   // below last_step, the job rolled back to a checkpoint.
   bool resumed = false;
+  // Who sent its Hello (Caller): the node the caller proved to be, empty when
+  // unauthenticated; how ("certificate", "relay", ...); and why its placement
+  // does not count as evidence (empty: it does). Only a group whose every
+  // member's placement counts opens replacement requests.
+  std::string identity;
+  std::string proof;
+  std::string unproven;
 };
 
 // The weight layout shared by a replica group.
@@ -55,6 +62,10 @@ struct Incident {
   std::vector<std::string> nodes;  // Parallel to ranks.
   std::vector<std::string> gpus;   // Parallel to ranks.
   bool confirmed = false;          // Attributed, not merely suspected.
+  // Some rank of its replica group had a placement no caller proved (the
+  // explanation names them): the incident opened no replacement request, and
+  // blocks checkpoints of its own job only.
+  bool unproven_evidence = false;
   std::string explanation;
   std::vector<std::string> differing_tensors;
   absl::Time created;
@@ -77,6 +88,7 @@ struct Approval {
   std::string op;
   std::string reason;
   absl::Time at;
+  bool force = false;  // A forced approval (see Escalation): two are needed.
 };
 
 struct ReplacementRequest {

@@ -1,7 +1,8 @@
-// The registry of jobs and ranks: a rank's Hello (ValidateHello, Attach),
-// the end of its stream (Detach), the limits on what one sdcd holds
-// (MakeRoomForJob) and abandoned jobs (ExpireJobs), and what a restarted
-// rank's previous incarnation leaves in open checks (DropContributions).
+// The registry of jobs and ranks: a rank's Hello (ValidateHello, Prove,
+// Attach), the end of its stream (Detach), the quotas on what one sdcd holds
+// and what each identity holds of it (Admit), abandoned jobs (ExpireJobs,
+// EvictJobsOf), and what a restarted rank's previous incarnation leaves in
+// open checks (DropContributions).
 
 #include "daemon/core/coordinator.h"
 
@@ -9,6 +10,7 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/core/coordinator_internal.h"
@@ -16,6 +18,9 @@
 namespace sdc::core {
 
 using internal::Echo;
+using internal::EchoJobId;
+using internal::IdentityClass;
+using internal::IdentityKey;
 using internal::kMaxJobIdLength;
 
 namespace {
@@ -89,29 +94,226 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
           g.weight_tensors.size(), g.layout_digest));
     }
   }
-  const auto& slot = job->second.ranks[h.placement.rank];
-  if (slot.has_value() && h.incarnation < slot->record.incarnation) {
+  auto slot = job->second.ranks.find(h.placement.rank);
+  if (slot != job->second.ranks.end() && h.incarnation < slot->second.record.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         "stale hello: rank ", h.placement.rank, " is at incarnation ",
-        slot->record.incarnation, ", this one is ", h.incarnation));
+        slot->second.record.incarnation, ", this one is ", h.incarnation));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
+namespace {
+
+std::string ClassName(const std::string& identity_class) {
+  return identity_class.empty() ? std::string("unauthenticated callers")
+                                : absl::StrCat("node ", identity_class);
+}
+
+uint64_t LayoutBytes(const Hello& h) {
+  uint64_t n = 0;
+  for (const std::string& t : h.weight_tensors) n += t.size() + 1;
+  return n;
+}
+
+}  // namespace
+
+struct Coordinator::Admission {
+  std::string key;
+  uint32_t capacity = 0;
+};
+
+absl::Status Coordinator::Prove(const Hello& h, const Caller& caller, RankRecord* out) {
+  out->identity.clear();
+  out->proof.clear();
+  out->unproven.clear();
+  if (caller.node.empty()) {
+    out->unproven =
+        "its caller proved no node identity (no node certificate, and no node agent relayed it)";
+    return absl::OkStatus();
+  }
+  if (caller.node != h.placement.node) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rank ", h.placement.rank, " says it runs on node ", Echo(h.placement.node),
+        " but its caller proved to be node ", Echo(caller.node), " (", caller.proof,
+        "): only a node speaks for itself"));
+  }
+  out->identity = caller.node;
+  out->proof = caller.proof;
+  if (!caller.gpus.empty() &&
+      std::find(caller.gpus.begin(), caller.gpus.end(), h.placement.gpu_uuid) ==
+          caller.gpus.end()) {
+    out->unproven = absl::StrCat("GPU ", Echo(h.placement.gpu_uuid), " is not one of the ",
+                                 caller.gpus.size(), " GPUs node ", caller.node,
+                                 "'s agent listed");
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::MoveSlot(JobState& job, const std::string& from, const std::string& to,
+                           uint32_t capacity) {
+  held_ranks_ -= job.reserved;
+  held_unauthenticated_ -= job.reserved_unauthenticated;
+  if (!from.empty()) {
+    auto it = job.identities.find(from);
+    if (it != job.identities.end() && --it->second.slots == 0) {
+      job.capacity -= it->second.capacity;
+      if (IdentityClass(from).empty()) job.capacity_unauthenticated -= it->second.capacity;
+      job.identities.erase(it);
+    }
+  }
+  IdentityShare& share = job.identities[to];
+  if (share.slots++ == 0) {
+    share.capacity = capacity;
+    job.capacity += capacity;
+    if (IdentityClass(to).empty()) job.capacity_unauthenticated += capacity;
+  }
+  const uint64_t world = job.record.world_size;
+  job.reserved = std::min(world, job.capacity);
+  job.reserved_unauthenticated = std::min(world, job.capacity_unauthenticated);
+  held_ranks_ += job.reserved;
+  held_unauthenticated_ += job.reserved_unauthenticated;
+}
+
+absl::StatusOr<Coordinator::Admission> Coordinator::Admit(const Hello& h, const Caller& caller,
+                                                          const RankRecord& proved, Txn& txn) {
+  Admission a;
+  RankRecord probe = proved;
+  probe.placement = h.placement;
+  a.key = IdentityKey(probe);
+  const std::string identity_class = IdentityClass(a.key);
+  a.capacity = !identity_class.empty() && !caller.gpus.empty()
+                   ? static_cast<uint32_t>(caller.gpus.size())
+                   : options_.max_ranks_per_node;
+  auto job_it = jobs_.find(h.job_id);
+  const JobState* job = job_it == jobs_.end() ? nullptr : &job_it->second;
+
+  // What the job would hold after this Hello, from what it holds now.
+  std::string old_key;
+  if (job != nullptr) {
+    auto slot = job->ranks.find(h.placement.rank);
+    if (slot != job->ranks.end()) old_key = IdentityKey(slot->second.record);
+  }
+  uint32_t slots = 0;
+  bool new_identity = true;
+  if (job != nullptr) {
+    auto share = job->identities.find(a.key);
+    if (share != job->identities.end()) {
+      slots = share->second.slots;
+      new_identity = false;
+      a.capacity = share->second.capacity;  // Fixed when the identity joined.
+    }
+  }
+  if (old_key != a.key && slots + 1 > a.capacity) {
+    const std::string who = identity_class.empty()
+                                ? absl::StrCat("unauthenticated node ", Echo(h.placement.node))
+                                : absl::StrCat("node ", identity_class);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, " already holds ", slots, " ranks of job ", EchoJobId(h.job_id),
+        ", as many as it can hold (", a.capacity,
+        identity_class.empty() || caller.gpus.empty() ? ": --max_ranks_per_node"
+                                                      : ": the GPUs its agent listed",
+        ")"));
+  }
+  const bool new_group =
+      job == nullptr || job->groups.find(h.placement.replica_group) == job->groups.end();
+  if (new_group) {
+    if (job != nullptr && job->groups.size() >= job->record.world_size) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job ", EchoJobId(h.job_id), " already has ", job->groups.size(),
+          " replica groups, as many as its world size"));
+    }
+    const auto used = layout_bytes_.find(identity_class);
+    const uint64_t before = used == layout_bytes_.end() ? 0 : used->second;
+    if (before + LayoutBytes(h) > options_.max_layout_bytes_per_identity) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          ClassName(identity_class), " already holds ", before,
+          " bytes of weight layouts; this group's ", LayoutBytes(h), " would pass ",
+          options_.max_layout_bytes_per_identity, " (the quota per identity)"));
+    }
+  }
+  const uint64_t world = h.world_size;
+  uint64_t capacity = job == nullptr ? 0 : job->capacity;
+  uint64_t capacity_unauthenticated = job == nullptr ? 0 : job->capacity_unauthenticated;
+  if (new_identity) {
+    capacity += a.capacity;
+    if (identity_class.empty()) capacity_unauthenticated += a.capacity;
+  }
+  const uint64_t reserved_before = job == nullptr ? 0 : job->reserved;
+  const uint64_t unauthenticated_before = job == nullptr ? 0 : job->reserved_unauthenticated;
+  const uint64_t reserved = std::min(world, capacity);
+  const uint64_t unauthenticated = std::min(world, capacity_unauthenticated);
+  auto room = [&] {
+    return (job != nullptr || jobs_.size() < options_.max_jobs) &&
+           held_ranks_ - reserved_before + reserved <= options_.max_ranks &&
+           held_unauthenticated_ - unauthenticated_before + unauthenticated <=
+               options_.max_unauthenticated_ranks;
+  };
+  if (job == nullptr) {
+    size_t held = 0;
+    for (const auto& [id, j] : jobs_) {
+      for (const auto& [key, share] : j.identities) {
+        if (IdentityClass(key) == identity_class) {
+          ++held;
+          break;
+        }
+      }
+    }
+    if (held >= options_.max_jobs_per_identity) {
+      EvictJobsOf(identity_class, txn);
+      held = 0;
+      for (const auto& [id, j] : jobs_) {
+        for (const auto& [key, share] : j.identities) {
+          if (IdentityClass(key) == identity_class) {
+            ++held;
+            break;
+          }
+        }
+      }
+      if (held >= options_.max_jobs_per_identity) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            ClassName(identity_class), " already holds ", held, " jobs with ranks attached ",
+            "(the quota per identity, ", options_.max_jobs_per_identity, ")"));
+      }
+    }
+  }
+  if (!room()) ExpireJobs(txn);
+  if (!room()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sdcd holds ", jobs_.size(), " jobs holding ", held_ranks_, " ranks (",
+        held_unauthenticated_, " of them for unauthenticated callers); job ",
+        EchoJobId(h.job_id), " would hold ", reserved, " (", unauthenticated,
+        " unauthenticated) and pass a limit (--max_jobs ", options_.max_jobs, ", --max_ranks ",
+        options_.max_ranks, ", --max_unauthenticated_ranks ", options_.max_unauthenticated_ranks,
+        "); a job holds no more ranks than its nodes can, and expires ",
+        absl::FormatDuration(options_.job_expiry), " after its last rank leaves"));
+  }
+  return a;
+}
+
+absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& caller) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = ValidateHello(h); !s.ok()) return s;
+  RankRecord proved;
+  if (absl::Status s = Prove(h, caller, &proved); !s.ok()) return s;
+  auto existing = jobs_.find(h.job_id);
+  if (existing != jobs_.end() && proved.identity.empty()) {
+    auto slot = existing->second.ranks.find(h.placement.rank);
+    if (slot != existing->second.ranks.end() && !slot->second.record.identity.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "rank ", h.placement.rank, " of job ", EchoJobId(h.job_id),
+          " is held by a caller proven to be node ", slot->second.record.identity, " (",
+          slot->second.record.proof, "); an unauthenticated Hello cannot take it over"));
+    }
+  }
   const absl::Time now = clock_->Now();
   Txn txn;
-  if (jobs_.find(h.job_id) == jobs_.end()) {
-    if (absl::Status s = MakeRoomForJob(h.world_size, txn); !s.ok()) return s;
-  }
+  absl::StatusOr<Admission> admitted = Admit(h, caller, proved, txn);
+  if (!admitted.ok()) return admitted.status();
   auto [it, new_job] = jobs_.try_emplace(h.job_id);
   JobState& job = it->second;
   if (new_job) {
     job.record = {h.job_id, h.world_size, h.audit_every, h.weight_check_every, now, 1};
-    job.ranks.resize(h.world_size);
-    held_ranks_ += h.world_size;
     txn.mutation.jobs.push_back(job.record);
   }
   job.last_seen = now;
@@ -120,17 +322,22 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   GroupState& group = git->second;
   if (new_group) {
     group.record = {h.job_id, group_id, h.weight_tensors, h.parameter_count, h.layout_digest};
+    group.creator = IdentityClass(admitted->key);
+    group.layout_bytes = LayoutBytes(h);
+    layout_bytes_[group.creator] += group.layout_bytes;
     txn.mutation.groups.push_back(group.record);
   }
   const Rank rank = h.placement.rank;
-  std::optional<RankState>& slot = job.ranks[rank];
+  auto [sit, new_slot] = job.ranks.try_emplace(rank);
+  RankState& slot = sit->second;
   bool placement_changed = true;
-  if (!slot.has_value()) {
-    slot.emplace();
-    slot->record.job_id = h.job_id;
+  std::string old_key;
+  if (new_slot) {
+    slot.record.job_id = h.job_id;
     ++job.said_hello;
   } else {
-    const Placement& old = slot->record.placement;
+    old_key = IdentityKey(slot.record);
+    const Placement& old = slot.record.placement;
     placement_changed = old.node != h.placement.node || old.replica_group != group_id ||
                         old.gpu_uuid != h.placement.gpu_uuid;
     if (old.replica_group != group_id) {
@@ -139,7 +346,8 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
       job.groups[old.replica_group].topology.reset();
     }
   }
-  RankRecord& rec = slot->record;
+  if (old_key != admitted->key) MoveSlot(job, old_key, admitted->key, admitted->capacity);
+  RankRecord& rec = slot.record;
   if (h.incarnation > rec.incarnation && !new_job) {
     // A new process: sequences restart, and its steps may restart too (a
     // rollback to a checkpoint). What the old process contributed to checks
@@ -152,8 +360,11 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
   rec.incarnation = h.incarnation;
   rec.placement = h.placement;
   rec.deterministic = h.deterministic;
-  slot->software = h.software;
-  slot->attached = true;
+  rec.identity = proved.identity;
+  rec.proof = proved.proof;
+  rec.unproven = proved.unproven;
+  slot.software = h.software;
+  slot.attached = true;
   if (!std::binary_search(group.members.begin(), group.members.end(), rank)) {
     group.members.insert(std::upper_bound(group.members.begin(), group.members.end(), rank),
                          rank);
@@ -182,44 +393,78 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h) {
 void Coordinator::Detach(const std::string& job_id, Rank rank, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || rank >= it->second.ranks.size()) return;
-  auto& slot = it->second.ranks[rank];
-  if (slot.has_value() && slot->record.incarnation == incarnation) slot->attached = false;
+  if (it == jobs_.end()) return;
+  auto slot = it->second.ranks.find(rank);
+  if (slot == it->second.ranks.end()) return;
+  if (slot->second.record.incarnation == incarnation) slot->second.attached = false;
   it->second.last_seen = clock_->Now();
 }
 
-absl::Status Coordinator::MakeRoomForJob(uint32_t world_size, Txn& txn) {
-  auto full = [&] {
-    return jobs_.size() >= options_.max_jobs || held_ranks_ + world_size > options_.max_ranks;
-  };
-  if (!full()) return absl::OkStatus();
-  ExpireJobs(txn);
-  if (!full()) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "sdcd holds ", jobs_.size(), " jobs of ", held_ranks_, " ranks in all; a new job of ",
-      world_size, " ranks would pass its limits (--max_jobs ", options_.max_jobs,
-      ", --max_ranks ", options_.max_ranks, "); jobs expire ",
-      absl::FormatDuration(options_.job_expiry), " after their last rank leaves"));
+std::vector<Rank> Coordinator::UnprovenMembers(const JobState& job,
+                                               const GroupState& group) const {
+  std::vector<Rank> out;
+  for (Rank r : group.members) {
+    auto slot = job.ranks.find(r);
+    if (slot == job.ranks.end() || !slot->second.record.unproven.empty()) out.push_back(r);
+  }
+  return out;
+}
+
+namespace {
+
+// No rank attached, no check open (open checks finish at their deadline
+// first, Tick, so an expired job leaves no pending report behind).
+template <typename Job>
+bool Abandoned(const Job& job) {
+  const bool attached = std::any_of(job.ranks.begin(), job.ranks.end(),
+                                    [](const auto& r) { return r.second.attached; });
+  const bool open = !job.steps.empty() || !job.weights.empty() || !job.audits.empty();
+  return !attached && !open;
+}
+
+}  // namespace
+
+void Coordinator::DropJob(std::map<std::string, JobState>::iterator it, Txn& txn) {
+  JobState& job = it->second;
+  held_ranks_ -= job.reserved;
+  held_unauthenticated_ -= job.reserved_unauthenticated;
+  for (const auto& [gid, group] : job.groups) {
+    auto used = layout_bytes_.find(group.creator);
+    if (used == layout_bytes_.end()) continue;
+    used->second -= std::min(used->second, group.layout_bytes);
+    if (used->second == 0) layout_bytes_.erase(used);
+  }
+  txn.mutation.jobs_removed.push_back(it->first);
+  txn.effects.expired_jobs.push_back(it->first);
+  jobs_.erase(it);
 }
 
 void Coordinator::ExpireJobs(Txn& txn) {
   const absl::Time now = clock_->Now();
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    const JobState& job = it->second;
-    const bool attached = std::any_of(job.ranks.begin(), job.ranks.end(), [](const auto& r) {
-      return r.has_value() && r->attached;
-    });
-    // Open checks finish at their deadline first (Tick), so an expired job
-    // leaves no pending report behind.
-    const bool open = !job.steps.empty() || !job.weights.empty() || !job.audits.empty();
-    if (attached || open || now - job.last_seen < options_.job_expiry) {
-      ++it;
-      continue;
+    auto next = std::next(it);
+    if (Abandoned(it->second) && now - it->second.last_seen >= options_.job_expiry) {
+      DropJob(it, txn);
     }
-    held_ranks_ -= job.record.world_size;
-    txn.mutation.jobs_removed.push_back(it->first);
-    txn.effects.expired_jobs.push_back(it->first);
-    it = jobs_.erase(it);
+    it = next;
+  }
+}
+
+void Coordinator::EvictJobsOf(const std::string& identity_class, Txn& txn) {
+  std::vector<std::pair<absl::Time, std::string>> candidates;
+  size_t held = 0;
+  for (const auto& [id, job] : jobs_) {
+    const bool mine = std::any_of(job.identities.begin(), job.identities.end(),
+                                  [&](const auto& s) { return IdentityClass(s.first) == identity_class; });
+    if (!mine) continue;
+    ++held;
+    if (Abandoned(job)) candidates.push_back({job.last_seen, id});
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (const auto& [seen, id] : candidates) {
+    if (held < options_.max_jobs_per_identity) break;
+    DropJob(jobs_.find(id), txn);
+    --held;
   }
 }
 

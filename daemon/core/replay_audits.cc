@@ -546,11 +546,12 @@ void Coordinator::ExplainBySoftware(const JobState& job, const PendingAudit& pa,
   if (findings.faulty.empty() && findings.suspects.empty()) return;
   static const protocol::SoftwareStack kUnknown;
   auto stack = [&](Rank r) -> const protocol::SoftwareStack& {
-    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->software : kUnknown;
+    auto it = job.ranks.find(r);
+    return it != job.ranks.end() ? it->second.software : kUnknown;
   };
   auto node = [&](Rank r) -> std::string {
-    return r < job.ranks.size() && job.ranks[r].has_value() ? job.ranks[r]->record.placement.node
-                                                            : "?";
+    auto it = job.ranks.find(r);
+    return it != job.ranks.end() ? it->second.record.placement.node : "?";
   };
   // Who was compared with whom in this audit.
   std::map<Rank, std::set<Rank>> partners;
@@ -622,7 +623,7 @@ uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Ste
     std::vector<std::string> stacks;
     for (Rank r : findings.software) {
       stacks.push_back(absl::StrCat("node ", RankOf(job, r).placement.node, " (rank ", r,
-                                    "): ", job.ranks[r]->software.Describe()));
+                                    "): ", job.ranks.at(r).software.Describe()));
     }
     const Incident& inc = RecordIncident(
         job, group, step, CheckKind::kReplay, kSoftwareMismatch, {}, false,

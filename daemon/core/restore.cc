@@ -44,9 +44,7 @@ absl::Status Coordinator::Restore() {
   for (const JobRecord& j : snap->jobs) {
     JobState& job = jobs_[j.job_id];
     job.record = j;
-    job.ranks.resize(j.world_size);
     job.last_seen = clock_->Now();  // A full expiry period from the restart.
-    held_ranks_ += j.world_size;
   }
   for (const GroupRecord& g : snap->groups) {
     auto it = jobs_.find(g.job_id);
@@ -54,10 +52,15 @@ absl::Status Coordinator::Restore() {
   }
   for (const RankRecord& r : snap->ranks) {
     auto it = jobs_.find(r.job_id);
-    if (it == jobs_.end() || r.placement.rank >= it->second.ranks.size()) continue;
+    if (it == jobs_.end() || r.placement.rank >= it->second.record.world_size) continue;
     JobState& job = it->second;
-    if (!job.ranks[r.placement.rank].has_value()) ++job.said_hello;
-    job.ranks[r.placement.rank] = RankState{r, false, {}, {}};
+    auto [slot, fresh] = job.ranks.try_emplace(r.placement.rank);
+    if (fresh) ++job.said_hello;
+    // Quotas restart from what the records hold: each identity with the
+    // per-node capacity (its agent's GPU count arrives with its next Hello).
+    MoveSlot(job, fresh ? "" : internal::IdentityKey(slot->second.record), internal::IdentityKey(r),
+             options_.max_ranks_per_node);
+    slot->second = RankState{r, false};
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
   }
   for (auto& [id, job] : jobs_) {
@@ -83,7 +86,8 @@ absl::Status Coordinator::Restore() {
     const ReplacementRequest* r = escalation_.Find(inc.request_id);
     if (r != nullptr && r->state == RequestState::kDenied) continue;
     for (size_t i = 0; i < inc.ranks.size(); ++i) {
-      faulty_gpus_[inc.gpus[i]] = {inc.job_id, inc.ranks[i], inc.nodes[i], inc.step, inc.id};
+      faulty_gpus_[inc.gpus[i]] = {inc.job_id, inc.ranks[i], inc.nodes[i],
+                                   inc.step,   inc.id,       !inc.unproven_evidence};
     }
   }
   for (const Suspect& s : snap->suspects) suspects_[s.gpu] = s;
@@ -112,10 +116,7 @@ absl::Status Coordinator::Restore() {
   replaying_ = true;
   for (const Report& r : snap->pending) {
     auto it = jobs_.find(r.job_id);
-    if (it == jobs_.end() || r.rank >= it->second.ranks.size() ||
-        !it->second.ranks[r.rank].has_value()) {
-      continue;
-    }
+    if (it == jobs_.end() || it->second.ranks.count(r.rank) == 0) continue;
     RankRecord& rank = RankOf(it->second, r.rank);
     const bool current = r.incarnation == rank.incarnation;
     if (current) {

@@ -38,7 +38,7 @@ void AttachWithStacks(Cluster& cl, const std::set<Rank>& upgraded) {
   for (Rank r = 0; r < cl.world(); ++r) {
     Hello h = cl.HelloOf(r);
     h.software = upgraded.count(r) ? kUpgraded : kFleet;
-    ASSERT_TRUE(cl.c().Attach(h).ok()) << r;
+    ASSERT_TRUE(cl.c().Attach(h, testing::Proven(h)).ok()) << r;
   }
 }
 

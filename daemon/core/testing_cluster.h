@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,9 @@ namespace sdc::core::testing {
 inline constexpr char kJob[] = "job-a";
 inline const std::vector<std::string> kTensors = {"embed.weight", "layers.0.w", "layers.0.b",
                                            "norm.weight"};
+
+// A caller proven to be the node its Hello names (a node certificate).
+inline Caller Proven(const Hello& h) { return {h.placement.node, "certificate", {}}; }
 
 // A cluster of `nodes` x `gpus` ranks talking to one coordinator, with the
 // bookkeeping a trainer would do (sequence numbers per rank).
@@ -45,7 +49,7 @@ class Cluster {
 
   Hello HelloOf(Rank r, uint64_t incarnation = 1) const {
     Hello h;
-    h.job_id = kJob;
+    h.job_id = job_;
     h.placement = {r, NodeOf(r), r % static_cast<uint32_t>(gpus_), GpuOf(r), 0};
     h.world_size = world();
     h.incarnation = incarnation;
@@ -60,21 +64,32 @@ class Cluster {
 
   void AttachAll() {
     for (Rank r = 0; r < world(); ++r) {
-      ASSERT_TRUE(coordinator_->Attach(HelloOf(r)).ok()) << r;
+      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Proven(HelloOf(r))).ok()) << r;
     }
   }
+
+  // Every rank from a caller that proved nothing (no node certificate, no
+  // agent relaying it).
+  void AttachAllUnauthenticated() {
+    for (Rank r = 0; r < world(); ++r) {
+      ASSERT_TRUE(coordinator_->Attach(HelloOf(r), Caller{}).ok()) << r;
+    }
+  }
+
+  // Hellos and reports from here on are job `job`'s (same nodes and GPUs).
+  void set_job(std::string job) { job_ = std::move(job); }
 
   absl::StatusOr<Effects> Send(Rank r, Step step, decltype(Report::body) body,
                                uint64_t incarnation = 1) {
     Report rep;
-    rep.job_id = kJob;
+    rep.job_id = job_;
     rep.rank = r;
     rep.incarnation = incarnation;
-    rep.sequence = next_seq_[{r, incarnation}] + 1;
+    rep.sequence = next_seq_[{job_, r, incarnation}] + 1;
     rep.step = step;
     rep.body = std::move(body);
     absl::StatusOr<Effects> e = coordinator_->Ingest(rep);
-    if (e.ok() && !e->duplicate) next_seq_[{r, incarnation}] = rep.sequence;
+    if (e.ok() && !e->duplicate) next_seq_[{job_, r, incarnation}] = rep.sequence;
     if (e.ok()) Collect(*e);
     return e;
   }
@@ -187,7 +202,8 @@ class Cluster {
   FakeClock clock_;
   MemoryStore store_;
   std::unique_ptr<Coordinator> coordinator_;
-  std::map<std::pair<Rank, uint64_t>, uint64_t> next_seq_;
+  std::string job_ = kJob;
+  std::map<std::tuple<std::string, Rank, uint64_t>, uint64_t> next_seq_;
   std::vector<OutMessage> messages_;
   std::vector<CheckEvent> checks_;
 };

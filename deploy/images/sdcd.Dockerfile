@@ -30,7 +30,8 @@ RUN ln -s /opt/sdc-guard-${VERSION}-linux-x86_64 /opt/sdc-guard \
 # the root filesystem can be read-only. Runs as the manifests' runAsUser.
 USER 65532:65532
 WORKDIR /var/lib/sdc
-# Trainer gRPC (grpc) and Prometheus metrics (metrics); the admin service
-# listens on 127.0.0.1:7401 inside the pod and is not exposed.
-EXPOSE 7400 9464
+# Trainer gRPC (grpc), the agents' gRPC (agents, --agent_listen) and
+# Prometheus metrics (metrics); the admin service listens on 127.0.0.1:7401
+# inside the pod and is not exposed.
+EXPOSE 7400 7402 9464
 ENTRYPOINT ["/usr/local/bin/sdcd"]

@@ -19,14 +19,14 @@
 # (SDC_VERDICT_WAIT_MS, SDC_CHECKPOINT_FALLBACK, SDC_TLS_CA, ...).
 
 # The coordinator: $SDC_COORDINATOR if set; else this node's agent when it
-# relays trainer streams (install_sdc_guard.sh --relay wrote
-# SDC_RELAY_LISTEN); else sdcd on the head node, at the address
-# install_sdc_guard.sh wrote for the agent.
+# relays trainer streams (install_sdc_guard.sh --relay-uids wrote
+# SDC_RELAY_LISTEN); else sdcd's trainer port on the head node, the address
+# install_sdc_guard.sh wrote (SDC_TRAINER_COORDINATOR).
 sdc_agent_defaults="${SDC_AGENT_DEFAULTS:-/etc/default/sdc-agent}"
 if [[ -z "${SDC_COORDINATOR:-}" && -r "$sdc_agent_defaults" ]]; then
   SDC_COORDINATOR="$(sed -n 's/^SDC_RELAY_LISTEN=//p' "$sdc_agent_defaults" | tail -n 1)"
   if [[ -z "$SDC_COORDINATOR" ]]; then
-    SDC_COORDINATOR="$(sed -n 's/^SDC_COORDINATOR=//p' "$sdc_agent_defaults" | tail -n 1)"
+    SDC_COORDINATOR="$(sed -n 's/^SDC_TRAINER_COORDINATOR=//p' "$sdc_agent_defaults" | tail -n 1)"
   fi
 fi
 unset sdc_agent_defaults
@@ -35,6 +35,24 @@ if [[ -z "${SDC_COORDINATOR:-}" ]]; then
     "the trainer runs its checks in-band only" >&2
 fi
 export SDC_COORDINATOR="${SDC_COORDINATOR:-}"
+
+# Dialing sdcd itself (not the relay socket): TLS, presenting this node's
+# certificate, which proves the rank's node (docs/operations.md, "Trust
+# model"). install_sdc_guard.sh --pki made the files; the key is readable by
+# the trainers' group (--trainer-group).
+sdc_tls_dir="${SDC_TLS_DIR:-/etc/sdc-guard/tls}"
+if [[ -n "$SDC_COORDINATOR" && "$SDC_COORDINATOR" != unix:* && -z "${SDC_TLS_CA:-}" &&
+  -r "$sdc_tls_dir/ca.crt" ]]; then
+  export SDC_TLS_CA="$sdc_tls_dir/ca.crt"
+  if [[ -r "$sdc_tls_dir/node.key" ]]; then
+    export SDC_TLS_CERT="${SDC_TLS_CERT:-$sdc_tls_dir/node.crt}"
+    export SDC_TLS_KEY="${SDC_TLS_KEY:-$sdc_tls_dir/node.key}"
+  else
+    echo "trainer-env.sh: cannot read $sdc_tls_dir/node.key (not in the trainers' group?):" \
+      "sdcd refuses this rank without the node's certificate" >&2
+  fi
+fi
+unset sdc_tls_dir
 
 # One id for every rank of the job; a job's steps share it.
 if [[ -z "${SLURM_JOB_ID:-}" && -z "${SDC_JOB_ID:-}" ]]; then

@@ -41,7 +41,9 @@ def wait_for(predicate, timeout, what):
 class Sdcd:
     """A real sdcd in `directory`, on ports the kernel picks (read from its log).
     Another Sdcd in the same directory is the same coordinator restarted on
-    its database (on new ports)."""
+    its database (on new ports). It runs --insecure_dev_mode (loopback only):
+    these tests are about the trainer and the link, so a rank's placement is
+    taken at its word; node identities are tested in tests/*_test.cc."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -52,7 +54,7 @@ class Sdcd:
             self.process = subprocess.Popen(
                 [binary("daemon/sdcd"), f"--db={self.db}", f"--admin_token_file={self.token_file}",
                  "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
-                 "--metrics_listen=127.0.0.1:0", "--report_deadline=30s"],
+                 "--metrics_listen=127.0.0.1:0", "--report_deadline=30s", "--insecure_dev_mode"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         line = wait_for(self._serving_line, 30, "sdcd to start")
         ports = re.findall(r"\(port (\d+)\)", line)

@@ -5,6 +5,7 @@
 #include "daemon/convert.h"
 #include "protocol/attribution.h"
 #include "protocol/replay_plan.h"
+#include "tests/testing/process.h"
 
 namespace sdc::testing {
 
@@ -13,6 +14,21 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca,
+                                          const std::string& cert, const std::string& key) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(ca);
+  if (!cert.empty()) {
+    ssl.pem_cert_chain = ReadFile(cert);
+    ssl.pem_private_key = ReadFile(key);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetSslTargetNameOverride("localhost");
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 core::Hello TestHello(const std::string& job, core::Rank rank, uint32_t world,
@@ -162,10 +178,18 @@ std::vector<v1::CoordinatorMessage> ScriptedRank::Messages() const {
 absl::StatusOr<Ranks> ConnectRanks(const std::string& address, const std::string& job,
                                    uint32_t world, uint32_t gpus_per_node,
                                    const std::vector<std::string>& tensors) {
+  return ConnectRanks([&](const std::string&) { return Channel(address); }, job, world,
+                      gpus_per_node, tensors);
+}
+
+absl::StatusOr<Ranks> ConnectRanks(const ChannelFor& channel_for, const std::string& job,
+                                   uint32_t world, uint32_t gpus_per_node,
+                                   const std::vector<std::string>& tensors) {
   Ranks ranks;
   for (core::Rank r = 0; r < world; ++r) {
-    ranks.push_back(std::make_unique<ScriptedRank>(
-        Channel(address), TestHello(job, r, world, gpus_per_node, tensors)));
+    core::Hello hello = TestHello(job, r, world, gpus_per_node, tensors);
+    const std::string node = hello.placement.node;
+    ranks.push_back(std::make_unique<ScriptedRank>(channel_for(node), std::move(hello)));
     const absl::Status connected = ranks.back()->Connect();
     if (!connected.ok()) {
       return absl::Status(connected.code(),

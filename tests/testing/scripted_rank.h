@@ -24,6 +24,15 @@ namespace sdc::testing {
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address);
 
+// A TLS channel to sdcd at `address` (127.0.0.1:PORT; the server's name is
+// checked as "localhost") trusting `ca`, presenting the certificate and key
+// in `cert` and `key` (empty: none).
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca,
+                                          const std::string& cert, const std::string& key);
+
+// The channel a rank on `node` dials with.
+using ChannelFor = std::function<std::shared_ptr<grpc::Channel>(const std::string& node)>;
+
 // A Hello for rank `rank` of a job laid out as nodes "node-a", "node-b", ...
 // with `gpus_per_node` ranks each, GPU UUIDs "GPU-<rank>", one replica group,
 // the given weight tensors (all parameters), deterministic kernels.
@@ -84,6 +93,11 @@ using Ranks = std::vector<std::unique_ptr<ScriptedRank>>;
 // Ranks 0 .. world-1 of `job` (laid out as TestHello does), each connected to
 // the sdcd at `address` and welcomed, in rank order.
 absl::StatusOr<Ranks> ConnectRanks(const std::string& address, const std::string& job,
+                                   uint32_t world, uint32_t gpus_per_node,
+                                   const std::vector<std::string>& tensors);
+// The same, each rank dialling with channel_for(its node): e.g. its node's
+// certificate (Sdcd::NodeChannel).
+absl::StatusOr<Ranks> ConnectRanks(const ChannelFor& channel_for, const std::string& job,
                                    uint32_t world, uint32_t gpus_per_node,
                                    const std::vector<std::string>& tensors);
 

@@ -1,5 +1,7 @@
 #include "tests/testing/sdcd.h"
 
+#include <unistd.h>
+
 #include <regex>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +17,15 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
                                                   const std::map<std::string, std::string>& env,
                                                   int trainer_port, int admin_port,
                                                   int metrics_port) {
+  return Launch(dir, extra_flags, env, trainer_port, admin_port, metrics_port,
+                /*insecure_dev_mode=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Launch(const std::string& dir,
+                                                   const std::vector<std::string>& extra_flags,
+                                                   const std::map<std::string, std::string>& env,
+                                                   int trainer_port, int admin_port,
+                                                   int metrics_port, bool insecure_dev_mode) {
   auto d = std::make_unique<Sdcd>();
   d->dir_ = dir;
   std::vector<std::string> argv = {
@@ -24,6 +35,9 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
       absl::StrCat("--listen=127.0.0.1:", trainer_port),
       absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)};
+  // An --agent_listen among the flags wins (absl: the last one).
+  argv.push_back("--agent_listen=127.0.0.1:0");
+  if (insecure_dev_mode) argv.push_back("--insecure_dev_mode");
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<Process> p = Process::Start(argv, dir + "/sdcd.log", env);
   if (!p.ok()) return p.status();
@@ -51,10 +65,65 @@ absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::Start(const std::string& dir,
     d->admin_port_ = n;
   }
   d->metrics_port_ = number_after("metrics on port ");
+  if (const size_t agents_at = line->find("agents on "); agents_at != std::string::npos) {
+    const size_t p2 = line->find("(port ", agents_at);
+    const size_t comma = line->find(',', agents_at);
+    if (p2 != std::string::npos && p2 < comma) {
+      const std::string rest = line->substr(p2 + 6);
+      (void)absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")),
+                             &d->agent_port_);
+    }
+  }
   if (d->trainer_port_ == 0 || d->admin_port_ == 0 || d->metrics_port_ == 0) {
     return absl::InternalError(absl::StrCat("cannot read ports from: ", *line));
   }
   return d;
+}
+
+absl::StatusOr<std::unique_ptr<Sdcd>> Sdcd::StartWithIdentities(
+    const std::string& dir, const std::vector<std::string>& nodes,
+    const std::vector<std::string>& extra_flags, const std::map<std::string, std::string>& env,
+    int trainer_port, int agent_port) {
+  const std::string pki_dir = dir + "/pki";
+  absl::StatusOr<demo::ClusterPki> pki;
+  if (access((pki_dir + "/ca.pem").c_str(), R_OK) == 0) {
+    // A restart: the agents and ranks still hold this CA's certificates.
+    demo::ClusterPki kept;
+    kept.dir = pki_dir;
+    kept.ca = pki_dir + "/ca.pem";
+    kept.server_cert = pki_dir + "/server.pem";
+    kept.server_key = pki_dir + "/server.key";
+    pki = kept;
+  } else {
+    Run({"mkdir", "-p", pki_dir});
+    pki = demo::WriteClusterPki(pki_dir, nodes);
+  }
+  if (!pki.ok()) return pki.status();
+  std::vector<std::string> flags = {absl::StrCat("--tls_cert=", pki->server_cert),
+                                    absl::StrCat("--tls_key=", pki->server_key),
+                                    absl::StrCat("--tls_client_ca=", pki->ca),
+                                    absl::StrCat("--agent_listen=127.0.0.1:", agent_port)};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  absl::StatusOr<std::unique_ptr<Sdcd>> d =
+      Launch(dir, flags, env, trainer_port, 0, 0, /*insecure_dev_mode=*/false);
+  if (!d.ok()) return d.status();
+  (*d)->pki_ = *std::move(pki);
+  return d;
+}
+
+std::shared_ptr<grpc::Channel> Sdcd::NodeChannel(const std::string& node) const {
+  return TlsChannel(trainer_address(), pki_.ca, node.empty() ? "" : pki_.NodeCert(node),
+                    node.empty() ? "" : pki_.NodeKey(node));
+}
+
+std::shared_ptr<grpc::Channel> Sdcd::NodeAgentChannel(const std::string& node) const {
+  return TlsChannel(agent_address(), pki_.ca, node.empty() ? "" : pki_.NodeCert(node),
+                    node.empty() ? "" : pki_.NodeKey(node));
+}
+
+std::vector<std::string> Sdcd::AgentTlsFlags(const std::string& node) const {
+  return {absl::StrCat("--tls_ca=", pki_.ca), absl::StrCat("--tls_cert=", pki_.NodeCert(node)),
+          absl::StrCat("--tls_key=", pki_.NodeKey(node))};
 }
 
 std::unique_ptr<v1::AdminService::Stub> Sdcd::Admin() const {

@@ -6,6 +6,7 @@
 #   bash install_sdc_guard.sh --torch-lib /fsx/venv/lib/python3.11/site-packages/torch/lib /fsx/sdc-guard/dist
 #   SDC_GUARD_DIST=/fsx/sdc-guard/dist bash install_sdc_guard.sh
 #   bash install_sdc_guard.sh --role compute --coordinator 10.1.0.10:7400 --torch-lib DIR /fsx/sdc-guard/dist
+#   bash install_sdc_guard.sh --pki /fsx/sdc-guard/pki --torch-lib DIR /fsx/sdc-guard/dist
 #
 # DIST is the release bundle from `./sdc release`: its tarball
 # sdc-guard-VERSION-linux-x86_64.tar.gz, the unpacked directory, or a
@@ -33,7 +34,20 @@
 #
 # The coordinator address for compute nodes: --coordinator, else
 # $SDC_COORDINATOR, else the controller group's first IP address in the
-# resource config, port 7400.
+# resource config, port 7400 (trainers); agents dial the same host on 7402
+# (sdcd's --agent_listen).
+#
+# Node identities (docs/operations.md, "Trust model"): sdcd takes a node's
+# evidence only from a caller proven to be that node, here by a certificate
+# from the cluster's CA whose DNS name is the node's Slurm name. With --pki
+# DIR (a directory on the cluster's shared file system, readable by root
+# only: whoever reads ca.key can speak for every node) the controller makes
+# the CA there once, and each node its own certificate under
+# /etc/sdc-guard/tls (ca.crt; sdcd.crt/.key on the controller, node.crt/.key
+# on compute nodes). Without --pki, put those files there yourself before
+# the units start. A node's key is readable by root and the trainers' group
+# (--trainer-group, default sdc): a trainer that dials sdcd presents it, and
+# only that group's users can.
 #
 # Options:
 #   --role ROLE          controller, compute or login (skips detection)
@@ -43,11 +57,16 @@
 #                        libtorch.so; the training environment's
 #                        site-packages/torch/lib), which sdc-agent links and
 #                        the bundle does not carry (or $SDC_TORCH_LIB)
-#   --coordinator H:P    sdcd's trainer address for agents and trainers
-#   --relay              compute nodes: the agent relays the node's trainer
+#   --coordinator H:P    sdcd's trainer address (agents dial H:7402)
+#   --pki DIR            the cluster's CA on shared storage (see above)
+#   --trainer-group G    the group whose users' trainers may read this node's
+#                        key and use the relay socket (default sdc)
+#   --relay-uids U,...   compute nodes: the agent relays the node's trainer
 #                        streams to sdcd (sdc-agent --relay_listen on
-#                        127.0.0.1:7401; trainer-env.sh points trainers at it).
-#                        For large clusters: docs/ARCHITECTURE.md, "Relay"
+#                        unix:/run/sdc-agent/relay.sock; trainer-env.sh points
+#                        trainers at it) for processes of these uids only
+#                        (SO_PEERCRED). For large clusters:
+#                        docs/ARCHITECTURE.md, "Relay"
 #   --sdcd-user USER     run sdcd as USER (e.g. slurm, when the sdc user cannot
 #                        be made a Slurm operator): writes a unit drop-in
 #   --self-ip IP         this node's address (default: hostname -I)
@@ -75,6 +94,9 @@ self_ip=""
 root="/"
 start=1
 relay=
+relay_uids=
+pki=""
+trainer_group=sdc
 torch_lib="${SDC_TORCH_LIB:-}"
 resource_config="${SAGEMAKER_RESOURCE_CONFIG_PATH:-/opt/ml/config/resource_config.json}"
 
@@ -95,7 +117,12 @@ while (($# > 0)); do
     --torch-lib) torch_lib="${2:?--torch-lib needs a value}"; shift 2 ;;
     --torch-lib=*) torch_lib="${1#*=}"; shift ;;
     --no-start) start=0; shift ;;
-    --relay) relay="127.0.0.1:7401"; shift ;;
+    --relay-uids) relay_uids="${2:?--relay-uids needs a value}"; shift 2 ;;
+    --relay-uids=*) relay_uids="${1#*=}"; shift ;;
+    --pki) pki="${2:?--pki needs a value}"; shift 2 ;;
+    --pki=*) pki="${1#*=}"; shift ;;
+    --trainer-group) trainer_group="${2:?--trainer-group needs a value}"; shift 2 ;;
+    --trainer-group=*) trainer_group="${1#*=}"; shift ;;
     -h | --help)
       sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
       exit 0
@@ -106,6 +133,11 @@ while (($# > 0)); do
 done
 
 [[ -n "$dist" ]] || die "no release bundle: pass DIST or set SDC_GUARD_DIST"
+if [[ -n "$relay_uids" ]]; then
+  [[ "$relay_uids" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--relay-uids: expected uids like 1001,1002, got '$relay_uids'"
+  relay="unix:/run/sdc-agent/relay.sock"
+fi
+[[ -z "$pki" || -d "$pki" ]] || die "--pki $pki is not a directory"
 [[ -e "$dist" ]] || die "release bundle $dist does not exist"
 root="${root%/}"
 live=1
@@ -293,6 +325,53 @@ ensure_user() {
   fi
 }
 
+# --- Node identity ---------------------------------------------------------
+
+tls_dir="$root/etc/sdc-guard/tls"
+
+# make_ca: the cluster's CA in $pki, once (the first controller install).
+make_ca() {
+  if [[ -f "$pki/ca.crt" && -f "$pki/ca.key" ]]; then
+    return 0
+  fi
+  (umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+    -subj "/CN=sdc-guard cluster CA" -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null) ||
+    die "cannot make the CA in $pki (openssl)"
+  log "made the cluster CA $pki/ca.crt (key $pki/ca.key: keep it readable by root only)"
+}
+
+# issue NAME CN SANS USAGE: $tls_dir/NAME.crt and .key, signed by the CA in $pki.
+issue() {
+  local name="$1" cn="$2" sans="$3" usage="$4" csr
+  [[ -f "$pki/ca.crt" && -f "$pki/ca.key" ]] ||
+    die "no CA in $pki (ca.crt, ca.key): install the controller with --pki $pki first"
+  install -d -m 0755 "$tls_dir"
+  csr="$(mktemp)"
+  printf 'subjectAltName=%s\nextendedKeyUsage=%s\nbasicConstraints=CA:FALSE\n' "$sans" "$usage" >"$csr.ext"
+  (umask 077 && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$cn" \
+    -keyout "$tls_dir/$name.key" -out "$csr" 2>/dev/null &&
+    openssl x509 -req -in "$csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 825 \
+      -extfile "$csr.ext" -out "$tls_dir/$name.crt" 2>/dev/null) ||
+    { rm -f "$csr" "$csr.ext"; die "cannot issue $name's certificate (openssl)"; }
+  rm -f "$csr" "$csr.ext"
+  install -m 0644 "$pki/ca.crt" "$tls_dir/ca.crt"
+  chmod 0644 "$tls_dir/$name.crt"
+  log "issued $tls_dir/$name.crt ($sans)"
+}
+
+# key_group NAME GROUP: the key readable by root and GROUP only.
+key_group() {
+  if ((live)); then
+    chgrp "$2" "$tls_dir/$1.key" || die "cannot give $tls_dir/$1.key to group $2"
+  else
+    log "(--root) would run: chgrp $2 $tls_dir/$1.key"
+  fi
+  chmod 0640 "$tls_dir/$1.key"
+}
+
+# The node's name as Slurm (and so the actuator and trainer-env.sh) knows it.
+node_name="$(hostname)"
+
 if [[ "$role" == compute ]]; then
   [[ -n "$torch_lib" ]] ||
     die "compute nodes need --torch-lib DIR (or SDC_TORCH_LIB): torch 2.11.0's lib/ directory, which sdc-agent links and the bundle does not carry"
@@ -322,6 +401,15 @@ case "$role" in
       log "reminder: the slurm actuator needs the sdc user to be a Slurm operator:" \
         "sacctmgr -i add user sdc account=root adminlevel=operator (or rerun with --sdcd-user slurm)"
     fi
+    if [[ -n "$pki" ]]; then
+      make_ca
+      sdcd_sans="DNS:$node_name"
+      for ip in $self_ip; do sdcd_sans="$sdcd_sans,IP:$ip"; done
+      issue sdcd sdcd "$sdcd_sans" serverAuth
+      key_group sdcd "${sdcd_user:-sdc}"
+    elif [[ ! -f "$tls_dir/sdcd.crt" ]]; then
+      log "warning: no $tls_dir/sdcd.crt: sdcd.service needs ca.crt, sdcd.crt and sdcd.key there (or rerun with --pki DIR)"
+    fi
     run systemctl daemon-reload
     if ((start)); then run systemctl enable --now sdcd.service; fi
     ;;
@@ -336,16 +424,43 @@ case "$role" in
     fi
     [[ -n "$coordinator" ]] ||
       die "no coordinator address for the agent: pass --coordinator HOST:PORT or set SDC_COORDINATOR"
+    [[ "$coordinator" == *:* ]] || coordinator="$coordinator:7400"
+    agent_coordinator="${coordinator%:*}:7402"
+    if [[ -n "$pki" ]]; then
+      issue node "$node_name" "DNS:$node_name" clientAuth
+      key_group node "$trainer_group"
+    elif [[ ! -f "$tls_dir/node.crt" ]]; then
+      log "warning: no $tls_dir/node.crt: sdc-agent.service needs ca.crt, node.crt and node.key there, the certificate naming DNS:$node_name (or rerun with --pki DIR)"
+    fi
+    agent_flags=""
+    if [[ -n "$relay_uids" ]]; then
+      agent_flags="--relay_allowed_uids=$relay_uids"
+      if ((live)); then
+        gid="$(getent group "$trainer_group" | cut -d: -f3)" || die "no group $trainer_group (--trainer-group)"
+      else
+        gid="$(getent group "$trainer_group" | cut -d: -f3 || true)"
+      fi
+      [[ -z "$gid" ]] || agent_flags="$agent_flags --relay_group=$gid"
+    fi
+    # The agent reads the node's key and owns the relay socket as a member
+    # of the trainers' group.
+    if [[ "$trainer_group" != sdc ]]; then
+      install -d -m 0755 "$root/etc/systemd/system/sdc-agent.service.d"
+      printf '[Service]\nSupplementaryGroups=%s\n' "$trainer_group" \
+        >"$root/etc/systemd/system/sdc-agent.service.d/group.conf"
+      log "sdc-agent runs with supplementary group $trainer_group (drop-in sdc-agent.service.d/group.conf)"
+    fi
     install -d -m 0755 "$root/etc/default"
     {
       echo "# Written by install_sdc_guard.sh; read by sdc-agent.service and trainer-env.sh."
-      echo "SDC_COORDINATOR=$coordinator"
-      echo "NODE_NAME=$(hostname)"
+      echo "SDC_COORDINATOR=$agent_coordinator"
+      echo "SDC_TRAINER_COORDINATOR=$coordinator"
+      echo "NODE_NAME=$node_name"
       echo "SDC_RELAY_LISTEN=$relay"
       echo "SDC_TORCH_LIB=$torch_lib"
-      echo "SDC_AGENT_FLAGS="
+      echo "SDC_AGENT_FLAGS=\"$agent_flags\""
     } >"$root/etc/default/sdc-agent"
-    log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$coordinator${relay:+, SDC_RELAY_LISTEN=$relay})"
+    log "wrote $root/etc/default/sdc-agent (SDC_COORDINATOR=$agent_coordinator, trainers $coordinator${relay:+, SDC_RELAY_LISTEN=$relay})"
     run systemctl daemon-reload
     if ((start)); then run systemctl enable --now sdc-agent.service; fi
     ;;
