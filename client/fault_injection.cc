@@ -1,5 +1,6 @@
 #include "client/fault_injection.h"
 
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -36,6 +37,8 @@ const char* FaultKindName(FaultKind kind) {
       return "scan-error";
     case FaultKind::kExchangeError:
       return "exchange-error";
+    case FaultKind::kProduct:
+      return "product";
   }
   return "unknown";
 }
@@ -55,6 +58,7 @@ std::string FaultPlan::Describe() const {
                                       : absl::StrCat("with probability ", probability, " per step");
   return absl::StrCat(FaultKindName(kind), " on rank ", rank, " ", when,
                       kind == FaultKind::kActivationScale ? absl::StrCat(" (x", magnitude, ")")
+                      : kind == FaultKind::kProduct     ? absl::StrCat(" (relative ", magnitude, ")")
                                                           : "");
 }
 
@@ -76,7 +80,8 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"replay", FaultKind::kReplay},
       {"replay-error", FaultKind::kReplayError},
       {"scan-error", FaultKind::kScanError},
-      {"exchange-error", FaultKind::kExchangeError}};
+      {"exchange-error", FaultKind::kExchangeError},
+      {"product", FaultKind::kProduct}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }
@@ -95,8 +100,15 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
   } else {
     return bad("WHEN must be step=N, from=N or p=X");
   }
-  if (parts.size() == 4 && !absl::SimpleAtod(parts[3], &p.magnitude)) {
-    return bad("MAGNITUDE must be a number");
+  if (p.kind == FaultKind::kProduct) p.magnitude = 0x1p-6;
+  if (parts.size() == 4) {
+    int exponent = 0;
+    if (absl::StartsWith(parts[3], "2^") && absl::SimpleAtoi(parts[3].substr(2), &exponent) &&
+        exponent >= -1000 && exponent <= 1000) {
+      p.magnitude = std::ldexp(1.0, exponent);
+    } else if (!absl::SimpleAtod(parts[3], &p.magnitude)) {
+      return bad("MAGNITUDE must be a number or 2^E");
+    }
   }
   return p;
 }

@@ -22,9 +22,14 @@
 //                                 function or autograd would
 //             scan-error          RANK's check 1 of a local bucket raises
 //             exchange-error      RANK, receiving a peer's micro-batch, finds it malformed
+//             product             perturb one element of one matrix product's output
+//                                 (forward or backward) by the relative error MAGNITUDE
+//                                 (default 2^-6); injected by the Python front end's
+//                                 every-step checksums (sdc_guard/checksums.py)
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
+//   MAGNITUDE a number, or a power of two written 2^E (e.g. 2^-8)
 
 #include <cstdint>
 #include <string>
@@ -47,6 +52,7 @@ enum class FaultKind {
   kReplayError,
   kScanError,
   kExchangeError,
+  kProduct,
 };
 
 const char* FaultKindName(FaultKind kind);
