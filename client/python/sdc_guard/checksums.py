@@ -10,7 +10,8 @@ checksums, the probabilistic lambda-sigma threshold by default). On CPU a
 its backward as two ``mm``; ``matmul`` of batches as ``bmm``. Products of
 other dtypes or devices, ``addmm`` with a full (not row-broadcast) input or
 scaling, and fused kernels (``scaled_dot_product_attention``, convolutions)
-are not checked; ``unchecked`` counts the first kind.
+are not checked; ``unchecked`` counts the first kind (and a check that
+raised, said once on stderr: nothing raises on one rank inside backward).
 
 A failed checksum: the product is computed once more from the same
 operands (the same output: "persistent", a fault the inputs reproduce;
@@ -41,13 +42,6 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # What a failed checksum's note to the engine starts with; guard.py knows a
 # step skipped for it by this mark in the error every rank gets.
 ALARM_MARK = "checksum alarm"
-
-
-def check_matmul(a, b, c, bias=None, rule="probabilistic", lambda_=10.0):
-    """The checksum test of ``c == a @ b (+ bias)`` on CPU tensors as stored
-    (2-D, or 3-D batches): (passed, worst column, discrepancy, threshold,
-    batch of the worst). ValueError for what the kernels do not take."""
-    return _C.check_matmul(a, b, c, bias, rule, lambda_)
 
 
 def _operands(func, args, kwargs, out):
@@ -93,6 +87,7 @@ class ProductChecks(TorchDispatchMode):
         self._last_step_products = 0
         self._fault = None    # (relative error, target product index) at a firing step.
         self._step_alarmed = False
+        self._warned = False  # Said once that a check raised.
 
     def begin(self, step):
         """Before the step's forward: arms this step's injected fault, if any."""
@@ -120,8 +115,16 @@ class ProductChecks(TorchDispatchMode):
         if self._fault is not None and self._fault[1] == index:
             self._inject(func, out)
         a, b, bias = ops
-        passed, worst, discrepancy, threshold, batch = _C.check_matmul(
-            a, b, out, bias, self.rule, self.lambda_)
+        try:
+            passed, worst, discrepancy, threshold, batch = _C.check_matmul(
+                a, b, out, bias, self.rule, self.lambda_)
+        except Exception as e:  # noqa: BLE001  (never raise on one rank inside backward)
+            self.unchecked += 1
+            if not self._warned:
+                self._warned = True
+                print(f"sdc-guard rank {self.rank}: a product left unchecked: {func.__name__} "
+                      f"{self._shapes(a, b)}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return out
         self.checked += 1
         if not passed:
             self._alarm(func, args, kwargs, out, ops, worst, discrepancy, threshold, batch)
