@@ -1,5 +1,6 @@
 #include "client/fault_injection.h"
 
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -42,6 +43,8 @@ const char* FaultKindName(FaultKind kind) {
       return "software-stack";
     case FaultKind::kLateAuditReports:
       return "late-audit-reports";
+    case FaultKind::kProduct:
+      return "product";
   }
   return "unknown";
 }
@@ -61,6 +64,7 @@ std::string FaultPlan::Describe() const {
                                       : absl::StrCat("with probability ", probability, " per step");
   return absl::StrCat(FaultKindName(kind), " on rank ", rank, " ", when,
                       kind == FaultKind::kActivationScale ? absl::StrCat(" (x", magnitude, ")")
+                      : kind == FaultKind::kProduct     ? absl::StrCat(" (relative ", magnitude, ")")
                                                           : "");
 }
 
@@ -85,7 +89,8 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"exchange-error", FaultKind::kExchangeError},
       {"corrupt-transfer", FaultKind::kCorruptTransfer},
       {"software-stack", FaultKind::kSoftwareStack},
-      {"late-audit-reports", FaultKind::kLateAuditReports}};
+      {"late-audit-reports", FaultKind::kLateAuditReports},
+      {"product", FaultKind::kProduct}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }
@@ -104,8 +109,15 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
   } else {
     return bad("WHEN must be step=N, from=N or p=X");
   }
-  if (parts.size() == 4 && !absl::SimpleAtod(parts[3], &p.magnitude)) {
-    return bad("MAGNITUDE must be a number");
+  if (p.kind == FaultKind::kProduct) p.magnitude = 0x1p-6;
+  if (parts.size() == 4) {
+    int exponent = 0;
+    if (absl::StartsWith(parts[3], "2^") && absl::SimpleAtoi(parts[3].substr(2), &exponent) &&
+        exponent >= -1000 && exponent <= 1000) {
+      p.magnitude = std::ldexp(1.0, exponent);
+    } else if (!absl::SimpleAtod(parts[3], &p.magnitude)) {
+      return bad("MAGNITUDE must be a number or 2^E");
+    }
   }
   return p;
 }

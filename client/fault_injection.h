@@ -32,9 +32,14 @@
 //             late-audit-reports  RANK sends its original and replay results to sdcd only
 //                                 after the step's tie-breaks and a 2 s pause, so tie-break
 //                                 results reach sdcd before them (a per-stream race)
+//             product             perturb one element of one matrix product's output
+//                                 (forward or backward) by the relative error MAGNITUDE
+//                                 (default 2^-6); injected by the Python front end's
+//                                 every-step checksums (sdc_guard/checksums.py)
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
+//   MAGNITUDE a number, or a power of two written 2^E (e.g. 2^-8)
 
 #include <cstdint>
 #include <string>
@@ -60,6 +65,7 @@ enum class FaultKind {
   kCorruptTransfer,
   kSoftwareStack,
   kLateAuditReports,
+  kProduct,
 };
 
 const char* FaultKindName(FaultKind kind);

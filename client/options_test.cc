@@ -225,6 +225,19 @@ TEST(FaultSpecTest, ParsesAndFires) {
     EXPECT_EQ(FaultKindName(p->kind), std::string(kind));
     EXPECT_TRUE(p->FiresAt(2, 4));
   }
+  // A product's relative error (issue 45): 2^E or a number; 2^-6 by default.
+  p = ParseFaultSpec("product:4:step=7:2^-8");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kind, FaultKind::kProduct);
+  EXPECT_EQ(p->magnitude, 0x1p-8);
+  EXPECT_TRUE(p->FiresAt(4, 7));
+  EXPECT_EQ(p->Describe(), "product on rank 4 at step 7 (relative 0.00390625)");
+  p = ParseFaultSpec("product:4:step=7");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->magnitude, 0x1p-6);
+  p = ParseFaultSpec("product:4:step=7:0.5");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->magnitude, 0.5);
   // A probability fires on about that share of steps, the same on every run.
   p = ParseFaultSpec("mantissa-bitflip:0:p=0.25");
   ASSERT_TRUE(p.ok());
@@ -233,7 +246,8 @@ TEST(FaultSpecTest, ParsesAndFires) {
   EXPECT_GT(fired, 2300);
   EXPECT_LT(fired, 2700);
   for (const char* bad : {"explode:1:step=2", "nan-gradient:x:step=2", "weight:1:when=3",
-                          "weight:1:p=2", "weight:1", "activation-scale:1:step=2:big"}) {
+                          "weight:1:p=2", "weight:1", "activation-scale:1:step=2:big",
+                          "product:1:step=2:2^x", "product:1:step=2:2^-9999"}) {
     EXPECT_EQ(ParseFaultSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }

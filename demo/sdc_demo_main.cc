@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, trainer, "cpp",
           "cpp: the C++ trainer (sdc::Guard); python: PyTorch DDP ranks with the sdc_guard "
           "package (./sdc builds it); hf, lightning, accelerate: the same ranks trained by "
           "transformers.Trainer, Lightning or Accelerate through sdc_guard.integrations.");
+ABSL_FLAG(bool, every_step, false,
+          "Every-step checksums of each matrix product in the ranks' forward and backward "
+          "(Guard(every_step=True); Python trainers only for now).");
 ABSL_FLAG(std::string, facts, "",
           "Also write what the run showed as one JSON object to this file (tests, scripts).");
 
@@ -89,6 +92,7 @@ struct Config {
   std::string model;
   std::string trainer;
   std::string facts;  // Where to write the run's facts as JSON (tests).
+  bool every_step = false;
 };
 
 Config ConfigFromFlags() {
@@ -110,6 +114,7 @@ Config ConfigFromFlags() {
   c.model = absl::GetFlag(FLAGS_model);
   c.trainer = absl::GetFlag(FLAGS_trainer);
   c.facts = absl::GetFlag(FLAGS_facts);
+  c.every_step = absl::GetFlag(FLAGS_every_step);
   return c;
 }
 
@@ -277,6 +282,12 @@ int Main(int argc, char** argv) {
   c.model = scenario->model.empty() ? f.model : scenario->model;
   if (scenario->micro_batches > 0) c.micro_batches = scenario->micro_batches;
   c.trainer = f.trainer;
+  if (f.every_step) {
+    if (f.trainer == "cpp") {
+      Usage("--every_step: the C++ trainer has no product checksums yet; use --trainer=python");
+    }
+    c.trainer_env["SDC_EVERY_STEP"] = "1";
+  }
   c.fault = absl::StrReplaceAll(scenario->fault, {{"{rank}", absl::StrCat(f.fault_rank)},
                                                   {"{step}", absl::StrCat(f.fault_step)},
                                                   {"{next}", absl::StrCat((f.fault_rank + 1) % world)}});

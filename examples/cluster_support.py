@@ -117,6 +117,9 @@ class Progress:
                 "audits_off")}
             guard["unverified"] = summary["audits_unverified"]
             guard["mismatches"] = summary["audit_mismatches"]
+            if summary.get("every_step"):  # Guard(every_step=True): the product checksums.
+                for k in ("checksum_alarms", "checksum_skips", "products_checked"):
+                    guard[k] = summary[k]
         self.out.write(json.dumps({"final": True, "rank": self.rank,
                                    "weights_digest": weights_digest(module), "guard": guard,
                                    **(extra or {})},

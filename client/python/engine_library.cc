@@ -46,6 +46,8 @@
 #include "absl/time/time.h"
 #include "client/guard_engine.h"
 #include "client/options.h"
+#include "client/fault_injection.h"
+#include "kernels/abft.h"
 #include "kernels/fingerprint.h"
 #include "kernels/model_digest.h"
 
@@ -208,6 +210,14 @@ class Engine : public torch::CustomClassHolder {
   std::string Coordinator() { return engine_->options().coordinator; }
   std::string JobIdOf() { return engine_->options().job_id; }
   int64_t AuditEvery() { return static_cast<int64_t>(engine_->options().audit_every); }
+  // This rank's injected product fault at `step` (fault_injection.h):
+  // (fires, relative error). The Python front end's checksums inject it.
+  std::tuple<bool, double> ProductFault(int64_t step) {
+    const FaultPlan plan = FaultFor(engine_->options().faults, static_cast<uint32_t>(Rank()));
+    const bool fires = plan.kind == FaultKind::kProduct &&
+                       plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
+    return {fires, plan.magnitude};
+  }
   int64_t WeightCheckEvery() {
     return static_cast<int64_t>(engine_->options().weight_check_every);
   }
@@ -264,6 +274,100 @@ int64_t ModelDigestOp(std::vector<std::string> names, std::vector<at::Tensor> te
   return static_cast<int64_t>(digest.Finish());
 }
 
+kernels::DType AbftDType(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kernels::DType::kFloat32;
+    case at::kBFloat16:
+      return kernels::DType::kBFloat16;
+    case at::kHalf:
+      return kernels::DType::kFloat16;
+    default:
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", c10::toString(t.scalar_type()),
+          ": the product checksums take float32, bfloat16 or float16")));
+  }
+}
+
+// The strided view of the last two dims of `t` (a matrix, or each matrix of
+// a batch).
+kernels::MatrixRef MatrixOf(const at::Tensor& t, const char* name) {
+  const int64_t d = t.dim();
+  return kernels::MatrixRef{t.data_ptr(), t.size(d - 2), t.size(d - 1), t.stride(d - 2),
+                            t.stride(d - 1), AbftDType(t, name)};
+}
+
+// The checksum test of one product C = A B (+ bias), or of a batch of them
+// (A, B, C 3-D: bmm), on CPU tensors as stored (any strides): (passed,
+// worst index, discrepancy, threshold, batch of the worst). `bias`: n
+// values broadcast over C's rows (a 1-D tensor, or a 2-D one whose rows
+// repeat it with stride 0, as addmm's expanded input). `rule`: "guaranteed"
+// or "probabilistic" (abft.h). ValueError for shapes, dtypes, devices or a
+// rule the kernel does not take.
+std::tuple<bool, int64_t, double, double, int64_t> CheckMatmulOp(
+    at::Tensor a, at::Tensor b, at::Tensor c, std::optional<at::Tensor> bias, std::string rule,
+    double lambda) {
+  auto invalid = [](auto&&... parts) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(parts...)));
+  };
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&a, "A"},
+                                {&b, "B"},
+                                {&c, "C"}}) {
+    if (!t->device().is_cpu()) {
+      invalid(name, " is on ", t->device().str(),
+              ": the product checksums run on CPU tensors only for now");
+    }
+  }
+  if (bias && !bias->device().is_cpu()) {
+    invalid("bias is on ", bias->device().str(),
+            ": the product checksums run on CPU tensors only for now");
+  }
+  kernels::AbftOptions options;
+  if (rule == "guaranteed") {
+    options.rule = kernels::AbftRule::kGuaranteed;
+  } else if (rule == "probabilistic") {
+    options.rule = kernels::AbftRule::kProbabilistic;
+  } else {
+    invalid("rule '", rule, "': expected guaranteed or probabilistic");
+  }
+  options.lambda = lambda;
+  const int64_t dims = a.dim();
+  if (dims < 2 || dims > 3 || b.dim() != dims || c.dim() != dims) {
+    invalid("A, B and C are ", a.dim(), "-D, ", b.dim(), "-D and ", c.dim(),
+            "-D: expected three matrices or three batches of them (3-D)");
+  }
+  std::optional<kernels::MatrixRef> bias_ref;
+  if (bias) {
+    const at::Tensor& v = *bias;
+    const int64_t n = c.size(dims - 1);
+    if (dims != 2) invalid("a bias with batched products is not supported");
+    if (v.dim() == 1 && v.size(0) == n) {
+      bias_ref = kernels::MatrixRef{v.data_ptr(), 1, n, 0, v.stride(0), AbftDType(v, "bias")};
+    } else if (v.dim() == 2 && v.size(1) == n && (v.size(0) == 1 || v.stride(0) == 0)) {
+      bias_ref = kernels::MatrixRef{v.data_ptr(), 1, n, 0, v.stride(1), AbftDType(v, "bias")};
+    } else {
+      invalid("bias of shape ", c10::str(v.sizes()), ": expected ", n,
+              " values broadcast over C's rows");
+    }
+  }
+  absl::StatusOr<kernels::AbftResult> r;
+  if (dims == 2) {
+    r = kernels::CheckMatrixProduct(MatrixOf(a, "A"), MatrixOf(b, "B"), MatrixOf(c, "C"),
+                                    bias_ref ? &*bias_ref : nullptr, options);
+  } else {
+    if (b.size(0) != a.size(0) || c.size(0) != a.size(0)) {
+      invalid("batches of ", a.size(0), ", ", b.size(0), " and ", c.size(0), " products");
+    }
+    r = kernels::CheckBatchedMatrixProduct(a.size(0), MatrixOf(a, "A"), MatrixOf(b, "B"),
+                                           MatrixOf(c, "C"),
+                                           {a.stride(0), b.stride(0), c.stride(0), 0}, nullptr,
+                                           options);
+  }
+  const kernels::AbftResult result = Value(std::move(r));
+  return {result.passed, result.worst_index, result.discrepancy, result.threshold,
+          result.worst_batch};
+}
+
 }  // namespace
 }  // namespace sdc::client
 
@@ -278,6 +382,9 @@ TORCH_LIBRARY(sdc, m) {
   m.def("fingerprint(Tensor tensor, int? seed=None) -> (int, int, int)", &ops::FingerprintOp);
   m.def("model_digest(str[] names, Tensor[] tensors, int? seed=None) -> int",
         &ops::ModelDigestOp);
+  m.def("check_matmul(Tensor a, Tensor b, Tensor c, Tensor? bias=None, "
+        "str rule=\"probabilistic\", float lambda_=10.0) -> (bool, int, float, float, int)",
+        &ops::CheckMatmulOp);
 
   m.class_<Engine>("Engine")
       .def(torch::init<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<std::string>,
@@ -302,6 +409,7 @@ TORCH_LIBRARY(sdc, m) {
       .def("checkpoint_standing", &Engine::CheckpointStanding)
       .def("refresh_checkpoints", &Engine::RefreshCheckpoints)
       .def("fault_point", &Engine::FaultPoint)
+      .def("product_fault", &Engine::ProductFault)
       .def("summary", &Engine::Summary)
       .def("summary_line", &Engine::SummaryLine)
       .def("shutdown", &Engine::Shutdown, "", {torch::arg("flush_seconds") = 5.0})

@@ -6,7 +6,8 @@ built once per torch version and shipped side by side in
 same file serves every Python. This module loads the build that matches
 ``torch.__version__`` (``torch.ops.load_library``), registers the Python side
 of the engine's two callbacks, and presents the engine as guard.py uses it:
-``Engine``, ``GuardError``, ``job_id``, ``fingerprint``, ``model_digest``.
+``Engine``, ``GuardError``, ``job_id``, ``fingerprint``, ``model_digest``,
+``check_matmul``.
 
 An engine method is one ``.def`` line in engine_library.cc and needs nothing
 here: ``Engine`` forwards every attribute to ``torch.classes.sdc.Engine``,
@@ -159,3 +160,11 @@ def model_digest(names, tensors, seed=None):
     """The model digest sdcd's weight vote compares (an unsigned 64-bit int),
     fingerprints under the key of ``seed`` as in ``fingerprint``."""
     return _call(torch.ops.sdc.model_digest, list(names), list(tensors), _seed(seed)) & _U64
+
+
+def check_matmul(a, b, c, bias=None, rule="probabilistic", lambda_=10.0):
+    """The checksum test of one product ``c = a @ b (+ bias)`` (kernels/abft.h)
+    on CPU tensors as stored: (passed, worst column, discrepancy, threshold,
+    batch of the worst). ValueError for devices, dtypes or shapes it does
+    not take."""
+    return tuple(_call(torch.ops.sdc.check_matmul, a, b, c, bias, rule, float(lambda_)))

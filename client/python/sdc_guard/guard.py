@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sdc_guard import _C, amp, hooks, notices
+from sdc_guard import _C, amp, checksums, hooks, notices
 from sdc_guard._C import GuardError
 
 # Keyword arguments of Guard and the SDC_* variable each overrides, with the
@@ -55,6 +55,9 @@ _OPTIONS = {
     "vote_buffers": ("SDC_VOTE_BUFFERS", "flag"),
     "metrics_listen": ("SDC_METRICS_LISTEN", "text"),
 }
+
+# Guard's own option (the Python front end's), not the engine's.
+_EVERY_STEP = ("every_step", "SDC_EVERY_STEP")
 
 # How libtorch words a warn-only deterministic-algorithms alert.
 _NO_DETERMINISTIC = " does not have a deterministic implementation"
@@ -91,6 +94,20 @@ def _variables(options):
                 raise ValueError(f"{name}={value!r}: expected a non-empty string")
             out[variable] = value
     return out
+
+
+def _every_step(value):
+    """Whether the every-step checksums run: ``value`` (True or False), else
+    SDC_EVERY_STEP (0 or 1), else off. ValueError for anything else."""
+    name, variable = _EVERY_STEP
+    if value is not None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r}: expected True or False")
+        return value
+    text = os.environ.get(variable, "")
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{variable}={text!r}: expected 0 or 1")
+    return text == "1"
 
 
 def _flatten(batch):
@@ -208,6 +225,9 @@ class Step:
             warnings.simplefilter("always")
         g._current = self
         g._rebuild = self._rebuild
+        if g._checks is not None:  # Every-step checksums of the forward and backward.
+            g._checks.begin(self.step)
+            g._checks.__enter__()
         g._hook_calls_this_step = 0
         g._original_from_hook = False
         return self
@@ -266,6 +286,8 @@ class Step:
     def __exit__(self, exc_type, exc, tb):
         g = self._guard
         g._current = None
+        if g._checks is not None:  # Before Finish: peers' replays are not checked.
+            g._checks.__exit__(None, None, None)
         self._end_warnings()
         if exc_type is not None:
             # The trainer's own error: this rank leaves the step (as it would
@@ -292,6 +314,11 @@ class Step:
             # failed, or the preflight): the step is skipped everywhere, and
             # a trainer that catches it may train on.
             self.apply, self.reason = False, str(e)
+            if checksums.ALARM_MARK in str(e):
+                # A rank's product checksum failed: every rank has this same
+                # error, so every rank skips the step here and trains on.
+                g.checksum_skips += 1
+                return False
             raise
         self.apply = d["apply"]
         self.reason = d["reason"]
@@ -343,9 +370,10 @@ class Guard:
                 f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not callable(loss_fn):
             raise TypeError("loss_fn: expected a callable loss_fn(module, batch) -> loss tensor")
+        every_step = _every_step(options.pop(_EVERY_STEP[0], None))
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise TypeError(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(_OPTIONS)})")
+            raise TypeError(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(list(_OPTIONS) + [_EVERY_STEP[0]])})")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialised: call torch.distributed.init_process_group() "
@@ -389,6 +417,8 @@ class Guard:
         self._weight_check_due = False
         self.weight_check_total_ms = 0.0  # Check 3's time so far (its calls are lazy).
         self._closed = False
+        self._checks = None
+        self.checksum_skips = 0  # Steps skipped on every rank for a failed checksum.
         self._core = _C.Engine(
             self.process_group,
             [n for n, _ in params], [p for _, p in params],
@@ -396,6 +426,8 @@ class Guard:
             self._optimizer_state, self._replay_loss, variables,
             [n for n, _ in frozen], [p for _, p in frozen])
         try:
+            if every_step:
+                self._checks = checksums.ProductChecks(self._core, self._core.rank)
             self.comm_hook = hooks.GuardHook(self, hook_state, hook)
             model.register_comm_hook(None, self.comm_hook)
             # After DDP's buffer broadcast, before the module's own forward
@@ -503,8 +535,19 @@ class Guard:
         return self._engine().fault_point(activation)
 
     def summary(self):
-        """Counters of this rank's guard (steps, skips, audits, reports...)."""
-        return self._engine().summary()
+        """Counters of this rank's guard (steps, skips, audits, reports...),
+        and the every-step checksums': ``checksum_alarms`` (this rank's failed
+        product checksums), ``checksum_skips`` (steps every rank skipped for
+        any rank's), ``products_checked`` and ``products_unchecked`` (0 without
+        ``every_step``)."""
+        out = dict(self._engine().summary())
+        c = self._checks
+        out["every_step"] = c is not None
+        out["checksum_alarms"] = c.alarms if c is not None else 0
+        out["checksum_skips"] = self.checksum_skips
+        out["products_checked"] = c.checked if c is not None else 0
+        out["products_unchecked"] = c.unchecked if c is not None else 0
+        return out
 
     @property
     def step_pending(self):
