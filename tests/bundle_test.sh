@@ -128,8 +128,11 @@ token=0123456789abcdef0123456789abcdef
 printf '%s\n' "$token" >"$root/state/admin.token"
 chmod 600 "$root/state/admin.token"
 log="$work/sdcd.log"
+# Agents on their own port; --insecure_dev_mode (loopback only) takes the
+# agent's node at its word: this test is about the bundle, node identities
+# have theirs (tests/agent_e2e_test, daemon/node_identity_test).
 "${chroot_cmd[@]}" "$bundle/bin/sdcd" --db=/state/sdc.db --listen=127.0.0.1:0 \
-  --metrics_listen=127.0.0.1:0 --admin_listen=unix:/state/admin.sock \
+  --agent_listen=127.0.0.1:0 --insecure_dev_mode --metrics_listen=127.0.0.1:0 --admin_listen=unix:/state/admin.sock \
   --admin_token_file=/state/admin.token >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do
@@ -172,10 +175,10 @@ ok "sdcd's /metrics reports version=\"$version\""
 # The bundle's sdc-agent (outside the root: it needs torch) registers with
 # that sdcd and runs a diagnostic in its child process, which it starts by
 # re-executing the launcher (SDC_BUNDLE_EXE): a pass proves that path.
-trainer_port=$(sed -n 's/.*serving trainers on [^ ]* (port \([0-9]*\)).*/\1/p' "$log" | head -1)
-[[ -n "$trainer_port" ]] || fail "sdcd's log names no trainer port"
+agent_port=$(sed -n 's/.*agents on [^ ]* (port \([0-9]*\)).*/\1/p' "$log" | head -1)
+[[ -n "$agent_port" ]] || fail "sdcd's log names no agent port"
 agent_log="$work/agent.log"
-SDC_TORCH_LIB="$torch_lib" "$root$bundle/bin/sdc-agent" --coordinator="127.0.0.1:$trainer_port" \
+SDC_TORCH_LIB="$torch_lib" "$root$bundle/bin/sdc-agent" --coordinator="127.0.0.1:$agent_port" \
   --node_name=bundle-node --heartbeat=1s >"$agent_log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 1 150); do
