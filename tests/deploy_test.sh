@@ -152,7 +152,8 @@ ALERTS = {  # name: (expr, for)
                                  "(increase(sdc_trainer_reports_dropped_total[15m])) > 0", None),
 }
 NAMESPACED_EXEMPT = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                     "PersistentVolume", "StorageClass", "PriorityClass", "ClusterIssuer"}
+                     "PersistentVolume", "StorageClass", "PriorityClass", "ClusterIssuer",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 CERT_MANAGER_NS = "cert-manager"  # cert-manager's cluster resource namespace: the CA's Secret
 CA_ISSUER = "sdc-guard-ca"
 
@@ -319,6 +320,8 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
                 ("PodDisruptionBudget", "sdcd"), ("NetworkPolicy", "sdcd"), ("NetworkPolicy", "sdc-agent"),
                 ("PodMonitor", "sdc-agent"),
                 ("ClusterRole", "sdc-guard-coordinator"), ("ClusterRoleBinding", "sdc-guard-coordinator"),
+                ("ValidatingAdmissionPolicy", "sdc-guard-coordinator-node-label"),
+                ("ValidatingAdmissionPolicyBinding", "sdc-guard-coordinator-node-label"),
                 ("Role", "sdc-guard-operator"),
                 ("PersistentVolumeClaim", "sdcd-state"), ("Deployment", "sdcd"), ("Service", "sdcd"),
                 ("ServiceMonitor", "sdcd"), ("PrometheusRule", "sdc-guard"), ("DaemonSet", "sdc-agent")]
@@ -489,6 +492,26 @@ def check_rendered(r, docs, kustomization, actuator, known, alerts_path, base):
                  f"ClusterRoleBinding {name} binds a ClusterRole of this install", str(ref))
         subs = [(s.get("kind"), s.get("name"), s.get("namespace")) for s in crb.get("subjects") or []]
         r.expect(subs == [("ServiceAccount", "sdcd", NS)], f"ClusterRoleBinding {name} binds only {NS}/sdcd", str(subs))
+
+    # The admission policy: sdcd's RBAC patch narrowed to one label.
+    vap = get("ValidatingAdmissionPolicy", "sdc-guard-coordinator-node-label")
+    vspec = vap.get("spec") or {}
+    conds = [c.get("expression", "") for c in vspec.get("matchConditions") or []]
+    r.expect(conds == [f"request.userInfo.username == 'system:serviceaccount:{NS}:sdcd'"],
+             f"the admission policy matches only {NS}/sdcd", str(conds))
+    rules = (vspec.get("matchConstraints") or {}).get("resourceRules") or []
+    r.expect([(x.get("resources"), x.get("operations")) for x in rules] == [(["nodes"], ["UPDATE"])],
+             "the admission policy covers node updates", str(rules))
+    r.expect(vspec.get("failurePolicy") == "Fail", "the admission policy fails closed")
+    exprs = " ".join(v.get("expression", "") for v in vspec.get("validations") or [])
+    keyvar = next((v.get("expression") for v in vspec.get("variables") or [] if v.get("name") == "key"), "")
+    r.expect(keyvar == f"'{HEALTH_KEY}'", f"the admission policy's one label is {HEALTH_KEY}", keyvar)
+    for need in ("object.spec == oldObject.spec", "annotations", "UnschedulablePendingReplacement"):
+        r.expect(need in exprs, f"the admission policy checks {need}")
+    vb = get("ValidatingAdmissionPolicyBinding", "sdc-guard-coordinator-node-label")
+    r.expect((vb.get("spec") or {}).get("policyName") == vap["metadata"]["name"] and
+             (vb.get("spec") or {}).get("validationActions") == ["Deny"],
+             "the admission policy's binding denies")
 
     # Agent DaemonSet.
     ds = get("DaemonSet", "sdc-agent")
