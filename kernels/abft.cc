@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_dispatch.h"
+#include "kernels/half_float.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -53,25 +54,6 @@ constexpr double kEvaluationSlack = 1.0 + 0x1p-40;
 
 // The ones of a bias's companion column/row, read with stride 0.
 constexpr float kOne = 1.0f;
-
-float BitsToFloat(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// Exact IEEE binary16 -> binary32, subnormals included.
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0) {
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign != 0 ? -magnitude : magnitude;
-  }
-  if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
-  return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
 
 double LoadValue(const unsigned char* p, DType dtype) {
   switch (dtype) {
