@@ -336,6 +336,25 @@ void AccumulateRows(const MatrixRef& m, int64_t rows, SinksFor sinks_for, CpuPat
   for (int64_t i = 0; i < rows; ++i) AccumulateRow(m, i, sinks_for(i), path);
 }
 
+// The weighted sums of each of m's `columns` columns over its first `rows`
+// rows, in m's memory order: column by column (weights: one per row) where
+// columns are contiguous, else row by row into sinks_for(i), which must add
+// into the same `sum`, `abs` and `sq` arrays with the same weights.
+template <typename SinksFor>
+void SumColumns(const MatrixRef& m, int64_t rows, int64_t columns, const DotWeights& weights,
+                SinksFor sinks_for, double* sum, double* abs, double* sq, CpuPath path) {
+  if (!ColumnMajor(m)) {
+    AccumulateRows(m, rows, sinks_for, path);
+    return;
+  }
+  for (int64_t j = 0; j < columns; ++j) {
+    const DotSums d = DotLine(ColumnStart(m, j), m.dtype, rows, weights, path);
+    sum[j] = d.sum;
+    abs[j] = d.abs;
+    if (sq != nullptr) sq[j] = d.sq;
+  }
+}
+
 double ElementAt(const MatrixRef& m, int64_t r, int64_t c) {
   const auto* p = static_cast<const unsigned char*>(m.data) +
                   (r * m.row_stride + c * m.col_stride) * DTypeSize(m.dtype);
@@ -491,20 +510,12 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
                     probabilistic ? sq_weight[k] : 0.0,
                     probabilistic ? variance.data() : nullptr};
   };
-  if (ColumnMajor(r)) {
-    // Columns of R contiguous: reference_j, T_j and the variance are dot
-    // products of column j with the weights from L.
-    const DotWeights weights{l_sum.data(), l_abs.data(),
-                             probabilistic ? sq_weight.data() : nullptr};
-    for (int64_t j = 0; j < s; ++j) {
-      const DotSums d = DotLine(ColumnStart(r, j), r.dtype, q, weights, path);
-      reference[j] = d.sum;
-      t[j] = d.abs;
-      if (probabilistic) variance[j] = d.sq;
-    }
-  } else {
-    AccumulateRows(r, q, r_sinks, path);
-  }
+  // Column by column, reference_j, T_j and the variance are dot products of
+  // column j with the weights from L.
+  SumColumns(r, q, s,
+             DotWeights{l_sum.data(), l_abs.data(), probabilistic ? sq_weight.data() : nullptr},
+             r_sinks, reference.data(), t.data(), probabilistic ? variance.data() : nullptr,
+             path);
   if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
   // Pass over C: observed_j, S_j and sum_i C_ij^2.
@@ -512,20 +523,12 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   Zeros(observed, s);
   Zeros(s_abs, s);
   Zeros(c_sq, probabilistic ? s : 0);
-  if (ColumnMajor(c)) {
-    const DotWeights weights{ones_p.data(), ones_p.data(),
-                             probabilistic ? ones_p.data() : nullptr};
-    for (int64_t j = 0; j < s; ++j) {
-      const DotSums d = DotLine(ColumnStart(c, j), c.dtype, p, weights, path);
-      observed[j] = d.sum;
-      s_abs[j] = d.abs;
-      if (probabilistic) c_sq[j] = d.sq;
-    }
-  } else {
-    const RowSinks sinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
+  const RowSinks c_sinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
                          c_sq.empty() ? nullptr : c_sq.data()};
-    AccumulateRows(c, p, [&](int64_t) { return sinks; }, path);
-  }
+  SumColumns(c, p, s,
+             DotWeights{ones_p.data(), ones_p.data(), probabilistic ? ones_p.data() : nullptr},
+             [&](int64_t) { return c_sinks; }, observed.data(), s_abs.data(),
+             probabilistic ? c_sq.data() : nullptr, path);
 
   const double u_out = AbftOutputUnitRoundoff(c.dtype);
   const double uo = u_out / (1.0 - u_out);
