@@ -239,18 +239,8 @@ SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
   const int64_t size = DTypeSize(dtype);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const unsigned char* q = p + j * size;
-    __m256 x;
-    if (dtype == DType::kFloat32) {
-      x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      x = dtype == DType::kFloat16
-              ? _mm256_cvtph_ps(h)
-              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    const __m256d halves[2] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
-                               _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+    __m256d halves[2];
+    Load8(p + j * size, dtype, halves[0], halves[1]);
     for (int h = 0; h < 2; ++h) {
       const __m256d v = halves[h];
       const int64_t at = j + 4 * h;
