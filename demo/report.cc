@@ -266,6 +266,8 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   return f;
 }
 
+namespace {
+
 // "12 audits" or "12 audits (3 unverified: ...)".
 std::string AuditCount(const RunFacts& f) {
   if (f.audits_unverified == 0) return absl::StrCat(f.audits, " audits");
@@ -273,7 +275,8 @@ std::string AuditCount(const RunFacts& f) {
                       " unverified: checked in-band only, no verdict from sdcd in time)");
 }
 
-// "20 into training: 3 caught, 17 TRAINED ON UNDETECTED (steps 2, 9, ...); 3 into replays".
+// "20 into training: 3 caught, 17 trained on undetected (steps 3, 6, ...); 4 into replays
+// of a peer".
 std::string InjectionTally(const RunFacts& f) {
   int replays = 0, elsewhere = 0;
   for (const Injection& i : f.injections) {
@@ -293,8 +296,6 @@ std::string InjectionTally(const RunFacts& f) {
   if (elsewhere > 0) absl::StrAppend(&out, "; ", elsewhere, " that change no value training uses");
   return out;
 }
-
-namespace {
 
 // Every rank's reports to sdcd, from the guard summaries of their final lines.
 struct ReportTotals {
