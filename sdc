@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus shellcheck python3 python3-yaml procps openssl kubectl
   binutils
   python3-venv python3-dev python3-pip
+  slurmctld slurmd slurm-client
 )
 
 # PyTorch, pinned: the CUDA-enabled Linux wheel (with its nvidia-* CUDA
@@ -386,6 +387,7 @@ cmd_test() {
   cmd_pytest
   smoke_python_bench
   smoke_configs_bench
+  cmd_slurm_loop
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
 }
@@ -505,6 +507,31 @@ cmd_ctl() {
   exec "$ROOT/bazel-bin/ctl/sdcctl" "$@"
 }
 
+# The guard's loop under a real Slurm on this machine (tests/slurm/
+# slurm_loop_test.sh): slurmctld and four slurmd from a slurm.conf in a
+# temporary directory, sdcd with --actuator=slurm, a guarded job submitted
+# with sbatch --requeue; a fault, an operator's approval, the node failed
+# with scontrol, the job requeued and resumed. About a minute. Root runs the
+# Slurm daemons (sudo -n when this is not root).
+cmd_slurm_loop() {
+  build_targets //daemon:sdcd //ctl:sdcctl
+  [[ -n "${SDC_PYTHONPATH:-}" ]] || build_python >/dev/null
+  local log="$SDC_CACHE/slurm-loop.log" start=$SECONDS sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    sudo -n true 2>/dev/null || die "slurm-loop: the Slurm daemons need root (or sudo without a password)"
+    sudo=(sudo -n)
+  fi
+  log "slurm loop: a guarded job under slurmctld + slurmd (log: $log)"
+  if ! "${sudo[@]}" timeout --kill-after=30 600 "$ROOT/tests/slurm/slurm_loop_test.sh" \
+    --bin "$ROOT/bazel-bin" --python "$VENV/bin/python3" --pythonpath "$SDC_PYTHONPATH" \
+    >"$log" 2>&1; then
+    tail -60 "$log" >&2
+    die "the Slurm loop test failed (log: $log)"
+  fi
+  grep '^slurm-loop: ' "$log" >&2
+  log "slurm loop passed in $((SECONDS - start)) s"
+}
+
 # What tests/gpu/run.sh needs on a GPU machine, into gpu-bundle/ (see
 # tests/gpu/README.md).
 cmd_gpu_bundle() {
@@ -525,6 +552,8 @@ usage: ./sdc COMMAND [ARGS]
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
                        (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)
+  slurm-loop           the guard's whole loop under a real slurmctld + slurmd on this machine
+                       (fault, approval, scontrol state=fail, requeue, resume; needs root)
   release              the relocatable bundle of sdcd, sdcctl, sdc-agent and the wheel in dist/
   pytest [ARGS]        only the Python package's tests (tests/python)
   fuzz [SECONDS]       fuzz the coordinator's ingestion, then sdcd's streams (default 60 s each)
@@ -544,6 +573,7 @@ main() {
     bench) cmd_bench "$@" ;;
     build) cmd_build "$@" ;;
     release) cmd_release ;;
+    slurm-loop) setup; cmd_slurm_loop ;;
     pytest) setup; cmd_pytest "$@" ;;
     gpu-bundle) setup; cmd_gpu_bundle ;;
     fuzz) setup; cmd_fuzz "$@" ;;
