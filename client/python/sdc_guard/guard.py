@@ -405,6 +405,7 @@ class Guard:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        sharded.check_optimizer(optimizer)
         if not callable(loss_fn):
             raise TypeError("loss_fn: expected a callable loss_fn(module, batch) -> loss tensor")
         every_step = _every_step(options.pop(_EVERY_STEP[0], None))

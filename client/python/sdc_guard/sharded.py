@@ -94,6 +94,22 @@ def check_kind(model):
             f"2-D replicate x shard DeviceMesh (HSDP), got {_name(model)}")
 
 
+def check_optimizer(optimizer):
+    """TypeError for an optimizer that shards its state across ranks
+    (ZeroRedundancyOptimizer): each rank's update of its slice is computed
+    on that rank only, so no replica could vote on it, and the checkpoint's
+    optimizer digests would differ by rank. Not covered yet."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:  # pragma: no cover
+        return
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        raise TypeError(
+            "optimizer: ZeroRedundancyOptimizer (ZeRO-1) is not covered yet: each rank's "
+            "update of its slice of the optimizer state is computed on that rank only, so "
+            "the weight vote cannot check it; use a per-rank optimizer (torch.optim.AdamW)")
+
+
 def layout_of(model, process_group=None):
     """The Layout of ``model``; TypeError for a layout the guard does not
     cover, naming what it is; ValueError when the mesh and the process group
