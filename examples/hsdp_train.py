@@ -11,7 +11,10 @@ takes. Tests use --rank/--world_size/--rendezvous and --progress (JSON lines:
 one per step, then each rank's final digest of its own shards), and
 --corrupt_at_rest=RANK:STEP, which flips one bit of RANK's shard of the first
 parameter after STEP's optimizer step, outside the guard (corruption of a
-stored shard at rest, as faulty memory would do it).
+stored shard at rest, as faulty memory would do it). With --checkpoint_dir
+the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
+dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
+and --resume starts from the newest final one.
 """
 
 import argparse
@@ -39,6 +42,10 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--checkpoint_every", type=int, default=0,
                    help="ask the guard's checkpoint gate every N steps")
+    p.add_argument("--checkpoint_dir", default="",
+                   help="save allowed checkpoints here (torch.distributed.checkpoint)")
+    p.add_argument("--resume", action="store_true",
+                   help="start after the newest final checkpoint in --checkpoint_dir")
     p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
@@ -110,14 +117,28 @@ def main():
     corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
         else (-1, -1)
 
-    guard = None
+    guard = checkpoints = None
+    first = 1
     if not args.unguarded:
         import sdc_guard  # sdc-guard
 
         guard = sdc_guard.Guard(model, optimizer, loss_fn)  # sdc-guard: finds the mesh's shards
+        if args.checkpoint_dir:
+            checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
+            state = {"train": sdc_guard.TrainingState(model, optimizer)}
+    if args.resume:
+        if checkpoints is None:
+            raise SystemExit("--resume needs --checkpoint_dir (and the guard)")
+        storage = [p.to_local().data_ptr() for p in model.parameters()]
+        resumed = checkpoints.restore(state)  # sdc-guard: the newest final one (a collective)
+        if resumed is None:
+            raise SystemExit(f"--resume: no final checkpoint in {args.checkpoint_dir}")
+        # Loading copies into the shards the guard checks; it must not replace them.
+        assert storage == [p.to_local().data_ptr() for p in model.parameters()]
+        first = resumed + 1
 
     out = open(args.progress, "a") if args.progress else None
-    for step in range(1, args.steps + 1):
+    for step in range(first, args.steps + 1):
         batch = batch_of(args, step, rank)
         record = {"step": step, "rank": rank}
         if guard is not None:
@@ -135,7 +156,11 @@ def main():
         if (rank, step) == corrupt:
             corrupt_at_rest(model)
         if args.checkpoint_every and step % args.checkpoint_every == 0 and guard is not None:
-            record["checkpoint"] = "allowed" if guard.may_checkpoint() else "vetoed"  # sdc-guard
+            if checkpoints is not None:  # sdc-guard: the gate, then a provisional sharded save
+                allowed = checkpoints.checkpoint(step, state)
+            else:
+                allowed = guard.may_checkpoint()  # sdc-guard
+            record["checkpoint"] = "allowed" if allowed else "vetoed"
         record["loss"] = loss.item()
         if out is not None:
             out.write(json.dumps(record) + "\n")
@@ -144,6 +169,9 @@ def main():
     final = {"final": True, "rank": rank, "shard_digest": shard_digest(model)}
     if guard is not None:
         guard.shutdown(flush_seconds=10)  # sdc-guard: the last reports reach sdcd
+        if checkpoints is not None:
+            dist.barrier()  # Every rank's reports are in: a late revocation is decided.
+            checkpoints.finish()  # sdc-guard: a revocation after the last checkpoint
         summary = guard.summary()
         final["guard"] = {k: summary[k] for k in ("steps", "skipped", "weight_checks",
                                                   "checkpoints_allowed", "checkpoints_vetoed",

@@ -6,7 +6,8 @@ by a strict majority of three.
 
 Covered here: check 1 on each rank's local gradients (FSDP's reduce-scatter
 input) and on the reduced shard (after the replicate all-reduce), the weight
-vote per shard, the checkpoint gate. Replay audits are off on sharded layouts
+vote per shard, the checkpoint gate with torch.distributed.checkpoint sharded
+state dicts (issue 44, item 6). Replay audits are off on sharded layouts
 (not covered yet)."""
 
 import os
@@ -56,7 +57,9 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
     #   step 4: rank 3 (replica 1 of shard 1) corrupts its optimizer update;
     #   step 6: one bit of rank 4's stored shard (replica 2 of shard 0) flips
     #           at rest, outside the guard.
-    flags = ["--steps=6", "--checkpoint_every=2", "--corrupt_at_rest=4:6"]
+    ckpt = tmp_path / "checkpoints"
+    flags = ["--steps=6", "--checkpoint_every=2", "--corrupt_at_rest=4:6",
+             f"--checkpoint_dir={ckpt}"]
     env = {"SDC_JOB_ID": "hsdp-faults", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2",
            "SDC_INJECT_FAULT": "nan-gradient:2:step=2,weight:3:step=4", **FAULTS}
@@ -70,6 +73,7 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
         # The per-shard vote: the checkpoints after each weight fault are vetoed.
         assert by_step[4]["checkpoint"] == "vetoed", by_step[4]
         assert by_step[6]["checkpoint"] == "vetoed", by_step[6]
+    assert os.listdir(ckpt) == [], "a vetoed checkpoint is never written"
 
     incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-faults")["incidents"]
     weights = [i for i in incidents if i.get("check") == "CHECK_WEIGHTS"]
@@ -89,6 +93,36 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
     digest = [f["shard_digest"] for f in finals]
     assert digest[1] == digest[5] != digest[3]
     assert digest[0] == digest[2] != digest[4]
+
+
+def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identically(
+        tmp_path, sdcd):
+    # The gate's allowed checkpoints are torch.distributed.checkpoint
+    # directories of the sharded state dicts (TrainingState: get_state_dict
+    # of the FSDP2 module and its optimizer), provisional until the next one
+    # is allowed; a restart restores the newest final one into the shards
+    # the guard checks and trains on bit for bit.
+    ckpt = tmp_path / "checkpoints"
+    env = {"SDC_COORDINATOR": sdcd.trainer_address, "SDC_WEIGHT_CHECK_EVERY": "2"}
+    steps, finals = run_job(
+        str(tmp_path / "train"), WORLD,
+        ["--steps=6", "--checkpoint_every=2", f"--checkpoint_dir={ckpt}"],
+        {**env, "SDC_JOB_ID": "hsdp-checkpoints"}, script=SCRIPT)
+    for rank in range(WORLD):
+        assert [s.get("checkpoint") for s in steps[rank] if s["step"] % 2 == 0] == \
+            ["allowed"] * 3, steps[rank]
+    assert sorted(os.listdir(ckpt)) == ["step-2.dcp", "step-4.dcp", "step-6.dcp.provisional"]
+    assert ".metadata" in os.listdir(ckpt / "step-4.dcp")
+
+    resumed, resumed_finals = run_job(
+        str(tmp_path / "resume"), WORLD, ["--steps=6", f"--checkpoint_dir={ckpt}", "--resume"],
+        {**env, "SDC_JOB_ID": "hsdp-checkpoints-resumed"}, script=SCRIPT)
+    for rank in range(WORLD):
+        assert [s["step"] for s in resumed[rank]] == [5, 6], resumed[rank]
+        assert [s["loss"] for s in resumed[rank]] == [s["loss"] for s in steps[rank][4:]], rank
+        assert resumed_finals[rank]["shard_digest"] == finals[rank]["shard_digest"], rank
+    for job in ("hsdp-checkpoints", "hsdp-checkpoints-resumed"):
+        assert sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"] == []
 
 
 UNCOVERED = r'''
