@@ -168,6 +168,7 @@ absl::Status GuardEngine::Impl::Start() {
   hello.audit_every = options.audit_every;
   hello.weight_check_every = options.weight_check_every;
   hello.software = SoftwareStackOf(model_.device());
+  hello.shard = {options.shard_index, options.shard_count, options.replica_index};
   if (ctx_.fault().kind == FaultKind::kSoftwareStack) {
     // The demo's emulation of a node on another stack (fault_injection.h).
     hello.software.driver = "emulated-other-driver";

@@ -147,6 +147,23 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
     o.gpu_uuid = absl::StrCat("cpu-", o.node_name, "-", o.local_rank);
   }
   if (absl::Status s = ReadInt(vars, "SDC_REPLICA_GROUP", &o.replica_group); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_SHARD_INDEX", &o.shard_index); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_SHARD_COUNT", &o.shard_count); !s.ok()) return s;
+  if (absl::Status s = ReadInt(vars, "SDC_REPLICA_INDEX", &o.replica_index); !s.ok()) return s;
+  if (o.shard_count == 0 && (o.shard_index != 0 || o.replica_index != 0)) {
+    return absl::InvalidArgumentError(
+        "SDC_SHARD_INDEX and SDC_REPLICA_INDEX need SDC_SHARD_COUNT (the layout's shard count)");
+  }
+  if (o.shard_count > 0 && o.shard_index >= o.shard_count) {
+    return absl::InvalidArgumentError(absl::StrCat("SDC_SHARD_INDEX: ", o.shard_index,
+                                                   " is not below SDC_SHARD_COUNT ",
+                                                   o.shard_count));
+  }
+  if (o.shard_count > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SDC_SHARD_COUNT: ", o.shard_count,
+                     " is above 4096 (the step's agreement carries 4 words per shard)"));
+  }
   o.incarnation = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   if (absl::Status s = ReadInt(vars, "SDC_INCARNATION", &o.incarnation); !s.ok()) return s;
   if (absl::Status s = ReadInt(vars, "SDC_AUDIT_EVERY", &o.audit_every); !s.ok()) return s;

@@ -54,6 +54,16 @@ struct GuardOptions {
   // off (the default).
   std::string metrics_listen;
   uint32_t replica_group = 0; // Env: SDC_REPLICA_GROUP. Default: 0 (pure data parallel).
+  // A sharded layout (an FSDP2/HSDP module on a replicate x shard mesh;
+  // sdc_guard.Guard sets these from the mesh): this rank holds shard
+  // `shard_index` of `shard_count`, as replica `replica_index` of it. The
+  // ranks of one replica group hold one shard: reduced gradients are
+  // compared in-band per shard and sdcd votes on weights per group.
+  // shard_count 0 (the default): full replicas.
+  // Env: SDC_SHARD_INDEX, SDC_SHARD_COUNT, SDC_REPLICA_INDEX.
+  uint32_t shard_index = 0;
+  uint32_t shard_count = 0;
+  uint32_t replica_index = 0;
   // Incarnation of this process; grows on every restart. Env: SDC_INCARNATION,
   // else the start time in milliseconds.
   uint64_t incarnation = 0;

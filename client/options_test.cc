@@ -31,6 +31,29 @@ class OptionsTest : public ::testing::Test {
   }
 };
 
+TEST_F(OptionsTest, ShardCoordinatesAreReadAndChecked) {
+  using Vars = std::map<std::string, std::string>;
+  absl::StatusOr<GuardOptions> none = OptionsFromVariables({});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->shard_count, 0u);
+  absl::StatusOr<GuardOptions> o = OptionsFromVariables(
+      Vars{{"SDC_SHARD_INDEX", "1"}, {"SDC_SHARD_COUNT", "2"}, {"SDC_REPLICA_INDEX", "2"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shard_index, 1u);
+  EXPECT_EQ(o->shard_count, 2u);
+  EXPECT_EQ(o->replica_index, 2u);
+  for (const Vars& bad : {Vars{{"SDC_SHARD_INDEX", "2"}, {"SDC_SHARD_COUNT", "2"}},
+                          Vars{{"SDC_SHARD_INDEX", "1"}},
+                          Vars{{"SDC_REPLICA_INDEX", "1"}},
+                          Vars{{"SDC_SHARD_COUNT", "4097"}},
+                          Vars{{"SDC_SHARD_COUNT", "-1"}}}) {
+    absl::StatusOr<GuardOptions> refused = OptionsFromVariables(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad.begin()->first;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("SDC_SHARD_"));
+  }
+}
+
 TEST_F(OptionsTest, MetricsListenIsOffByDefaultAndOffsetByLocalRank) {
   absl::StatusOr<GuardOptions> off = OptionsFromEnvironment();
   ASSERT_TRUE(off.ok()) << off.status();

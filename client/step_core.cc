@@ -18,9 +18,8 @@ int64_t LowestRank(int64_t slot) { return slot > 0 ? kLowest - slot : -1; }
 // A MAX over (rank + 1) of the ranks that say so is the highest of them.
 int64_t HighestSlot(bool yes, uint32_t rank) { return yes ? static_cast<int64_t>(rank) + 1 : 0; }
 
-}  // namespace
-
-std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank) {
+// The kAgreementSlots slots every layout has.
+std::vector<int64_t> BaseSlots(const LocalView& v, uint32_t rank) {
   return {
       v.local_nonfinite ? 1 : 0,
       v.local_nonfinite ? -1 : 0,  // MAX is -1 only if every rank had local NaN/Inf.
@@ -37,6 +36,27 @@ std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank) {
   };
 }
 
+// Below every digest half (in [0, 2^32)) and its negation: a shard's slots
+// hold this after the MAX only if no rank holds that shard.
+constexpr int64_t kNoShard = -(int64_t{1} << 40);
+
+}  // namespace
+
+std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank, uint32_t shard_index,
+                                     uint32_t shard_count) {
+  std::vector<int64_t> out = BaseSlots(v, rank);
+  if (shard_count <= 1) return out;
+  // The whole-group digest slots (5..8) carry nothing: every rank leaves them 0.
+  for (size_t i = 5; i <= 8; ++i) out[i] = 0;
+  out.resize(kAgreementSlots + kAgreementShardSlots * shard_count, kNoShard);
+  const size_t at = kAgreementSlots + kAgreementShardSlots * shard_index;
+  out[at] = Hi(v.reduced_digest);
+  out[at + 1] = -Hi(v.reduced_digest);
+  out[at + 2] = Lo(v.reduced_digest);
+  out[at + 3] = -Lo(v.reduced_digest);
+  return out;
+}
+
 Agreement DecodeAgreement(absl::Span<const int64_t> m) {
   Agreement a;
   a.any_local_nonfinite = m[0] != 0;
@@ -45,6 +65,14 @@ Agreement DecodeAgreement(absl::Span<const int64_t> m) {
   a.any_reduced_nonfinite = m[3] != 0;
   a.audit_mismatch = m[4] != 0;
   a.reduced_digests_differ = m[5] != -m[6] || m[7] != -m[8];
+  for (size_t at = kAgreementSlots, shard = 0; at + kAgreementShardSlots <= m.size();
+       at += kAgreementShardSlots, ++shard) {
+    if (m[at] == kNoShard) continue;
+    if (m[at] != -m[at + 1] || m[at + 2] != -m[at + 3]) {
+      a.reduced_digests_differ = true;
+      if (a.reduced_differ_shard < 0) a.reduced_differ_shard = static_cast<int64_t>(shard);
+    }
+  }
   a.plans_held_by_all = static_cast<uint64_t>(-m[9]);
   a.repair_step_known_by_all = static_cast<uint64_t>(-m[10]);
   a.lowest_failed_rank = LowestRank(m[11]);
@@ -73,7 +101,12 @@ Decision Decide(const Agreement& a, bool loss_scaled) {
     reasons.push_back(nonfinite);
     d.failed_check = true;
   }
-  if (a.reduced_digests_differ) reasons.push_back("ranks received different reduced gradients");
+  if (a.reduced_differ_shard >= 0) {
+    reasons.push_back(absl::StrCat("the replicas of shard ", a.reduced_differ_shard,
+                                   " received different reduced gradients"));
+  } else if (a.reduced_digests_differ) {
+    reasons.push_back("ranks received different reduced gradients");
+  }
   if (a.audit_mismatch) reasons.push_back("replay audit mismatch");
   d.failed_check = d.failed_check || a.reduced_digests_differ || a.audit_mismatch;
   d.apply = reasons.empty();

@@ -38,6 +38,9 @@ struct Agreement {
   bool any_reduced_nonfinite = false;
   bool audit_mismatch = false;
   bool reduced_digests_differ = false;
+  // Under a sharded layout: the lowest shard whose replicas received
+  // different reduced gradients; -1 when none did (or not sharded).
+  int64_t reduced_differ_shard = -1;
   uint64_t plans_held_by_all = 0;   // Minimum over ranks.
   uint64_t repair_step_known_by_all = 0;  // Minimum over ranks.
   int64_t lowest_failed_rank = -1;  // The lowest rank whose checks failed this step; -1: none.
@@ -46,8 +49,18 @@ struct Agreement {
 // The slots of the agreement all-reduce. Minimums travel negated so one MAX
 // reduction carries both; digests travel as 32-bit halves so negation never
 // overflows.
+//
+// Under a sharded layout (`shard_count` > 1: an HSDP module whose ranks hold
+// `shard_count` different shards) only the replicas of one shard receive the
+// same reduced gradients, so the digests are compared per shard: the
+// encoding has kAgreementShardSlots more slots per shard, a rank fills its
+// own shard's and leaves the others at a value below any digest half, and
+// every rank still takes part in one all-reduce. Every rank of a job passes
+// the same `shard_count`; DecodeAgreement reads it from the length.
 inline constexpr size_t kAgreementSlots = 12;
-std::vector<int64_t> EncodeAgreement(const LocalView& view, uint32_t rank);
+inline constexpr size_t kAgreementShardSlots = 4;
+std::vector<int64_t> EncodeAgreement(const LocalView& view, uint32_t rank,
+                                     uint32_t shard_index = 0, uint32_t shard_count = 0);
 Agreement DecodeAgreement(absl::Span<const int64_t> maxed);
 
 struct Decision {

@@ -21,6 +21,50 @@ Agreement Agree(const std::vector<LocalView>& views) {
   return DecodeAgreement(m);
 }
 
+// The same over a sharded layout: rank r holds shard r % shards.
+Agreement AgreeSharded(const std::vector<LocalView>& views, uint32_t shards) {
+  std::vector<int64_t> m;
+  for (uint32_t r = 0; r < views.size(); ++r) {
+    const std::vector<int64_t> e = EncodeAgreement(views[r], r, r % shards, shards);
+    EXPECT_EQ(e.size(), kAgreementSlots + kAgreementShardSlots * shards);
+    if (m.empty()) m = e;
+    for (size_t i = 0; i < e.size(); ++i) m[i] = std::max(m[i], e[i]);
+  }
+  return DecodeAgreement(m);
+}
+
+TEST(StepCoreTest, ShardsCompareReducedDigestsAmongTheirOwnReplicas) {
+  // 3 x 2 (replicate x shard): the two shards' gradients differ, as they do.
+  std::vector<LocalView> v(6);
+  for (uint32_t r = 0; r < 6; ++r) v[r].reduced_digest = r % 2 ? 0xfeedface12345678ull : 0x42;
+  Agreement a = AgreeSharded(v, 2);
+  EXPECT_FALSE(a.reduced_digests_differ);
+  EXPECT_EQ(a.reduced_differ_shard, -1);
+  EXPECT_TRUE(Decide(a).apply);
+
+  // One replica of shard 1 received other gradients: every rank skips.
+  v[3].reduced_digest = 0xfeedface12345679ull;
+  a = AgreeSharded(v, 2);
+  EXPECT_TRUE(a.reduced_digests_differ);
+  EXPECT_EQ(a.reduced_differ_shard, 1);
+  const Decision d = Decide(a);
+  EXPECT_FALSE(d.apply);
+  EXPECT_TRUE(d.failed_check);
+  EXPECT_EQ(d.reason, "the replicas of shard 1 received different reduced gradients");
+
+  // Only the upper halves differ, in shard 0.
+  v[3].reduced_digest = 0xfeedface12345678ull;
+  v[4].reduced_digest = 0x42 | (uint64_t{7} << 32);
+  EXPECT_EQ(AgreeSharded(v, 2).reduced_differ_shard, 0);
+}
+
+TEST(StepCoreTest, OneShardIsTheUnshardedEncoding) {
+  LocalView v;
+  v.reduced_digest = 0x1234;
+  EXPECT_EQ(EncodeAgreement(v, 3, 0, 1), EncodeAgreement(v, 3));
+  EXPECT_EQ(EncodeAgreement(v, 3, 0, 0).size(), kAgreementSlots);
+}
+
 TEST(StepCoreTest, CleanStepApplies) {
   std::vector<LocalView> v(4);
   for (auto& x : v) x.reduced_digest = 0x1234567890abcdefull;

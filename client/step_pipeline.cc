@@ -118,7 +118,8 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepC
 }
 
 absl::StatusOr<Agreement> StepPipeline::Agree(const LocalView& view) const {
-  std::vector<int64_t> agree = EncodeAgreement(view, ctx_.rank());
+  const GuardOptions& o = ctx_.options();
+  std::vector<int64_t> agree = EncodeAgreement(view, ctx_.rank(), o.shard_index, o.shard_count);
   SDC_TORCH_TRY(ctx_.AllReduceMax(agree));
   return DecodeAgreement(agree);
 }

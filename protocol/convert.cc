@@ -71,6 +71,7 @@ Hello FromProto(const v1::Hello& h) {
   out.weight_check_every = h.weight_check_every();
   const v1::SoftwareStack& sw = h.software();
   out.software = {sw.driver(), sw.cuda(), sw.cublas(), sw.torch(), sw.device(), sw.isa()};
+  out.shard = {h.shard_index(), h.shard_count(), h.replica_index()};
   return out;
 }
 
@@ -95,6 +96,9 @@ v1::Hello ToProto(const Hello& h) {
     sw->set_device(h.software.device);
     sw->set_isa(h.software.isa);
   }
+  out.set_shard_index(h.shard.index);
+  out.set_shard_count(h.shard.count);
+  out.set_replica_index(h.shard.replica);
   return out;
 }
 

@@ -24,6 +24,7 @@ Hello SomeHello() {
   h.audit_every = 7;
   h.weight_check_every = 11;
   h.software = {"12040", "12.4", "120403", "2.11.0", "NVIDIA H100 80GB HBM3", ""};
+  h.shard = {1, 3, 2};
   return h;
 }
 
@@ -45,6 +46,9 @@ TEST(ConvertTest, HelloRoundTrips) {
   EXPECT_EQ(back.audit_every, 7u);
   EXPECT_EQ(back.weight_check_every, 11u);
   EXPECT_EQ(back.software, h.software);
+  EXPECT_EQ(back.shard, (ShardCoordinates{1, 3, 2}));
+  EXPECT_EQ(back.shard.Describe(), "replica 2 of shard 1/3");
+  EXPECT_EQ(Hello{}.shard.Describe(), "");
   EXPECT_EQ(back.software.Describe(),
             "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100 80GB HBM3");
 }

@@ -25,6 +25,11 @@ std::string SoftwareStack::Describe() const {
   return parts.empty() ? "unknown" : absl::StrJoin(parts, ", ");
 }
 
+std::string ShardCoordinates::Describe() const {
+  if (!sharded()) return "";
+  return absl::StrCat("replica ", replica, " of shard ", index, "/", count);
+}
+
 bool SoftwareStack::operator==(const SoftwareStack& o) const {
   return std::tie(driver, cuda, cublas, torch, device, isa) ==
          std::tie(o.driver, o.cuda, o.cublas, o.torch, o.device, o.isa);

@@ -57,6 +57,24 @@ struct SoftwareStack {
   bool operator!=(const SoftwareStack& o) const { return !(*this == o); }
 };
 
+// Where a rank sits in a sharded layout (an FSDP2/HSDP module on a
+// replicate x shard DeviceMesh): shard `index` of `count`, as replica
+// `replica` of it. The ranks of one replica group hold one shard. count 0:
+// full replicas (DDP), index and replica then 0.
+struct ShardCoordinates {
+  uint32_t index = 0;
+  uint32_t count = 0;
+  uint32_t replica = 0;
+
+  bool sharded() const { return count > 0; }
+  // "replica 2 of shard 1/2"; "" for full replicas.
+  std::string Describe() const;
+  bool operator==(const ShardCoordinates& o) const {
+    return index == o.index && count == o.count && replica == o.replica;
+  }
+  bool operator!=(const ShardCoordinates& o) const { return !(*this == o); }
+};
+
 // The first message of a rank's stream.
 struct Hello {
   std::string job_id;
@@ -70,6 +88,7 @@ struct Hello {
   uint32_t audit_every = 0;         // Scheduled audits on steps divisible by N.
   uint32_t weight_check_every = 0;  // Weight checks on steps divisible by K.
   SoftwareStack software;
+  ShardCoordinates shard;
 };
 
 // Check 1's inputs and the step's outcome; one per rank per step.

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/core/coordinator_internal.h"
 #include "kernels/model_digest.h"
 
@@ -62,7 +63,23 @@ std::string Coordinator::Describe(const JobState& job, Rank rank) const {
   auto slot = job.ranks.find(rank);
   if (slot == job.ranks.end()) return absl::StrCat("rank ", rank);
   const Placement& p = slot->second.record.placement;
-  return absl::StrCat("rank ", rank, " (", p.gpu_uuid, " on ", p.node, ")");
+  const protocol::ShardCoordinates& shard = slot->second.shard;
+  return absl::StrCat("rank ", rank, " (", p.gpu_uuid, " on ", p.node,
+                      shard.sharded() ? absl::StrCat(", ", shard.Describe()) : "", ")");
+}
+
+std::string Coordinator::ShardNote(const JobState& job, const GroupState& group) const {
+  std::vector<std::string> replicas;
+  protocol::ShardCoordinates shard;
+  for (Rank r : group.members) {
+    auto slot = job.ranks.find(r);
+    if (slot == job.ranks.end() || !slot->second.shard.sharded()) return "";
+    shard = slot->second.shard;
+    replicas.push_back(absl::StrCat("rank ", r, " replica ", shard.replica));
+  }
+  if (replicas.empty()) return "";
+  return absl::StrCat("; replica group ", group.record.group, " holds shard ", shard.index, "/",
+                      shard.count, " (", absl::StrJoin(replicas, ", "), ")");
 }
 
 std::vector<std::string> Coordinator::TensorNames(const GroupState& group,

@@ -266,6 +266,10 @@ class Coordinator {
     // From this sdcd's last Hello of the rank (audits wait for every
     // rank's Hello, so it is never stale when an audit is judged).
     protocol::SoftwareStack software;
+    // Its shard coordinates, from the same Hello (kept in memory only, like
+    // `software`: a restarted sdcd learns them again as ranks re-attach).
+    protocol::ShardCoordinates shard;
+    bool shard_known = false;
     // (sequence, ContentDigest) of the last acknowledged reports, by
     // sequence % size: a resent duplicate must match what was acknowledged.
     std::array<std::pair<uint64_t, uint64_t>, 8> recent{};
@@ -452,6 +456,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "rank 3 (GPU-... on node-1)", or "rank 3" for a rank without a Hello.
   std::string Describe(const JobState& job, Rank rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // "; replica group 1 holds shard 1/2 (rank 1 replica 0, ...)" when the
+  // group's ranks hold one shard of a sharded layout; "" otherwise.
+  std::string ShardNote(const JobState& job, const GroupState& group) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The layout's names of tensors `indices` ("#i" past the layout's end).
   std::vector<std::string> TensorNames(const GroupState& group,
                                        const std::vector<uint32_t>& indices) const;
@@ -461,6 +469,11 @@ class Coordinator {
   // InvalidArgument for a malformed hello; FailedPrecondition when it
   // contradicts its job (world size, cadence, layout) or is stale.
   absl::Status ValidateHello(const Hello& h) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // FailedPrecondition when `h`'s shard coordinates contradict those of
+  // another rank of `job`: another shard count, another shard in its
+  // replica group, or the same replica of its shard.
+  absl::Status ValidateShard(const JobState& job, const Hello& h) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What a Hello's caller proves about its placement, and what it may hold.
   struct Admission;
   // PermissionDenied, or the rank record's identity, proof and unproven.

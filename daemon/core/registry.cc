@@ -68,8 +68,21 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
         absl::StrCat("parameter count ", h.parameter_count, " exceeds the ",
                      h.weight_tensors.size(), " weight tensors"));
   }
+  const ShardCoordinates& shard = h.shard;
+  if (!shard.sharded() && (shard.index != 0 || shard.replica != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard index ", shard.index, " and replica index ", shard.replica,
+        " without a shard count (0: full replicas)"));
+  }
+  if (shard.sharded() && (shard.index >= shard.count || shard.count > h.world_size ||
+                          shard.replica >= h.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", shard.index, " of ", shard.count, " (replica ", shard.replica,
+        ") is not a shard of a job of world size ", h.world_size));
+  }
   auto job = jobs_.find(h.job_id);
   if (job == jobs_.end()) return absl::OkStatus();
+  if (absl::Status s = ValidateShard(job->second, h); !s.ok()) return s;
   const JobRecord& rec = job->second.record;
   if (rec.world_size != h.world_size) {
     return absl::FailedPreconditionError(
@@ -99,6 +112,34 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
     return absl::FailedPreconditionError(absl::StrCat(
         "stale hello: rank ", h.placement.rank, " is at incarnation ",
         slot->second.record.incarnation, ", this one is ", h.incarnation));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::ValidateShard(const JobState& job, const Hello& h) const {
+  // The weight vote and its attribution are per replica group: every rank of
+  // one group must hold the same shard, each as a replica of its own, and
+  // every rank of the job must cut the model into as many shards.
+  for (const auto& [rank, other] : job.ranks) {
+    if (rank == h.placement.rank || !other.shard_known) continue;
+    const ShardCoordinates& theirs = other.shard;
+    if (theirs.count != h.shard.count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", h.placement.rank, " says the model has ", h.shard.count,
+          " shards but rank ", rank, " said ", theirs.count, " (0: full replicas)"));
+    }
+    if (other.record.placement.replica_group != h.placement.replica_group) continue;
+    if (theirs.index != h.shard.index) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", h.placement.rank, " holds shard ", h.shard.index, " but rank ", rank,
+          " of its replica group ", h.placement.replica_group, " holds shard ", theirs.index,
+          ": the ranks of a replica group hold one shard"));
+    }
+    if (h.shard.sharded() && theirs.replica == h.shard.replica) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ranks ", rank, " and ", h.placement.rank, " both say they are replica ",
+          h.shard.replica, " of shard ", h.shard.index));
+    }
   }
   return absl::OkStatus();
 }
@@ -364,6 +405,8 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   rec.proof = proved.proof;
   rec.unproven = proved.unproven;
   slot.software = h.software;
+  slot.shard = h.shard;
+  slot.shard_known = true;
   slot.attached = true;
   if (!std::binary_search(group.members.begin(), group.members.end(), rank)) {
     group.members.insert(std::upper_bound(group.members.begin(), group.members.end(), rank),

@@ -27,6 +27,7 @@ using protocol::Hello;
 using protocol::Placement;
 using protocol::Rank;
 using protocol::Report;
+using protocol::ShardCoordinates;
 using protocol::Step;
 using protocol::StepReport;
 using protocol::WeightReport;

@@ -181,7 +181,7 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
       const Incident& inc = RecordIncident(
           job, group, step, CheckKind::kWeights, "faulty", vote.minority, true,
           absl::StrCat("rank(s) ", RankList(vote.minority), " differ from ", majority, " in ",
-                       what),
+                       what, ShardNote(job, group)),
           differing, txn);
       verdict.failed = true;
       verdict.incident_id = inc.id;
@@ -193,7 +193,8 @@ void Coordinator::MaybeFinalizeWeights(JobState& job, GroupState& group, Step st
       const Incident& inc = RecordIncident(
           job, group, step, CheckKind::kWeights, "no_majority", {}, false,
           absl::StrCat("replicas disagree and no value has a strict majority of ",
-                       group.members.size(), " (", pw.ballots.size(), " distinct values)"),
+                       group.members.size(), " (", pw.ballots.size(), " distinct values)",
+                       ShardNote(job, group)),
           differing, txn);
       verdict.failed = true;
       verdict.incident_id = inc.id;

@@ -150,10 +150,10 @@ def python_env(extra=None):
     return env
 
 
-def start_job(directory, world, flags=(), env=None, nodes=3, rank_env=None):
-    """Starts examples/ddp_train.py on `world` ranks (Gloo, a FileStore
-    rendezvous), rank r on node (r // (world / nodes)), with `env` and
-    `rank_env(r)` (a dict) added to the environment. Returns (processes,
+def start_job(directory, world, flags=(), env=None, nodes=3, rank_env=None, script=EXAMPLE):
+    """Starts `script` (examples/ddp_train.py) on `world` ranks (Gloo, a
+    FileStore rendezvous), rank r on node (r // (world / nodes)), with `env`
+    and `rank_env(r)` (a dict) added to the environment. Returns (processes,
     log paths); a rank that fails to start kills the ones started before."""
     os.makedirs(directory, exist_ok=True)
     store = os.path.join(directory, "rendezvous")
@@ -176,7 +176,7 @@ def start_job(directory, world, flags=(), env=None, nodes=3, rank_env=None):
             logs.append(log_path)
             with open(log_path, "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, EXAMPLE, f"--rank={r}", f"--world_size={world}",
+                    [sys.executable, script, f"--rank={r}", f"--world_size={world}",
                      f"--rendezvous={store}", f"--progress={progress}", *flags],
                     stdout=log, stderr=subprocess.STDOUT, env=proc_env, start_new_session=True))
     except BaseException:
@@ -211,11 +211,12 @@ def progress_lines(directory, rank):
     return [json.loads(l) for l in open(path)]
 
 
-def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300, rank_env=None):
-    """Runs examples/ddp_train.py on `world` ranks (start_job). Returns
-    ([per-rank step records], [per-rank final lines]); raises with the logs
-    when a rank fails or the job outlives `timeout`."""
-    procs, logs = start_job(directory, world, flags, env, nodes, rank_env)
+def run_job(directory, world, flags=(), env=None, nodes=3, timeout=300, rank_env=None,
+            script=EXAMPLE):
+    """Runs `script` (examples/ddp_train.py) on `world` ranks (start_job).
+    Returns ([per-rank step records], [per-rank final lines]); raises with
+    the logs when a rank fails or the job outlives `timeout`."""
+    procs, logs = start_job(directory, world, flags, env, nodes, rank_env, script)
     wait_job(procs, timeout)
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed:

@@ -1,11 +1,13 @@
-"""sdc_guard.Guard: the C++ engine around a DistributedDataParallel model.
+"""sdc_guard.Guard: the C++ engine around a DistributedDataParallel model
+or an HSDP module (FSDP2 on a replicate x shard DeviceMesh; sharded.py).
 
 What runs where:
   * check 1 (non-finite gradients) inside a DDP communication hook
     (hooks.py): each gradient bucket is scanned before its all-reduce (and
     before the trainer's own hook, which runs inside the guard's) and handed
     to the engine after it, so communication overlaps backward as in plain
-    DDP;
+    DDP; on an HSDP module in FSDP's reduce-scatter (local gradients) and
+    all-reduce hook (the reduced shard), sharded.py;
   * check 2 (ring replay audit) and the one agreement collective in
     ``Step.__exit__``, after backward and before the optimizer step;
   * the optimizer step, applied or skipped as ``GradScaler.step`` does
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sdc_guard import _C, amp, checksums, hooks, notices
+from sdc_guard import _C, amp, checksums, hooks, notices, sharded
 from sdc_guard._C import GuardError
 
 # Keyword arguments of Guard and the SDC_* variable each overrides, with the
@@ -150,6 +152,27 @@ def _flatten(batch):
     return tensors, rebuild
 
 
+def _check_sharded_options(layout, options, comm_hook):
+    """ValueError for what a sharded layout does not take; replay audits
+    off (not covered yet under sharding), which rank 0 says once."""
+    if comm_hook is not None:
+        raise ValueError("comm_hook: an FSDP2 module has no DDP communication hook (the guard "
+                         "checks FSDP's reduce-scatter itself)")
+    if options.get("replica_group") is not None:
+        raise ValueError("replica_group: on an HSDP module the guard takes each rank's replica "
+                         "group from the DeviceMesh (the ranks that hold one shard)")
+    if options.get("max_grad_norm") or float(os.environ.get("SDC_MAX_GRAD_NORM", "0") or 0):
+        raise ValueError("max_grad_norm: not on an HSDP module (a rank sees only its shard's "
+                         "norm); clip with torch.nn.utils.clip_grad_norm_, which reduces it")
+    if options.get("audit_every"):
+        raise ValueError("audit_every: replay audits are not covered yet on an HSDP module "
+                         "(set 0; non-finite checks and the per-shard weight vote run)")
+    if layout.replica_index == 0 and layout.shard_index == 0:
+        print(f"sdc_guard: HSDP over {layout.replica_count} replicas x {layout.shard_count} "
+              "shards: the weight vote runs per shard; replay audits are not covered yet on "
+              "sharded layouts (off)", file=sys.stderr, flush=True)
+
+
 def _resolve_job_id(variables, group):
     """Sets ``variables["SDC_JOB_ID"]`` when neither it nor the environment
     does: from the launcher (torchrun's TORCHELASTIC_RUN_ID, a PyTorchJob's
@@ -223,6 +246,12 @@ class Step:
             catcher = warnings.catch_warnings(record=True)
             self._warnings = (catcher, catcher.__enter__())
             warnings.simplefilter("always")
+        if g._reduced_shards is not None:
+            # FSDP accumulates into a sharded .grad it finds; the engine's
+            # BeginStep cleared only the local tensors' (which FSDP never sets).
+            for p in g._sharded_params:
+                p.grad = None
+            g._reduced_shards.index = 0
         g._current = self
         g._rebuild = self._rebuild
         if g._checks is not None:  # Every-step checksums of the forward and backward.
@@ -314,6 +343,8 @@ class Step:
             # failed, or the preflight): the step is skipped everywhere, and
             # a trainer that catches it may train on.
             self.apply, self.reason = False, str(e)
+            if g._reduced_shards is not None:
+                g._zero_sharded_gradients()
             if checksums.ALARM_MARK in str(e):
                 # A rank's product checksum failed: every rank has this same
                 # error, so every rank skips the step here and trains on.
@@ -322,6 +353,8 @@ class Step:
             raise
         self.apply = d["apply"]
         self.reason = d["reason"]
+        if not self.apply and not d["overflow"] and g._reduced_shards is not None:
+            g._zero_sharded_gradients()
         self.overflow = d["overflow"]
         self.audited = d["audited"]
         self.audit_outcome = d["audit_outcome"]
@@ -333,7 +366,15 @@ class Step:
 
 
 class Guard:
-    """sdc-guard around a DistributedDataParallel model.
+    """sdc-guard around a DistributedDataParallel model, or an HSDP module
+    (``fully_shard`` over a 2-D DeviceMesh whose parameters are placed
+    ``(Replicate(), Shard(d))``): the ranks that hold one shard are that
+    shard's replica group, voted on and compared among themselves
+    (sharded.py). On HSDP replay audits are off (not covered yet), and
+    ``comm_hook``, ``max_grad_norm`` and ``replica_group`` are refused; a
+    module's buffers are each rank's own (FSDP does not broadcast them), so
+    they leave the weight vote unless ``vote_buffers=True``. Other layouts
+    (FSDP2 without a replicate dim, tensor parallel, ZeRO) raise TypeError.
 
     ``loss_fn(module, batch)`` computes one micro-batch's loss; the guard calls
     it with the model's wrapped module (``model.module``) to replay a peer's
@@ -360,14 +401,11 @@ class Guard:
 
     def __init__(self, model, optimizer, loss_fn, *, process_group=None, grad_scaler=None,
                  comm_hook=None, **options):
-        if not isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                "sdc_guard.Guard needs the model wrapped in "
-                "torch.nn.parallel.DistributedDataParallel, got "
-                f"{type(model).__module__}.{type(model).__name__}")
+        sharded.check_kind(model)  # TypeError for a model neither DDP nor FSDP2, first.
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        sharded.check_optimizer(optimizer)
         if not callable(loss_fn):
             raise TypeError("loss_fn: expected a callable loss_fn(module, batch) -> loss tensor")
         every_step = _every_step(options.pop(_EVERY_STEP[0], None))
@@ -380,30 +418,43 @@ class Guard:
                 "before creating the guard (torchrun sets the environment it needs)")
         if grad_scaler is not None:
             amp.check_scaler(grad_scaler)
+        layout = sharded.layout_of(model, process_group)
         hook_state, hook = hooks.check_user_hook(comm_hook)
-        if hook is not None:
-            model._check_comm_hook(hook)  # DDP's own checks of the hook (bf16's needs NCCL).
-        existing = hooks.registered_hook(model)
-        if existing is not None:
-            raise ValueError(
-                f"the model already has a DDP communication hook ({existing}), and DDP takes one: "
-                "register none and pass it to the guard instead, Guard(..., comm_hook=(state, "
-                "hook)), which runs it inside its own after check 1 has seen the local bucket")
         variables = _variables(options)
+        if layout.sharded:
+            _check_sharded_options(layout, options, hook)
+            variables.update(layout.variables())
+        else:
+            if hook is not None:
+                model._check_comm_hook(hook)  # DDP's own checks of the hook (bf16's needs NCCL).
+            existing = hooks.registered_hook(model)
+            if existing is not None:
+                raise ValueError(
+                    f"the model already has a DDP communication hook ({existing}), and DDP takes "
+                    "one: register none and pass it to the guard instead, Guard(..., comm_hook="
+                    "(state, hook)), which runs it inside its own after check 1 has seen the "
+                    "local bucket")
         if options.get("vote_buffers") is None and "SDC_VOTE_BUFFERS" not in os.environ:
-            variables["SDC_VOTE_BUFFERS"] = "1" if model.broadcast_buffers else "0"
+            broadcast = not layout.sharded and model.broadcast_buffers
+            variables["SDC_VOTE_BUFFERS"] = "1" if broadcast else "0"
+        self.layout = layout
         self.grad_scaler = grad_scaler
         self.model = model
-        self.module = model.module
+        self.module = layout.module
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.process_group = process_group if process_group is not None else model.process_group
+        self.process_group = layout.process_group
         self._world = dist.get_world_size(self.process_group)
         _resolve_job_id(variables, self.process_group)
+        # On HSDP each rank holds its shard of every parameter: the engine
+        # checks and votes on those local tensors (the same storage).
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self._sharded_params = [p for _, p in params] if layout.sharded else []
+        params = [(n, sharded.local(p)) for n, p in params]
         # Frozen parameters (a frozen backbone, LoRA's base weights) are most
         # of what a checkpoint stores: the weight vote checks them too.
-        frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
+        frozen = [(n, sharded.local(p)) for n, p in self.module.named_parameters()
+                  if not p.requires_grad]
         buffers = list(self.module.named_buffers())
         self._index = {id(p): i for i, (_, p) in enumerate(params)}
         self._current = None
@@ -419,6 +470,7 @@ class Guard:
         self._closed = False
         self._checks = None
         self.checksum_skips = 0  # Steps skipped on every rank for a failed checksum.
+        self._reduced_shards = None  # HSDP: FSDP's all-reduce hook (sharded.ReducedShards).
         self._core = _C.Engine(
             self.process_group,
             [n for n, _ in params], [p for _, p in params],
@@ -428,8 +480,12 @@ class Guard:
         try:
             if every_step:
                 self._checks = checksums.ProductChecks(self._core, self._core.rank)
-            self.comm_hook = hooks.GuardHook(self, hook_state, hook)
-            model.register_comm_hook(None, self.comm_hook)
+            if layout.sharded:
+                self.comm_hook = None
+                self._reduced_shards = sharded.install(self, layout)
+            else:
+                self.comm_hook = hooks.GuardHook(self, hook_state, hook)
+                model.register_comm_hook(None, self.comm_hook)
             # After DDP's buffer broadcast, before the module's own forward
             # (BeginStep's copy serves a model without buffers: no hook).
             self._forward_hook = (self.module.register_forward_pre_hook(self._before_forward)
@@ -595,6 +651,13 @@ class Guard:
             s._forward_seen = True
             self._engine().capture_forward_buffers()
 
+    def _zero_sharded_gradients(self):
+        """A skipped step's sharded gradients, zeroed as the engine zeroes DDP's."""
+        with torch.no_grad():
+            for p in self._sharded_params:
+                if p.grad is not None:
+                    p.grad.zero_()
+
     def _replay_loss(self, tensors):
         return self.loss_fn(self.module, self._rebuild(tensors))
 
@@ -612,5 +675,5 @@ class Guard:
                 for key in sorted(state):
                     value = state[key]
                     if isinstance(value, torch.Tensor) and value.device == p.device:
-                        out.append(value)
+                        out.append(sharded.local(value))
         return out

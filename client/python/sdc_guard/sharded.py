@@ -1,0 +1,241 @@
+"""What the guard needs to know about a model's layout, and the hooks it
+puts on a sharded one.
+
+``layout_of(model, process_group)`` says which ranks hold replicas of the
+same tensors and which hold different shards:
+
+  * a ``DistributedDataParallel`` model: every rank a full replica (one
+    replica group, as before);
+  * an FSDP2 module (``fully_shard``) on a 2-D ``DeviceMesh`` whose
+    parameters are placed ``Replicate()`` on one dim and ``Shard(d)`` on the
+    other, i.e. HSDP: the ranks with the same coordinate on the shard dim
+    hold the same shard, one replica each, so that coordinate is the rank's
+    replica group (the weight vote and its attribution run per shard, a
+    strict majority of that shard's replicas), and the reduced gradients are
+    compared in-band among those ranks only.
+
+Anything else is a TypeError saying what is not covered yet: FSDP2 without a
+replicate dim (each shard held by one rank), a mesh of more than two dims,
+tensor parallel placements, ZeRO-style optimizers are not layouts of a
+model the guard can see.
+
+On an HSDP module the guard's check 1 runs in FSDP's own communication
+seams (public FSDP2 APIs): a custom reduce-scatter (``ReduceScatter``,
+``FSDPModule.set_custom_reduce_scatter``) scans each reduce-scatter input,
+i.e. this rank's local gradients of one parameter group, before it is sent;
+the all-reduce hook (``set_all_reduce_hook``) hands the engine each reduced
+shard after the replicate-dim all-reduce, which is the tensor the sharded
+gradients are views of.
+"""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from sdc_guard._C import GuardError
+
+try:  # torch >= 2.6 exports FSDP2 here.
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+except ImportError:  # pragma: no cover  (a torch without FSDP2: DDP only)
+    FSDPModule = ReduceScatter = DTensor = Replicate = Shard = None
+
+
+@dataclasses.dataclass
+class Layout:
+    """How the guard sees a model. ``kind``: "ddp" or "hsdp"."""
+
+    kind: str
+    module: torch.nn.Module  # What loss_fn(module, batch) is called with.
+    process_group: object  # The group every rank of the job is in.
+    shard_index: int = 0
+    shard_count: int = 0  # 0: full replicas.
+    replica_index: int = 0
+    replica_count: int = 0
+    fsdp_modules: tuple = ()
+
+    @property
+    def sharded(self):
+        return self.shard_count > 0
+
+    def variables(self):
+        """The engine's SDC_* settings this layout fixes."""
+        if not self.sharded:
+            return {}
+        return {
+            "SDC_REPLICA_GROUP": str(self.shard_index),
+            "SDC_SHARD_INDEX": str(self.shard_index),
+            "SDC_SHARD_COUNT": str(self.shard_count),
+            "SDC_REPLICA_INDEX": str(self.replica_index),
+            "SDC_AUDIT_EVERY": "0",  # Replay audits: not covered yet on sharded layouts.
+        }
+
+
+_NOT_COVERED = (
+    "sdc_guard.Guard covers a DistributedDataParallel model and an FSDP2 module on a 2-D "
+    "replicate x shard DeviceMesh (HSDP); ")
+
+
+def _name(model):
+    return f"{type(model).__module__}.{type(model).__name__}"
+
+
+def check_kind(model):
+    """TypeError unless ``model`` is DDP or an FSDP2 module."""
+    if isinstance(model, DistributedDataParallel):
+        return
+    if FSDPModule is None or not isinstance(model, FSDPModule):
+        raise TypeError(
+            "sdc_guard.Guard needs the model wrapped in "
+            "torch.nn.parallel.DistributedDataParallel, or an FSDP2 module (fully_shard) on a "
+            f"2-D replicate x shard DeviceMesh (HSDP), got {_name(model)}")
+
+
+def check_optimizer(optimizer):
+    """TypeError for an optimizer that shards its state across ranks
+    (ZeroRedundancyOptimizer): each rank's update of its slice is computed
+    on that rank only, so no replica could vote on it, and the checkpoint's
+    optimizer digests would differ by rank. Not covered yet."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:  # pragma: no cover
+        return
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        raise TypeError(
+            "optimizer: ZeroRedundancyOptimizer (ZeRO-1) is not covered yet: each rank's "
+            "update of its slice of the optimizer state is computed on that rank only, so "
+            "the weight vote cannot check it; use a per-rank optimizer (torch.optim.AdamW)")
+
+
+def layout_of(model, process_group=None):
+    """The Layout of ``model``; TypeError for a layout the guard does not
+    cover, naming what it is; ValueError when the mesh and the process group
+    disagree."""
+    check_kind(model)
+    if isinstance(model, DistributedDataParallel):
+        group = process_group if process_group is not None else model.process_group
+        return Layout("ddp", model.module, group)
+    return _hsdp_layout(model, process_group)
+
+
+def _hsdp_layout(model, process_group):
+    mesh = placements = None
+    for name, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            raise TypeError(
+                _NOT_COVERED + f"parameter {name!r} of this FSDP2 module is not a DTensor (a "
+                "parameter fully_shard did not manage is not covered yet)")
+        if mesh is None:
+            mesh, placements = p.device_mesh, tuple(p.placements)
+        elif p.device_mesh != mesh or tuple(p.placements) != placements:
+            raise TypeError(
+                _NOT_COVERED + f"parameter {name!r} is placed {tuple(p.placements)} on "
+                f"{p.device_mesh}, another than the first parameter's {placements} on {mesh} "
+                "(mixed meshes, e.g. tensor parallel inside FSDP, are not covered yet)")
+    if mesh is None:
+        raise TypeError(_NOT_COVERED + "this FSDP2 module has no parameters")
+    replicate = [i for i, pl in enumerate(placements) if isinstance(pl, Replicate)]
+    shard = [i for i, pl in enumerate(placements) if isinstance(pl, Shard)]
+    if mesh.ndim == 1 and shard:
+        raise TypeError(
+            _NOT_COVERED + "this is FSDP2 without a replicate dim (every shard on one rank "
+            "only), which is not covered yet: the weight vote needs replicas of each shard. "
+            "Shard over a 2-D mesh, init_device_mesh(..., (replicas, shards), mesh_dim_names="
+            "('replicate', 'shard')), with 3 or more replicas so a vote can name a rank")
+    if mesh.ndim != 2 or len(replicate) != 1 or len(shard) != 1:
+        raise TypeError(
+            _NOT_COVERED + f"these parameters are placed {placements} on a {mesh.ndim}-D mesh "
+            "(only (Replicate(), Shard(d)) is covered: FSDP2 without replicas, tensor "
+            "parallel and meshes of more dims are not covered yet)")
+    r_dim, s_dim = replicate[0], shard[0]
+    replicas, shards = mesh.size(r_dim), mesh.size(s_dim)
+    if replicas < 2:
+        raise TypeError(
+            _NOT_COVERED + f"the replicate dim has {replicas} rank: every shard is held by one "
+            "rank only (FSDP2 without replicas), which is not covered yet")
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_world_size(group) != mesh.size():
+        raise ValueError(
+            f"the DeviceMesh has {mesh.size()} ranks but the process group "
+            f"{dist.get_world_size(group)}: the guard's collectives need every rank of the mesh "
+            "(pass the group that spans it as process_group=)")
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("this rank is not in the model's DeviceMesh")
+    fsdp_modules = tuple(m for m in model.modules() if isinstance(m, FSDPModule))
+    return Layout("hsdp", model, group, shard_index=int(coordinate[s_dim]), shard_count=shards,
+                  replica_index=int(coordinate[r_dim]), replica_count=replicas,
+                  fsdp_modules=fsdp_modules)
+
+
+def local(tensor):
+    """A DTensor's local shard, the same storage (not a copy); any other
+    tensor as it is."""
+    if DTensor is not None and isinstance(tensor, DTensor):
+        with torch.no_grad():
+            return tensor.to_local()
+    return tensor
+
+
+if ReduceScatter is not None:
+
+    class GuardedReduceScatter(ReduceScatter):
+        """FSDP's reduce-scatter with check 1 of its input (this rank's local
+        gradients of one parameter group, before any reduction) in front.
+        Errors of the guard's part are kept by the engine and fail the step on
+        every rank at its end: raising here would leave the other ranks
+        waiting in the reduce-scatter."""
+
+        def __init__(self, guard):
+            self._guard = guard
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            guard = self._guard
+            if guard._current is None or guard._closed:
+                raise GuardError(
+                    "FAILED_PRECONDITION: backward() ran outside guard.step(): a guarded FSDP2 "
+                    "module trains inside `with guard.step(...)`")
+            try:
+                guard._engine().scan_local_bucket(input_tensor)
+            except Exception as e:  # noqa: BLE001  (any error fails the step on every rank)
+                guard._engine().note_failure(
+                    f"the guard's reduce-scatter: {type(e).__name__}: {e}")
+            guard._hook_calls_this_step += 1
+            guard.hook_calls += 1
+            return dist.reduce_scatter_tensor(output=output_tensor, input=input_tensor,
+                                              group=group, op=op, async_op=async_op)
+
+
+class ReducedShards:
+    """FSDP's all-reduce hook: each reduced shard, after the replicate-dim
+    all-reduce, to the engine (scanned and fingerprinted at the step's end,
+    when FSDP has divided it in place and the sharded gradients view it)."""
+
+    def __init__(self, guard):
+        self._guard = guard
+        self.index = 0  # Per step: the order is FSDP's, the same on every rank.
+
+    def __call__(self, reduce_output):
+        guard = self._guard
+        try:
+            guard._engine().add_reduced_bucket(self.index, reduce_output)
+        except Exception as e:  # noqa: BLE001
+            guard._engine().note_failure(f"the guard's all-reduce hook: {type(e).__name__}: {e}")
+        self.index += 1
+
+
+def install(guard, layout):
+    """The guard's reduce-scatter and all-reduce hook on every FSDP module of
+    ``layout``; returns the ReducedShards (its index is reset each step)."""
+    reduced = ReducedShards(guard)
+    comm = GuardedReduceScatter(guard)
+    for m in layout.fsdp_modules:
+        m.set_custom_reduce_scatter(comm)
+        m.set_all_reduce_hook(reduced)
+    return reduced

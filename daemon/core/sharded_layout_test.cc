@@ -1,0 +1,127 @@
+// Issue 44, item 1: a sharded layout (an HSDP module on a replicate x shard
+// mesh) at sdcd. Each replica group is the set of ranks that hold one shard;
+// a rank's Hello says which shard it holds and which replica of it it is.
+// The weight vote runs per shard (a strict majority of that shard's
+// replicas), names the rank whose shard differs, and vetoes the checkpoint;
+// Hellos whose shard coordinates contradict each other are refused.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/core/coordinator.h"
+#include "daemon/core/testing_cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sdc::core {
+namespace {
+
+using testing::Cluster;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using testing::kJob;
+using ::testing::SizeIs;
+
+// A 3 x 2 mesh (replicate x shard) on 3 nodes of 2 ranks: rank r holds shard
+// r % 2 as replica r / 2, so each shard's three replicas are on three nodes.
+constexpr uint32_t kShards = 2;
+Hello ShardedHello(const Cluster& cl, Rank r) {
+  Hello h = cl.HelloOf(r);
+  h.placement.replica_group = r % kShards;
+  h.shard = {r % kShards, kShards, r / kShards};
+  return h;
+}
+
+void AttachSharded(Cluster& cl) {
+  for (Rank r = 0; r < cl.world(); ++r) {
+    Hello h = ShardedHello(cl, r);
+    ASSERT_TRUE(cl.c().Attach(h, testing::Proven(h)).ok()) << r;
+  }
+}
+
+// Shards hold different tensors: shard s's report is Weights(10 + s), and
+// `corrupt`'s differs from its shard's.
+void ShardWeights(Cluster& cl, Step step, Rank corrupt = UINT32_MAX) {
+  for (Rank r = 0; r < cl.world(); ++r) {
+    const uint64_t salt = r == corrupt ? 99 : 10 + r % kShards;
+    ASSERT_TRUE(cl.Send(r, step, Cluster::Weights(salt)).ok()) << r;
+  }
+}
+
+TEST(ShardedLayoutTest, ShardsThatDifferFromEachOtherPassTheirOwnVotes) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/10);
+  AttachSharded(cl);
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  ShardWeights(cl, 10);
+  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  auto may = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(may.ok()) << may.status();
+  EXPECT_TRUE(may->allowed) << may->reason;
+}
+
+TEST(ShardedLayoutTest, TheVoteOfOneShardNamesTheReplicaThatDiffers) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/10);
+  AttachSharded(cl);
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  ShardWeights(cl, 10, /*corrupt=*/3);  // Replica 1 of shard 1, on node-b.
+  auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].gpus, ElementsAre("GPU-3"));
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("rank(s) 3 differ from the majority (2 of 3"));
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("replica group 1 holds shard 1/2 (rank 1 replica 0, rank 3 replica 1, "
+                        "rank 5 replica 2)"));
+  auto may = cl.c().MayCheckpoint(kJob, 10);
+  ASSERT_TRUE(may.ok()) << may.status();
+  EXPECT_FALSE(may->allowed);
+}
+
+TEST(ShardedLayoutTest, AShardOutOfRangeIsInvalid) {
+  Cluster cl(3, 2);
+  Hello h = ShardedHello(cl, 0);
+  h.shard = {2, 2, 0};
+  EXPECT_EQ(cl.c().Attach(h, testing::Proven(h)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  h.shard = {1, 0, 0};  // An index without a count.
+  EXPECT_EQ(cl.c().Attach(h, testing::Proven(h)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  h.shard = {0, 7, 0};  // More shards than ranks.
+  EXPECT_EQ(cl.c().Attach(h, testing::Proven(h)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardedLayoutTest, ContradictoryShardCoordinatesAreRefused) {
+  Cluster cl(3, 2, 0, 10);
+  Hello first = ShardedHello(cl, 0);  // Shard 0, replica 0, group 0.
+  ASSERT_TRUE(cl.c().Attach(first, testing::Proven(first)).ok());
+
+  Hello other_shard = ShardedHello(cl, 2);
+  other_shard.shard.index = 1;  // In group 0, which holds shard 0.
+  absl::Status s = cl.c().Attach(other_shard, testing::Proven(other_shard)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("holds shard 1 but rank 0"));
+
+  Hello same_replica = ShardedHello(cl, 2);
+  same_replica.shard.replica = 0;
+  s = cl.c().Attach(same_replica, testing::Proven(same_replica)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("both say they are replica 0 of shard 0"));
+
+  Hello other_count = ShardedHello(cl, 1);
+  other_count.shard = {1, 3, 0};
+  s = cl.c().Attach(other_count, testing::Proven(other_count)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has 3 shards but rank 0 said 2"));
+
+  Hello full_replica = cl.HelloOf(3);  // DDP's Hello in a sharded job.
+  s = cl.c().Attach(full_replica, testing::Proven(full_replica)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+
+  Hello fine = ShardedHello(cl, 2);
+  EXPECT_TRUE(cl.c().Attach(fine, testing::Proven(fine)).ok());
+}
+
+}  // namespace
+}  // namespace sdc::core

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""A small MLP trained with HSDP (FSDP2's fully_shard on a replicate x shard
+DeviceMesh, Gloo on the CPU), with or without sdc-guard.
+
+    torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2
+    torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2 --unguarded
+
+Each rank trains on its own micro-batches (every rank of an FSDP job is a
+data-parallel rank). The lines marked `# sdc-guard` are all that guarding
+takes. Tests use --rank/--world_size/--rendezvous and --progress (JSON lines:
+one per step, then each rank's final digest of its own shards), and
+--corrupt_at_rest=RANK:STEP, which flips one bit of RANK's shard of the first
+parameter after STEP's optimizer step, outside the guard (corruption of a
+stored shard at rest, as faulty memory would do it). With --checkpoint_dir
+the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
+dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
+and --resume starts from the newest final one.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_support  # noqa: E402  (--rank/--world_size/--rendezvous)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--replicas", type=int, default=3, help="the mesh's replicate dim")
+    p.add_argument("--shards", type=int, default=2, help="the mesh's shard dim")
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--checkpoint_every", type=int, default=0,
+                   help="ask the guard's checkpoint gate every N steps")
+    p.add_argument("--checkpoint_dir", default="",
+                   help="save allowed checkpoints here (torch.distributed.checkpoint)")
+    p.add_argument("--resume", action="store_true",
+                   help="start after the newest final checkpoint in --checkpoint_dir")
+    p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
+    p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
+    cluster_support.add_flags(p)
+    return p.parse_args()
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            [torch.nn.Linear(16, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 4)])
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = torch.tanh(x)
+        return x
+
+
+def loss_fn(module, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(module(x), y)
+
+
+def batch_of(args, step, rank):
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1_009 + rank)
+    x = torch.randn(args.batch, 16, generator=g)
+    return x, torch.sin(x[:, :4] * 2) + 0.1 * torch.randn(args.batch, 4, generator=g)
+
+
+def shard_digest(module):
+    """The kernels' digest of this rank's local shards (fixed seed): equal
+    across runs and replicas exactly when the bits are."""
+    from sdc_guard import _C
+
+    names, tensors = [], []
+    for n, p in module.named_parameters():
+        names.append(n)
+        tensors.append(p.to_local().detach())
+    return "%016x" % _C.model_digest(names, tensors)
+
+
+def corrupt_at_rest(module):
+    """One bit of this rank's shard of the first parameter, flipped in place."""
+    with torch.no_grad():
+        local = next(module.parameters()).to_local()
+        bits = local.view(-1)[:1].view(torch.int32)
+        bits ^= 1 << 22
+    print(f"rank {dist.get_rank()}: CORRUPTED one bit of its stored shard", file=sys.stderr,
+          flush=True)
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)  # Ranks share the CPUs.
+    cluster_support.init_process_group(args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.replicas * args.shards != world:
+        raise SystemExit(f"--replicas x --shards must be the world size {world}")
+    mesh = init_device_mesh("cpu", (args.replicas, args.shards),
+                            mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(args.seed)  # Every rank builds the same model before sharding.
+    model = Mlp(args.width)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
+        else (-1, -1)
+
+    guard = checkpoints = None
+    first = 1
+    if not args.unguarded:
+        import sdc_guard  # sdc-guard
+
+        guard = sdc_guard.Guard(model, optimizer, loss_fn)  # sdc-guard: finds the mesh's shards
+        if args.checkpoint_dir:
+            checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
+            state = {"train": sdc_guard.TrainingState(model, optimizer)}
+    if args.resume:
+        if checkpoints is None:
+            raise SystemExit("--resume needs --checkpoint_dir (and the guard)")
+        storage = [p.to_local().data_ptr() for p in model.parameters()]
+        resumed = checkpoints.restore(state)  # sdc-guard: the newest final one (a collective)
+        if resumed is None:
+            raise SystemExit(f"--resume: no final checkpoint in {args.checkpoint_dir}")
+        # Loading copies into the shards the guard checks; it must not replace them.
+        assert storage == [p.to_local().data_ptr() for p in model.parameters()]
+        first = resumed + 1
+
+    out = open(args.progress, "a") if args.progress else None
+    for step in range(first, args.steps + 1):
+        batch = batch_of(args, step, rank)
+        record = {"step": step, "rank": rank}
+        if guard is not None:
+            with guard.step(step, batch) as s:  # sdc-guard
+                loss = loss_fn(model, batch)
+                s.backward(loss)  # sdc-guard: in place of loss.backward()
+            applied = guard.optimizer_step(optimizer)  # sdc-guard: applies or skips
+            record.update(apply=applied, reason=s.reason)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch)
+            loss.backward()
+            optimizer.step()
+            record.update(apply=True, reason="")
+        if (rank, step) == corrupt:
+            corrupt_at_rest(model)
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and guard is not None:
+            if checkpoints is not None:  # sdc-guard: the gate, then a provisional sharded save
+                allowed = checkpoints.checkpoint(step, state)
+            else:
+                allowed = guard.may_checkpoint()  # sdc-guard
+            record["checkpoint"] = "allowed" if allowed else "vetoed"
+        record["loss"] = loss.item()
+        if out is not None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+    final = {"final": True, "rank": rank, "shard_digest": shard_digest(model)}
+    if guard is not None:
+        guard.shutdown(flush_seconds=10)  # sdc-guard: the last reports reach sdcd
+        if checkpoints is not None:
+            dist.barrier()  # Every rank's reports are in: a late revocation is decided.
+            checkpoints.finish()  # sdc-guard: a revocation after the last checkpoint
+        summary = guard.summary()
+        final["guard"] = {k: summary[k] for k in ("steps", "skipped", "weight_checks",
+                                                  "checkpoints_allowed", "checkpoints_vetoed",
+                                                  "reports_dropped")}
+    if out is not None:
+        out.write(json.dumps(final) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
