@@ -24,6 +24,8 @@ Hello SomeHello() {
   h.audit_every = 7;
   h.weight_check_every = 11;
   h.software = {"12040", "12.4", "120403", "2.11.0", "NVIDIA H100 80GB HBM3", ""};
+  h.attempt = 4;
+  h.resume_step = 300;
   return h;
 }
 
@@ -45,6 +47,8 @@ TEST(ConvertTest, HelloRoundTrips) {
   EXPECT_EQ(back.audit_every, 7u);
   EXPECT_EQ(back.weight_check_every, 11u);
   EXPECT_EQ(back.software, h.software);
+  EXPECT_EQ(back.attempt, 4u);
+  EXPECT_EQ(back.resume_step, 300u);
   EXPECT_EQ(back.software.Describe(),
             "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100 80GB HBM3");
 }

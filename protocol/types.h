@@ -70,6 +70,11 @@ struct Hello {
   uint32_t audit_every = 0;         // Scheduled audits on steps divisible by N.
   uint32_t weight_check_every = 0;  // Weight checks on steps divisible by K.
   SoftwareStack software;
+  // The job's attempt (grows with every launcher restart of the whole job)
+  // and the checkpoint step it resumed from (0: none said). See
+  // docs/ARCHITECTURE.md, "Attempts".
+  uint64_t attempt = 0;
+  Step resume_step = 0;
 };
 
 // Check 1's inputs and the step's outcome; one per rank per step.
