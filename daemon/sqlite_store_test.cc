@@ -777,6 +777,10 @@ TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
   // The database as schema 2 had it, with three pending reports whose
   // arrival order is not their key order.
   std::string sql = R"sql(
+ALTER TABLE jobs DROP COLUMN attempt;
+ALTER TABLE jobs DROP COLUMN resume_step;
+DROP TABLE attempts;
+ALTER TABLE checkpoint_decisions DROP COLUMN abandoned;
 ALTER TABLE ranks DROP COLUMN identity;
 ALTER TABLE ranks DROP COLUMN proof;
 ALTER TABLE ranks DROP COLUMN unproven;

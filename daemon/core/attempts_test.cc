@@ -257,6 +257,15 @@ TEST(AttemptsTest, AFaultyGpuThatStaysInTheNewAttemptStillVetoes) {
   EXPECT_THAT(d->reason, HasSubstr("rank 5 (GPU-5 on node-c) was attributed faulty at step 10"));
 }
 
+TEST(AttemptsTest, AnImplausibleResumeStepIsRefused) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  absl::StatusOr<AttachResult> a = AttachInAttempt(cl, 0, 1, Step{1} << 49);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(a.status().message()), HasSubstr("is implausible"));
+  EXPECT_EQ(cl.c().ListJobs()[0].attempt, 0u);
+}
+
 TEST(AttemptsTest, AnUnauthenticatedHelloCannotRestartAProvenJob) {
   Cluster cl(3, 2);
   cl.AttachAll();

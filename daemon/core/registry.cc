@@ -22,6 +22,7 @@ using internal::EchoJobId;
 using internal::IdentityClass;
 using internal::IdentityKey;
 using internal::kMaxJobIdLength;
+using internal::kMaxStep;
 
 namespace {
 
@@ -67,6 +68,10 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter count ", h.parameter_count, " exceeds the ",
                      h.weight_tensors.size(), " weight tensors"));
+  }
+  if (h.resume_step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume step ", h.resume_step, " is implausible (above 2^48)"));
   }
   auto job = jobs_.find(h.job_id);
   if (job == jobs_.end()) return absl::OkStatus();

@@ -195,7 +195,7 @@ def test_a_resume_from_a_provisional_checkpoint_is_warned_or_refused(tmp_path):
     try:
         log = finish(*torchrun(directory, sdcd, 6, steps=5, flags=("--first_step=11",),
                                env={"SDC_ATTEMPT": "2", "SDC_RESUME_STEP": "7",
-                                    "SDC_CHECKPOINT_WAIT_MS": "2000"}))
+                                    "SDC_CHECKPOINT_WAIT_MS": "2000"}), expect_ok=False)
         assert "is refused (sdcd --resume_policy=refuse)" in log, log[-6000:]
         assert int(job_of(sdcd)["attempt"]) == 1000000, "the refused attempt never started"
         # Its checkpoints are vetoed: sdcd never welcomed it.
