@@ -74,20 +74,15 @@ core::Mutation CoalesceMutations(std::deque<std::pair<uint64_t, core::Mutation>>
       latest.erase(job);
     }
     move_all(out.jobs_removed, m.jobs_removed);
-    // An attempt drops its job's ranks, groups, plans, pending reports and
-    // decided marks, those earlier in this batch too (Write() applies
-    // attempts before them); verdicts and checkpoint decisions stay.
+    // An attempt drops its job's ranks, groups and plans, those earlier in
+    // this batch too (Write() applies attempts before them); its pending
+    // reports leave through pending_removed.
     for (const core::AttemptRecord& a : m.attempts) {
       auto of_job = [&a](const auto& r) { return r.job_id == a.job_id; };
       out.groups.erase(std::remove_if(out.groups.begin(), out.groups.end(), of_job),
                        out.groups.end());
       out.plans.erase(std::remove_if(out.plans.begin(), out.plans.end(), of_job),
                       out.plans.end());
-      out.pending_added.erase(
-          std::remove_if(out.pending_added.begin(), out.pending_added.end(), of_job),
-          out.pending_added.end());
-      out.decided.erase(std::remove_if(out.decided.begin(), out.decided.end(), of_job),
-                        out.decided.end());
       latest.erase(a.job_id);
     }
     move_all(out.attempts, m.attempts);

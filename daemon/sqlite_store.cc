@@ -309,11 +309,11 @@ absl::Status SqliteStore::Write(core::Mutation& m) {
     dirty_.erase(job);
   }
   for (const auto& a : m.attempts) {
+    // Progress of the old ranks is moot: their rows go (and their pending
+    // reports with the mutation's pending_removed, which then writes none).
     for (const char* sql : {"DELETE FROM ranks WHERE job_id = ?1",
                             "DELETE FROM replica_groups WHERE job_id = ?1",
-                            "DELETE FROM plans WHERE job_id = ?1",
-                            "DELETE FROM pending_reports WHERE job_id = ?1",
-                            "DELETE FROM decided_checks WHERE job_id = ?1"}) {
+                            "DELETE FROM plans WHERE job_id = ?1"}) {
       Stmt& s = Prepared(sql);
       s.Bind(1, a.job_id);
       if (absl::Status st = s.Run("starting an attempt"); !st.ok()) return st;

@@ -48,8 +48,17 @@ void Coordinator::StartAttempt(JobState& job, const Hello& h, const std::string&
 
   // 1. The old attempt's open checks: their ranks' processes are gone, so
   // they would only finish at their deadline with ranks missing. Closed
-  // now, undecided (no verdict, no incident); the store drops their
-  // reports with the attempt.
+  // now, undecided (no verdict, no incident), and their pending reports
+  // removed.
+  auto drop = [&txn](const std::vector<PendingKey>& keys) {
+    txn.mutation.pending_removed.insert(txn.mutation.pending_removed.end(), keys.begin(),
+                                        keys.end());
+  };
+  for (const auto& [key, ps] : job.steps) drop(ps.keys);
+  for (const auto& [key, pw] : job.weights) drop(pw.keys);
+  for (const auto& [key, pa] : job.audits) drop(pa.keys);
+  for (const auto& [key, pa] : job.unfinished) drop(pa.keys);
+  for (const Report& r : job.held) txn.mutation.pending_removed.push_back(internal::KeyOf(r));
   Step first = 0;
   Step last = 0;
   auto count = [&](Step step) {

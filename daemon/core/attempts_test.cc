@@ -80,6 +80,7 @@ TEST(AttemptsTest, ARestartedJobIsANewAttemptResumingFromAFinalCheckpoint) {
   EXPECT_THAT(Notes(first->effects),
               HasSubstr("the provisional checkpoint of step 20 was abandoned"));
   for (Rank r = 1; r < 6; ++r) ASSERT_TRUE(AttachInAttempt(cl, r, 1, 10).ok()) << r;
+  EXPECT_EQ(cl.store().pending_count(), 0u) << "step 21's three reports left with its check";
 
   // The ledger keeps the final checkpoint; the old attempt's provisional one
   // is neither confirmed nor revoked.

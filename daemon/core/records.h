@@ -214,10 +214,11 @@ struct Mutation {
   // checkpoint decisions (not their incidents); applied before `jobs`, so a
   // job may come back under the same id in the same batch.
   std::vector<std::string> jobs_removed;
-  // Attempts started: each drops its job's ranks, replica groups, plans,
-  // pending reports and decided-check marks (not its verdicts, checkpoint
-  // decisions or incidents) and is kept as the attempt's history; applied
-  // after jobs_removed and before everything else.
+  // Attempts started: each drops its job's ranks, replica groups and plans
+  // (not its verdicts, checkpoint decisions, decided-check marks or
+  // incidents; the old attempt's pending reports leave through
+  // pending_removed) and is kept as the attempt's history; applied after
+  // jobs_removed and before everything else.
   std::vector<AttemptRecord> attempts;
   std::vector<JobRecord> jobs;
   std::vector<RankRecord> ranks;

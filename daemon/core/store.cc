@@ -54,7 +54,6 @@ absl::StatusOr<uint64_t> MemoryStore::Apply(Mutation m) {
   for (auto& a : m.attempts) {
     EraseJob(ranks_, a.job_id);
     EraseJob(groups_, a.job_id);
-    EraseJob(pending_, a.job_id);
     EraseJob(plans_, a.job_id);
     attempts_[{a.job_id, a.attempt}] = std::move(a);
   }
