@@ -80,6 +80,11 @@ def query(sdcd, sql, *args):
         return db.execute(sql, args).fetchall()
 
 
+def start_sdcd(directory, flags=()):
+    os.makedirs(directory, exist_ok=True)
+    return Sdcd(directory, flags)
+
+
 def job_of(sdcd):
     jobs = sdcd.sdcctl("get", "jobs").get("jobs", [])
     return next(j for j in jobs if j["job_id"] == JOB)
@@ -101,7 +106,7 @@ def assert_clean(sdcd, first_step, last_step):
 
 
 def test_a_rank_killed_mid_run_restarts_the_job_as_a_new_attempt(tmp_path):
-    sdcd = Sdcd(str(tmp_path / "sdcd"))
+    sdcd = start_sdcd(str(tmp_path / "sdcd"))
     directory = str(tmp_path / "job")
     proc, log_path = torchrun(directory, sdcd, 6, steps=25, max_restarts=1)
     try:
@@ -127,7 +132,7 @@ def test_a_rank_killed_mid_run_restarts_the_job_as_a_new_attempt(tmp_path):
         g = f["guard"]
         assert g["reports_sent"] == g["reports_acked"] and g["reports_dropped"] == 0, g
 
-    sdcd = Sdcd(str(tmp_path / "sdcd"))  # Read what it kept after a restart of its own.
+    sdcd = start_sdcd(str(tmp_path / "sdcd"))  # Read what it kept after a restart of its own.
     try:
         assert job_of(sdcd)["attempt"] in (1, "1")
         attempts = query(sdcd, "SELECT attempt, world_size, resume_step, note FROM attempts "
@@ -149,7 +154,7 @@ def test_the_world_shrinks_and_grows_between_attempts(tmp_path):
     """torchrun --nnodes=MIN:MAX needs several nodes; here the next launch
     of the job under the same job id with another --nproc-per-node (6, then
     4, then 6) stands for it, each launch a new attempt (SDC_ATTEMPT)."""
-    sdcd = Sdcd(str(tmp_path / "sdcd"))
+    sdcd = start_sdcd(str(tmp_path / "sdcd"))
     directory = str(tmp_path / "job")
     try:
         finish(*torchrun(directory, sdcd, 6, steps=10))
@@ -176,7 +181,7 @@ def test_the_world_shrinks_and_grows_between_attempts(tmp_path):
 
 
 def test_a_resume_from_a_provisional_checkpoint_is_warned_or_refused(tmp_path):
-    sdcd = Sdcd(str(tmp_path / "sdcd"))
+    sdcd = start_sdcd(str(tmp_path / "sdcd"))
     directory = str(tmp_path / "job")
     try:
         finish(*torchrun(directory, sdcd, 6, steps=5))  # Checkpoint 5: provisional.
@@ -191,7 +196,7 @@ def test_a_resume_from_a_provisional_checkpoint_is_warned_or_refused(tmp_path):
     finally:
         sdcd.stop()
     # The same sdcd (its database) restarted with --resume_policy=refuse.
-    sdcd = Sdcd(str(tmp_path / "sdcd"), flags=("--resume_policy=refuse",))
+    sdcd = start_sdcd(str(tmp_path / "sdcd"), flags=("--resume_policy=refuse",))
     try:
         log = finish(*torchrun(directory, sdcd, 6, steps=5, flags=("--first_step=11",),
                                env={"SDC_ATTEMPT": "2", "SDC_RESUME_STEP": "7",
