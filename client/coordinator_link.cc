@@ -442,6 +442,11 @@ void CoordinatorLink::Welcomed(const v1::Welcome& welcome) {
   stats_.connected = true;
   if (ever_up_) ++stats_.reconnects;
   ever_up_ = true;
+  if (!welcome.resume_warning().empty() && !resume_warned_) {
+    resume_warned_ = true;
+    Log(absl::StrCat("sdcd warns about attempt ", welcome.attempt(), " of this job: ",
+                     welcome.resume_warning()));
+  }
   for (const v1::AuditPlan& p : welcome.pending_plans()) {
     v1::CoordinatorMessage plan;
     *plan.mutable_audit_plan() = p;

@@ -201,6 +201,7 @@ class CoordinatorLink {
   // Down since (InfiniteFuture while up or before the first try failed).
   absl::Time down_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time next_down_log_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool resume_warned_ ABSL_GUARDED_BY(mu_) = false;  // sdcd's resume warning, said once.
   bool ever_down_ ABSL_GUARDED_BY(mu_) = false;
   bool ever_up_ ABSL_GUARDED_BY(mu_) = false;
   // After an outage: the last sequence of the backlog to deliver, how many

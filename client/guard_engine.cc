@@ -1,11 +1,13 @@
 #include "client/guard_engine.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "client/audit_determinism.h"
@@ -26,6 +28,20 @@
 // collectives table of docs/ARCHITECTURE.md, in code).
 
 namespace sdc::client {
+
+namespace {
+
+// The guard's own count of attempts, when no launcher says one
+// (GuardOptions::attempt): the Guards of a job created earlier in this
+// process (a framework that restarts training in-process builds a new one).
+uint64_t OwnAttempt(const std::string& job_id) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* counts = new std::map<std::string, uint64_t>();
+  absl::MutexLock lock(&mu);
+  return (*counts)[job_id]++;
+}
+
+}  // namespace
 
 class GuardEngine::Impl {
  public:
@@ -161,6 +177,8 @@ absl::Status GuardEngine::Impl::Start() {
                      options.replica_group};
   hello.world_size = ctx_.world();
   hello.incarnation = options.incarnation;
+  hello.attempt = options.attempt_set ? options.attempt : OwnAttempt(options.job_id);
+  hello.resume_step = options.resume_step;
   hello.weight_tensors = model_.weight_names();
   hello.parameter_count = static_cast<uint32_t>(model_.parameters().size());
   hello.layout_digest = model_.LayoutDigest();

@@ -166,6 +166,27 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   }
   o.incarnation = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   if (absl::Status s = ReadInt(vars, "SDC_INCARNATION", &o.incarnation); !s.ok()) return s;
+  uint64_t outer = 0;
+  for (const char* name : {"SDC_ATTEMPT", "SLURM_RESTART_COUNT"}) {
+    if (vars.Get(name) == nullptr) continue;
+    if (absl::Status s = ReadInt(vars, name, &outer); !s.ok()) return s;
+    if (outer >= (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": at most 2^40 - 1, got ", outer));
+    }
+    o.attempt_set = true;
+    break;
+  }
+  uint64_t restarts = 0;
+  if (vars.Get("TORCHELASTIC_RESTART_COUNT") != nullptr) {
+    if (absl::Status s = ReadInt(vars, "TORCHELASTIC_RESTART_COUNT", &restarts); !s.ok()) return s;
+    if (restarts >= GuardOptions::kAttemptsPerOuter) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TORCHELASTIC_RESTART_COUNT: below ", GuardOptions::kAttemptsPerOuter, ", got ", restarts));
+    }
+    o.attempt_set = true;
+  }
+  o.attempt = outer * GuardOptions::kAttemptsPerOuter + restarts;
+  if (absl::Status s = ReadInt(vars, "SDC_RESUME_STEP", &o.resume_step); !s.ok()) return s;
   if (absl::Status s = ReadInt(vars, "SDC_AUDIT_EVERY", &o.audit_every); !s.ok()) return s;
   if (absl::Status s = ReadInt(vars, "SDC_WEIGHT_CHECK_EVERY", &o.weight_check_every); !s.ok()) {
     return s;

@@ -67,6 +67,22 @@ struct GuardOptions {
   // Incarnation of this process; grows on every restart. Env: SDC_INCARNATION,
   // else the start time in milliseconds.
   uint64_t incarnation = 0;
+  // The job's attempt: every restart of the whole job by a launcher is a
+  // new one (docs/ARCHITECTURE.md, "Attempts"). Two launchers may count:
+  // the one that starts torchrun again (SDC_ATTEMPT, else Slurm's
+  // SLURM_RESTART_COUNT: a requeue) and torchrun itself
+  // (TORCHELASTIC_RESTART_COUNT, --max-restarts), so the attempt is
+  // outer * kAttemptsPerOuter + torchrun's count (torchrun's count starts at
+  // 0 in every launch, and the order of the pair is the order of attempts).
+  // None set (attempt_set false): the guard's own count of the Guards of
+  // this job created earlier in this process.
+  static constexpr uint64_t kAttemptsPerOuter = 1000000;
+  uint64_t attempt = 0;
+  bool attempt_set = false;
+  // The step of the checkpoint this attempt resumed from; 0: none (a fresh
+  // start). sdcd warns about, or refuses, a resume from a checkpoint that is
+  // not final. Env: SDC_RESUME_STEP.
+  uint64_t resume_step = 0;
   uint32_t audit_every = 100;        // Env: SDC_AUDIT_EVERY. 0 = no scheduled audits.
   uint32_t weight_check_every = 10;  // Env: SDC_WEIGHT_CHECK_EVERY. 0 = only at checkpoints.
   // How long an audit step waits for sdcd's verdict. The in-band verdict

@@ -24,7 +24,9 @@ class OptionsTest : public ::testing::Test {
                           "SDC_CHECKPOINT_FALLBACK", "SDC_MAX_GRAD_NORM", "SDC_INCARNATION",
                           "SDC_TLS_CERT", "SDC_TLS_KEY", "SDC_VERDICT_WAIT_MS",
                           "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS", "SDC_METRICS_LISTEN",
-                          "TORCHELASTIC_RUN_ID", "PET_RDZV_ID", "SLURM_JOB_ID"}) {
+                          "TORCHELASTIC_RUN_ID", "PET_RDZV_ID", "SLURM_JOB_ID",
+                          "TORCHELASTIC_RESTART_COUNT", "SDC_ATTEMPT", "SLURM_RESTART_COUNT",
+                          "SDC_RESUME_STEP"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
@@ -108,6 +110,35 @@ TEST_F(OptionsTest, DefaultsAndEnvironment) {
   EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kBackend);
   setenv("SDC_SMALL_COLLECTIVES", "rooted", 1);
   EXPECT_EQ(OptionsFromEnvironment()->small_collectives, SmallCollectives::kRooted);
+}
+
+TEST_F(OptionsTest, TheAttemptCountsTheOuterLauncherThenTorchrun) {
+  absl::StatusOr<GuardOptions> o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->attempt_set) << "the guard counts its own";
+  EXPECT_EQ(o->resume_step, 0u);
+  setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);  // torchrun --max-restarts.
+  o = OptionsFromEnvironment();
+  EXPECT_TRUE(o->attempt_set);
+  EXPECT_EQ(o->attempt, 3u);
+  setenv("SLURM_RESTART_COUNT", "1", 1);  // A requeue: torchrun counts from 0 again.
+  EXPECT_EQ(OptionsFromEnvironment()->attempt, 1000003u);
+  setenv("SDC_ATTEMPT", "2", 1);  // Said by hand: before Slurm's.
+  setenv("SDC_RESUME_STEP", "300", 1);
+  o = OptionsFromEnvironment();
+  EXPECT_EQ(o->attempt, 2000003u);
+  EXPECT_EQ(o->resume_step, 300u);
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_EQ(OptionsFromEnvironment()->attempt, 2000000u);
+  setenv("TORCHELASTIC_RESTART_COUNT", "1000000", 1);
+  EXPECT_EQ(OptionsFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("TORCHELASTIC_RESTART_COUNT", "x", 1);
+  o = OptionsFromEnvironment();
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(), HasSubstr("TORCHELASTIC_RESTART_COUNT"));
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+  setenv("SDC_RESUME_STEP", "-1", 1);
+  EXPECT_EQ(OptionsFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(OptionsTest, OverridesTakeThePlaceOfTheEnvironment) {

@@ -186,6 +186,10 @@ absl::Status Validate(const Config& c) {
   if (c.max_jobs < 1) return Bad("max_jobs", "must be at least 1");
   if (c.max_ranks < 1) return Bad("max_ranks", "must be at least 1");
   if (c.job_expiry <= absl::ZeroDuration()) return Bad("job_expiry", "must be positive");
+  if (c.resume_policy != "warn" && c.resume_policy != "refuse") {
+    return Bad("resume_policy",
+               absl::StrCat("expected warn or refuse, got '", c.resume_policy, "'"));
+  }
   if (c.actuator.timeout <= absl::ZeroDuration()) return Bad("actuator_timeout", "must be positive");
   absl::StatusOr<std::unique_ptr<Actuator>> actuator = MakeActuator(c.actuator);
   if (!actuator.ok()) {

@@ -68,6 +68,8 @@ struct Config {
   int max_jobs = 1024;
   int64_t max_ranks = int64_t{1} << 18;
   absl::Duration job_expiry = absl::Hours(72);
+  // A new attempt resuming from a checkpoint that is not final: warn | refuse.
+  std::string resume_policy = "warn";
 };
 
 // OK, or InvalidArgument whose message starts with the offending flag, e.g.

@@ -211,6 +211,7 @@ v1::Job ToProto(const core::JobSummary& j) {
   out.set_created_unix_ms(UnixMillis(j.created));
   out.set_open_incidents(j.open_incidents);
   out.set_nodes(j.nodes);
+  out.set_attempt(j.attempt);
   return out;
 }
 

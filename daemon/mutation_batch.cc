@@ -74,6 +74,18 @@ core::Mutation CoalesceMutations(std::deque<std::pair<uint64_t, core::Mutation>>
       latest.erase(job);
     }
     move_all(out.jobs_removed, m.jobs_removed);
+    // An attempt drops its job's ranks, groups and plans, those earlier in
+    // this batch too (Write() applies attempts before them); its pending
+    // reports leave through pending_removed.
+    for (const core::AttemptRecord& a : m.attempts) {
+      auto of_job = [&a](const auto& r) { return r.job_id == a.job_id; };
+      out.groups.erase(std::remove_if(out.groups.begin(), out.groups.end(), of_job),
+                       out.groups.end());
+      out.plans.erase(std::remove_if(out.plans.begin(), out.plans.end(), of_job),
+                      out.plans.end());
+      latest.erase(a.job_id);
+    }
+    move_all(out.attempts, m.attempts);
     move_all(out.jobs, m.jobs);
     for (auto& r : m.ranks) keep(r, true);
     const bool carried_by_voided =

@@ -114,6 +114,8 @@ grpc::Status RankSession::Attach(const v1::Hello& in) {
   v1::CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_acked_sequence(result->acked_sequence);
   welcome.mutable_welcome()->set_coordinator_version(kVersion);
+  welcome.mutable_welcome()->set_attempt(result->attempt);
+  welcome.mutable_welcome()->set_resume_warning(result->resume_warning);
   for (const core::PlanMessage& p : result->pending_plans) {
     *welcome.mutable_welcome()->add_pending_plans() = ToProto(p);
   }

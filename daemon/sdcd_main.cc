@@ -135,6 +135,10 @@ ABSL_FLAG(std::vector<std::string>, never_replace, {},
           "(controllers).");
 ABSL_FLAG(absl::Duration, report_deadline, kDefaults.report_deadline,
           "A step's checks are decided with what arrived after this long.");
+ABSL_FLAG(std::string, resume_policy, kDefaults.resume_policy,
+          "A new attempt of a job (its launcher restarted it) that resumes from a checkpoint "
+          "the gate never called final: warn (start it, say so to the operator's log and its "
+          "ranks) or refuse (refuse its Hellos).");
 ABSL_FLAG(int, targeted_audits, kDefaults.targeted_audits,
           "Targeted audits scheduled for each unconfirmed suspect.");
 ABSL_FLAG(int, max_jobs, kDefaults.max_jobs,
@@ -207,6 +211,7 @@ Config ConfigFromFlags() {
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   c.max_ranks = absl::GetFlag(FLAGS_max_ranks);
   c.job_expiry = absl::GetFlag(FLAGS_job_expiry);
+  c.resume_policy = absl::GetFlag(FLAGS_resume_policy);
   return c;
 }
 
@@ -310,6 +315,9 @@ int Main(int argc, char** argv) {
   options.max_jobs = static_cast<size_t>(config.max_jobs);
   options.max_ranks = static_cast<uint64_t>(config.max_ranks);
   options.job_expiry = config.job_expiry;
+  options.resume_policy = config.resume_policy == "refuse"
+                              ? core::CoordinatorOptions::ResumePolicy::kRefuse
+                              : core::CoordinatorOptions::ResumePolicy::kWarn;
   options.max_ranks_per_node = static_cast<uint32_t>(config.max_ranks_per_node);
   options.max_unauthenticated_ranks = static_cast<uint64_t>(config.max_unauthenticated_ranks);
   options.max_jobs_per_identity = static_cast<size_t>(config.max_jobs_per_identity);

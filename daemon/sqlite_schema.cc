@@ -197,6 +197,24 @@ ALTER TABLE ranks ADD COLUMN proof TEXT NOT NULL DEFAULT '';
 ALTER TABLE ranks ADD COLUMN unproven TEXT NOT NULL DEFAULT '';
 ALTER TABLE operators ADD COLUMN approved_by TEXT NOT NULL DEFAULT '';
 )sql",
+    // 8: attempts (issue 42): a job restarted by its launcher is a new
+    // attempt of the same job; each is kept, and abandoned provisional
+    // checkpoints are marked.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN resume_step INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE attempts (
+  job_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  resume_step INTEGER NOT NULL,
+  started_ms INTEGER NOT NULL,
+  closed_checks INTEGER NOT NULL,
+  note TEXT NOT NULL,
+  PRIMARY KEY (job_id, attempt)
+);
+ALTER TABLE checkpoint_decisions ADD COLUMN abandoned INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 constexpr int kMigrationCount = sizeof(kMigrations) / sizeof(kMigrations[0]);

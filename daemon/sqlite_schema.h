@@ -18,7 +18,7 @@ namespace sdc::daemon {
 namespace sqlite {
 
 // The schema version this sdcd writes: the number of migrations.
-inline constexpr int kSchemaVersion = 7;
+inline constexpr int kSchemaVersion = 8;
 
 // Internal: "sqlite: WHAT: SQLite's message for `db`".
 absl::Status SqlError(sqlite3* db, const std::string& what);

@@ -32,11 +32,25 @@ absl::StatusOr<core::CheckKind> CheckKindOf(const std::string& name) {
 absl::StatusOr<core::Snapshot> ReadSnapshot(sqlite3* db) {
   core::Snapshot snap;
   {
-    Stmt s(db, "SELECT * FROM jobs");
+    Stmt s(db,
+           "SELECT job_id, world_size, audit_every, weight_check_every, created_ms, "
+           "next_plan_id, attempt, resume_step FROM jobs");
     while (s.Next()) {
       snap.jobs.push_back({s.Text(0), static_cast<uint32_t>(s.Int(1)),
                            static_cast<uint32_t>(s.Int(2)), static_cast<uint32_t>(s.Int(3)),
-                           FromUnixMillis(s.Int(4)), static_cast<uint64_t>(s.Int(5))});
+                           FromUnixMillis(s.Int(4)), static_cast<uint64_t>(s.Int(5)),
+                           static_cast<uint64_t>(s.Int(6)), static_cast<uint64_t>(s.Int(7))});
+    }
+  }
+  {
+    Stmt s(db,
+           "SELECT job_id, attempt, world_size, resume_step, started_ms, closed_checks, note "
+           "FROM attempts ORDER BY job_id, attempt");
+    while (s.Next()) {
+      snap.attempts.push_back({s.Text(0), static_cast<uint64_t>(s.Int(1)),
+                               static_cast<uint32_t>(s.Int(2)), static_cast<uint64_t>(s.Int(3)),
+                               FromUnixMillis(s.Int(4)), static_cast<uint32_t>(s.Int(5)),
+                               s.Text(6)});
     }
   }
   {
@@ -146,12 +160,12 @@ absl::StatusOr<core::Snapshot> ReadSnapshot(sqlite3* db) {
   }
   {
     Stmt s(db,
-           "SELECT job_id, step, allowed, reason, at_ms, revocation FROM checkpoint_decisions "
-           "ORDER BY id");
+           "SELECT job_id, step, allowed, reason, at_ms, revocation, abandoned FROM "
+           "checkpoint_decisions ORDER BY id");
     while (s.Next()) {
       snap.checkpoint_decisions.push_back({s.Text(0), static_cast<uint64_t>(s.Int(1)),
                                            s.Int(2) != 0, s.Text(3), FromUnixMillis(s.Int(4)),
-                                           s.Int(5) != 0});
+                                           s.Int(5) != 0, s.Int(6) != 0});
     }
   }
   {

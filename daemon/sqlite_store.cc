@@ -300,17 +300,38 @@ absl::Status SqliteStore::Write(core::Mutation& m) {
                             "DELETE FROM plans WHERE job_id = ?1",
                             "DELETE FROM step_verdicts WHERE job_id = ?1",
                             "DELETE FROM checkpoint_decisions WHERE job_id = ?1",
-                            "DELETE FROM decided_checks WHERE job_id = ?1"}) {
+                            "DELETE FROM decided_checks WHERE job_id = ?1",
+                            "DELETE FROM attempts WHERE job_id = ?1"}) {
       Stmt& s = Prepared(sql);
       s.Bind(1, job);
       if (absl::Status st = s.Run("dropping an abandoned job"); !st.ok()) return st;
     }
     dirty_.erase(job);
   }
+  for (const auto& a : m.attempts) {
+    // Progress of the old ranks is moot: their rows go (and their pending
+    // reports with the mutation's pending_removed, which then writes none).
+    for (const char* sql : {"DELETE FROM ranks WHERE job_id = ?1",
+                            "DELETE FROM replica_groups WHERE job_id = ?1",
+                            "DELETE FROM plans WHERE job_id = ?1"}) {
+      Stmt& s = Prepared(sql);
+      s.Bind(1, a.job_id);
+      if (absl::Status st = s.Run("starting an attempt"); !st.ok()) return st;
+    }
+    dirty_.erase(a.job_id);
+    Stmt& s = Prepared("INSERT OR REPLACE INTO attempts VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+    s.Bind(1, a.job_id).Bind(2, static_cast<int64_t>(a.attempt)).Bind(3, a.world_size);
+    s.Bind(4, static_cast<int64_t>(a.resume_step)).Bind(5, UnixMillis(a.started));
+    s.Bind(6, a.closed_checks).Bind(7, a.note);
+    if (absl::Status st = s.Run("writing an attempt"); !st.ok()) return st;
+  }
   for (const auto& j : m.jobs) {
-    Stmt& s = Prepared( "INSERT OR REPLACE INTO jobs VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+    Stmt& s = Prepared(
+        "INSERT OR REPLACE INTO jobs (job_id, world_size, audit_every, weight_check_every, "
+        "created_ms, next_plan_id, attempt, resume_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
     s.Bind(1, j.job_id).Bind(2, j.world_size).Bind(3, j.audit_every);
     s.Bind(4, j.weight_check_every).Bind(5, UnixMillis(j.created)).Bind(6, j.next_plan_id);
+    s.Bind(7, static_cast<int64_t>(j.attempt)).Bind(8, static_cast<int64_t>(j.resume_step));
     if (absl::Status st = s.Run("writing a job"); !st.ok()) return st;
   }
   for (const auto& r : m.ranks) {
@@ -412,10 +433,11 @@ absl::Status SqliteStore::Write(core::Mutation& m) {
   }
   for (const auto& d : m.checkpoint_decisions) {
     Stmt& s = Prepared(
-           "INSERT INTO checkpoint_decisions (job_id, step, allowed, reason, at_ms, revocation) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+           "INSERT INTO checkpoint_decisions (job_id, step, allowed, reason, at_ms, revocation, "
+           "abandoned) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
     s.Bind(1, d.job_id).Bind(2, static_cast<int64_t>(d.step)).Bind(3, d.allowed ? 1 : 0);
     s.Bind(4, d.reason).Bind(5, UnixMillis(d.at)).Bind(6, d.revocation ? 1 : 0);
+    s.Bind(7, d.abandoned ? 1 : 0);
     if (absl::Status st = s.Run("writing a checkpoint decision"); !st.ok()) return st;
   }
   for (const auto& [job, from] : m.rollbacks) {

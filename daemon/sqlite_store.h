@@ -87,7 +87,7 @@ class SqliteStore : public core::Store, public OperatorStore {
   // row when it has none pending left (see Settle).
   size_t settling_reports() const { return settling_reports_.load(std::memory_order_relaxed); }
 
-  static constexpr int kSchemaVersion = 7;
+  static constexpr int kSchemaVersion = 8;
 
  private:
   SqliteStore(sqlite3* db, std::string path, SqliteStoreOptions options);

@@ -777,6 +777,10 @@ TEST(SqliteStoreTest, PendingReportsOfAnOlderSchemaKeepTheirOrder) {
   // The database as schema 2 had it, with three pending reports whose
   // arrival order is not their key order.
   std::string sql = R"sql(
+ALTER TABLE jobs DROP COLUMN attempt;
+ALTER TABLE jobs DROP COLUMN resume_step;
+DROP TABLE attempts;
+ALTER TABLE checkpoint_decisions DROP COLUMN abandoned;
 ALTER TABLE ranks DROP COLUMN identity;
 ALTER TABLE ranks DROP COLUMN proof;
 ALTER TABLE ranks DROP COLUMN unproven;
@@ -984,6 +988,80 @@ TEST(SqliteStoreTest, RestoreTakesRankProgressFromPendingReports) {
 
 // Operators (schema 6): digests survive a reopen, names are unique, and an
 // approval round (two-person approval) is kept with its request.
+// Issue 42: a job restarted as a new attempt (elastic: 6 ranks, then 4),
+// then sdcd restarted: the attempt, its ranks, the checkpoint ledger (the
+// final checkpoint kept, the old attempt's provisional one abandoned) come
+// back from the file.
+TEST(SqliteStoreTest, AnAttemptSurvivesARestartOfSdcd) {
+  const std::string path = TempDb("attempts");
+  core::FakeClock clock;
+  auto report = [](core::Rank r, uint64_t incarnation, uint64_t seq, core::Step step,
+                   bool weights) {
+    core::Report rep = StepReportOf(r, seq);
+    rep.incarnation = incarnation;
+    rep.step = step;
+    if (weights) rep.body = WeightsOf(r, false).body;
+    return rep;
+  };
+  auto attempt_hello = [](core::Rank r) {
+    core::Hello h = HelloOf(r);
+    h.world_size = 4;
+    h.incarnation = 2;
+    h.attempt = 1;
+    h.resume_step = 10;
+    return h;
+  };
+  {
+    auto store = SqliteStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    core::Coordinator c({}, &clock, store->get());
+    ASSERT_TRUE(c.Restore().ok());
+    for (core::Rank r = 0; r < 6; ++r) ASSERT_TRUE(c.Attach(HelloOf(r), Proven(HelloOf(r))).ok());
+    uint64_t seq[6] = {};
+    for (core::Step step : {10u, 20u}) {
+      for (core::Rank r = 0; r < 6; ++r) {
+        ASSERT_TRUE(c.Ingest(report(r, 1, ++seq[r], step, false)).ok());
+        ASSERT_TRUE(c.Ingest(report(r, 1, ++seq[r], step, true)).ok());
+      }
+      ASSERT_TRUE(c.MayCheckpoint("job", step)->allowed);
+    }
+    for (core::Rank r = 0; r < 3; ++r) ASSERT_TRUE(c.Ingest(report(r, 1, ++seq[r], 30, false)).ok());
+    for (core::Rank r = 0; r < 4; ++r) {
+      auto a = c.Attach(attempt_hello(r), Proven(attempt_hello(r)));
+      ASSERT_TRUE(a.ok()) << a.status();
+    }
+    (*store)->Drain();
+  }
+  EXPECT_EQ(Count(path, "SELECT COUNT(*) FROM ranks"), 4);
+  EXPECT_EQ(Count(path, "SELECT closed_checks FROM attempts WHERE attempt = 1"), 1);
+  EXPECT_EQ(Count(path, "SELECT step FROM checkpoint_decisions WHERE abandoned = 1"), 20);
+
+  auto store = SqliteStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_THAT((*store)->Load()->pending, IsEmpty()) << "attempt 0's open check of step 30 was closed";
+  core::Coordinator c({}, &clock, store->get());
+  ASSERT_TRUE(c.Restore().ok());
+  ASSERT_THAT(c.ListJobs(), SizeIs(1));
+  EXPECT_EQ(c.ListJobs()[0].attempt, 1u);
+  EXPECT_EQ(c.ListJobs()[0].world_size, 4u);
+  EXPECT_EQ(c.CheckpointStatus("job")->confirmed_through, 10u);
+  auto stale = c.Attach(HelloOf(5), Proven(HelloOf(5)));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition) << "attempt 0 is over";
+  for (core::Rank r = 0; r < 4; ++r) ASSERT_TRUE(c.Attach(attempt_hello(r), Proven(attempt_hello(r))).ok());
+  uint64_t seq[4] = {};
+  for (core::Step step : {20u, 30u}) {
+    for (core::Rank r = 0; r < 4; ++r) {
+      ASSERT_TRUE(c.Ingest(report(r, 2, ++seq[r], step, false)).ok()) << r << " " << step;
+      ASSERT_TRUE(c.Ingest(report(r, 2, ++seq[r], step, true)).ok());
+    }
+    auto d = c.MayCheckpoint("job", step);
+    ASSERT_TRUE(d->allowed) << d->reason;
+    // 20 is attempt 1's own: attempt 0's abandoned 20 confirmed nothing.
+    EXPECT_EQ(d->confirmed_through, step == 20 ? 10u : 20u);
+  }
+  EXPECT_THAT(c.ListIncidents("job"), IsEmpty());
+}
+
 TEST(SqliteStoreTest, OperatorsAndApprovalsSurviveAReopen) {
   const std::string path = TempDb("operators");
   std::string alice_token;

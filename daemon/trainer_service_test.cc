@@ -165,6 +165,28 @@ TEST_F(TrainerServiceTest, AnAttachStreamIsWelcomedAndAcknowledged) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// Issue 42: the Welcome says the job's attempt, and why its resume is
+// doubtful (here: sdcd never saw the job's checkpoints).
+TEST_F(TrainerServiceTest, TheWelcomeSaysTheAttemptAndItsResumeWarning) {
+  grpc::ClientContext context;
+  WithDeadline(&context);
+  auto stream = stub_->Attach(&context);
+  v1::TrainerMessage hello = HelloOf(0);
+  hello.mutable_hello()->set_attempt(3);
+  hello.mutable_hello()->set_resume_step(50);
+  ASSERT_TRUE(stream->Write(hello));
+  v1::CoordinatorMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_welcome());
+  EXPECT_EQ(reply.welcome().attempt(), 3u);
+  EXPECT_EQ(reply.welcome().resume_warning(),
+            "sdcd holds no checkpoint decisions of job job-t: it cannot say whether step 50's "
+            "checkpoint is final");
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(TrainerServiceTest, ARelayCarriesSessionsEndsARefusedOneAndEndsAtShutdown) {
   grpc::ClientContext context;
   WithDeadline(&context);

@@ -41,6 +41,18 @@ def init_process_group(args, timeout=None):
             raise SystemExit("--rank and --world_size: need 0 <= rank < world_size")
         dist.init_process_group("gloo", init_method="file://" + args.rendezvous,
                                 rank=args.rank, world_size=args.world_size, **extra)
+    elif os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A worker group torchrun restarted (--max-restarts) shares the agent's
+        # store with the group before it, whose Gloo addresses are still
+        # there: seen here as "connectFullMesh failed ... Connection refused"
+        # (torch 2.11). The restarted group takes keys of its own.
+        restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, **extra)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"restart-{restart}", store),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), **extra)
     else:
         dist.init_process_group("gloo", **extra)
 

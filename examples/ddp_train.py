@@ -43,6 +43,10 @@ def parse_args():
     p.add_argument("--corpus", default="/usr/share/common-licenses")
     p.add_argument("--checkpoint_every", type=int, default=0)
     p.add_argument("--checkpoint_dir", default="")
+    p.add_argument("--resume", action="store_true",
+                   help="with --checkpoint_dir: start from the newest final checkpoint (its model "
+                        "weights; the optimizer starts afresh), tell the guard its step, and train "
+                        "on to the same last step (first_step + steps - 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: rank on GPU LOCAL_RANK %% the GPUs visible (collectives stay on Gloo)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
@@ -88,13 +92,29 @@ def main():
     comm_hook = setup.comm_hook()
     scaled = (lambda loss: scaler.scale(loss)) if scaler is not None else (lambda loss: loss)
 
+    last_step = args.first_step + args.steps - 1
+    first_step = args.first_step
+    resumed = None
+    if args.resume and args.checkpoint_dir:
+        from sdc_guard.checkpoints import latest_final_step
+
+        resumed = latest_final_step(args.checkpoint_dir)  # Only final ones: never a provisional.
+        if resumed is not None:
+            path = os.path.join(args.checkpoint_dir, f"step-{resumed}.pt")
+            net.load_state_dict(torch.load(path, map_location=device))
+            first_step = resumed + 1
+        print(f"rank {rank}: resuming from step {resumed} (attempt "
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '-')})", file=sys.stderr, flush=True)
+
     guard = checkpoints = None
     if not args.unguarded:
         import sdc_guard  # sdc-guard
 
         # sdc-guard (SDC_* settings): a GradScaler's scale travels with replays; the
         # communication hook runs inside the guard's.
-        guard = sdc_guard.Guard(model, optimizer, loss_fn, grad_scaler=scaler, comm_hook=comm_hook)
+        resume = {"resume_step": resumed} if resumed is not None else {}
+        guard = sdc_guard.Guard(model, optimizer, loss_fn, grad_scaler=scaler, comm_hook=comm_hook,
+                                **resume)
         net.fault_hook = guard.fault_point  # Tests and demos inject faults here.
         if args.checkpoint_dir:
             checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
@@ -102,8 +122,8 @@ def main():
         model.register_comm_hook(*comm_hook)
 
     progress = cluster_support.Progress(args, rank)
-    turns = cluster_support.Turns(args, rank, args.first_step, args.first_step + args.steps - 1)
-    for step in range(args.first_step, args.first_step + args.steps):
+    turns = cluster_support.Turns(args, rank, first_step, last_step)
+    for step in range(first_step, last_step + 1):
         turns.begin(step)
         start = time.perf_counter()
         batches = setup.batches(step, args.micro_batches)

@@ -17,6 +17,12 @@ std::optional<Step> CheckpointLedger::RevokeProvisional() {
   return step;
 }
 
+std::optional<Step> CheckpointLedger::AbandonProvisional() {
+  const std::optional<Step> step = provisional_;
+  provisional_.reset();
+  return step;
+}
+
 void CheckpointLedger::Learn(Step confirmed_through, absl::Span<const Step> revoked) {
   for (Step step : revoked) Revoke(step);
   confirmed_through_ = std::max(confirmed_through_, confirmed_through);

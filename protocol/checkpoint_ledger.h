@@ -31,6 +31,11 @@ class CheckpointLedger {
   // Revokes the provisional checkpoint; returns its step, or nullopt when
   // none was provisional.
   std::optional<Step> RevokeProvisional();
+  // Forgets the provisional checkpoint without revoking it: a new attempt
+  // of the job resumed from an earlier step, so its later checkpoints do
+  // not confirm it and its step may be checkpointed again. Returns its step,
+  // or nullopt when none was provisional.
+  std::optional<Step> AbandonProvisional();
   // What the coordinator said (confirmed_through_step, revoked_steps). Never
   // lowers what is confirmed.
   void Learn(Step confirmed_through, absl::Span<const Step> revoked);

@@ -64,5 +64,22 @@ TEST(CheckpointLedgerTest, TheCoordinatorRevokesTheProvisionalOne) {
   EXPECT_EQ(l.Of(20), CheckpointLedger::Standing::kRevoked);
 }
 
+TEST(CheckpointLedgerTest, AnAbandonedProvisionalIsNeitherConfirmedNorRevoked) {
+  CheckpointLedger l;
+  EXPECT_EQ(l.AbandonProvisional(), std::nullopt) << "nothing to abandon";
+  l.Allowed(10);
+  l.Allowed(20);
+  // A new attempt resumed from 10: 20's checkpoint belongs to the old one.
+  EXPECT_EQ(l.AbandonProvisional(), std::optional<Step>(20));
+  EXPECT_FALSE(l.provisional().has_value());
+  EXPECT_TRUE(l.revoked().empty());
+  l.Allowed(30);  // The new attempt's next checkpoint does not confirm 20.
+  EXPECT_EQ(l.confirmed_through(), 10u);
+  l.Allowed(20);  // Not revoked: step 20 can be checkpointed again...
+  EXPECT_EQ(l.provisional(), std::optional<Step>(20));
+  l.Allowed(40);  // ...and confirmed by the next one.
+  EXPECT_EQ(l.Of(20), CheckpointLedger::Standing::kFinal);
+}
+
 }  // namespace
 }  // namespace sdc::protocol

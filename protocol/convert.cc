@@ -72,6 +72,8 @@ Hello FromProto(const v1::Hello& h) {
   const v1::SoftwareStack& sw = h.software();
   out.software = {sw.driver(), sw.cuda(), sw.cublas(), sw.torch(), sw.device(), sw.isa()};
   out.shard = {h.shard_index(), h.shard_count(), h.replica_index()};
+  out.attempt = h.attempt();
+  out.resume_step = h.resume_step();
   return out;
 }
 
@@ -87,6 +89,8 @@ v1::Hello ToProto(const Hello& h) {
   out.set_deterministic(h.deterministic);
   out.set_audit_every(h.audit_every);
   out.set_weight_check_every(h.weight_check_every);
+  out.set_attempt(h.attempt);
+  out.set_resume_step(h.resume_step);
   if (!h.software.unknown()) {
     v1::SoftwareStack* sw = out.mutable_software();
     sw->set_driver(h.software.driver);

@@ -25,6 +25,8 @@ Hello SomeHello() {
   h.weight_check_every = 11;
   h.software = {"12040", "12.4", "120403", "2.11.0", "NVIDIA H100 80GB HBM3", ""};
   h.shard = {1, 3, 2};
+  h.attempt = 4;
+  h.resume_step = 300;
   return h;
 }
 
@@ -49,6 +51,8 @@ TEST(ConvertTest, HelloRoundTrips) {
   EXPECT_EQ(back.shard, (ShardCoordinates{1, 3, 2}));
   EXPECT_EQ(back.shard.Describe(), "replica 2 of shard 1/3");
   EXPECT_EQ(Hello{}.shard.Describe(), "");
+  EXPECT_EQ(back.attempt, 4u);
+  EXPECT_EQ(back.resume_step, 300u);
   EXPECT_EQ(back.software.Describe(),
             "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100 80GB HBM3");
 }

@@ -89,6 +89,11 @@ struct Hello {
   uint32_t weight_check_every = 0;  // Weight checks on steps divisible by K.
   SoftwareStack software;
   ShardCoordinates shard;
+  // The job's attempt (grows with every launcher restart of the whole job)
+  // and the checkpoint step it resumed from (0: none said). See
+  // docs/ARCHITECTURE.md, "Attempts".
+  uint64_t attempt = 0;
+  Step resume_step = 0;
 };
 
 // Check 1's inputs and the step's outcome; one per rank per step.

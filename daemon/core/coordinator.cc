@@ -30,11 +30,7 @@ namespace sdc::core {
 using internal::EchoJobId;
 using internal::KeyOf;
 
-namespace {
-
-constexpr Step kMaxStep = Step{1} << 48;
-
-}  // namespace
+using internal::kMaxStep;
 
 Coordinator::Coordinator(CoordinatorOptions options, const Clock* clock, Store* store)
     : options_(std::move(options)),

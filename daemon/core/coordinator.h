@@ -78,6 +78,12 @@ struct CoordinatorOptions {
   // join those already open for its nodes); 0: half of
   // escalation.max_open_requests, at least 1.
   int max_open_requests_per_job = 0;
+  // A new attempt that resumes from a checkpoint the gate never called
+  // final (provisional, revoked, or never allowed): kWarn (the default)
+  // starts it and says why in the operator's log and to its ranks
+  // (AttachResult::resume_warning); kRefuse refuses its Hellos.
+  enum class ResumePolicy { kWarn, kRefuse };
+  ResumePolicy resume_policy = ResumePolicy::kWarn;
   EscalationPolicy escalation;
 };
 
@@ -129,6 +135,8 @@ struct Effects {
 struct AttachResult {
   uint64_t acked_sequence = 0;
   std::vector<PlanMessage> pending_plans;
+  uint64_t attempt = 0;        // The job's attempt, as sdcd holds it.
+  std::string resume_warning;  // Why the attempt's resume is doubtful; empty: it is not.
   Effects effects;
 };
 
@@ -153,6 +161,7 @@ struct JobSummary {
   absl::Time created;
   uint32_t open_incidents = 0;
   uint32_t nodes = 0;
+  uint64_t attempt = 0;
 };
 
 struct RankSummary {
@@ -176,7 +185,9 @@ class Coordinator {
 
   // A rank's Hello from `caller`. InvalidArgument for malformed hellos;
   // FailedPrecondition when it contradicts the job (world size, cadence,
-  // layout) or is stale; PermissionDenied when the caller proved a node other
+  // layout) within its attempt, names an older attempt, or resumes from a
+  // checkpoint that is not final under ResumePolicy::kRefuse; a higher
+  // attempt starts it (StartAttempt); PermissionDenied when the caller proved a node other
   // than the one the Hello names, or is unauthenticated and the rank is held
   // by a proven caller; ResourceExhausted past a quota (CoordinatorOptions).
   absl::StatusOr<AttachResult> Attach(const Hello& hello, const Caller& caller)
@@ -397,6 +408,10 @@ class Coordinator {
     // most kMaxUnfinishedAudits per job, the oldest go first).
     std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> unfinished;
     uint64_t late_reports = 0;  // Taken after their check was decided.
+    // No step report yet in this attempt: the first one rolls the ledger
+    // back to its step (a restart resumes from a checkpoint).
+    bool awaiting_first_step = true;
+    std::string resume_warning;  // The attempt's (AttachResult::resume_warning).
   };
   static constexpr size_t kMaxUnfinishedAudits = 16;
   // A GPU attributed faulty that still blocks checkpoints of its job (and,
@@ -503,6 +518,19 @@ class Coordinator {
   // Forgets what a rank's incarnations up to `incarnation` contributed to
   // checks still open (a decided audit keeps its results).
   void DropContributions(JobState& job, Rank rank, uint64_t incarnation, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // attempts.cc: a job restarted by its launcher.
+  //
+  // Empty when `h` may start a new attempt of `job` resuming from
+  // h.resume_step, else why its resume is doubtful (a checkpoint the gate
+  // never called final).
+  std::string DoubtfulResume(const JobState& job, const Hello& h) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Starts attempt h.attempt of `job`: closes the old attempt's open checks
+  // (saying so), forgets its ranks, replica groups and plans (with their
+  // quotas), voids its verdicts after h.resume_step, abandons a provisional
+  // checkpoint after it, and takes h's world size and cadence.
+  void StartAttempt(JobState& job, const Hello& h, const std::string& warning, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the audit results held until every rank said Hello; one that
   // its plan refuses now is dropped and said (Effects::notes).

@@ -17,6 +17,8 @@
 namespace sdc::core::internal {
 
 inline constexpr size_t kMaxJobIdLength = 128;
+// Steps above this (2^48) are implausible: reports and resume steps.
+inline constexpr Step kMaxStep = Step{1} << 48;
 
 // A value an error message echoes: quoted, at most 64 characters of it, with
 // bytes outside printable ASCII escaped.

@@ -24,6 +24,7 @@ std::vector<JobSummary> Coordinator::ListJobs() const {
     s.job_id = id;
     s.world_size = job.record.world_size;
     s.created = job.record.created;
+    s.attempt = job.record.attempt;
     std::set<std::string> nodes;
     bool all = true;
     Step last = UINT64_MAX;

@@ -21,6 +21,28 @@ struct JobRecord {
   uint32_t weight_check_every = 0;
   absl::Time created;
   uint64_t next_plan_id = 1;
+  // The attempt running now (Hello::attempt) and the checkpoint step it
+  // resumed from (0: none said); see AttemptRecord.
+  uint64_t attempt = 0;
+  Step resume_step = 0;
+};
+
+// One attempt of a job: the launcher started (or restarted) all of its
+// ranks. A Hello of a higher attempt than the job's starts one: the old
+// attempt's open checks are closed (`closed_checks`, said in `note`), its
+// ranks and replica groups are forgotten (the new attempt's Hellos build a
+// new topology, so the world size may change), its verdicts of steps after
+// the resume are void, and its checkpoint decisions stay.
+struct AttemptRecord {
+  std::string job_id;
+  uint64_t attempt = 0;
+  uint32_t world_size = 0;
+  Step resume_step = 0;
+  absl::Time started;
+  uint32_t closed_checks = 0;
+  // What the attempt start did, for operators: the checks it closed and why,
+  // a provisional checkpoint it abandoned, a doubtful resume.
+  std::string note;
 };
 
 struct RankRecord {
@@ -143,6 +165,10 @@ struct CheckpointDecision {
   absl::Time at;
   // A later revocation of an allowed (provisional) checkpoint.
   bool revocation = false;
+  // A provisional checkpoint a new attempt abandoned (it resumed from an
+  // earlier step): neither confirmed nor revoked (CheckpointLedger::
+  // AbandonProvisional).
+  bool abandoned = false;
 };
 
 // A finalized check of one step, kept for the checkpoint gate.
@@ -188,6 +214,12 @@ struct Mutation {
   // checkpoint decisions (not their incidents); applied before `jobs`, so a
   // job may come back under the same id in the same batch.
   std::vector<std::string> jobs_removed;
+  // Attempts started: each drops its job's ranks, replica groups and plans
+  // (not its verdicts, checkpoint decisions, decided-check marks or
+  // incidents; the old attempt's pending reports leave through
+  // pending_removed) and is kept as the attempt's history; applied after
+  // jobs_removed and before everything else.
+  std::vector<AttemptRecord> attempts;
   std::vector<JobRecord> jobs;
   std::vector<RankRecord> ranks;
   // Rank records whose change is only progress that pending reports carry
@@ -213,7 +245,7 @@ struct Mutation {
   std::vector<DecidedCheck> decided_cleared;
 
   bool empty() const {
-    return jobs_removed.empty() && jobs.empty() && ranks.empty() && progress.empty() && groups.empty() &&
+    return jobs_removed.empty() && attempts.empty() && jobs.empty() && ranks.empty() && progress.empty() && groups.empty() &&
            pending_added.empty() &&
            pending_removed.empty() && incidents.empty() && requests.empty() &&
            suspects.empty() && suspects_removed.empty() && plans.empty() &&
@@ -225,6 +257,7 @@ struct Mutation {
 // Everything a Store holds, as the coordinator rebuilds from it.
 struct Snapshot {
   std::vector<JobRecord> jobs;
+  std::vector<AttemptRecord> attempts;  // By job, then attempt.
   std::vector<RankRecord> ranks;
   std::vector<GroupRecord> groups;
   std::vector<Report> pending;  // In the order they were added.

@@ -22,6 +22,7 @@ using internal::EchoJobId;
 using internal::IdentityClass;
 using internal::IdentityKey;
 using internal::kMaxJobIdLength;
+using internal::kMaxStep;
 
 namespace {
 
@@ -80,14 +81,27 @@ absl::Status Coordinator::ValidateHello(const Hello& h) const {
         "shard ", shard.index, " of ", shard.count, " (replica ", shard.replica,
         ") is not a shard of a job of world size ", h.world_size));
   }
+  if (h.resume_step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume step ", h.resume_step, " is implausible (above 2^48)"));
+  }
   auto job = jobs_.find(h.job_id);
   if (job == jobs_.end()) return absl::OkStatus();
-  if (absl::Status s = ValidateShard(job->second, h); !s.ok()) return s;
   const JobRecord& rec = job->second.record;
+  if (h.attempt < rec.attempt) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stale hello: job ", h.job_id, " is at attempt ", rec.attempt, ", rank ",
+        h.placement.rank, " says attempt ", h.attempt));
+  }
+  // A new attempt starts over: its world, cadence and layout are its own.
+  if (h.attempt > rec.attempt) return absl::OkStatus();
+  if (absl::Status s = ValidateShard(job->second, h); !s.ok()) return s;
   if (rec.world_size != h.world_size) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", h.job_id, " has world size ", rec.world_size, " but rank ",
-                     h.placement.rank, " says ", h.world_size));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", h.job_id, " has world size ", rec.world_size, " in attempt ", rec.attempt,
+        " but rank ", h.placement.rank, " says ", h.world_size,
+        " (a world size changes only with a new attempt: TORCHELASTIC_RESTART_COUNT or "
+        "SDC_ATTEMPT)"));
   }
   if (rec.audit_every != h.audit_every || rec.weight_check_every != h.weight_check_every) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -338,7 +352,25 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   RankRecord proved;
   if (absl::Status s = Prove(h, caller, &proved); !s.ok()) return s;
   auto existing = jobs_.find(h.job_id);
-  if (existing != jobs_.end() && proved.identity.empty()) {
+  const bool new_attempt = existing != jobs_.end() && h.attempt > existing->second.record.attempt;
+  if (new_attempt && proved.identity.empty()) {
+    for (const auto& [r, slot] : existing->second.ranks) {
+      if (slot.record.identity.empty()) continue;
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job ", EchoJobId(h.job_id), "'s ranks were proven (rank ", r, " by node ",
+          slot.record.identity, "); an unauthenticated Hello cannot start a new attempt of it"));
+    }
+  }
+  std::string warning;
+  if (new_attempt) {
+    warning = DoubtfulResume(existing->second, h);
+    if (!warning.empty() && options_.resume_policy == CoordinatorOptions::ResumePolicy::kRefuse) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "attempt ", h.attempt, " of job ", EchoJobId(h.job_id), " is refused (sdcd "
+          "--resume_policy=refuse): ", warning));
+    }
+  }
+  if (existing != jobs_.end() && !new_attempt && proved.identity.empty()) {
     auto slot = existing->second.ranks.find(h.placement.rank);
     if (slot != existing->second.ranks.end() && !slot->second.record.identity.empty()) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -349,13 +381,33 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   }
   const absl::Time now = clock_->Now();
   Txn txn;
+  if (new_attempt) StartAttempt(existing->second, h, warning, txn);
   absl::StatusOr<Admission> admitted = Admit(h, caller, proved, txn);
-  if (!admitted.ok()) return admitted.status();
+  if (!admitted.ok()) {
+    // The attempt stands (its old one is over either way); this rank waits.
+    if (new_attempt) {
+      if (absl::StatusOr<Effects> e = Commit(txn); !e.ok()) return e.status();
+    }
+    return admitted.status();
+  }
   auto [it, new_job] = jobs_.try_emplace(h.job_id);
   JobState& job = it->second;
   if (new_job) {
-    job.record = {h.job_id, h.world_size, h.audit_every, h.weight_check_every, now, 1};
+    job.record = {h.job_id, h.world_size, h.audit_every, h.weight_check_every, now, 1,
+                  h.attempt, h.resume_step};
     txn.mutation.jobs.push_back(job.record);
+    if (h.attempt > 0 || h.resume_step > 0) {
+      // sdcd never saw the earlier attempts (a new sdcd, or the job expired).
+      txn.mutation.attempts.push_back(
+          {h.job_id, h.attempt, h.world_size, h.resume_step, now, 0,
+           "first attempt this sdcd saw of the job"});
+      if (h.resume_step > 0) {
+        job.resume_warning = absl::StrCat(
+            "sdcd holds no checkpoint decisions of job ", EchoJobId(h.job_id),
+            ": it cannot say whether step ", h.resume_step, "'s checkpoint is final");
+        txn.effects.notes.push_back(job.resume_warning);
+      }
+    }
   }
   job.last_seen = now;
   const uint32_t group_id = h.placement.replica_group;
@@ -421,6 +473,8 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
 
   AttachResult result;
   result.acked_sequence = rec.acked_sequence;
+  result.attempt = job.record.attempt;
+  result.resume_warning = job.resume_warning;
   for (const auto& [id, plan] : job.plans) {
     if (!plan.done && plan.group == group_id) {
       result.pending_plans.push_back({plan.plan_id, plan.assignments, plan.reason});

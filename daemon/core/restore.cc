@@ -61,6 +61,7 @@ absl::Status Coordinator::Restore() {
     MoveSlot(job, fresh ? "" : internal::IdentityKey(slot->second.record), internal::IdentityKey(r),
              options_.max_ranks_per_node);
     slot->second = RankState{r, false};
+    if (r.has_last_step) job.awaiting_first_step = false;
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
   }
   for (auto& [id, job] : jobs_) {
@@ -95,7 +96,9 @@ absl::Status Coordinator::Restore() {
     auto it = jobs_.find(d.job_id);
     if (it == jobs_.end()) continue;
     CheckpointLedger& ledger = it->second.checkpoints;
-    if (d.revocation) {
+    if (d.abandoned) {
+      ledger.AbandonProvisional();
+    } else if (d.revocation) {
       ledger.Learn(0, {d.step});
     } else if (d.allowed) {
       ledger.Allowed(d.step);

@@ -59,6 +59,12 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
         absl::StrCat("out-of-order step: rank ", r.rank, " reported step ", r.step,
                      " after step ", rank.last_step));
   }
+  if (!replaying_ && job.awaiting_first_step) {
+    // The first step of an attempt (or of a job sdcd knew nothing of):
+    // whatever the ledger holds from this step on was another timeline's.
+    Rollback(job, r.step, txn);
+  }
+  job.awaiting_first_step = false;
   if (!replaying_ && rank.resumed && r.step <= rank.last_step) {
     // A restarted rank resumes at or below its last step: the job rolled
     // back to a checkpoint, and the verdicts of the abandoned steps are void.

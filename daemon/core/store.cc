@@ -19,6 +19,7 @@ absl::StatusOr<Snapshot> MemoryStore::Load() {
   absl::MutexLock lock(&mu_);
   Snapshot s;
   for (const auto& [k, v] : jobs_) s.jobs.push_back(v);
+  for (const auto& [k, v] : attempts_) s.attempts.push_back(v);
   for (const auto& [k, v] : ranks_) s.ranks.push_back(v);
   for (const auto& [k, v] : groups_) s.groups.push_back(v);
   std::vector<std::pair<uint64_t, Report>> pending;
@@ -44,10 +45,17 @@ absl::StatusOr<uint64_t> MemoryStore::Apply(Mutation m) {
     EraseJob(pending_, job);
     EraseJob(plans_, job);
     EraseJob(step_verdicts_, job);
+    EraseJob(attempts_, job);
     checkpoint_decisions_.erase(
         std::remove_if(checkpoint_decisions_.begin(), checkpoint_decisions_.end(),
                        [&job](const CheckpointDecision& d) { return d.job_id == job; }),
         checkpoint_decisions_.end());
+  }
+  for (auto& a : m.attempts) {
+    EraseJob(ranks_, a.job_id);
+    EraseJob(groups_, a.job_id);
+    EraseJob(plans_, a.job_id);
+    attempts_[{a.job_id, a.attempt}] = std::move(a);
   }
   for (auto& r : m.jobs) jobs_[r.job_id] = std::move(r);
   for (auto& r : m.ranks) ranks_[{r.job_id, r.placement.rank}] = std::move(r);

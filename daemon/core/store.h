@@ -63,6 +63,7 @@ class MemoryStore : public Store {
   uint64_t tickets_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<std::string, uint64_t>, AttemptRecord> attempts_ ABSL_GUARDED_BY(mu_);
   std::map<RankKey, RankRecord> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<std::string, uint32_t>, GroupRecord> groups_ ABSL_GUARDED_BY(mu_);
   std::map<PendingKeyTuple, std::pair<uint64_t, Report>> pending_ ABSL_GUARDED_BY(mu_);

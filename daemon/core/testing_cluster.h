@@ -76,6 +76,13 @@ class Cluster {
     }
   }
 
+  // Hellos and reports from here on come from a job of `nodes` x `gpus`
+  // ranks (an elastic restart changes the world size).
+  void set_shape(int nodes, int gpus) {
+    nodes_ = nodes;
+    gpus_ = gpus;
+  }
+
   // Hellos and reports from here on are job `job`'s (same nodes and GPUs).
   void set_job(std::string job) { job_ = std::move(job); }
 
@@ -120,7 +127,7 @@ class Cluster {
   // wrongly, `wrong_replay` ranks compute replays wrongly.
   void Audit(Step step, std::set<Rank> wrong_own, std::set<Rank> wrong_replay,
              uint64_t plan_id = 0, std::vector<Assignment> assignments = {},
-             std::set<Rank> silent = {}) {
+             std::set<Rank> silent = {}, uint64_t incarnation = 1) {
     if (assignments.empty()) {
       Topology t(Members());
       assignments = PlanFullAudit(t, step / audit_every_).assignments;
@@ -135,7 +142,7 @@ class Cluster {
       o.subject = s;
       o.loss_bits = BatchValue(s) + (wrong_own.count(s) ? 1 : 0);
       o.gradient_digest = o.loss_bits;
-      ASSERT_TRUE(Send(s, step, o).ok()) << "original " << s;
+      ASSERT_TRUE(Send(s, step, o, incarnation).ok()) << "original " << s;
     }
     for (const Assignment& a : assignments) {
       if (silent.count(a.replayer)) continue;
@@ -145,7 +152,7 @@ class Cluster {
       rp.subject = a.subject;
       rp.loss_bits = BatchValue(a.subject) + (wrong_replay.count(a.replayer) ? 7 + a.replayer : 0);
       rp.gradient_digest = rp.loss_bits;
-      ASSERT_TRUE(Send(a.replayer, step, rp).ok()) << "replay " << a.replayer;
+      ASSERT_TRUE(Send(a.replayer, step, rp, incarnation).ok()) << "replay " << a.replayer;
     }
   }
 

@@ -45,7 +45,7 @@ class Sdcd:
     these tests are about the trainer and the link, so a rank's placement is
     taken at its word; node identities are tested in tests/*_test.cc."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, flags=()):
         self.directory = directory
         self.db = os.path.join(directory, "sdcd.db")
         self.token_file = os.path.join(directory, "admin.token")
@@ -54,7 +54,8 @@ class Sdcd:
             self.process = subprocess.Popen(
                 [binary("daemon/sdcd"), f"--db={self.db}", f"--admin_token_file={self.token_file}",
                  "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
-                 "--metrics_listen=127.0.0.1:0", "--report_deadline=30s", "--insecure_dev_mode"],
+                 "--metrics_listen=127.0.0.1:0", "--report_deadline=30s", "--insecure_dev_mode",
+                 *flags],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         line = wait_for(self._serving_line, 30, "sdcd to start")
         ports = re.findall(r"\(port (\d+)\)", line)

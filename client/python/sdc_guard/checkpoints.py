@@ -170,6 +170,11 @@ class ProvisionalCheckpoints:
         dcp.load(state, checkpoint_id=self.path(step, kind="dcp", provisional=False))
         return step
 
+    def latest_final_step(self):
+        """The step of the newest final checkpoint, or None: the ``resume_step``
+        of the guard of a restarted run."""
+        return latest_final_step(self.directory)
+
     def latest_final(self):
         """The path of the newest final checkpoint, or None: where to resume."""
         finals = [(s, k) for s, (k, p) in self.steps().items() if not p]
@@ -177,6 +182,17 @@ class ProvisionalCheckpoints:
             return None
         step, kind = max(finals)
         return self.path(step, kind, provisional=False)
+
+
+def latest_final_step(directory):
+    """The step of the newest final checkpoint in ``directory`` (None when
+    there is none): usable before the guard exists, to pass it as
+    ``Guard(..., resume_step=...)``."""
+    if not os.path.isdir(directory):
+        return None
+    steps = [int(m.group(1)) for m in map(_NAME.match, os.listdir(directory))
+             if m and m.group(3) is None]
+    return max(steps) if steps else None
 
 
 def _materialized(state):

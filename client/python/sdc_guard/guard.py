@@ -56,6 +56,11 @@ _OPTIONS = {
     "parameter_fingerprints": ("SDC_PARAMETER_FINGERPRINTS", "flag"),
     "vote_buffers": ("SDC_VOTE_BUFFERS", "flag"),
     "metrics_listen": ("SDC_METRICS_LISTEN", "text"),
+    # The outer launcher's count of attempts (the attempt is it times 10^6
+    # plus torchrun's TORCHELASTIC_RESTART_COUNT) and the step of the
+    # checkpoint this attempt resumed from.
+    "attempt": ("SDC_ATTEMPT", "count"),
+    "resume_step": ("SDC_RESUME_STEP", "count"),
 }
 
 # Guard's own option (the Python front end's), not the engine's.
@@ -397,6 +402,13 @@ class Guard:
     broadcast); with ``broadcast_buffers=False`` every replica keeps its own
     running statistics, so they are left out of the vote (``vote_buffers``
     overrides) and only the replay audit checks how a forward updates them.
+
+    After a restart, pass ``resume_step=`` the step of the checkpoint the
+    run resumed from (``ProvisionalCheckpoints.latest_final_step()``): sdcd
+    takes every launcher restart of the whole job as a new attempt (torchrun's
+    ``TORCHELASTIC_RESTART_COUNT``, after ``attempt=``/``SDC_ATTEMPT`` or
+    Slurm's ``SLURM_RESTART_COUNT`` for a launcher that starts torchrun again) and
+    warns about, or refuses, a resume from a checkpoint it never called final.
     """
 
     def __init__(self, model, optimizer, loss_fn, *, process_group=None, grad_scaler=None,
