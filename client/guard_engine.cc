@@ -202,7 +202,7 @@ void GuardEngine::Impl::DrainMessages() {
       for (const auto& a : m.audit_plan().assignments()) {
         assignments.push_back({a.replayer(), a.subject()});
       }
-      audit_.AddPlan(m.audit_plan().plan_id(), assignments);
+      audit_.AddPlan(m.audit_plan().plan_id(), assignments, m.audit_plan().watch());
     } else if (m.has_weight_verdict() && !m.weight_verdict().pass() &&
                m.weight_verdict().minority_ranks_size() > 0) {
       const v1::WeightVerdict& v = m.weight_verdict();

@@ -19,9 +19,11 @@ void ReplayAudit::BeginStep(const StepContext& step) {
   original_loss_bits_ = 0;
   original_buffers_.assign(model_.buffers().size(), kernels::Fingerprint{});
   // The audit schedule: a scheduled audit, else a targeted plan every rank
-  // holds, at the first step that is not a scheduled audit.
+  // holds, at the first step that is not a scheduled audit, else the watch
+  // in force (PlanQueue).
   const GuardOptions& o = ctx_.options();
-  const uint64_t next_plan = last_plan_run_ < plans_held_by_all_ ? last_plan_run_ + 1 : 0;
+  const bool scheduled = protocol::IsScheduledAuditStep(step.step, o.audit_every);
+  const uint64_t next_plan = scheduled || !off_.empty() ? 0 : queue_.Take(plans_held_by_all_);
   StepPlan sp = PlanStep(step.step, o.audit_every, o.weight_check_every, next_plan);
   if (!off_.empty()) sp.scheduled_audit = false, sp.targeted_plan = 0;
   plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
@@ -29,7 +31,6 @@ void ReplayAudit::BeginStep(const StepContext& step) {
     plan_ = protocol::PlanFullAudit(ctx_.topology(), step.step / o.audit_every);
   } else if (sp.targeted_plan != 0) {
     plan_ = plans_[sp.targeted_plan];
-    last_plan_run_ = sp.targeted_plan;
   }
   absl::MutexLock lock(&mu_);
   auditing_ = sp.scheduled_audit || sp.targeted_plan != 0;
@@ -42,12 +43,14 @@ bool ReplayAudit::auditing() const {
   return auditing_;
 }
 
-void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments) {
+void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments,
+                          bool watch) {
+  if (plans_.count(plan_id) > 0) return;  // A Welcome's resend.
   protocol::ReplayPlan p;
   p.assignments = assignments;
   p.capability = ctx_.topology().capability();
   plans_[plan_id] = std::move(p);
-  while (plans_.count(plans_held_ + 1) > 0) ++plans_held_;
+  queue_.Add(plan_id, watch, assignments.empty());
 }
 
 void ReplayAudit::TurnOff(const StepContext& step, const std::string& why) {

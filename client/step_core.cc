@@ -157,6 +157,23 @@ absl::Status DecodeFailure(absl::Span<const int64_t> words) {
   return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
+void PlanQueue::Add(uint64_t plan_id, bool watch, bool empty) {
+  if (plan_id == 0) return;
+  plans_.emplace(plan_id, Kind{watch, empty});
+  while (plans_.count(held_ + 1) > 0) ++held_;
+}
+
+uint64_t PlanQueue::Take(uint64_t held_by_all) {
+  const uint64_t limit = std::min(held_by_all, held_);
+  while (cursor_ < limit) {
+    const uint64_t id = ++cursor_;
+    const Kind& k = plans_.at(id);
+    if (!k.watch) return id;
+    watch_ = k.empty ? 0 : id;
+  }
+  return watch_;
+}
+
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
                   uint64_t activated_plan) {
   StepPlan p;

@@ -8,6 +8,7 @@
 // collectives; tests drive it directly.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -113,6 +114,37 @@ struct StepPlan {
   bool scheduled_audit = false;
   uint64_t targeted_plan = 0;  // Non-zero: run this targeted plan.
   bool weight_check = false;
+};
+
+// The plans sdcd sent, numbered per job from 1: one-off targeted audits and
+// standing watches (v1::AuditPlan::watch, issue 42 item 4). Every rank
+// feeds it the same plans and the same agreed minimum, so every rank takes
+// the same plan at the same step.
+class PlanQueue {
+ public:
+  // Plan `plan_id`; `watch`: a standing watch, `empty`: it assigns nothing
+  // (a watch that ends the previous one). A repeat is ignored.
+  void Add(uint64_t plan_id, bool watch, bool empty);
+  // The highest contiguous plan id held (the agreement's input).
+  uint64_t held() const { return held_; }
+  // The plan a step without a scheduled audit runs, given that every rank
+  // holds the plans up to `held_by_all`: the oldest one-off not yet taken
+  // (taken by this call), else the newest watch up to there unless it is
+  // empty; 0 for none. Watches up to a one-off taken are in force from the
+  // next step.
+  uint64_t Take(uint64_t held_by_all);
+  // The watch in force (0: none).
+  uint64_t watch() const { return watch_; }
+
+ private:
+  struct Kind {
+    bool watch = false;
+    bool empty = false;
+  };
+  std::map<uint64_t, Kind> plans_;
+  uint64_t held_ = 0;
+  uint64_t cursor_ = 0;  // Plans up to here were taken or are watches seen.
+  uint64_t watch_ = 0;
 };
 
 // REQUIRES: audit_every/weight_check_every as in the job's options.

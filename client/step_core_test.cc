@@ -82,6 +82,41 @@ TEST(StepCoreTest, ReasonsCombineAndMinimumsTravel) {
   EXPECT_EQ(a.repair_step_known_by_all, 10u);
 }
 
+// Issue 42 item 4: sdcd's watch of a rank named faulty runs on every step
+// that runs no other audit, once every rank holds it, until a later watch
+// replaces it; one-off targeted plans still run, once each, in order.
+TEST(PlanQueueTest, WatchesStandOneOffsRunOnceInOrder) {
+  PlanQueue q;
+  EXPECT_EQ(q.Take(0), 0u);
+  q.Add(1, /*watch=*/false, /*empty=*/false);
+  q.Add(3, /*watch=*/false, /*empty=*/false);  // 2 missing: held stays 1.
+  EXPECT_EQ(q.held(), 1u);
+  EXPECT_EQ(q.Take(1), 1u);
+  EXPECT_EQ(q.Take(1), 0u) << "a one-off runs once";
+  q.Add(2, /*watch=*/true, /*empty=*/false);
+  EXPECT_EQ(q.held(), 3u);
+  // Until every rank holds plan 2, no watch.
+  EXPECT_EQ(q.Take(1), 0u);
+  // Every rank holds 2 and 3: the one-off 3 first (the watch is seen on the
+  // way and in force from then on), then the watch on every step.
+  EXPECT_EQ(q.Take(3), 3u);
+  EXPECT_EQ(q.watch(), 2u);
+  EXPECT_EQ(q.Take(3), 2u);
+  EXPECT_EQ(q.Take(3), 2u);
+  // A new watch replaces the old; an empty one ends watching.
+  q.Add(4, /*watch=*/true, /*empty=*/false);
+  EXPECT_EQ(q.Take(3), 2u) << "4 is not held by every rank yet";
+  EXPECT_EQ(q.Take(4), 4u);
+  q.Add(5, /*watch=*/true, /*empty=*/true);
+  q.Add(5, /*watch=*/false, /*empty=*/false);  // A resend changes nothing.
+  EXPECT_EQ(q.Take(5), 0u);
+  EXPECT_EQ(q.watch(), 0u);
+  EXPECT_EQ(q.Take(5), 0u);
+  // An agreed minimum past what this rank holds cannot happen (it is a
+  // minimum over ranks); it is clamped all the same.
+  EXPECT_EQ(q.Take(9), 0u);
+}
+
 TEST(StepCoreTest, PlanStep) {
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).scheduled_audit);
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).weight_check);

@@ -22,6 +22,7 @@ struct PlanMessage {
   uint64_t plan_id = 0;
   std::vector<Assignment> assignments;
   std::string reason;
+  bool watch = false;  // A standing watch (v1::AuditPlan::watch).
 };
 struct AuditVerdictMessage {
   Step step = 0;

@@ -380,7 +380,7 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   result.acked_sequence = rec.acked_sequence;
   for (const auto& [id, plan] : job.plans) {
     if (!plan.done && plan.group == group_id) {
-      result.pending_plans.push_back({plan.plan_id, plan.assignments, plan.reason});
+      result.pending_plans.push_back({plan.plan_id, plan.assignments, plan.reason, plan.watch});
     }
   }
   absl::StatusOr<Effects> effects = Commit(txn);
