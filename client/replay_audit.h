@@ -62,8 +62,10 @@ class ReplayAudit {
   // A plan from sdcd (its assignments, replayer and subject): a one-off
   // targeted audit, or with `watch` a standing watch run on every step that
   // runs no other audit, until a later watch replaces it (PlanQueue).
+  // `group`: the replica group it assigns; a plan of another group is held
+  // (ids stay contiguous) and run with nothing to replay (PlanQueue).
   void AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments,
-               bool watch);
+               bool watch, uint32_t group);
   // The highest contiguous plan id this rank holds (agreement input).
   uint64_t plans_held() const { return queue_.held(); }
   // The agreement's minimum over ranks: plans up to it may run.
@@ -156,6 +158,7 @@ class ReplayAudit {
   uint64_t audits_ = 0;
   uint64_t unverified_ = 0;
   uint64_t mismatches_ = 0;
+  uint64_t software_mismatches_ = 0;  // Mismatches explained by a stack difference.
 
   mutable absl::Mutex mu_;
   bool auditing_ ABSL_GUARDED_BY(mu_) = false;
