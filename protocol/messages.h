@@ -23,6 +23,7 @@ struct PlanMessage {
   std::vector<Assignment> assignments;
   std::string reason;
   bool watch = false;  // A standing watch (v1::AuditPlan::watch).
+  uint32_t group = 0;  // The replica group it assigns (v1::AuditPlan::group).
 };
 struct AuditVerdictMessage {
   Step step = 0;

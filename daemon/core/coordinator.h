@@ -619,6 +619,10 @@ class Coordinator {
   void FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
                            const std::set<Rank>& faulty, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the job that said Hello, ascending: the recipients of a
+  // plan of any group (v1::AuditPlan::group).
+  static std::vector<Rank> JobRanks(const JobState& job);
+
   // watch.cc: ranks not trusted between their naming and their
   // replacement (issue 42 item 4).
   //

@@ -378,9 +378,12 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
 
   AttachResult result;
   result.acked_sequence = rec.acked_sequence;
+  // Every group's plans: the rank keeps plan ids contiguous with them
+  // (v1::AuditPlan::group).
   for (const auto& [id, plan] : job.plans) {
-    if (!plan.done && plan.group == group_id) {
-      result.pending_plans.push_back({plan.plan_id, plan.assignments, plan.reason, plan.watch});
+    if (!plan.done) {
+      result.pending_plans.push_back(
+          {plan.plan_id, plan.assignments, plan.reason, plan.watch, plan.group});
     }
   }
   absl::StatusOr<Effects> effects = Commit(txn);

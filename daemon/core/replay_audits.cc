@@ -703,8 +703,8 @@ void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank s
   txn.mutation.plans.push_back(plan);
   txn.mutation.jobs.push_back(job.record);
   txn.effects.messages.push_back(
-      {job.record.job_id, group.members,
-       PlanMessage{plan.plan_id, plan.assignments, plan.reason, false}});
+      {job.record.job_id, JobRanks(job),
+       PlanMessage{plan.plan_id, plan.assignments, plan.reason, false, plan.group}});
 }
 
 }  // namespace sdc::core

@@ -70,8 +70,16 @@ void Coordinator::UpdateWatch(JobState& job, GroupState& group, Txn& txn) {
   job.plans[plan.plan_id] = plan;
   txn.mutation.plans.push_back(plan);
   txn.mutation.jobs.push_back(job.record);
-  txn.effects.messages.push_back({job.record.job_id, group.members,
-                                  PlanMessage{plan.plan_id, plan.assignments, plan.reason, true}});
+  txn.effects.messages.push_back(
+      {job.record.job_id, JobRanks(job),
+       PlanMessage{plan.plan_id, plan.assignments, plan.reason, true, plan.group}});
+}
+
+std::vector<Rank> Coordinator::JobRanks(const JobState& job) {
+  std::vector<Rank> out;
+  out.reserve(job.ranks.size());
+  for (const auto& [r, state] : job.ranks) out.push_back(r);
+  return out;
 }
 
 void Coordinator::UpdateWatches(Txn& txn) {

@@ -140,5 +140,53 @@ TEST(WatchTest, TheWatchOutlivesACoordinatorRestartAndEndsWhenTheReplacementIsDo
   EXPECT_TRUE(ended) << "the replacement done ends the watch";
 }
 
+// Issue 39, case 6: with two replica groups on one process group a plan
+// goes to every rank of the job, tagged with its group, so every rank
+// holds every plan id and the in-band agreement (one minimum over the
+// process group) lets each group run its own.
+TEST(WatchTest, PlansOfEveryReplicaGroupReachEveryRankOfTheJob) {
+  Cluster cl(3, 2);
+  // Groups 1 (ranks 0, 2, 4) and 257 (ranks 1, 3, 5): one rank per node each.
+  auto group_of = [](Rank r) -> uint32_t { return r % 2 == 0 ? 1 : 257; };
+  for (Rank r = 0; r < cl.world(); ++r) {
+    Hello h = cl.HelloOf(r);
+    h.placement.replica_group = group_of(r);
+    ASSERT_TRUE(cl.c().Attach(h, testing::Proven(h)).ok()) << r;
+  }
+  for (Step s = 1; s <= 10; ++s) cl.CleanStep(s);
+  // Group 257's scheduled audit at step 10 names rank 3: its watch plan.
+  std::vector<protocol::PlanMember> members;
+  for (Rank r : {1u, 3u, 5u}) members.push_back({r, cl.NodeOf(r)});
+  const std::vector<Assignment> ring =
+      protocol::PlanFullAudit(protocol::Topology(members), 10 / 10).assignments;
+  cl.Audit(10, {3}, {3}, 0, ring);
+  for (const TieBreakMessage& t : cl.MessagesOf<TieBreakMessage>()) {
+    ASSERT_TRUE(cl.TieBreakResult(t.replayer, t.subject, 10, t.replayer == 3).ok());
+  }
+  std::vector<Rank> recipients;
+  PlanMessage watch;
+  for (const OutMessage& m : cl.messages()) {
+    if (const PlanMessage* p = std::get_if<PlanMessage>(&m.body); p != nullptr && p->watch) {
+      recipients = m.ranks;
+      watch = *p;
+    }
+  }
+  ASSERT_FALSE(recipients.empty()) << "rank 3 named in group 257 is watched";
+  EXPECT_EQ(watch.group, 257u);
+  ASSERT_THAT(watch.assignments, SizeIs(1));
+  EXPECT_EQ(group_of(watch.assignments[0].replayer), 257u) << "its replayer is of its group";
+  EXPECT_EQ(recipients, (std::vector<Rank>{0, 1, 2, 3, 4, 5})) << "every rank of the job";
+  // A reconnecting rank of the other group gets it in its Welcome too.
+  Hello h0 = cl.HelloOf(0, 2);
+  h0.placement.replica_group = 1;
+  absl::StatusOr<AttachResult> welcome = cl.c().Attach(h0, testing::Proven(h0));
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  bool found = false;
+  for (const PlanMessage& p : welcome->pending_plans) {
+    found = found || (p.plan_id == watch.plan_id && p.group == 257u && p.watch);
+  }
+  EXPECT_TRUE(found) << "group 1's rank holds group 257's watch id";
+}
+
 }  // namespace
 }  // namespace sdc::core
