@@ -29,6 +29,7 @@
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/progress_line.h"
+#include "protocol/replay_plan.h"
 
 ABSL_FLAG(int, steps, 120, "Steps of the run.");
 ABSL_FLAG(int, fault_step, 40,
@@ -91,7 +92,7 @@ int Main(int argc, char** argv) {
              static_cast<int>(i.step()) == fault_step;
   }
   if (!named) return Fail(absl::StrCat("rank 3 was not named at step ", fault_step));
-  const size_t world = r->ranks.size();
+  const uint32_t world = static_cast<uint32_t>(r->ranks.size());
   auto scheduled = [&](int s) { return s % fault_step == 0; };
   auto weight = [&](int s) { return s % weight_every == 0; };
   int watch_from = -1;
@@ -102,8 +103,16 @@ int Main(int argc, char** argv) {
     }
   }
   if (watch_from < 0) return Fail("the watch never ran");
-  // Who replays rank 3 under the watch: the rank (not 3) whose audit took
-  // longest on the watch steps is the replayer, the others wait for it.
+  // Who replays rank 3 under the watch: sdcd's plan (PlanWatch, salt 0),
+  // derived here the same way from the cluster's placement.
+  std::vector<protocol::PlanMember> members;
+  for (uint32_t k = 0; k < world; ++k) {
+    members.push_back({k, demo::NodeName(static_cast<int>(k) / c.gpus_per_node)});
+  }
+  const std::vector<protocol::Assignment> watch =
+      protocol::PlanWatch(protocol::Topology(members), {3}, 0).assignments;
+  if (watch.size() != 1) return Fail("no replayer for rank 3 in the watch plan");
+  const size_t replayer = watch[0].replayer;
   std::vector<double> plain_ms, watch_ms;
   std::vector<std::vector<double>> audit_ms(world);
   for (size_t i = 0; i < r->ranks[0].size(); ++i) {
@@ -128,13 +137,7 @@ int Main(int argc, char** argv) {
   }
   const double plain = Median(plain_ms);
   const double watched = Median(watch_ms);
-  double replay = 0;
-  size_t replayer = 0;
-  for (size_t k = 0; k < world; ++k) {
-    if (k == 3) continue;
-    const double m = Median(audit_ms[k]);
-    if (m > replay) replay = m, replayer = k;
-  }
+  const double replay = Median(audit_ms[replayer]);
   std::printf("watch of rank 3 (named at step %d): in force from step %d, %zu watch steps\n",
               fault_step, watch_from, watch_ms.size());
   std::printf("  plain step (slowest rank, median):        %8.2f ms (%zu steps)\n", plain,
