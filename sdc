@@ -35,7 +35,7 @@ PYTHON_PACKAGES=("torch==$TORCH_VERSION" "numpy==2.4.6" "pytest==9.2.0"
 SDC_CACHE=${SDC_CACHE:-$HOME/.cache/sdc-guard}
 VENV="$SDC_CACHE/venv"
 
-BENCHMARKS="kernels core daemon overhead detection soak configs abft"
+BENCHMARKS="kernels core daemon overhead detection watch soak configs abft"
 
 log() { printf 'sdc: %s\n' "$*" >&2; }
 die() { printf 'sdc: error: %s\n' "$*" >&2; exit 1; }
@@ -460,8 +460,8 @@ cmd_bench() {
   shift
   setup
   case "$name" in
-    kernels | core | overhead | detection | abft)
-      # overhead and detection start sdcd and trainers from their runfiles.
+    kernels | core | overhead | detection | watch | abft)
+      # overhead, detection and watch start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
       if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
         build_python >/dev/null

@@ -24,7 +24,7 @@ EngineContext::EngineContext(GuardOptions options,
 
 EngineContext::~EngineContext() = default;
 
-absl::Status EngineContext::ExchangeTopology() {
+absl::Status EngineContext::ExchangeTopology(uint64_t software_digest) {
   // Every rank's node name and replica group, for the replay plans, and rank
   // 0's fingerprint seed, for the job's key (with a byte saying whether it
   // could draw one: a failure must reach every rank, not leave the others
@@ -39,6 +39,8 @@ absl::Status EngineContext::ExchangeTopology() {
   constexpr int64_t kSeedAt = kGroupAt + kGroupBytes;
   constexpr int64_t kSeedBytes = sizeof(uint64_t);
   constexpr int64_t kSeedDrawnAt = kSeedAt + kSeedBytes;
+  constexpr int64_t kStackAt = kSeedDrawnAt + 1;
+  constexpr int64_t kStackBytes = sizeof(uint64_t);
   uint64_t seed = 0;
   absl::Status drawn_status;
   if (rank_ == 0) {
@@ -46,13 +48,14 @@ absl::Status EngineContext::ExchangeTopology() {
     drawn_status = drawn.status();
     if (drawn.ok()) seed = *drawn;
   }
-  torch::Tensor mine = torch::zeros({kSeedDrawnAt + 1}, torch::kUInt8);
+  torch::Tensor mine = torch::zeros({kStackAt + kStackBytes}, torch::kUInt8);
   const std::string node = options_.node_name.substr(0, kNameBytes);
   std::memcpy(mine.data_ptr(), node.data(), node.size());
   std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kGroupAt, &options_.replica_group,
               kGroupBytes);
   std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kSeedAt, &seed, kSeedBytes);
   mine[kSeedDrawnAt] = drawn_status.ok() ? 1 : 0;
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + kStackAt, &software_digest, kStackBytes);
   std::vector<std::vector<torch::Tensor>> gathered(1);
   std::vector<torch::Tensor> input;
   SDC_TORCH_TRY({
@@ -62,8 +65,10 @@ absl::Status EngineContext::ExchangeTopology() {
     for (torch::Tensor& t : gathered[0]) t = t.cpu();
   });
   std::vector<protocol::PlanMember> members;
+  software_digests_.assign(world_, 0);
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
+    std::memcpy(&software_digests_[r], bytes + kStackAt, kStackBytes);
     uint32_t group = 0;
     std::memcpy(&group, bytes + kGroupAt, kGroupBytes);
     if (group == options_.replica_group) {

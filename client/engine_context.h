@@ -57,9 +57,11 @@ class EngineContext {
   // every rank, give this rank's replay topology (its replica group's
   // members and their nodes); rank 0's fingerprint seed, drawn here and
   // carried in the same exchange, gives every rank the job's fingerprint
-  // key. Internal on a libtorch failure; Unavailable on every rank when
-  // rank 0 could not draw a seed.
-  absl::Status ExchangeTopology();
+  // key. The same exchange carries each rank's `software_digest`
+  // (SoftwareStack::Digest; 0: unknown), so the in-band verdict knows which
+  // ranks run another stack (issue 39, case 3). Internal on a libtorch
+  // failure; Unavailable on every rank when rank 0 could not draw a seed.
+  absl::Status ExchangeTopology(uint64_t software_digest = 0);
 
   // Starts the link to sdcd with `hello` (when options.coordinator is set)
   // and the metrics exposer (when options.metrics_listen is set). Errors as
@@ -82,6 +84,9 @@ class EngineContext {
   // The job's fingerprint key, the same on every rank, so all ranks
   // compare alike. REQUIRES: ExchangeTopology succeeded.
   const kernels::FingerprintKey& fingerprint_key() const { return *fingerprint_key_; }
+  // Every rank's software stack digest, by rank (0: unknown). REQUIRES:
+  // ExchangeTopology succeeded.
+  const std::vector<uint64_t>& software_digests() const { return software_digests_; }
   // Null without a coordinator.
   CoordinatorLink* link() const { return link_.get(); }
   // Null unless options.metrics_listen is set.
@@ -109,6 +114,7 @@ class EngineContext {
   const torch::Device collective_device_;
   std::unique_ptr<protocol::Topology> topology_;
   std::unique_ptr<const kernels::FingerprintKey> fingerprint_key_;
+  std::vector<uint64_t> software_digests_;
   std::unique_ptr<CoordinatorLink> link_;
   // Declared after link_, so it stops (and no scrape reads link_) before
   // the link goes.

@@ -159,7 +159,14 @@ class GuardEngine::Impl {
 absl::Status GuardEngine::Impl::Start() {
   // Before the collective: every rank refuses alike, so none waits.
   if (absl::Status s = CheckAuditable(); !s.ok()) return s;
-  if (absl::Status s = ctx_.ExchangeTopology(); !s.ok()) return s;
+  // This rank's software stack (in Hello, and its digest in-band).
+  protocol::SoftwareStack software = SoftwareStackOf(model_.device());
+  if (ctx_.fault().kind == FaultKind::kSoftwareStack) {
+    // The demo's emulation of a node on another stack (fault_injection.h).
+    software.driver = "emulated-other-driver";
+    software.cublas = "emulated-other-cublas";
+  }
+  if (absl::Status s = ctx_.ExchangeTopology(software.Digest()); !s.ok()) return s;
   const GuardOptions& options = ctx_.options();
   std::string gpu_uuid = options.gpu_uuid;
   if (!options.gpu_uuid_set && model_.device().is_cuda()) {
@@ -185,13 +192,8 @@ absl::Status GuardEngine::Impl::Start() {
   hello.deterministic = true;
   hello.audit_every = options.audit_every;
   hello.weight_check_every = options.weight_check_every;
-  hello.software = SoftwareStackOf(model_.device());
+  hello.software = std::move(software);
   hello.shard = {options.shard_index, options.shard_count, options.replica_index};
-  if (ctx_.fault().kind == FaultKind::kSoftwareStack) {
-    // The demo's emulation of a node on another stack (fault_injection.h).
-    hello.software.driver = "emulated-other-driver";
-    hello.software.cublas = "emulated-other-cublas";
-  }
   if (absl::Status s = ctx_.Connect(std::move(hello)); !s.ok()) return s;
   if (ctx_.fault().enabled()) {
     ctx_.Log(absl::StrCat("FAULT INJECTION ARMED: ", ctx_.fault().Describe()));
@@ -221,7 +223,8 @@ void GuardEngine::Impl::DrainMessages() {
       for (const auto& a : m.audit_plan().assignments()) {
         assignments.push_back({a.replayer(), a.subject()});
       }
-      audit_.AddPlan(m.audit_plan().plan_id(), assignments);
+      audit_.AddPlan(m.audit_plan().plan_id(), assignments, m.audit_plan().watch(),
+                     m.audit_plan().group());
     } else if (m.has_weight_verdict() && !m.weight_verdict().pass() &&
                m.weight_verdict().minority_ranks_size() > 0) {
       const v1::WeightVerdict& v = m.weight_verdict();

@@ -19,20 +19,28 @@ void ReplayAudit::BeginStep(const StepContext& step) {
   original_loss_bits_ = 0;
   original_buffers_.assign(model_.buffers().size(), kernels::Fingerprint{});
   // The audit schedule: a scheduled audit, else a targeted plan every rank
-  // holds, at the first step that is not a scheduled audit.
+  // holds, at the first step that is not a scheduled audit, else the watch
+  // in force (PlanQueue).
   const GuardOptions& o = ctx_.options();
-  const uint64_t next_plan = last_plan_run_ < plans_held_by_all_ ? last_plan_run_ + 1 : 0;
-  StepPlan sp = PlanStep(step.step, o.audit_every, o.weight_check_every, next_plan);
+  const bool scheduled = protocol::IsScheduledAuditStep(step.step, o.audit_every);
+  const PlanQueue::Choice next = scheduled || !off_.empty()
+                                     ? PlanQueue::Choice{}
+                                     : queue_.Take(plans_held_by_all_, o.replica_group);
+  StepPlan sp = PlanStep(step.step, o.audit_every, o.weight_check_every, next.plan_id);
   if (!off_.empty()) sp.scheduled_audit = false, sp.targeted_plan = 0;
   plan_id_ = sp.scheduled_audit ? 0 : sp.targeted_plan;
   if (sp.scheduled_audit) {
     plan_ = protocol::PlanFullAudit(ctx_.topology(), step.step / o.audit_every);
   } else if (sp.targeted_plan != 0) {
     plan_ = plans_[sp.targeted_plan];
-    last_plan_run_ = sp.targeted_plan;
+  } else if (next.audit) {
+    // Another replica group's plan: this rank joins its all-gather with
+    // nothing to replay and nothing to report.
+    plan_ = protocol::ReplayPlan{};
+    plan_.capability = ctx_.topology().capability();
   }
   absl::MutexLock lock(&mu_);
-  auditing_ = sp.scheduled_audit || sp.targeted_plan != 0;
+  auditing_ = sp.scheduled_audit || sp.targeted_plan != 0 || next.audit;
   original_gradients_.assign(model_.parameters().size(), kernels::Fingerprint{});
   original_recorded_ = false;
 }
@@ -42,12 +50,14 @@ bool ReplayAudit::auditing() const {
   return auditing_;
 }
 
-void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments) {
+void ReplayAudit::AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments,
+                          bool watch, uint32_t group) {
+  if (plans_.count(plan_id) > 0) return;  // A Welcome's resend.
   protocol::ReplayPlan p;
-  p.assignments = assignments;
+  if (group == ctx_.options().replica_group) p.assignments = assignments;
   p.capability = ctx_.topology().capability();
   plans_[plan_id] = std::move(p);
-  while (plans_.count(plans_held_ + 1) > 0) ++plans_held_;
+  queue_.Add(plan_id, group, watch, assignments.empty());
 }
 
 void ReplayAudit::TurnOff(const StepContext& step, const std::string& why) {
@@ -222,6 +232,19 @@ absl::Status ReplayAudit::Run(const StepContext& step, StepDecision& decision, L
       InBandVerdict(plan_, ctx_.topology(), audits, /*deterministic=*/true, step.step);
   decision.audit_outcome = protocol::AuditOutcomeName(inband.outcome);
   view.audit_mismatch = protocol::IsFailure(inband.outcome);
+  if (view.audit_mismatch && MismatchesFollowStacks(audits, ctx_.software_digests())) {
+    // Two stacks, two correct results (issue 39, case 3): the step is not
+    // failed in-band. The tie-breaks still run, for sdcd's verdict (a
+    // software_mismatch incident naming the stacks).
+    view.audit_mismatch = false;
+    decision.audit_outcome = "software_mismatch";
+    ++software_mismatches_;
+    if (software_mismatches_ == 1) {
+      ctx_.Log(absl::StrCat("audit of step ", step.step,
+                            ": every mismatch is between ranks on different software stacks; "
+                            "not failed in-band (a software difference, not a GPU)"));
+    }
+  }
   if (view.audit_mismatch) ++mismatches_;
   // Tie-breaks, in-band: every rank derived the same list.
   if (!inband.tiebreaks.empty()) {

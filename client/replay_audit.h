@@ -5,7 +5,9 @@
 //   - which plan a step runs: the schedule (every options.audit_every steps,
 //     the full plan of protocol::PlanFullAudit) and the targeted plans sdcd
 //     sends, each run at the first unscheduled step once every rank holds
-//     it (the agreement carries plans_held);
+//     it (the agreement carries plans_held), and sdcd's watch of a rank
+//     named faulty whose replacement is pending, run on every step that
+//     runs no other audit;
 //   - the subject's record of what it trained on: the first micro-batch's
 //     loss bits, its local gradients' fingerprints (RecordOriginalGradients,
 //     possibly from autograd's threads) and the buffers its forward left;
@@ -57,10 +59,15 @@ class ReplayAudit {
   // Whether this step audits (BeginStep's choice, until TurnOff).
   bool auditing() const;
 
-  // A targeted plan from sdcd (its assignments, replayer and subject).
-  void AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments);
-  // The highest contiguous targeted plan id this rank holds (agreement input).
-  uint64_t plans_held() const { return plans_held_; }
+  // A plan from sdcd (its assignments, replayer and subject): a one-off
+  // targeted audit, or with `watch` a standing watch run on every step that
+  // runs no other audit, until a later watch replaces it (PlanQueue).
+  // `group`: the replica group it assigns; a plan of another group is held
+  // (ids stay contiguous) and run with nothing to replay (PlanQueue).
+  void AddPlan(uint64_t plan_id, const std::vector<protocol::Assignment>& assignments,
+               bool watch, uint32_t group);
+  // The highest contiguous plan id this rank holds (agreement input).
+  uint64_t plans_held() const { return queue_.held(); }
   // The agreement's minimum over ranks: plans up to it may run.
   void PlansHeldByAll(uint64_t plans_held_by_all) { plans_held_by_all_ = plans_held_by_all; }
 
@@ -137,11 +144,10 @@ class ReplayAudit {
   // The step's plan.
   protocol::ReplayPlan plan_;
   uint64_t plan_id_ = 0;  // 0: the scheduled plan.
-  // Targeted plans, agreed in-band.
+  // Targeted plans and watches, agreed in-band.
   std::map<uint64_t, protocol::ReplayPlan> plans_;
-  uint64_t plans_held_ = 0;
+  PlanQueue queue_;
   uint64_t plans_held_by_all_ = 0;
-  uint64_t last_plan_run_ = 0;
   std::string off_;
   bool preflight_done_ = false;
 
@@ -152,6 +158,7 @@ class ReplayAudit {
   uint64_t audits_ = 0;
   uint64_t unverified_ = 0;
   uint64_t mismatches_ = 0;
+  uint64_t software_mismatches_ = 0;  // Mismatches explained by a stack difference.
 
   mutable absl::Mutex mu_;
   bool auditing_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,7 @@
 #include "client/step_core.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -190,6 +191,50 @@ absl::Status DecodeFailure(absl::Span<const int64_t> words) {
   return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
+void PlanQueue::Add(uint64_t plan_id, uint32_t group, bool watch, bool empty) {
+  if (plan_id == 0) return;
+  plans_.emplace(plan_id, Held{group, watch, empty});
+  while (plans_.count(held_ + 1) > 0) ++held_;
+}
+
+PlanQueue::Choice PlanQueue::Take(uint64_t held_by_all, uint32_t group) {
+  const uint64_t limit = std::min(held_by_all, held_);
+  while (cursor_ < limit) {
+    const uint64_t id = ++cursor_;
+    const Held& h = plans_.at(id);
+    if (!h.watch) {
+      one_offs_[h.group].push_back(id);
+    } else if (h.empty) {
+      watches_.erase(h.group);
+    } else {
+      watches_[h.group] = id;
+    }
+  }
+  Choice c;
+  std::set<uint32_t> groups;
+  for (const auto& [g, q] : one_offs_) groups.insert(g);
+  for (const auto& [g, w] : watches_) groups.insert(g);
+  for (uint32_t g : groups) {
+    uint64_t id = 0;
+    auto q = one_offs_.find(g);
+    if (q != one_offs_.end() && !q->second.empty()) {
+      id = q->second.front();
+      q->second.pop_front();
+    } else if (auto w = watches_.find(g); w != watches_.end()) {
+      id = w->second;
+    }
+    if (id == 0) continue;
+    c.audit = true;
+    if (g == group) c.plan_id = id;
+  }
+  return c;
+}
+
+uint64_t PlanQueue::watch(uint32_t group) const {
+  auto w = watches_.find(group);
+  return w == watches_.end() ? 0 : w->second;
+}
+
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
                   uint64_t activated_plan) {
   StepPlan p;
@@ -213,6 +258,27 @@ std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> g, uint32_t wo
               static_cast<uint64_t>(s[3]), static_cast<uint64_t>(s[4]), s[5] != 0, s[6] != 0};
   }
   return out;
+}
+
+bool MismatchesFollowStacks(const std::vector<AuditExchange>& audits,
+                            const std::vector<uint64_t>& stack_digests) {
+  auto stack = [&](size_t r) -> uint64_t {
+    return r < stack_digests.size() ? stack_digests[r] : 0;
+  };
+  bool any = false;
+  for (size_t k = 0; k < audits.size(); ++k) {
+    const int64_t s = audits[k].replay_subject;
+    if (s < 0 || static_cast<size_t>(s) >= audits.size() || !audits[s].has_original) continue;
+    const AuditExchange& o = audits[s];
+    if (audits[k].replay_loss_bits == o.original_loss_bits &&
+        audits[k].replay_digest == o.original_digest) {
+      continue;
+    }
+    any = true;
+    const uint64_t a = stack(k), b = stack(static_cast<size_t>(s));
+    if (a == 0 || b == 0 || a == b) return false;
+  }
+  return any;
 }
 
 protocol::AuditVerdict InBandVerdict(const protocol::ReplayPlan& plan,

@@ -8,6 +8,8 @@
 // collectives; tests drive it directly.
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -128,6 +130,50 @@ struct StepPlan {
   bool weight_check = false;
 };
 
+// The plans sdcd sent, numbered per job from 1: one-off targeted audits and
+// standing watches (v1::AuditPlan::watch, issue 42 item 4), each for one
+// replica group. Every rank holds every group's plans (so ids stay
+// contiguous) and gets the same agreed minimum, so every rank of the
+// process group decides alike whether a step audits, and the ranks of each
+// group which of their group's plans it runs (issue 39, case 6: with one
+// minimum over groups that each held only their own plans, none ran).
+class PlanQueue {
+ public:
+  // Plan `plan_id` of replica group `group`; `watch`: a standing watch,
+  // `empty`: it assigns nothing (a watch that ends the group's previous
+  // one). A repeat is ignored.
+  void Add(uint64_t plan_id, uint32_t group, bool watch, bool empty);
+  // The highest contiguous plan id held (the agreement's input).
+  uint64_t held() const { return held_; }
+
+  struct Choice {
+    // Some group runs a plan: every rank of the process group audits (the
+    // audit's all-gather spans it), with nothing to replay where its own
+    // group runs none.
+    bool audit = false;
+    uint64_t plan_id = 0;  // The plan of `group`'s ranks; 0: none.
+  };
+  // The choice of a step without a scheduled audit, given that every rank
+  // holds the plans up to `held_by_all`, for a rank of `group`: per group,
+  // its oldest one-off not yet taken (taken by this call), else its newest
+  // watch unless empty. Every rank must call it at the same steps.
+  Choice Take(uint64_t held_by_all, uint32_t group);
+  // `group`'s watch in force (0: none).
+  uint64_t watch(uint32_t group) const;
+
+ private:
+  struct Held {
+    uint32_t group = 0;
+    bool watch = false;
+    bool empty = false;
+  };
+  std::map<uint64_t, Held> plans_;
+  uint64_t held_ = 0;
+  uint64_t cursor_ = 0;  // Plans up to here were queued (one-offs) or seen (watches).
+  std::map<uint32_t, std::deque<uint64_t>> one_offs_;  // By group, not yet taken.
+  std::map<uint32_t, uint64_t> watches_;               // By group, in force.
+};
+
 // REQUIRES: audit_every/weight_check_every as in the job's options.
 // `activated_plan` is a targeted plan all ranks hold, not yet run.
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
@@ -147,6 +193,19 @@ struct AuditExchange {
 inline constexpr size_t kAuditSlots = 7;
 std::vector<int64_t> EncodeAudit(const AuditExchange& a);
 std::vector<AuditExchange> DecodeAudits(absl::Span<const int64_t> gathered, uint32_t world);
+
+// Issue 39, case 3, in-band: true when the audit has a mismatch and every
+// mismatching comparison (a replayer's result against its subject's
+// original) is between two ranks whose software stacks differ
+// (`stack_digests`, by rank: SoftwareStack::Digest; 0, unknown, never
+// differs). Such a step is not failed in-band: two stacks compute
+// different, equally correct results, and the weights are not suspect. A
+// mismatch between ranks on one stack still fails it. The same weakness as
+// sdcd's rule (ExplainBySoftware): a real fault of a rank whose every
+// partner is on another stack passes as software until the fleet is on one
+// stack again.
+bool MismatchesFollowStacks(const std::vector<AuditExchange>& audits,
+                            const std::vector<uint64_t>& stack_digests);
 
 // The in-band verdict every rank computes from the exchanged digests, with
 // the coordinator's own rules (protocol::Attribute): identical on every rank.

@@ -1,6 +1,7 @@
 #include "client/step_core.h"
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,83 @@ TEST(StepCoreTest, ReasonsCombineAndMinimumsTravel) {
   EXPECT_EQ(a.repair_step_known_by_all, 10u);
 }
 
+// Issue 42 item 4: sdcd's watch of a rank named faulty runs on every step
+// that runs no other audit, once every rank holds it, until a later watch
+// replaces it; one-off targeted plans still run, once each, in order.
+TEST(PlanQueueTest, WatchesStandOneOffsRunOnceInOrder) {
+  PlanQueue q;
+  auto take = [&](uint64_t held_by_all) {
+    const PlanQueue::Choice c = q.Take(held_by_all, 0);
+    EXPECT_EQ(c.audit, c.plan_id != 0) << "one group: it audits exactly when it runs a plan";
+    return c.plan_id;
+  };
+  EXPECT_EQ(take(0), 0u);
+  q.Add(1, 0, /*watch=*/false, /*empty=*/false);
+  q.Add(3, 0, /*watch=*/false, /*empty=*/false);  // 2 missing: held stays 1.
+  EXPECT_EQ(q.held(), 1u);
+  EXPECT_EQ(take(1), 1u);
+  EXPECT_EQ(take(1), 0u) << "a one-off runs once";
+  q.Add(2, 0, /*watch=*/true, /*empty=*/false);
+  EXPECT_EQ(q.held(), 3u);
+  // Until every rank holds plan 2, no watch.
+  EXPECT_EQ(take(1), 0u);
+  // Every rank holds 2 and 3: the one-off 3 first, then the watch (in
+  // force from then on) on every step.
+  EXPECT_EQ(take(3), 3u);
+  EXPECT_EQ(q.watch(0), 2u);
+  EXPECT_EQ(take(3), 2u);
+  EXPECT_EQ(take(3), 2u);
+  // A new watch replaces the old; an empty one ends watching.
+  q.Add(4, 0, /*watch=*/true, /*empty=*/false);
+  EXPECT_EQ(take(3), 2u) << "4 is not held by every rank yet";
+  EXPECT_EQ(take(4), 4u);
+  q.Add(5, 0, /*watch=*/true, /*empty=*/true);
+  q.Add(5, 0, /*watch=*/false, /*empty=*/false);  // A resend changes nothing.
+  EXPECT_EQ(take(5), 0u);
+  EXPECT_EQ(q.watch(0), 0u);
+  EXPECT_EQ(take(5), 0u);
+  // An agreed minimum past what this rank holds cannot happen (it is a
+  // minimum over ranks); it is clamped all the same.
+  EXPECT_EQ(take(9), 0u);
+}
+
+// Issue 39, case 6: replica groups 1 and 257 on one process group. sdcd
+// numbers plans per job and sends every group's plans to every rank: the
+// ranks of both groups hold ids 1..3 contiguously, so the one agreement over
+// the process group lets them run (before, each group held only its own
+// plans, the minimum stayed 0 and none ran). On every step both groups
+// audit alike (the audit's all-gather spans the process group); each
+// group's ranks run their own group's plan, the others join with none.
+TEST(PlanQueueTest, EachReplicaGroupRunsItsOwnPlansOnTheSameSteps) {
+  PlanQueue a, b;  // A rank of group 1, a rank of group 257.
+  for (PlanQueue* q : {&a, &b}) {
+    q->Add(1, 1, /*watch=*/false, /*empty=*/false);    // Group 1's suspect.
+    q->Add(2, 257, /*watch=*/false, /*empty=*/false);  // Group 257's suspect.
+    q->Add(3, 257, /*watch=*/true, /*empty=*/false);   // Group 257's watch.
+    EXPECT_EQ(q->held(), 3u);
+  }
+  // Step 1: group 1 runs plan 1, group 257 plan 2, both audit.
+  PlanQueue::Choice ca = a.Take(3, 1), cb = b.Take(3, 257);
+  EXPECT_TRUE(ca.audit);
+  EXPECT_TRUE(cb.audit);
+  EXPECT_EQ(ca.plan_id, 1u);
+  EXPECT_EQ(cb.plan_id, 2u);
+  // Step 2 on: group 257's watch; group 1 has nothing of its own but
+  // audits with the rest (nothing to replay).
+  for (int step = 0; step < 3; ++step) {
+    ca = a.Take(3, 1);
+    cb = b.Take(3, 257);
+    EXPECT_TRUE(ca.audit);
+    EXPECT_EQ(ca.plan_id, 0u);
+    EXPECT_TRUE(cb.audit);
+    EXPECT_EQ(cb.plan_id, 3u);
+  }
+  // Group 257's watch ends: nobody audits.
+  for (PlanQueue* q : {&a, &b}) q->Add(4, 257, /*watch=*/true, /*empty=*/true);
+  EXPECT_FALSE(a.Take(4, 1).audit);
+  EXPECT_FALSE(b.Take(4, 257).audit);
+}
+
 TEST(StepCoreTest, PlanStep) {
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).scheduled_audit);
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).weight_check);
@@ -135,6 +213,56 @@ TEST(StepCoreTest, PlanStep) {
   EXPECT_EQ(PlanStep(200, 100, 10, 7).targeted_plan, 0u);
   EXPECT_FALSE(PlanStep(5, 0, 0, 0).scheduled_audit);
   EXPECT_FALSE(PlanStep(5, 0, 0, 0).weight_check);
+}
+
+// Issue 39, case 3, in-band: a ring audit of 6 ranks (rank r replays rank
+// r+2's micro-batch) in which `wrong` ranks compute every batch otherwise.
+std::vector<AuditExchange> RingAudit(const std::set<int>& wrong) {
+  std::vector<AuditExchange> a(6);
+  for (int r = 0; r < 6; ++r) {
+    a[r].has_original = true;
+    a[r].original_loss_bits = 100 + r + (wrong.count(r) ? 1 : 0);
+    a[r].original_digest = a[r].original_loss_bits;
+    const int s = (r + 2) % 6;
+    a[r].replay_subject = s;
+    a[r].replay_loss_bits = 100 + s + (wrong.count(r) ? 1 : 0);
+    a[r].replay_digest = a[r].replay_loss_bits;
+  }
+  return a;
+}
+
+TEST(StepCoreTest, AMismatchOnlyAcrossSoftwareStacksIsNotAFailureInBand) {
+  // Ranks 4 and 5 (node-c) run another stack; everyone else the fleet's.
+  const std::vector<uint64_t> upgraded = {7, 7, 7, 7, 9, 9};
+  // Node-c's ranks compute differently: every mismatching comparison pairs
+  // a node-c rank with a fleet rank.
+  EXPECT_TRUE(MismatchesFollowStacks(RingAudit({4, 5}), upgraded));
+  // No mismatch: nothing to explain.
+  EXPECT_FALSE(MismatchesFollowStacks(RingAudit({}), upgraded));
+  // Rank 1, on the fleet's stack, is wrong: rank 5's replay of it
+  // mismatches across stacks, but its own replay of rank 3 mismatches
+  // between equal stacks: a failure.
+  EXPECT_FALSE(MismatchesFollowStacks(RingAudit({1}), upgraded));
+  // One stack everywhere: never software.
+  EXPECT_FALSE(MismatchesFollowStacks(RingAudit({4, 5}), {7, 7, 7, 7, 7, 7}));
+  // An unknown stack (0: a trainer that did not say) never differs.
+  EXPECT_FALSE(MismatchesFollowStacks(RingAudit({4, 5}), {7, 7, 0, 0, 9, 9}));
+  EXPECT_FALSE(MismatchesFollowStacks(RingAudit({4, 5}), {}));
+}
+
+TEST(StepCoreTest, SoftwareStackDigests) {
+  protocol::SoftwareStack unknown;
+  EXPECT_EQ(unknown.Digest(), 0u);
+  protocol::SoftwareStack a{"535.104", "12.2", "120201", "2.11.0", "H100", ""};
+  protocol::SoftwareStack b = a;
+  EXPECT_EQ(a.Digest(), b.Digest());
+  EXPECT_NE(a.Digest(), 0u);
+  b.driver = "550.54";
+  EXPECT_NE(a.Digest(), b.Digest());
+  // Field boundaries count: "12" + "2" is not "1" + "22".
+  protocol::SoftwareStack c{"", "12", "2", "", "", ""};
+  protocol::SoftwareStack d{"", "1", "22", "", "", ""};
+  EXPECT_NE(c.Digest(), d.Digest());
 }
 
 TEST(StepCoreTest, AuditExchangeRoundTripsAndFindsTheFaultyRank) {

@@ -136,6 +136,7 @@ absl::StatusOr<core::Snapshot> ReadSnapshot(sqlite3* db) {
       r.suspect = static_cast<uint32_t>(s.Int(3));
       r.done = s.Int(4) != 0;
       r.reason = p.reason();
+      r.watch = p.watch();
       for (const auto& a : p.assignments()) r.assignments.push_back({a.replayer(), a.subject()});
       snap.plans.push_back(std::move(r));
     }

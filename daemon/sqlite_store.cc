@@ -428,7 +428,8 @@ absl::Status SqliteStore::Write(core::Mutation& m) {
     Stmt& s = Prepared( "INSERT OR REPLACE INTO plans VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
     s.Bind(1, p.job_id).Bind(2, static_cast<int64_t>(p.plan_id)).Bind(3, p.group);
     s.Bind(4, p.suspect).Bind(5, p.done ? 1 : 0);
-    s.Blob(6, ToProto(core::PlanMessage{p.plan_id, p.assignments, p.reason}).SerializeAsString());
+    s.Blob(6, ToProto(core::PlanMessage{p.plan_id, p.assignments, p.reason, p.watch, p.group})
+                  .SerializeAsString());
     if (absl::Status st = s.Run("writing a plan"); !st.ok()) return st;
   }
   for (const auto& d : m.checkpoint_decisions) {

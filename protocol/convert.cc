@@ -234,6 +234,8 @@ v1::AuditPlan ToProto(const PlanMessage& p) {
   v1::AuditPlan out;
   out.set_plan_id(p.plan_id);
   out.set_reason(p.reason);
+  out.set_watch(p.watch);
+  out.set_group(p.group);
   for (const auto& a : p.assignments) {
     v1::Assignment* x = out.add_assignments();
     x->set_replayer(a.replayer);

@@ -22,6 +22,8 @@ struct PlanMessage {
   uint64_t plan_id = 0;
   std::vector<Assignment> assignments;
   std::string reason;
+  bool watch = false;  // A standing watch (v1::AuditPlan::watch).
+  uint32_t group = 0;  // The replica group it assigns (v1::AuditPlan::group).
 };
 struct AuditVerdictMessage {
   Step step = 0;

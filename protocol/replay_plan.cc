@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -216,6 +217,26 @@ ReplayPlan PlanTargetedAudit(const Topology& topology, Rank suspect,
   const Rank i = others[(audit_index + 1) % others.size()];
   plan.assignments.push_back({k, suspect});
   plan.assignments.push_back({suspect, i});
+  std::sort(plan.assignments.begin(), plan.assignments.end(),
+            [](const Assignment& a, const Assignment& b) { return a.replayer < b.replayer; });
+  return plan;
+}
+
+ReplayPlan PlanWatch(const Topology& topology, const std::vector<Rank>& watched, uint64_t salt) {
+  ReplayPlan plan;
+  plan.capability = topology.capability();
+  plan.note = CapabilityNote(topology);
+  std::set<Rank> busy(watched.begin(), watched.end());
+  for (Rank w : watched) {
+    std::vector<Rank> free;
+    for (Rank r : MembersOutside(topology, {topology.DomainOf(w)})) {
+      if (busy.count(r) == 0) free.push_back(r);
+    }
+    if (free.empty()) continue;
+    const Rank k = free[(salt + w) % free.size()];
+    busy.insert(k);
+    plan.assignments.push_back({k, w});
+  }
   std::sort(plan.assignments.begin(), plan.assignments.end(),
             [](const Assignment& a, const Assignment& b) { return a.replayer < b.replayer; });
   return plan;

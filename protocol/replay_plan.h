@@ -105,6 +105,14 @@ std::optional<ReplayPlan> ScheduledAudit(Step step, uint32_t audit_every,
 ReplayPlan PlanTargetedAudit(const Topology& topology, Rank suspect,
                              uint64_t audit_index);
 
+// The standing watch of ranks not trusted (named faulty, their replacement
+// not done; issue 42 item 4): for each watched rank, one rank of another
+// domain that is not watched replays its micro-batch, each replayer at most
+// once, rotating with `salt`. A watched rank with no such replayer left is
+// not in the plan. Watched ranks replay nothing: their replays are not
+// trusted either. REQUIRES: topology.Contains(every watched rank).
+ReplayPlan PlanWatch(const Topology& topology, const std::vector<Rank>& watched, uint64_t salt);
+
 // A rank in a domain other than those of `a` and `b`, rotating with `salt`;
 // nullopt when the topology has no third domain.
 std::optional<Rank> ChooseTieBreaker(const Topology& topology, Rank a, Rank b,

@@ -332,6 +332,61 @@ TEST(PlanTargetedAuditTest, HandComputedPlans) {
 }
 
 // ---------------------------------------------------------------------------
+// PlanWatch
+
+struct WatchCase {
+  const char* name;
+  std::vector<int> sizes;
+  std::vector<Rank> watched;
+  uint64_t salt;
+  Pairs expected;
+};
+
+TEST(PlanWatchTest, HandComputedPlans) {
+  const std::vector<WatchCase> cases = {
+      // 3 x 2: n0 = {0, 1}, n1 = {2, 3}, n2 = {4, 5}. Free replayers of 3:
+      // [0, 1, 4, 5]; the (salt + 3)th.
+      {"one_watched", {2, 2, 2}, {3}, 0, {{5, 3}}},
+      {"one_watched_salt1", {2, 2, 2}, {3}, 1, {{0, 3}}},
+      // 1's free replayers [2, 4, 5] (3 is watched): 4. Then 3's: [0, 5]
+      // (1 watched, 4 busy): 5.
+      {"two_watched", {2, 2, 2}, {1, 3}, 0, {{4, 1}, {5, 3}}},
+      // Nobody left who is trusted and elsewhere.
+      {"two_nodes_both_watched", {1, 1}, {0, 1}, 0, {}},
+      {"one_rank", {1}, {0}, 0, {}},
+      {"nobody_watched", {2, 2, 2}, {}, 0, {}},
+  };
+  for (const WatchCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Topology t = Contiguous(c.sizes);
+    const ReplayPlan plan = PlanWatch(t, c.watched, c.salt);
+    EXPECT_EQ(AsPairs(plan), c.expected);
+    EXPECT_EQ(plan.capability, t.capability());
+  }
+}
+
+TEST(PlanWatchTest, EveryWatchedRankIsReplayedByATrustedRankOfAnotherDomain) {
+  for (uint64_t salt = 0; salt < 50; ++salt) {
+    const Topology t = Contiguous({4, 4, 4, 4});
+    std::vector<Rank> watched;
+    for (Rank r = 0; r < 16; ++r) {
+      if ((r * 7 + salt) % 5 == 0) watched.push_back(r);
+    }
+    const ReplayPlan plan = PlanWatch(t, watched, salt);
+    std::set<Rank> replayers;
+    std::set<Rank> subjects;
+    for (const Assignment& a : plan.assignments) {
+      EXPECT_NE(t.DomainOf(a.replayer), t.DomainOf(a.subject));
+      EXPECT_EQ(std::count(watched.begin(), watched.end(), a.replayer), 0) << a.replayer;
+      EXPECT_TRUE(replayers.insert(a.replayer).second) << "replayer " << a.replayer << " twice";
+      subjects.insert(a.subject);
+    }
+    // 16 ranks, at most 4 watched: every watched rank has a replayer.
+    EXPECT_EQ(subjects, std::set<Rank>(watched.begin(), watched.end())) << "salt " << salt;
+  }
+}
+
+// ---------------------------------------------------------------------------
 // ChooseTieBreaker / ChooseConfirmer
 
 struct ChooserCase {

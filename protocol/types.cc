@@ -14,6 +14,16 @@ bool SoftwareStack::unknown() const {
          isa.empty();
 }
 
+uint64_t SoftwareStack::Digest() const {
+  if (unknown()) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::string* f : {&driver, &cuda, &cublas, &torch, &device, &isa}) {
+    for (unsigned char c : *f) h = (h ^ c) * 0x100000001b3ull;
+    h *= 0x100000001b3ull;  // The 0 byte between fields.
+  }
+  return h == 0 ? 1 : h;
+}
+
 std::string SoftwareStack::Describe() const {
   std::vector<std::string> parts;
   if (!driver.empty()) parts.push_back(absl::StrCat("driver ", driver));

@@ -50,6 +50,11 @@ struct SoftwareStack {
 
   // True when nothing is known (every field empty).
   bool unknown() const;
+  // A 64-bit digest of every field (FNV-1a over each field and a 0 byte),
+  // the same in every process; 0 exactly when unknown() (a known stack
+  // hashing to 0 is taken as 1). What ranks exchange in-band to tell a
+  // stack difference from a fault (issue 39, case 3).
+  uint64_t Digest() const;
   // "driver 12040, CUDA 12.4, cuBLAS 120403, torch 2.11.0, NVIDIA H100": the
   // known fields; "unknown" when none is.
   std::string Describe() const;

@@ -280,10 +280,13 @@ Effects Coordinator::Tick() {
     }
     for (const auto& k : audits) MaybeFinalizeAudit(job, job.groups[std::get<0>(k)], k, true, txn);
   }
+  bool expired = false;
   for (ReplacementRequest& r : escalation_.ExpireDue(now)) {
     txn.mutation.requests.push_back(r);
     txn.effects.requests.push_back(std::move(r));
+    expired = true;
   }
+  if (expired) UpdateWatches(txn);
   ExpireJobs(txn);
   absl::StatusOr<Effects> effects = Commit(txn);
   return effects.ok() ? *std::move(effects) : Effects{};

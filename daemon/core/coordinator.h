@@ -660,6 +660,26 @@ class Coordinator {
   void FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
                            const std::set<Rank>& faulty, Txn& txn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the job that said Hello, ascending: the recipients of a
+  // plan of any group (v1::AuditPlan::group).
+  static std::vector<Rank> JobRanks(const JobState& job);
+
+  // watch.cc: ranks not trusted between their naming and their
+  // replacement (issue 42 item 4).
+  //
+  // The group's members whose GPU is named faulty and whose node has an
+  // open replacement request (pending, approved or executing), ascending.
+  std::vector<Rank> WatchedRanks(JobState& job, const GroupState& group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The assignments of the group's newest watch plan (empty: none).
+  static std::vector<Assignment> CurrentWatch(const JobState& job, const GroupState& group);
+  // Sends the group a new watch plan when the plan of WatchedRanks differs
+  // from its newest one (one with no assignments ends the watch).
+  void UpdateWatch(JobState& job, GroupState& group, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UpdateWatch for every group of every job whose ranks all said Hello
+  // (after a request closed).
+  void UpdateWatches(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Sends a targeted audit plan for `suspect`, using one of its chances;
   // nothing when it has none left. REQUIRES: `suspect` is in suspects_.
   void ScheduleTargetedAudit(JobState& job, GroupState& group, Rank suspect,

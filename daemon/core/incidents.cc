@@ -115,6 +115,8 @@ Incident& Coordinator::RecordIncident(JobState& job, GroupState& group, Step ste
   if (!inc.confirmed && outcome != "systemic") {
     for (Rank r : inc.ranks) AddSuspect(job, group, r, explanation, txn);
   }
+  // A GPU named with its request open is watched until it is replaced.
+  if (inc.confirmed) UpdateWatch(job, group, txn);
   return it->second;
 }
 
@@ -139,7 +141,7 @@ void Coordinator::AddSuspect(JobState& job, GroupState& group, Rank rank,
   s.targeted_audits_left = std::max(s.targeted_audits_left, options_.targeted_audits_per_suspect);
   bool outstanding = false;
   for (const auto& [id, plan] : job.plans) {
-    outstanding = outstanding || (!plan.done && plan.suspect == rank);
+    outstanding = outstanding || (!plan.done && !plan.watch && plan.suspect == rank);
   }
   txn.mutation.suspects.push_back(s);
   if (!outstanding && (!had_chances || fresh) &&

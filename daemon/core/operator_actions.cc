@@ -82,6 +82,7 @@ absl::StatusOr<std::pair<ReplacementRequest, Effects>> Coordinator::Deny(
     }
     txn.mutation.requests.push_back(*r);
     txn.effects.requests.push_back(*r);
+    UpdateWatches(txn);  // A refused replacement ends its GPU's watch.
   }
   absl::StatusOr<Effects> effects = Commit(txn);
   if (!effects.ok()) return effects.status();
@@ -114,6 +115,7 @@ absl::StatusOr<std::pair<ReplacementRequest, Effects>> Coordinator::FinishExecut
   Txn txn;
   txn.mutation.requests.push_back(*r);
   txn.effects.requests.push_back(*r);
+  UpdateWatches(txn);  // Done or failed: the request no longer holds a watch.
   absl::StatusOr<Effects> effects = Commit(txn);
   if (!effects.ok()) return effects.status();
   return std::make_pair(*std::move(r), *std::move(effects));

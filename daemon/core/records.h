@@ -155,6 +155,9 @@ struct PlanRecord {
   std::string reason;
   Rank suspect = 0;
   bool done = false;
+  // A standing watch (PlanWatch), not a suspect's one-off audit: run on
+  // every step until a later watch of its group replaces it; never done.
+  bool watch = false;
 };
 
 struct CheckpointDecision {

@@ -475,9 +475,12 @@ absl::StatusOr<AttachResult> Coordinator::Attach(const Hello& h, const Caller& c
   result.acked_sequence = rec.acked_sequence;
   result.attempt = job.record.attempt;
   result.resume_warning = job.resume_warning;
+  // Every group's plans: the rank keeps plan ids contiguous with them
+  // (v1::AuditPlan::group).
   for (const auto& [id, plan] : job.plans) {
-    if (!plan.done && plan.group == group_id) {
-      result.pending_plans.push_back({plan.plan_id, plan.assignments, plan.reason});
+    if (!plan.done) {
+      result.pending_plans.push_back(
+          {plan.plan_id, plan.assignments, plan.reason, plan.watch, plan.group});
     }
   }
   absl::StatusOr<Effects> effects = Commit(txn);

@@ -674,6 +674,7 @@ uint64_t Coordinator::RecordAuditIncidents(JobState& job, GroupState& group, Ste
 void Coordinator::FinishTargetedAudit(JobState& job, GroupState& group, uint64_t plan_id,
                                       const std::set<Rank>& faulty, Txn& txn) {
   PlanRecord& plan = job.plans[plan_id];
+  if (plan.watch) return;  // Standing: runs again next step (watch.cc).
   plan.done = true;
   txn.mutation.plans.push_back(plan);
   const Rank suspect = plan.suspect;
@@ -702,7 +703,8 @@ void Coordinator::ScheduleTargetedAudit(JobState& job, GroupState& group, Rank s
   txn.mutation.plans.push_back(plan);
   txn.mutation.jobs.push_back(job.record);
   txn.effects.messages.push_back(
-      {job.record.job_id, group.members, PlanMessage{plan.plan_id, plan.assignments, plan.reason}});
+      {job.record.job_id, JobRanks(job),
+       PlanMessage{plan.plan_id, plan.assignments, plan.reason, false, plan.group}});
 }
 
 }  // namespace sdc::core

@@ -198,6 +198,8 @@ class Cluster {
   }
 
   Coordinator& c() { return *coordinator_; }
+  // Every message sent so far, with its recipients.
+  const std::vector<OutMessage>& messages() const { return messages_; }
   FakeClock& clock() { return clock_; }
   MemoryStore& store() { return store_; }
   std::vector<CheckEvent>& checks() { return checks_; }

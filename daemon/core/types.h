@@ -49,6 +49,7 @@ using protocol::IsScheduledAuditStep;
 using protocol::PlanFullAudit;
 using protocol::PlanMember;
 using protocol::PlanTargetedAudit;
+using protocol::PlanWatch;
 using protocol::ReplayPlan;
 using protocol::ScheduledAudit;
 using protocol::Topology;
