@@ -157,6 +157,11 @@ absl::Status DecodeFailure(absl::Span<const int64_t> words) {
   return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
+bool IsExchangeStep(uint64_t step, uint32_t audit_every) {
+  const uint32_t every = audit_every > 0 ? audit_every : kExchangeEveryWithoutAudits;
+  return step % every == 0;
+}
+
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
                   uint64_t activated_plan) {
   StepPlan p;

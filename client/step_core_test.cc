@@ -82,6 +82,14 @@ TEST(StepCoreTest, ReasonsCombineAndMinimumsTravel) {
   EXPECT_EQ(a.repair_step_known_by_all, 10u);
 }
 
+TEST(StepCoreTest, ExchangeStepsAreTheAuditScheduleOrEveryHundredth) {
+  EXPECT_TRUE(IsExchangeStep(20, 10));
+  EXPECT_FALSE(IsExchangeStep(21, 10));
+  EXPECT_FALSE(IsExchangeStep(10, 0));
+  EXPECT_TRUE(IsExchangeStep(kExchangeEveryWithoutAudits * 3, 0));
+  EXPECT_FALSE(IsExchangeStep(kExchangeEveryWithoutAudits * 3 + 1, 0));
+}
+
 TEST(StepCoreTest, PlanStep) {
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).scheduled_audit);
   EXPECT_TRUE(PlanStep(100, 100, 10, 0).weight_check);

@@ -20,7 +20,12 @@ void StepPipeline::BeginStep() {
   local_fault_done_ = false;
   reduced_.clear();
   local_ms_ = 0;
-  failure_ = absl::OkStatus();
+  failure_ = std::exchange(carried_, absl::OkStatus());
+}
+
+void StepPipeline::CarryFailure(const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  if (carried_.ok()) carried_ = failure;
 }
 
 void StepPipeline::NoteFailure(const absl::Status& failure) {
@@ -61,6 +66,20 @@ void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor&
     NoteFailure(absl::InternalError(absl::StrCat(
         "check 1 of a local gradient bucket: ",
         torch_error != nullptr ? torch_error->what_without_backtrace() : e.what())));
+  }
+  bool poison = false;
+  {
+    absl::MutexLock lock(&mu_);
+    poison = !failure_.ok();
+  }
+  if (poison) {
+    torch::NoGradGuard no_grad;
+    try {
+      local.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+    } catch (const std::exception&) {
+      // Not a flat view (no caller passes such a bucket): the whole bucket.
+      local.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
   }
   absl::MutexLock lock(&mu_);
   local_nonfinite_ += n;

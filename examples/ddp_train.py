@@ -103,8 +103,10 @@ def main():
 
     progress = cluster_support.Progress(args, rank)
     turns = cluster_support.Turns(args, rank, args.first_step, args.first_step + args.steps - 1)
+    counter = cluster_support.CollectiveCount(args)
     for step in range(args.first_step, args.first_step + args.steps):
         turns.begin(step)
+        counter.begin()
         start = time.perf_counter()
         batches = setup.batches(step, args.micro_batches)
         checkpoint = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
@@ -151,7 +153,8 @@ def main():
                 scaler.step(optimizer)
                 scaler.update()
             weight_ms = 0.0
-        progress.step(step, total, s, outcome, (time.perf_counter() - start) * 1000, weight_ms)
+        ms = (time.perf_counter() - start) * 1000
+        progress.step(step, total, s, outcome, ms, weight_ms, counter.end())
         turns.end(step)
 
     summary = None
