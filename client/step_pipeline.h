@@ -48,7 +48,9 @@ class StepPipeline {
   // Forgets the previous step's buckets.
   void BeginStep();
 
-  // Before a bucket's all-reduce: scans its local gradients. Never throws:
+  // Before a bucket's all-reduce: scans its local gradients (a CUDA
+  // bucket's count is queued on the current stream and read in
+  // CheckGradients: nothing here waits for the device). Never throws:
   // it runs inside the caller's backward, where an exception on one rank
   // would leave the others waiting in the all-reduce; an error is kept for
   // Finish to carry to every rank (TakeFailure). While this rank holds an
@@ -111,6 +113,8 @@ class StepPipeline {
   bool local_fault_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   absl::Status carried_ ABSL_GUARDED_BY(mu_);
+  // The NaN/Inf count of this step's local CUDA buckets, on the device.
+  torch::Tensor local_on_device_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<size_t, torch::Tensor>> reduced_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -56,13 +56,15 @@ def extra_collective(args):
 
 class CollectiveCount:
     """--count_collectives: the collectives one step issues, whoever issues
-    them (DDP's bucket all-reduces, the guard's own, a buffer broadcast), as
-    torch's profiler sees them: each call that reaches the process group's
-    backend records one event named for it ("gloo:all_reduce",
-    "gloo:broadcast", "nccl:all_gather", ...). Off: begin and end do nothing
-    and end returns None."""
+    them (DDP's bucket all-reduces, the guard's own from C++, a buffer
+    broadcast), as torch's profiler sees them: every call into a process
+    group passes torch's dispatcher as one c10d operator ("c10d::allreduce_",
+    "c10d::broadcast_", "c10d::send", ...), recorded on the calling thread
+    when it is made. (The backend's own events, "gloo:all_reduce" and the
+    like, are recorded where the work runs and were seen to fall outside the
+    step now and then.) Off: begin and end do nothing and end returns None."""
 
-    BACKENDS = ("gloo:", "nccl:")
+    PREFIX = "c10d::"
 
     def __init__(self, args):
         self.on = args.count_collectives
@@ -80,7 +82,7 @@ class CollectiveCount:
             return None
         p, self._profile = self._profile, None
         p.__exit__(None, None, None)
-        return sum(1 for e in p.events() if e.name.startswith(self.BACKENDS))
+        return sum(1 for e in p.events() if e.name.startswith(self.PREFIX))
 
 
 def weights_digest(module):

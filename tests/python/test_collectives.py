@@ -1,8 +1,9 @@
 """No extra collective on ordinary steps (issue 43, items 2 and 3): a guarded
 DDP step that is no audit issues exactly the collectives plain DDP issues
 for the same model and data, weight-check steps included. The count is
-torch's profiler's (--count_collectives): one event per call that reaches
-the Gloo backend, whoever makes it, so the guard's own collectives show
+torch's profiler's (--count_collectives): one c10d operator per call into
+the process group, whoever makes it (the C++ engine's calls pass the same
+dispatcher), so the guard's own collectives show
 wherever it issues them: at audit steps, and at a step whose reduced
 gradients hold NaN (the agreement then runs on every rank, since every rank
 sees the same reduced NaN). The job has collectives timing out after
