@@ -30,7 +30,7 @@
 //   (RecordOriginalGradients, from the parameters' .grad or a bucket);
 //   for each gradient bucket: ScanLocalBucket(local) before its all-reduce,
 //   AddReducedBucket(index, reduced) after;
-//   Finish()                       // checks 1 and 2, the decision; collective
+//   Finish()                       // checks 1 and 2, the decision; collective at exchange steps
 //   optimizer.step() when apply;
 //   AfterOptimizerStep(checkpoint) // check 3
 //   MayCheckpoint()                // when checkpointing; collective
