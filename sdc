@@ -403,7 +403,7 @@ smoke_python_bench() {
   local log="$SDC_CACHE/bench-smoke-overhead-python.log" start=$SECONDS
   log "smoke run: ./sdc bench overhead --trainer=python (log: $log)"
   if ! "$ROOT/bench/smoke_test.sh" \
-    overhead_pct,step_ms_unguarded,step_ms_guarded,audit_step_ratio,weight_check_pct_of_step,trainer \
+    overhead_pct,step_ms_unguarded,step_ms_guarded,audit_step_ratio,weight_check_pct_of_step,trainer,collectives_per_step_unguarded,collectives_per_step_guarded \
     "$ROOT/bazel-bin/bench/overhead_bench" --trainer=python --variants=unguarded,guarded \
     --steps=12 --warmup=2 --rounds=1 --audit_every=6 --weight_check_every=3 --turn_steps=6 \
     >"$log" 2>&1; then

@@ -14,7 +14,10 @@
 // DDP against DDP guarded by the sdc_guard package (./sdc builds it).
 // --variants=...,guarded-no-sdcd adds the guard with no coordinator
 // configured, which splits the guard's cost between its own work and the
-// share of the CPUs that sdcd and the report streams take. Last line: JSON.
+// share of the CPUs that sdcd and the report streams take. First, a short
+// run of each (unguarded and guarded) counts the collectives every step
+// issues: a guarded step without an audit must issue what an unguarded one
+// does, or the bench fails. Last line: JSON.
 
 #include <unistd.h>
 
@@ -31,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -131,6 +135,50 @@ std::string CheckLoop(const demo::ClusterResult& r, const Args& a, bool guarded)
   return "";
 }
 
+// The collectives a step issues, guarded and unguarded: one short run of
+// each with the trainers counting (--count_collectives; counting is kept out
+// of the timed loops). Rank 0's count per step, from step 1.
+struct CollectiveCounts {
+  std::map<int, int> unguarded, guarded;  // By step.
+  std::map<int, bool> audited;            // The guarded loop's audit steps.
+};
+
+absl::StatusOr<CollectiveCounts> CountCollectives(const Args& a, int steps) {
+  CollectiveCounts out;
+  std::map<std::string, absl::StatusOr<demo::ClusterResult>> results;
+  for (const char* name : {"unguarded", "guarded"}) {
+    demo::ClusterConfig c;
+    c.run_dir = absl::StrCat(a.out_dir, "/count-", name);
+    c.steps = steps;
+    c.audit_every = a.audit_every;
+    c.weight_check_every = a.weight_every;
+    c.checkpoint_every = 0;
+    c.trainer = a.trainer;
+    c.unguarded = std::string(name) == "unguarded";
+    c.count_collectives = true;
+    c.job_id = absl::StrCat("overhead-count-", name);
+    c.timeout = absl::Minutes(20);
+    results.emplace(name, demo::RunCluster(c));
+  }
+  for (const auto& [name, r] : results) {
+    if (!r.ok()) return absl::InternalError(absl::StrCat("counting, ", name, ": ", r.status().message()));
+    if (r->ranks.empty() || static_cast<int>(r->ranks[0].size()) != steps) {
+      return absl::InternalError(absl::StrCat("counting, ", name, ": rank 0 recorded ",
+                                              r->ranks.empty() ? 0 : r->ranks[0].size(), " of ",
+                                              steps, " steps"));
+    }
+    for (const demo::StepRecord& s : r->ranks[0]) {
+      if (s.collectives < 0) {
+        return absl::InternalError(absl::StrCat("counting, ", name, ": step ", s.step,
+                                                " has no collective count"));
+      }
+      (name == "guarded" ? out.guarded : out.unguarded)[s.step] = s.collectives;
+      if (name == "guarded") out.audited[s.step] = s.audited;
+    }
+  }
+  return out;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "what sdc-guard costs a training step: unguarded, extra-collective and guarded loops "
@@ -183,6 +231,29 @@ int Main(int argc, char** argv) {
     a.out_dir = absl::StrCat(tmp ? tmp : "/tmp", "/sdc-overhead-", getpid());
   }
   demo::Run({"mkdir", "-p", a.out_dir});
+  // What each step issues, guarded and unguarded; a non-audit step of the
+  // guard must issue exactly what the unguarded step does (issue 43).
+  const int count_steps = a.weight_every + 2;  // One weight-check step among them.
+  std::fprintf(stderr, "counting collectives: %d steps unguarded and guarded...\n", count_steps);
+  absl::StatusOr<CollectiveCounts> counts = CountCollectives(a, count_steps);
+  if (!counts.ok()) return Fail(std::string(counts.status().message()));
+  double collectives_unguarded = 0, collectives_guarded = 0;
+  int ordinary = 0;
+  for (const auto& [step, n] : counts->guarded) {
+    if (counts->audited.at(step)) continue;
+    if (n != counts->unguarded.at(step)) {
+      return Fail(absl::StrCat("step ", step, " (no audit) issued ", n,
+                               " collectives guarded against ", counts->unguarded.at(step),
+                               " unguarded"));
+    }
+    collectives_unguarded += counts->unguarded.at(step);
+    collectives_guarded += n;
+    ++ordinary;
+  }
+  if (ordinary == 0) return Fail("counting: no step without an audit");
+  collectives_unguarded /= ordinary;
+  collectives_guarded /= ordinary;
+
   std::vector<double> unguarded, collective, guarded, audit_steps, plain_steps, weight_ms, check1_ms, audit_ms,
       agreement_ms, alone, alone_plain;
   // CPU seconds of every process a loop ran (trainers and sdcd, start-up
@@ -294,6 +365,9 @@ int Main(int argc, char** argv) {
   std::printf("6 ranks (3 nodes x 2 GPUs, CPU, Gloo), %s trainers, %d steps x %d rounds per "
               "variant, in turns of %d steps\n",
               a.trainer == "python" ? "Python DDP" : "C++", a.steps, a.rounds, a.turn_steps);
+  std::printf("%-40s %10.2f     unguarded, %.2f guarded (%d steps without an audit, weight "
+              "checks included)\n",
+              "collectives a step", collectives_unguarded, collectives_guarded, ordinary);
   std::printf("%-40s %10.2f ms\n", "step, unguarded", u);
   if (!collective.empty()) {
     std::printf("%-40s %10.2f ms  (%+.2f ms: one more collective)\n",
@@ -340,14 +414,16 @@ int Main(int argc, char** argv) {
       "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
       "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
       "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s,\"cpu_ms_per_step_sdcd\":%.2f,"
-      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s],\"trainer\":\"%s\"}\n",
+      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s],\"trainer\":\"%s\","
+      "\"collectives_per_step_unguarded\":%.2f,\"collectives_per_step_guarded\":%.2f}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
       weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),
       number(!collective.empty(), x).c_str(), number(!collective.empty(), x - u).c_str(),
       Mean(plain_steps), number(!alone.empty(), Mean(alone)).c_str(),
       number(!alone.empty(), Mean(alone_plain)).c_str(), cpu_u, cpu_g, cpu_overhead,
       number(!alone.empty(), Mean(cpu_ms["guarded-no-sdcd"])).c_str(), Mean(sdcd_cpu_ms),
-      a.turn_steps, by_round.c_str(), a.trainer.c_str());
+      a.turn_steps, by_round.c_str(), a.trainer.c_str(), collectives_unguarded,
+      collectives_guarded);
   if (keep) {
     std::fprintf(stderr, "runs kept in %s\n", a.out_dir.c_str());
   } else {

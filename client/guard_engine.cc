@@ -138,6 +138,19 @@ class GuardEngine::Impl {
   // reports it, and returns `error`.
   absl::Status FailStep(StepDecision& decision, const StepPipeline::Gradients& gradients,
                         const std::string& audits_off_now, absl::Status error);
+  // An ordinary step (no audit, nothing non-finite in the reduced buckets,
+  // not an exchange step): decided without a collective. A failure that no
+  // bucket carried goes to the next step's buckets.
+  absl::StatusOr<StepDecision> FinishOrdinary(StepDecision& decision,
+                                              const StepPipeline::Gradients& gradients,
+                                              const std::string& audits_off_now,
+                                              const absl::Status& failure);
+  // The decision from `agreement` (every rank's, or an ordinary step's
+  // empty one), applied, counted and reported.
+  absl::StatusOr<StepDecision> Conclude(StepDecision& decision,
+                                        const StepPipeline::Gradients& gradients,
+                                        const std::string& audits_off_now,
+                                        const Agreement& agreement, std::string no_confirmation);
 
   // Declared in the order they are built: the context and the model first,
   // which every part refers to; destroyed in reverse (the parts, then the
@@ -152,7 +165,8 @@ class GuardEngine::Impl {
   WeightCheck weights_;          // Check 3 and weight repair.
   CheckpointGate gate_;          // The checkpoint gate and ledger.
 
-  double loss_scale_ = 0;           // This step's loss scale; 0: none.
+  double loss_scale_ = 0;           // This step's loss scale; 0: none (read in Finish).
+  torch::Tensor loss_scale_tensor_;  // As RecordFirstMicroBatch got it.
   std::string audits_off_at_start_;  // Reported with the first step.
 };
 
@@ -241,6 +255,7 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
   DrainMessages();
   step_ = {step, micro_batches};
   loss_scale_ = 0;
+  loss_scale_tensor_ = torch::Tensor();
   replay_.BeginStep(step, std::move(batch), micro_batches);
   weights_.BeginStep();
   pipeline_.BeginStep();
@@ -258,9 +273,12 @@ absl::Status GuardEngine::Impl::BeginStep(uint64_t step, std::vector<torch::Tens
 
 void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss,
                                               const torch::Tensor& loss_scale) {
-  const uint64_t bits = LossBits(loss);
+  // The loss's bits only where an audit compares them: on other steps the
+  // loss stays where it is (on a GPU, a read here would wait for the
+  // device). The scale is read at the decision point, in Finish.
+  const uint64_t bits = audit_.auditing() ? LossBits(loss) : 0;
   replay_.SetLossScale(loss_scale);
-  loss_scale_ = loss_scale.defined() ? loss_scale.item<double>() : 0;
+  loss_scale_tensor_ = loss_scale;
   audit_.RecordFirstMicroBatch(bits);
 }
 
@@ -350,6 +368,10 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   } restore{determinism_};
   StepDecision decision;
   decision.audited = audit_.auditing();
+  // The step's one read of the scale, at the decision (GradScaler reads
+  // its own found-inf flag here too).
+  SDC_TORCH_TRY(loss_scale_ =
+                    loss_scale_tensor_.defined() ? loss_scale_tensor_.item<double>() : 0);
   decision.loss_scaled = loss_scale_ > 0;
   std::string audits_off_now = std::exchange(audits_off_at_start_, std::string());
   // The first error this rank meets in the step (a bucket hand-off's kept
@@ -396,9 +418,21 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
     }
   }
 
-  // The one agreement all-reduce, and the decision every rank derives from it.
-  const absl::Time agreement_start = absl::Now();
   DrainMessages();
+  // An ordinary step: no collective of the guard's own. Its buckets'
+  // all-reduce already carried what the agreement would: NaN/Inf (and a
+  // failing rank's poisoned bucket, see StepPipeline::ScanLocalBucket)
+  // survive the SUM, so the reduced scan, the same on every rank, says
+  // whether any rank had one, and then every rank runs the agreement
+  // below. The reduced digests go to sdcd, which compares them
+  // (docs/ARCHITECTURE.md, "Ordinary steps").
+  if (!audit_.auditing() && gradients.reduced_nonfinite == 0 &&
+      !IsExchangeStep(step_.step, ctx_.options().audit_every)) {
+    return FinishOrdinary(decision, gradients, audits_off_now, failure);
+  }
+
+  // The agreement all-reduce, and the decision every rank derives from it.
+  const absl::Time agreement_start = absl::Now();
   view.plans_held = audit_.plans_held();
   view.repair_step = weights_.repair_step();
   view.failed = !failure.ok();
@@ -420,13 +454,42 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
                                               " and was skipped on every rank: ",
                                               theirs.message())));
   }
-  const Decision d = Decide(*agreement, decision.loss_scaled);
+  std::string no_confirmation = audit_.ConfirmLoneNonFinite(step_, *agreement);
+  return Conclude(decision, gradients, audits_off_now, *agreement, std::move(no_confirmation));
+}
+
+absl::StatusOr<StepDecision> GuardEngine::Impl::FinishOrdinary(
+    StepDecision& decision, const StepPipeline::Gradients& gradients,
+    const std::string& audits_off_now, const absl::Status& failure) {
+  if (!failure.ok()) {
+    // This rank's error came after its last bucket left (the reduced
+    // buckets' hand-off or scan, the first micro-batch's record), so no
+    // bucket carried it and no other rank knows. The reduced gradients are
+    // the same on every rank, and every other rank applies them (its
+    // reduced scan found nothing, or it would be in the agreement): so does
+    // this one, and the next step's first bucket carries the error, which
+    // every rank then raises alike at that step.
+    pipeline_.CarryFailure(absl::Status(
+        failure.code(), absl::StrCat("at step ", step_.step, " (which every rank applied; the "
+                                     "error came after the all-reduce): ", failure.message())));
+    ctx_.Log(absl::StrCat("step ", step_.step, ": ", failure.message(),
+                          "; carried to the next step's gradient buckets"));
+  }
+  // With nothing in the buckets, the agreement would say nothing either.
+  return Conclude(decision, gradients, audits_off_now, Agreement(), std::string());
+}
+
+absl::StatusOr<StepDecision> GuardEngine::Impl::Conclude(StepDecision& decision,
+                                                         const StepPipeline::Gradients& gradients,
+                                                         const std::string& audits_off_now,
+                                                         const Agreement& agreement,
+                                                         std::string no_confirmation) {
+  const Decision d = Decide(agreement, decision.loss_scaled);
   decision.apply = d.apply;
   decision.reason = d.reason;
   decision.overflow = d.overflow;
 
-  std::string no_confirmation = audit_.ConfirmLoneNonFinite(step_, *agreement);
-  if (absl::Status s = weights_.RepairIfAgreed(*agreement, decision); !s.ok()) return s;
+  if (absl::Status s = weights_.RepairIfAgreed(agreement, decision); !s.ok()) return s;
   if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
   if (TrainerMetrics* metrics = ctx_.metrics(); metrics != nullptr) {
     metrics->StepChecked(!decision.apply, gradients.local_nonfinite > 0, decision.audited,

@@ -30,7 +30,7 @@
 //   (RecordOriginalGradients, from the parameters' .grad or a bucket);
 //   for each gradient bucket: ScanLocalBucket(local) before its all-reduce,
 //   AddReducedBucket(index, reduced) after;
-//   Finish()                       // checks 1 and 2, the decision; collective
+//   Finish()                       // checks 1 and 2, the decision; collective at exchange steps
 //   optimizer.step() when apply;
 //   AfterOptimizerStep(checkpoint) // check 3
 //   MayCheckpoint()                // when checkpointing; collective
@@ -129,8 +129,13 @@ class GuardEngine {
   // fingerprinted in Finish (the tensor must hold them until then).
   void AddReducedBucket(size_t index, const torch::Tensor& reduced);
 
-  // Checks 1 and 2 and the one agreement all-reduce: returns the decision
-  // every rank takes. On skip the parameters' gradients are zeroed (except
+  // Checks 1 and 2 and, at exchange steps (audit steps, every 100th step
+  // without audits, and any step whose reduced gradients hold NaN/Inf:
+  // step_core.h's IsExchangeStep), the agreement all-reduce: returns the
+  // decision every rank takes. An ordinary step issues no collective: its
+  // decision reads the reduced scan, the same bits on every rank, and an
+  // error reaches every rank through the buckets (StepPipeline::
+  // ScanLocalBucket) or, when it came after the last one, the next step's. On skip the parameters' gradients are zeroed (except
   // after a loss scaler's overflow: decision.overflow); on apply they are
   // clipped when options.max_grad_norm is set (off by default; the norm is
   // the unscaled one under a loss scaler). Reports the step. Collective:
@@ -143,7 +148,7 @@ class GuardEngine {
   //
   // An error on any rank (a scan, the exchange, a replay that raises)
   // never leaves before a collective the others run: it reaches every rank
-  // through the agreement, every rank skips the step (gradients zeroed) and
+  // through the agreement (a poisoned bucket sends every rank there), every rank skips the step (gradients zeroed) and
   // returns the same error, the failing rank's code and message; the engine
   // is ready for the next step. Whatever the path, the deterministic-
   // algorithms setting is as it was before BeginStep.

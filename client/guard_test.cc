@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <limits>
 #include <cstdlib>
 #include <string>
@@ -98,6 +100,52 @@ TEST(GuardTest, MetricsFollowTheSteps) {
   EXPECT_EQ(Sample(text, "sdc_trainer_audits_total" + labels), 0) << "audits are off";
   EXPECT_EQ(Sample(text, "sdc_trainer_audit_seconds_count" + labels), 0) << text;
   EXPECT_GT(Sample(text, "sdc_trainer_guard_seconds_total" + labels), 0) << text;
+  (*g)->Shutdown(absl::ZeroDuration());
+}
+
+// Issue 43: a step that is no audit issues what a plain loop issues, the
+// gradients' all-reduce (one bucket here), weight-check steps included; the
+// guard's own agreement runs only when the reduced gradients hold NaN/Inf
+// (every rank sees the same), and the counting group does see it then.
+TEST(GuardTest, AnOrdinaryStepIssuesNoCollectiveOfItsOwn) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/counting";
+  std::remove(path.c_str());
+  auto issued = std::make_shared<std::atomic<int64_t>>(0);
+  auto pg = client::MakeCountingGlooGroup(path, 0, 1, issued);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.weight_check_every = 2;
+  // The group's own all-reduce for the agreement: on one rank the rooted
+  // exchange sends nothing, and the count would not show it.
+  o.small_collectives = client::SmallCollectives::kBackend;
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, MseOf(model));
+  ASSERT_TRUE(g.ok()) << g.status();
+  // What a plain step issues: one all-reduce of the flat gradients.
+  int64_t before = issued->load();
+  std::vector<torch::Tensor> flat = {torch::zeros({10})};
+  pg->allreduce(flat)->wait();
+  const int64_t plain = issued->load() - before;
+  ASSERT_EQ(plain, 1);
+  for (uint64_t step = 1; step <= 4; ++step) {
+    before = issued->load();
+    absl::StatusOr<StepDecision> d = (*g)->TrainStep(
+        step, {{torch::randn({8, 4}), torch::randn({8, 2})}}, false, nullptr);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->apply);
+    EXPECT_EQ(issued->load() - before, plain) << "step " << step;
+    EXPECT_EQ(d->agreement_ms, 0) << "no agreement at an ordinary step";
+  }
+  torch::Tensor poisoned = torch::randn({8, 4});
+  poisoned[0][0] = std::numeric_limits<float>::quiet_NaN();
+  before = issued->load();
+  absl::StatusOr<StepDecision> d =
+      (*g)->TrainStep(5, {{poisoned, torch::randn({8, 2})}}, false, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->apply);
+  EXPECT_EQ(d->reason, "NaN/Inf in every rank's local gradients");
+  EXPECT_GT(issued->load() - before, plain) << "the agreement ran";
   (*g)->Shutdown(absl::ZeroDuration());
 }
 

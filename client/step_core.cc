@@ -235,6 +235,11 @@ uint64_t PlanQueue::watch(uint32_t group) const {
   return w == watches_.end() ? 0 : w->second;
 }
 
+bool IsExchangeStep(uint64_t step, uint32_t audit_every) {
+  const uint32_t every = audit_every > 0 ? audit_every : kExchangeEveryWithoutAudits;
+  return step % every == 0;
+}
+
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,
                   uint64_t activated_plan) {
   StepPlan p;

@@ -174,6 +174,16 @@ class PlanQueue {
   std::map<uint32_t, uint64_t> watches_;               // By group, in force.
 };
 
+// Whether every rank runs the agreement all-reduce at `step` whatever its
+// buckets held: the scheduled audit steps (audits on or off), or every
+// kExchangeEveryWithoutAudits-th step when the job schedules none. Between
+// them an ordinary step issues no collective of the guard's own (see
+// docs/ARCHITECTURE.md, "Ordinary steps"): the agreement also runs at any
+// step whose reduced gradients hold NaN/Inf, which every rank sees alike.
+// Targeted plans and weight repairs wait for the next exchange step.
+inline constexpr uint32_t kExchangeEveryWithoutAudits = 100;
+bool IsExchangeStep(uint64_t step, uint32_t audit_every);
+
 // REQUIRES: audit_every/weight_check_every as in the job's options.
 // `activated_plan` is a targeted plan all ranks hold, not yet run.
 StepPlan PlanStep(uint64_t step, uint32_t audit_every, uint32_t weight_check_every,

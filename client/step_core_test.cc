@@ -202,6 +202,13 @@ TEST(PlanQueueTest, EachReplicaGroupRunsItsOwnPlansOnTheSameSteps) {
   for (PlanQueue* q : {&a, &b}) q->Add(4, 257, /*watch=*/true, /*empty=*/true);
   EXPECT_FALSE(a.Take(4, 1).audit);
   EXPECT_FALSE(b.Take(4, 257).audit);
+
+TEST(StepCoreTest, ExchangeStepsAreTheAuditScheduleOrEveryHundredth) {
+  EXPECT_TRUE(IsExchangeStep(20, 10));
+  EXPECT_FALSE(IsExchangeStep(21, 10));
+  EXPECT_FALSE(IsExchangeStep(10, 0));
+  EXPECT_TRUE(IsExchangeStep(kExchangeEveryWithoutAudits * 3, 0));
+  EXPECT_FALSE(IsExchangeStep(kExchangeEveryWithoutAudits * 3 + 1, 0));
 }
 
 TEST(StepCoreTest, PlanStep) {

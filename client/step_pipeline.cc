@@ -20,7 +20,13 @@ void StepPipeline::BeginStep() {
   local_fault_done_ = false;
   reduced_.clear();
   local_ms_ = 0;
-  failure_ = absl::OkStatus();
+  local_on_device_ = torch::Tensor();
+  failure_ = std::exchange(carried_, absl::OkStatus());
+}
+
+void StepPipeline::CarryFailure(const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  if (carried_.ok()) carried_ = failure;
 }
 
 void StepPipeline::NoteFailure(const absl::Status& failure) {
@@ -55,12 +61,36 @@ void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor&
       ctx_.Log(absl::StrCat("INJECTED an error into check 1 at step ", step.step));
       TORCH_CHECK(false, "INJECTED scan-error: the non-finite scan of a local bucket failed");
     }
-    n = NonFinite({local});
+    if (local.is_cuda()) {
+      // On a GPU the count stays on the device, queued on the current
+      // stream with torch's caching allocator: the hook never waits for
+      // the device. CheckGradients reads it once, at the decision.
+      torch::NoGradGuard no_grad;
+      torch::Tensor bad = torch::logical_not(torch::isfinite(local)).sum();
+      absl::MutexLock lock(&mu_);
+      local_on_device_ = local_on_device_.defined() ? local_on_device_.add(bad) : bad;
+    } else {
+      n = NonFinite({local});
+    }
   } catch (const std::exception& e) {
     const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);
     NoteFailure(absl::InternalError(absl::StrCat(
         "check 1 of a local gradient bucket: ",
         torch_error != nullptr ? torch_error->what_without_backtrace() : e.what())));
+  }
+  bool poison = false;
+  {
+    absl::MutexLock lock(&mu_);
+    poison = !failure_.ok();
+  }
+  if (poison) {
+    torch::NoGradGuard no_grad;
+    try {
+      local.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+    } catch (const std::exception&) {
+      // Not a flat view (no caller passes such a bucket): the whole bucket.
+      local.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
   }
   absl::MutexLock lock(&mu_);
   local_nonfinite_ += n;
@@ -82,11 +112,17 @@ void StepPipeline::AddReducedBucket(const StepContext& step, size_t index,
 absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepContext& step) {
   Gradients out;
   std::vector<std::pair<size_t, torch::Tensor>> reduced;
+  torch::Tensor on_device;
   {
     absl::MutexLock lock(&mu_);
     reduced.swap(reduced_);
     out.local_nonfinite = local_nonfinite_;
     out.ms = local_ms_;
+    on_device = std::exchange(local_on_device_, torch::Tensor());
+  }
+  // The local scans of device buckets, queued in the hook: read here.
+  if (on_device.defined()) {
+    SDC_TORCH_TRY(out.local_nonfinite += static_cast<uint64_t>(on_device.item<int64_t>()));
   }
   if (reduced.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -4,8 +4,8 @@
 // What every step runs, whatever else it checks: check 1 on the gradient
 // buckets the caller hands over (a non-finite scan of each local bucket
 // before its all-reduce; after the backward, a scan, the squared norm and a
-// digest of the reduced buckets), the one agreement all-reduce every rank
-// decides from (step_core.h), and applying or skipping the step alike on
+// digest of the reduced buckets), the agreement all-reduce every rank
+// decides from at exchange steps (step_core.h), and applying or skipping the step alike on
 // every rank. Also the faults a step's forward and gradients can carry
 // (tests and demos only).
 //
@@ -48,16 +48,28 @@ class StepPipeline {
   // Forgets the previous step's buckets.
   void BeginStep();
 
-  // Before a bucket's all-reduce: scans its local gradients. Never throws:
+  // Before a bucket's all-reduce: scans its local gradients (a CUDA
+  // bucket's count is queued on the current stream and read in
+  // CheckGradients: nothing here waits for the device). Never throws:
   // it runs inside the caller's backward, where an exception on one rank
   // would leave the others waiting in the all-reduce; an error is kept for
-  // Finish to carry to every rank (TakeFailure).
+  // Finish to carry to every rank (TakeFailure). While this rank holds an
+  // error (this scan's, an earlier NoteFailure or a carried one) the
+  // bucket's first element is set to NaN before it is all-reduced: NaN
+  // survives the SUM, so every rank's reduced scan sees it and every rank
+  // runs the agreement, which names the failing rank and its error. No
+  // extra collective is needed for a failure to reach every rank.
   void ScanLocalBucket(const StepContext& step, const torch::Tensor& local);
   // An error in the caller's own bucket hand-off (the Python hook's), kept
   // like ScanLocalBucket's. The first error of a step is kept.
   void NoteFailure(const absl::Status& failure);
   // The step's first kept error, or OK.
   absl::Status TakeFailure();
+  // An error no bucket of this step carried to the other ranks (it came
+  // after the last all-reduce on a step without the agreement): the next
+  // step starts holding it, so its first bucket carries it (see
+  // ScanLocalBucket) and every rank fails that step alike.
+  void CarryFailure(const absl::Status& failure);
   // After bucket `index`'s all-reduce. The tensor must hold the reduced
   // gradients until CheckGradients.
   void AddReducedBucket(const StepContext& step, size_t index, const torch::Tensor& reduced);
@@ -100,6 +112,9 @@ class StepPipeline {
   double local_ms_ ABSL_GUARDED_BY(mu_) = 0;
   bool local_fault_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  absl::Status carried_ ABSL_GUARDED_BY(mu_);
+  // The NaN/Inf count of this step's local CUDA buckets, on the device.
+  torch::Tensor local_on_device_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<size_t, torch::Tensor>> reduced_ ABSL_GUARDED_BY(mu_);
 };
 

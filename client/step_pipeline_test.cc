@@ -169,6 +169,40 @@ TEST(StepPipelineTest, GradientFaultsFireOnceAtTheirStep) {
   EXPECT_NE(digests[0], digests[1]);
 }
 
+// A rank holding an error poisons each bucket it hands to the all-reduce
+// (NaN survives the SUM: every rank's reduced scan sees it and runs the
+// agreement); an error carried from a step's end poisons the next step's.
+TEST(StepPipelineTest, AnErrorRidesInTheBucketsAsNaN) {
+  Fixture f("poison");
+  const StepContext one{1, 1};
+  f.pipeline.BeginStep();
+  torch::Tensor clean = torch::ones({3});
+  f.pipeline.ScanLocalBucket(one, clean);
+  EXPECT_TRUE(torch::equal(clean, torch::ones({3}))) << "no error: the bucket is left alone";
+  f.pipeline.NoteFailure(absl::InternalError("the hook failed"));
+  torch::Tensor after = torch::ones({3});
+  f.pipeline.ScanLocalBucket(one, after);
+  EXPECT_TRUE(std::isnan(after[0].item<float>()));
+  EXPECT_EQ(after[1].item<float>(), 1.0f) << "one element is enough";
+  absl::Status taken = f.pipeline.TakeFailure();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(taken.message(), "the hook failed");
+
+  f.pipeline.CarryFailure(absl::DataLossError("late"));
+  f.pipeline.BeginStep();
+  torch::Tensor next = torch::ones({2});
+  f.pipeline.ScanLocalBucket({2, 1}, next);
+  EXPECT_TRUE(std::isnan(next[0].item<float>())) << "the carried error rides in step 2";
+  taken = f.pipeline.TakeFailure();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(taken.message(), "late");
+  f.pipeline.BeginStep();
+  torch::Tensor third = torch::ones({2});
+  f.pipeline.ScanLocalBucket({3, 1}, third);
+  EXPECT_TRUE(torch::equal(third, torch::ones({2}))) << "carried once only";
+  EXPECT_TRUE(f.pipeline.TakeFailure().ok());
+}
+
 TEST(StepPipelineTest, ActivationFaultsFireAtTheirStepAndReplayFaultsOnlyInReplays) {
   Fixture scale("scale-fault", Options("activation-scale:0:step=3:100"));
   const torch::Tensor x = torch::tensor({1.0f, -4.0f, 2.0f});

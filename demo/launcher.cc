@@ -310,6 +310,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
                                      "--progress=" + progress});
     if (c.unguarded) argv.push_back("--unguarded");
     if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
+    if (c.count_collectives) argv.push_back("--count_collectives");
     if (!c.turn_file.empty()) {
       argv.push_back("--turn_file=" + c.turn_file);
       argv.push_back("--turn_name=" + c.turn_name);

@@ -83,6 +83,7 @@ struct ClusterConfig {
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
   bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.
+  bool count_collectives = false;     // Trainers count each step's collectives (progress lines).
   // Guarded, but the coordinator address leads nowhere (sdcd unreachable).
   bool coordinator_unreachable = false;
   // Guarded, no coordinator configured at all: in-band checks only, no

@@ -136,6 +136,7 @@ absl::StatusOr<ProgressLine> ParseStep(const Json& j) {
   r.audit_ms = f.Double("audit_ms");
   r.weight_ms = f.Double("weight_ms");
   r.end_unix_ms = f.Double("end_unix_ms");
+  if (j.contains("collectives")) r.collectives = f.Int("collectives");
   if (!f.status().ok()) return f.status();
   return r;
 }
@@ -143,7 +144,7 @@ absl::StatusOr<ProgressLine> ParseStep(const Json& j) {
 }  // namespace
 
 std::string StepLine(const StepRecord& r) {
-  const OrderedJson j = {
+  OrderedJson j = {
       {"step", r.step},
       {"rank", r.rank},
       {"loss", Number(r.loss)},
@@ -162,6 +163,7 @@ std::string StepLine(const StepRecord& r) {
       {"weight_ms", Number(r.weight_ms)},
       {"end_unix_ms", Number(r.end_unix_ms)},
   };
+  if (r.collectives >= 0) j["collectives"] = r.collectives;
   return Dump(j);
 }
 

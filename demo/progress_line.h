@@ -41,6 +41,10 @@ struct StepRecord {
   double audit_ms = 0;
   double weight_ms = 0;
   double end_unix_ms = 0;  // When the step ended, milliseconds since the epoch.
+  // With the trainer's --count_collectives: the collectives the step issued
+  // (the gradients' all-reduce and the guard's own alike); -1: not counted,
+  // and the line has no "collectives" key.
+  int collectives = -1;
 };
 
 // A rank's last line: `{"final":true,"rank":R,"weights_digest":"...","guard":{...}}`.
@@ -64,7 +68,7 @@ std::string FinalLine(const FinalRecord& record);
 
 // Parses one line (without its newline). A line with "final": true is a
 // FinalRecord, any other a StepRecord. Every key StepLine / FinalLine writes
-// is required ("guard" excepted), with its JSON type; a number may be null
+// is required ("guard" and "collectives" excepted), with its JSON type; a number may be null
 // (read as NaN) except the integers "step" and "rank". Unknown keys are
 // ignored. Returns kInvalidArgument, saying what is wrong, for anything else.
 absl::StatusOr<ProgressLine> ParseProgressLine(std::string_view line);

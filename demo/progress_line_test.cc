@@ -65,6 +65,7 @@ void ExpectSameStep(const StepRecord& a, const StepRecord& b) {
   EXPECT_EQ(a.audit_ms, b.audit_ms);
   EXPECT_EQ(a.weight_ms, b.weight_ms);
   EXPECT_EQ(a.end_unix_ms, b.end_unix_ms);
+  EXPECT_EQ(a.collectives, b.collectives);
 }
 
 TEST(ProgressLineTest, StepRoundTripsEveryField) {
@@ -73,6 +74,22 @@ TEST(ProgressLineTest, StepRoundTripsEveryField) {
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   EXPECT_EQ(line.rfind(R"({"step":15,"rank":3,"loss":2.25,"apply":false,)", 0), 0u) << line;
   ExpectSameStep(ParseStep(line), r);
+}
+
+TEST(ProgressLineTest, CollectivesAreWrittenOnlyWhenCounted) {
+  StepRecord r = SomeStep();
+  EXPECT_THAT(StepLine(r), Not(HasSubstr("collectives"))) << "not counted: no key";
+  EXPECT_EQ(ParseStep(StepLine(r)).collectives, -1);
+  r.collectives = 7;
+  const std::string line = StepLine(r);
+  EXPECT_THAT(line, HasSubstr(R"("collectives":7)"));
+  ExpectSameStep(ParseStep(line), r);
+  std::string wrong = line;
+  wrong.replace(wrong.find("7}"), 1, "\"seven\"");
+  absl::StatusOr<ProgressLine> p = ParseProgressLine(wrong);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("\"collectives\" must be an integer"));
 }
 
 TEST(ProgressLineTest, ReasonsWithJsonSyntaxRoundTrip) {

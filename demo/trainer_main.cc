@@ -8,8 +8,10 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -53,6 +55,9 @@ ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text 
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
 ABSL_FLAG(int, seed, 1234, "Model initialization seed (the same on every rank).");
 ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
+ABSL_FLAG(bool, count_collectives, false,
+          "Count the collectives each step issues (the process group's backend counts every "
+          "call) and write them in the progress line's \"collectives\".");
 ABSL_FLAG(bool, extra_collective, false,
           "With --unguarded: one more all-reduce (MAX of 12 int64) per step, the guard's "
           "agreement run the guard's way (SDC_SMALL_COLLECTIVES), to measure what that one "
@@ -266,8 +271,11 @@ int Main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_unguarded)) options = std::make_unique<client::GuardOptions>(*std::move(o));
   }
 
+  const bool count = absl::GetFlag(FLAGS_count_collectives);
+  auto issued = std::make_shared<std::atomic<int64_t>>(0);
   c10::intrusive_ptr<c10d::ProcessGroup> pg =
-      client::MakeGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world);
+      count ? client::MakeCountingGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world, issued)
+            : client::MakeGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world);
 
   torch::manual_seed(absl::GetFlag(FLAGS_seed));  // Identical initial replicas.
   std::shared_ptr<torch::nn::Module> model;
@@ -318,6 +326,7 @@ int Main(int argc, char** argv) {
   Turns turns(*pg, rank, first, last);
   for (int step = first; step <= last; ++step) {
     turns.Begin(step);
+    const int64_t issued_before = issued->load();
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<torch::Tensor>> batches;
     for (int m = 0; m < absl::GetFlag(FLAGS_micro_batches); ++m) {
@@ -378,6 +387,7 @@ int Main(int argc, char** argv) {
       r.audit_ms = d.audit_ms;
       r.weight_ms = d.weight_ms;
       r.end_unix_ms = absl::ToDoubleMilliseconds(absl::Now() - absl::UnixEpoch());
+      if (count) r.collectives = static_cast<int>(issued->load() - issued_before);
       progress << StepLine(r) << std::endl;
     }
     turns.End(step);

@@ -3,7 +3,8 @@ kept out of the example itself: the same command-line contract as the C++
 trainer (demo/trainer_main.cc): --rank/--world_size/--rendezvous in place of
 torchrun's environment, one JSON line per step in --progress, turn-taking
 between clusters sharing a machine (--turn_file), and the unguarded loop's
-optional extra collective (--extra_collective)."""
+optional extra collective (--extra_collective), and a count of the
+collectives each step issues (--count_collectives)."""
 
 import json
 import math
@@ -26,6 +27,8 @@ def add_flags(parser):
     parser.add_argument("--progress", default="", help="JSON lines: one per step, then a summary")
     parser.add_argument("--extra_collective", action="store_true",
                         help="with --unguarded: one more all-reduce (MAX of 12 int64) per step")
+    parser.add_argument("--count_collectives", action="store_true",
+                        help="write how many collectives each step issued (torch's profiler)")
     parser.add_argument("--turn_file", default="")
     parser.add_argument("--turn_name", default="")
     parser.add_argument("--turn_next", default="")
@@ -63,6 +66,37 @@ def extra_collective(args):
         dist.all_reduce(words, op=dist.ReduceOp.MAX)
 
 
+class CollectiveCount:
+    """--count_collectives: the collectives one step issues, whoever issues
+    them (DDP's bucket all-reduces, the guard's own from C++, a buffer
+    broadcast), as torch's profiler sees them: every call into a process
+    group passes torch's dispatcher as one c10d operator ("c10d::allreduce_",
+    "c10d::broadcast_", "c10d::send", ...), recorded on the calling thread
+    when it is made. (The backend's own events, "gloo:all_reduce" and the
+    like, are recorded where the work runs and were seen to fall outside the
+    step now and then.) Off: begin and end do nothing and end returns None."""
+
+    PREFIX = "c10d::"
+
+    def __init__(self, args):
+        self.on = args.count_collectives
+        self._profile = None
+
+    def begin(self):
+        if self.on:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profile = profile(activities=[ProfilerActivity.CPU])
+            self._profile.__enter__()
+
+    def end(self):
+        if self._profile is None:
+            return None
+        p, self._profile = self._profile, None
+        p.__exit__(None, None, None)
+        return sum(1 for e in p.events() if e.name.startswith(self.PREFIX))
+
+
 def weights_digest(module):
     """The kernels' model digest of the parameters, as hex: equal on every
     rank exactly when the replicas hold the same bits."""
@@ -86,7 +120,7 @@ class Progress:
         self.rank = rank
         self.out = open(args.progress, "a") if args.progress else None
 
-    def step(self, step, loss, s, checkpoint, ms, weight_ms):
+    def step(self, step, loss, s, checkpoint, ms, weight_ms, collectives=None):
         if self.out is None:
             return
         t = s.timings_ms if s is not None else {}
@@ -108,6 +142,8 @@ class Progress:
         }
         if overflow:
             line["overflow"] = True  # Not a key the C++ trainer writes: only when set.
+        if collectives is not None:
+            line["collectives"] = collectives  # --count_collectives only.
         self.out.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")
         self.out.flush()
 

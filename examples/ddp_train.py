@@ -123,8 +123,10 @@ def main():
 
     progress = cluster_support.Progress(args, rank)
     turns = cluster_support.Turns(args, rank, first_step, last_step)
+    counter = cluster_support.CollectiveCount(args)
     for step in range(first_step, last_step + 1):
         turns.begin(step)
+        counter.begin()
         start = time.perf_counter()
         batches = setup.batches(step, args.micro_batches)
         checkpoint = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
@@ -171,7 +173,8 @@ def main():
                 scaler.step(optimizer)
                 scaler.update()
             weight_ms = 0.0
-        progress.step(step, total, s, outcome, (time.perf_counter() - start) * 1000, weight_ms)
+        ms = (time.perf_counter() - start) * 1000
+        progress.step(step, total, s, outcome, ms, weight_ms, counter.end())
         turns.end(step)
 
     summary = None

@@ -141,8 +141,12 @@ TEST(ClusterTest, WeightCorruptionIsVotedOutAndRepaired) {
   ExpectIdenticalReplicas(*r);
 }
 
+// At an exchange step (step 15: an audit step) the agreement compares the
+// reduced digests in-band. At an ordinary step no collective does: sdcd's
+// reduced-gradient vote names the rank from the step reports, and the step
+// is applied (docs/ARCHITECTURE.md, "Ordinary steps issue no collective").
 TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
-  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("reduced", "reduced-gradient:2:step=13"));
+  absl::StatusOr<ClusterResult> r = RunCluster(FastCluster("reduced", "reduced-gradient:2:step=15"));
   ASSERT_TRUE(r.ok()) << r.status();
   const auto steps = SameDecisions(*r);
   // The receiver is a suspect, not blamed: its own computation is sound, so
@@ -154,9 +158,9 @@ TEST(ClusterTest, ReducedGradientDifferenceIsCaughtOnTheSameStep) {
   EXPECT_EQ(i.check(), v1::CHECK_REDUCED_GRADIENTS);
   EXPECT_EQ(i.outcome(), "suspect");
   EXPECT_THAT(i.ranks(), ElementsAre(2));
-  EXPECT_EQ(i.step(), 13u);
-  EXPECT_FALSE(steps.at(13).apply);
-  EXPECT_EQ(steps.at(13).reason, "ranks received different reduced gradients");
+  EXPECT_EQ(i.step(), 15u);
+  EXPECT_FALSE(steps.at(15).apply);
+  EXPECT_EQ(steps.at(15).reason, "ranks received different reduced gradients");
   ExpectIdenticalReplicas(*r);
 }
 

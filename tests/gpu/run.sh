@@ -14,6 +14,8 @@
 #    Python (nothing compiled here), and a guarded examples/ddp_train.py job of 3 processes on the GPU (Gloo
 #    on CUDA tensors) with sdcd and an injected fault: the faulty rank must be
 #    blamed, the step skipped on every rank, the replicas identical.
+# 4. tests/gpu/guarded_step.py: a guarded step under torch's sync debug mode
+#    (no host sync inside backward) and its time against an unguarded one.
 # Without a GPU (a dry run on a CPU machine) steps 1-2 report skips and the
 # job runs on the CPU; "gpu" says which. Every step has a timeout; the whole
 # run takes 2-4 minutes on an H200.
@@ -131,13 +133,21 @@ print(json.dumps(out, separators=(",", ":")))
 PY
 )
 kill $sdcd 2>/dev/null
+
+# 4. The guarded step itself (issue 43): no host sync inside backward under
+#    torch.cuda.set_sync_debug_mode("warn"), and guarded against unguarded
+#    step time for a 308M-parameter bf16 model (one process, one GPU).
+log "a guarded step under sync debug, and its time against an unguarded one"
+step=$(PYTHONPATH="$WORK/site" timeout 300 "$PY" "$ROOT/tests/gpu/guarded_step.py" \
+  2>"$WORK/guarded_step.log" | tail -1)
+[[ "$step" == "{"* ]] || step="{\"ok\":false,\"error\":\"see $WORK/guarded_step.log\"}"
 ok=$("$PY" -c '
 import json, sys
-b, c, d, j = (json.loads(a) for a in sys.argv[1:5])
+b, c, d, j, s = (json.loads(a) for a in sys.argv[1:6])
 gpu = b["gpu"]
 tests = all(t["rc"] == 0 and t["failed"] == 0 for t in (c, d)) and (not gpu or c["skipped"] + d["skipped"] == 0)
-print("true" if tests and j["ok"] else "false")' "$bench" "$cuda_test" "$device_test" "$job")
-printf '{"ok":%s,"gpu":%s,"torch":"%s","bench":%s,"cuda_test":%s,"device_test":%s,"wheel_install_s":%d,"job":%s,"wall_s":%d,"work":"%s"}\n' \
+print("true" if tests and j["ok"] and s["ok"] else "false")' "$bench" "$cuda_test" "$device_test" "$job" "$step")
+printf '{"ok":%s,"gpu":%s,"torch":"%s","bench":%s,"cuda_test":%s,"device_test":%s,"wheel_install_s":%d,"job":%s,"guarded_step":%s,"wall_s":%d,"work":"%s"}\n' \
   "$ok" "$gpu" "$TORCH_VERSION" "$bench" "$cuda_test" "$device_test" "$install_s" "$job" \
-  "$((SECONDS - start))" "$WORK"
+  "$step" "$((SECONDS - start))" "$WORK"
 [[ "$ok" == true ]]

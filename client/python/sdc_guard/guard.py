@@ -8,8 +8,11 @@ What runs where:
     to the engine after it, so communication overlaps backward as in plain
     DDP; on an HSDP module in FSDP's reduce-scatter (local gradients) and
     all-reduce hook (the reduced shard), sharded.py;
-  * check 2 (ring replay audit) and the one agreement collective in
-    ``Step.__exit__``, after backward and before the optimizer step;
+  * check 2 (ring replay audit) and the agreement collective in
+    ``Step.__exit__``, after backward and before the optimizer step; the
+    agreement runs only at audit steps and at steps whose reduced gradients
+    hold NaN/Inf, so an ordinary step issues DDP's collectives and no
+    other (docs/ARCHITECTURE.md, "Ordinary steps issue no collective");
   * the optimizer step, applied or skipped as ``GradScaler.step`` does
     (``optimizer_step``, amp.py), then check 3 (weight fingerprints),
     asynchronous, before the next step or checkpoint;
