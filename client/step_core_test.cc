@@ -202,6 +202,7 @@ TEST(PlanQueueTest, EachReplicaGroupRunsItsOwnPlansOnTheSameSteps) {
   for (PlanQueue* q : {&a, &b}) q->Add(4, 257, /*watch=*/true, /*empty=*/true);
   EXPECT_FALSE(a.Take(4, 1).audit);
   EXPECT_FALSE(b.Take(4, 257).audit);
+}
 
 TEST(StepCoreTest, ExchangeStepsAreTheAuditScheduleOrEveryHundredth) {
   EXPECT_TRUE(IsExchangeStep(20, 10));
