@@ -60,7 +60,8 @@ absl::Status Coordinator::Restore() {
     // per-node capacity (its agent's GPU count arrives with its next Hello).
     MoveSlot(job, fresh ? "" : internal::IdentityKey(slot->second.record), internal::IdentityKey(r),
              options_.max_ranks_per_node);
-    slot->second = RankState{r, false};
+    slot->second = RankState();  // Detached; software and shard come with its next Hello.
+    slot->second.record = r;
     if (r.has_last_step) job.awaiting_first_step = false;
     job.groups[r.placement.replica_group].members.push_back(r.placement.rank);
   }
