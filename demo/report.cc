@@ -244,9 +244,14 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   ClassifyInjections(steps, &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
+  // A restarted job's attempt 0 is judged by the files as it left them.
+  const ClusterResult::Resume& rs = result.resume;
+  const std::vector<int>& final_files = rs.attempt > 0 ? rs.final_at_restart : f.checkpoints_final;
+  const std::vector<int>& provisional_files =
+      rs.attempt > 0 ? rs.provisional_at_restart : f.checkpoints_provisional;
   auto on_disk = [&](int c) {
-    return std::count(f.checkpoints_final.begin(), f.checkpoints_final.end(), c) +
-               std::count(f.checkpoints_provisional.begin(), f.checkpoints_provisional.end(), c) >
+    return std::count(final_files.begin(), final_files.end(), c) +
+               std::count(provisional_files.begin(), provisional_files.end(), c) >
            0;
   };
   for (int c : f.checkpoints_allowed) {
@@ -263,6 +268,24 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
                                     [&](const std::string& d) {
                                       return !d.empty() && d == result.weight_digests[0];
                                     });
+  if (rs.attempt > 0) {
+    RunFacts::Resumed& a = f.resumed;
+    a.resumed = rs.resumed;
+    a.resume_step = rs.resume_step;
+    if (!rs.ranks.empty()) {
+      for (const StepRecord& s : rs.ranks[0]) {
+        ++a.steps;
+        if (!s.apply) a.skipped_steps.push_back(s.step);
+        if (s.checkpoint == "allowed") a.checkpoints_allowed.push_back(s.step);
+        if (s.checkpoint == "vetoed") a.checkpoints_vetoed.push_back(s.step);
+      }
+    }
+    a.incidents_after = static_cast<int>(result.incidents.size()) - rs.incidents_at_restart;
+    if (!f.checkpoints_final.empty()) a.final_checkpoint = f.checkpoints_final.back();
+    for (const auto& [from, to] : corrupted) {
+      a.from_corrupted = a.from_corrupted || (rs.resume_step >= from && rs.resume_step < to);
+    }
+  }
   return f;
 }
 
@@ -315,6 +338,84 @@ ReportTotals TotalsOf(const ClusterResult& r) {
     t.acked += get("reports_acked");
     t.dropped += get("reports_dropped");
   }
+  return t;
+}
+
+}  // namespace
+
+namespace {
+
+std::string Clock(int64_t unix_ms) {
+  return unix_ms <= 0 ? "--:--:--"
+                      : absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(unix_ms),
+                                         absl::UTCTimeZone());
+}
+
+// The whole loop of a restarted job, in order: (what, clock time UTC, detail).
+struct TimelineEvent {
+  std::string what;
+  std::string at;
+  std::string detail;
+};
+
+std::vector<TimelineEvent> Timeline(const RunFacts& f, const ClusterResult& r) {
+  const ClusterResult::Resume& rs = r.resume;
+  std::vector<TimelineEvent> t;
+  if (rs.attempt == 0) return t;
+  t.push_back({"fault", "", f.first_injection_step < 0
+                               ? "nothing injected"
+                               : absl::StrCat("step ", f.first_injection_step, ", rank ",
+                                              f.fault_rank, " (", f.injections.size(),
+                                              " injection(s): ",
+                                              f.injections.empty() ? "" : FateName(f.injections[0].fate),
+                                              ")")});
+  for (const v1::Incident& i : f.incidents) {
+    if (!i.confirmed()) continue;
+    std::string who;
+    for (int k = 0; k < i.ranks_size(); ++k) {
+      absl::StrAppend(&who, k > 0 ? ", " : "", "rank ", i.ranks(k), " on ", i.node_names(k),
+                      " (GPU ", i.gpu_uuids(k), ")");
+    }
+    t.push_back({"detection", Clock(i.created_unix_ms()),
+                 absl::StrCat("incident ", i.id(), " at step ", i.step(), ": ", i.outcome(),
+                              ", names ", who)});
+    break;
+  }
+  t.push_back({"veto/revocation", "",
+               absl::StrCat("revoked ", List(f.checkpoints_revoked), "; vetoed ",
+                            List(f.checkpoints_vetoed))});
+  for (const v1::ReplacementRequest& q : r.requests) {
+    if (q.id() != rs.request_id) continue;
+    t.push_back({"request", Clock(q.created_unix_ms()),
+                 absl::StrCat("request ", q.id(), ": ", q.action(), " ", q.node_name(), " (",
+                              absl::StrJoin(q.gpu_uuids(), ", "), "), now ",
+                              StateName(q.state()))});
+    for (const v1::Transition& tr : q.transitions()) {
+      if (tr.to() == v1::APPROVED) {
+        t.push_back({"approval", Clock(tr.at_unix_ms()),
+                     absl::StrCat("by ", tr.actor(), ": ", tr.reason())});
+      }
+    }
+  }
+  t.push_back({"replacement", Clock(rs.done_unix_ms),
+               absl::StrCat(rs.replaced_node, " -> ", rs.replacement_node, " (GPUs ",
+                            absl::StrJoin(rs.replacement_gpus, ", "), "); the actuator ran: ",
+                            rs.actuator_record)});
+  t.push_back({"restart", Clock(rs.restart_unix_ms),
+               absl::StrCat("attempt ", rs.attempt, ": every rank a new process, the same job id; "
+                            "attempt 0 stopped after step ", rs.stopped_after_step)});
+  const RunFacts::Resumed& a = f.resumed;
+  t.push_back({"resume", "",
+               a.resume_step > 0
+                   ? absl::StrCat("from step ", a.resume_step, "'s final checkpoint (",
+                                  a.from_corrupted ? "CORRUPTED" : "clean", "); ", a.steps,
+                                  " steps trained, skipped ", List(a.skipped_steps),
+                                  ", incidents after the resume: ", a.incidents_after,
+                                  ", checkpoints allowed ", List(a.checkpoints_allowed),
+                                  ", vetoed ", List(a.checkpoints_vetoed))
+                   : "from scratch: no final checkpoint on disk"});
+  t.push_back({"final checkpoint", "",
+               a.final_checkpoint < 0 ? "none" : absl::StrCat("step ", a.final_checkpoint)});
   return t;
 }
 
@@ -400,6 +501,13 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                       : absl::StrCat(", but ", f.undetected_steps.size(),
                                      " corruption(s) went into them undetected"),
                   "\n");
+  const std::vector<TimelineEvent> timeline = Timeline(f, r);
+  if (!timeline.empty()) {
+    absl::StrAppend(&out, "\nThe whole loop (times UTC):\n");
+    for (const TimelineEvent& e : timeline) {
+      absl::StrAppendFormat(&out, "  %-16s %-8s %s\n", e.what, e.at, e.detail);
+    }
+  }
   for (const v1::ReplacementRequest& q : r.requests) {
     absl::StrAppend(&out, "\nReplacement request ", q.id(), " for ", q.node_name(), " is ",
                     StateName(q.state()), ": ", q.reason().substr(0, 160), "\n");
@@ -573,6 +681,16 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
     }
     absl::StrAppend(&html, "</ul>");
   }
+  const std::vector<TimelineEvent> timeline = Timeline(f, r);
+  if (!timeline.empty()) {
+    absl::StrAppend(&html, "<h2>The whole loop</h2><table><tr><th>event</th><th>time (UTC)</th>"
+                           "<th>what happened</th></tr>");
+    for (const TimelineEvent& e : timeline) {
+      absl::StrAppend(&html, "<tr><td>", HtmlEscape(e.what), "</td><td>", HtmlEscape(e.at),
+                      "</td><td>", HtmlEscape(e.detail), "</td></tr>");
+    }
+    absl::StrAppend(&html, "</table>");
+  }
   absl::StrAppend(&html, "<h2>Replacement requests</h2>");
   if (r.requests.empty()) absl::StrAppend(&html, "<p>None.</p>");
   for (const v1::ReplacementRequest& q : r.requests) {
@@ -639,6 +757,34 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   for (const v1::ReplacementRequest& r : result.requests) request_nodes.push_back(r.node_name());
   j["requests"] = request_nodes;
   j["coordinator_restarts"] = result.coordinator_restarts;
+  const ClusterResult::Resume& rs = result.resume;
+  if (rs.attempt > 0) {
+    const RunFacts::Resumed& a = f.resumed;
+    std::string approved_by;
+    for (const v1::ReplacementRequest& q : result.requests) {
+      if (q.id() != rs.request_id) continue;
+      j["resume_request_state"] = StateName(q.state());
+      for (const v1::Approval& ap : q.approvals()) approved_by = ap.operator_();
+    }
+    j["resume"] = {{"resumed", a.resumed},
+                   {"attempt", rs.attempt},
+                   {"request_id", rs.request_id},
+                   {"approved_by", approved_by},
+                   {"replaced_node", rs.replaced_node},
+                   {"replacement_node", rs.replacement_node},
+                   {"replaced_gpus", rs.replaced_gpus},
+                   {"replacement_gpus", rs.replacement_gpus},
+                   {"actuator_record", rs.actuator_record},
+                   {"stopped_after_step", rs.stopped_after_step},
+                   {"resume_step", a.resume_step},
+                   {"from_corrupted", a.from_corrupted},
+                   {"steps", a.steps},
+                   {"skipped_steps", a.skipped_steps},
+                   {"checkpoints_allowed", a.checkpoints_allowed},
+                   {"checkpoints_vetoed", a.checkpoints_vetoed},
+                   {"incidents_after", a.incidents_after},
+                   {"final_checkpoint", a.final_checkpoint}};
+  }
   const ReportTotals t = TotalsOf(result);
   j["reports_sent"] = t.sent;
   j["reports_acked"] = t.acked;
