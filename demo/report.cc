@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "demo/timeline.h"
 
 namespace sdc::demo {
 namespace {
@@ -244,15 +245,23 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   ClassifyInjections(steps, &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
-  // A restarted job's attempt 0 is judged by the files as it left them.
+  auto has = [](const std::vector<int>& v, int c) {
+    return std::find(v.begin(), v.end(), c) != v.end();
+  };
+  // A restarted job: attempt 0's checkpoint is on disk if it was final at
+  // the restart, or is there at the end and attempt 1 did not write it again
+  // (attempt 1's rank 0 deletes the provisional ones sdcd revoked).
   const ClusterResult::Resume& rs = result.resume;
-  const std::vector<int>& final_files = rs.attempt > 0 ? rs.final_at_restart : f.checkpoints_final;
-  const std::vector<int>& provisional_files =
-      rs.attempt > 0 ? rs.provisional_at_restart : f.checkpoints_provisional;
+  std::vector<int> rewritten;
+  if (rs.attempt > 0 && !rs.ranks.empty()) {
+    for (const StepRecord& s : rs.ranks[0]) {
+      if (s.checkpoint == "allowed") rewritten.push_back(s.step);
+    }
+  }
   auto on_disk = [&](int c) {
-    return std::count(final_files.begin(), final_files.end(), c) +
-               std::count(provisional_files.begin(), provisional_files.end(), c) >
-           0;
+    if (rs.attempt > 0 && has(rs.final_at_restart, c)) return true;
+    return (has(f.checkpoints_final, c) || has(f.checkpoints_provisional, c)) &&
+           !has(rewritten, c);
   };
   for (int c : f.checkpoints_allowed) {
     if (!on_disk(c)) f.checkpoints_revoked.push_back(c);
@@ -338,84 +347,6 @@ ReportTotals TotalsOf(const ClusterResult& r) {
     t.acked += get("reports_acked");
     t.dropped += get("reports_dropped");
   }
-  return t;
-}
-
-}  // namespace
-
-namespace {
-
-std::string Clock(int64_t unix_ms) {
-  return unix_ms <= 0 ? "--:--:--"
-                      : absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(unix_ms),
-                                         absl::UTCTimeZone());
-}
-
-// The whole loop of a restarted job, in order: (what, clock time UTC, detail).
-struct TimelineEvent {
-  std::string what;
-  std::string at;
-  std::string detail;
-};
-
-std::vector<TimelineEvent> Timeline(const RunFacts& f, const ClusterResult& r) {
-  const ClusterResult::Resume& rs = r.resume;
-  std::vector<TimelineEvent> t;
-  if (rs.attempt == 0) return t;
-  t.push_back({"fault", "", f.first_injection_step < 0
-                               ? "nothing injected"
-                               : absl::StrCat("step ", f.first_injection_step, ", rank ",
-                                              f.fault_rank, " (", f.injections.size(),
-                                              " injection(s): ",
-                                              f.injections.empty() ? "" : FateName(f.injections[0].fate),
-                                              ")")});
-  for (const v1::Incident& i : f.incidents) {
-    if (!i.confirmed()) continue;
-    std::string who;
-    for (int k = 0; k < i.ranks_size(); ++k) {
-      absl::StrAppend(&who, k > 0 ? ", " : "", "rank ", i.ranks(k), " on ", i.node_names(k),
-                      " (GPU ", i.gpu_uuids(k), ")");
-    }
-    t.push_back({"detection", Clock(i.created_unix_ms()),
-                 absl::StrCat("incident ", i.id(), " at step ", i.step(), ": ", i.outcome(),
-                              ", names ", who)});
-    break;
-  }
-  t.push_back({"veto/revocation", "",
-               absl::StrCat("revoked ", List(f.checkpoints_revoked), "; vetoed ",
-                            List(f.checkpoints_vetoed))});
-  for (const v1::ReplacementRequest& q : r.requests) {
-    if (q.id() != rs.request_id) continue;
-    t.push_back({"request", Clock(q.created_unix_ms()),
-                 absl::StrCat("request ", q.id(), ": ", q.action(), " ", q.node_name(), " (",
-                              absl::StrJoin(q.gpu_uuids(), ", "), "), now ",
-                              StateName(q.state()))});
-    for (const v1::Transition& tr : q.transitions()) {
-      if (tr.to() == v1::APPROVED) {
-        t.push_back({"approval", Clock(tr.at_unix_ms()),
-                     absl::StrCat("by ", tr.actor(), ": ", tr.reason())});
-      }
-    }
-  }
-  t.push_back({"replacement", Clock(rs.done_unix_ms),
-               absl::StrCat(rs.replaced_node, " -> ", rs.replacement_node, " (GPUs ",
-                            absl::StrJoin(rs.replacement_gpus, ", "), "); the actuator ran: ",
-                            rs.actuator_record)});
-  t.push_back({"restart", Clock(rs.restart_unix_ms),
-               absl::StrCat("attempt ", rs.attempt, ": every rank a new process, the same job id; "
-                            "attempt 0 stopped after step ", rs.stopped_after_step)});
-  const RunFacts::Resumed& a = f.resumed;
-  t.push_back({"resume", "",
-               a.resume_step > 0
-                   ? absl::StrCat("from step ", a.resume_step, "'s final checkpoint (",
-                                  a.from_corrupted ? "CORRUPTED" : "clean", "); ", a.steps,
-                                  " steps trained, skipped ", List(a.skipped_steps),
-                                  ", incidents after the resume: ", a.incidents_after,
-                                  ", checkpoints allowed ", List(a.checkpoints_allowed),
-                                  ", vetoed ", List(a.checkpoints_vetoed))
-                   : "from scratch: no final checkpoint on disk"});
-  t.push_back({"final checkpoint", "",
-               a.final_checkpoint < 0 ? "none" : absl::StrCat("step ", a.final_checkpoint)});
   return t;
 }
 

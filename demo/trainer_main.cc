@@ -172,6 +172,20 @@ class CheckpointFiles {
     pending_.push_back(step);
   }
 
+  // A restarted attempt: an earlier attempt's provisional files that sdcd
+  // revoked after that attempt last asked (it was stopped first) go now.
+  void DropRevoked(const protocol::CheckpointLedger& ledger) {
+    for (const auto step : ledger.revoked()) {
+      const std::string path = Path(static_cast<int>(step), /*provisional=*/true);
+      if (std::remove(path.c_str()) == 0) {
+        std::fprintf(stderr,
+                     "sdc-trainer: checkpoint of step %d (an earlier attempt's) revoked and "
+                     "deleted\n",
+                     static_cast<int>(step));
+      }
+    }
+  }
+
   void Reconcile(const protocol::CheckpointLedger& ledger) {
     std::vector<int> still;
     for (int step : pending_) {
@@ -353,6 +367,16 @@ int Main(int argc, char** argv) {
   std::unique_ptr<CheckpointFiles> files;
   if (rank == 0 && guard != nullptr && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     files = std::make_unique<CheckpointFiles>(absl::GetFlag(FLAGS_checkpoint_dir));
+    if (!absl::GetFlag(FLAGS_resume_from).empty()) {
+      absl::StatusOr<protocol::CheckpointLedger> ledger =
+          guard->RefreshCheckpoints(absl::Seconds(5));
+      if (ledger.ok()) {
+        files->DropRevoked(*ledger);
+      } else {
+        std::fprintf(stderr, "sdc-trainer: checkpoint status unknown at the resume: %s\n",
+                     std::string(ledger.status().message()).c_str());
+      }
+    }
   }
   Turns turns(*pg, rank, first, last);
   for (int step = first; step <= last; ++step) {

@@ -71,7 +71,8 @@ TEST(DemoCliTest, ListsEveryScenario) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* s : {"clean", "nan-gradient", "activation-x10000", "mantissa-bitflip",
                         "weight-corruption", "reduced-gradient", "faulty-replayer",
-                        "intermittent", "two-node", "coordinator-restart", "replace-and-resume"}) {
+                        "intermittent", "two-node", "coordinator-restart",
+                        "replace-and-resume"}) {
     EXPECT_THAT(r.output, HasSubstr(s));
   }
 }
