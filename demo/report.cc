@@ -279,6 +279,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
                                     });
   if (rs.attempt > 0) {
     RunFacts::Resumed& a = f.resumed;
+    a.approved = rs.done_unix_ms > 0;
     a.resumed = rs.resumed;
     a.resume_step = rs.resume_step;
     if (!rs.ranks.empty()) {

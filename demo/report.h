@@ -81,6 +81,7 @@ struct RunFacts {
   // (the weights digests and the files on disk at the end are attempt 1's);
   // these are attempt 1's, from its ranks' records and sdcd's incidents.
   struct Resumed {
+    bool approved = false;  // The request was approved and its actuator ran (Done).
     bool resumed = false;
     int resume_step = 0;
     int steps = 0;                  // Steps attempt 1 trained (rank 0's records).
