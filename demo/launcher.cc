@@ -225,16 +225,16 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   Process sdcd;
   int trainer_port = 0, admin_port = 0, metrics_port = 0;
   auto start_sdcd = [&]() -> absl::Status {
-    absl::StatusOr<Process> p = Process::Start(
-        {sdcd_bin, "--db=" + result.db, "--admin_token_file=" + result.token_file,
-         absl::StrCat("--listen=127.0.0.1:", trainer_port),
-         absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
-         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-         "--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
-         "--tls_client_ca=" + pki.ca, actuator_flags[0],
-         actuator_flags.size() > 1 ? actuator_flags[1] : "--report_deadline=30s",
-         "--report_deadline=30s"},
-        c.run_dir + "/sdcd.log", {}, /*detached=*/c.keep_coordinator);
+    std::vector<std::string> argv = {
+        sdcd_bin, "--db=" + result.db, "--admin_token_file=" + result.token_file,
+        absl::StrCat("--listen=127.0.0.1:", trainer_port),
+        absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
+        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
+        "--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
+        "--tls_client_ca=" + pki.ca, "--report_deadline=30s"};
+    argv.insert(argv.end(), actuator_flags.begin(), actuator_flags.end());
+    absl::StatusOr<Process> p = Process::Start(argv, c.run_dir + "/sdcd.log", {},
+                                               /*detached=*/c.keep_coordinator);
     if (!p.ok()) return p.status();
     sdcd = *std::move(p);
     absl::StatusOr<std::string> line = sdcd.WaitForLog("serving trainers on .*");
@@ -302,6 +302,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     unlink(store.c_str());
     trainers.clear();
     tails.clear();
+    const std::string incarnation = std::to_string(absl::ToUnixMillis(absl::Now()));
     for (int r = 0; r < world; ++r) {
       const std::string progress = absl::StrCat(c.run_dir, "/progress-", r, suffix, ".jsonl");
       unlink(progress.c_str());
@@ -312,7 +313,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
           {"LOCAL_RANK", std::to_string(r % c.gpus_per_node)},
           {"SDC_AUDIT_EVERY", std::to_string(c.audit_every)},
           {"SDC_WEIGHT_CHECK_EVERY", std::to_string(c.weight_check_every)},
-          {"SDC_INCARNATION", std::to_string(absl::ToUnixMillis(absl::Now()))},
+          {"SDC_INCARNATION", incarnation},
           {"SDC_VERDICT_WAIT_MS", "3000"}};
       if (attempt > 0) {
         env["SDC_ATTEMPT"] = std::to_string(attempt);
