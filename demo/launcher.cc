@@ -303,6 +303,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     trainers.clear();
     tails.clear();
     const std::string incarnation = std::to_string(absl::ToUnixMillis(absl::Now()));
+    const bool python_resume = attempt > 0 && c.trainer == "python";
     for (int r = 0; r < world; ++r) {
       const std::string progress = absl::StrCat(c.run_dir, "/progress-", r, suffix, ".jsonl");
       unlink(progress.c_str());
@@ -340,14 +341,19 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       argv.insert(argv.end(), {absl::StrCat("--rank=", r),
                                absl::StrCat("--world_size=", world),
                                "--rendezvous=" + store,
-                               absl::StrCat("--steps=", c.steps - resume_step),
+                               absl::StrCat("--steps=", python_resume ? c.steps
+                                                                      : c.steps - resume_step),
                                "--model=" + c.model,
                                absl::StrCat("--batch=", c.batch),
                                absl::StrCat("--micro_batches=", c.micro_batches),
                                absl::StrCat("--checkpoint_every=", c.checkpoint_every),
                                "--checkpoint_dir=" + c.run_dir,
                                "--progress=" + progress});
-      if (resume_step > 0) {
+      if (python_resume) {
+        // examples/ddp_train.py finds the newest final checkpoint itself
+        // (sdc_guard's latest_final_step) and trains on to --steps.
+        argv.push_back("--resume");
+      } else if (resume_step > 0) {
         argv.push_back(absl::StrCat("--first_step=", resume_step + 1));
         argv.push_back(absl::StrCat("--resume_from=", c.run_dir, "/step-", resume_step, ".pt"));
       }
@@ -369,9 +375,10 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     return absl::OkStatus();
   };
   if (c.replace_and_resume &&
-      (!with_sdcd || c.trainer != "cpp" || c.start_coordinator_after >= 0 || c.proxies)) {
+      (!with_sdcd || (c.trainer != "cpp" && c.trainer != "python") ||
+       c.start_coordinator_after >= 0 || c.proxies)) {
     return absl::InvalidArgumentError(
-        "replace_and_resume needs sdcd from the start, no proxies, and the cpp trainer");
+        "replace_and_resume needs sdcd from the start, no proxies, and the cpp or python trainer");
   }
   // The operator's own credential (replace_and_resume), as `sdcctl operator
   // add` gives one: the approval is recorded under its name.

@@ -295,8 +295,9 @@ int Main(int argc, char** argv) {
   if (scenario->coordinator_late) c.start_coordinator_after = std::max(1, f.steps / 10);
   c.job_id = absl::StrCat("demo-", scenario->name);
   if (scenario->replace_and_resume) {
-    if (f.trainer != "cpp") {
-      Usage("--scenario=replace-and-resume: only the C++ trainer resumes from a checkpoint yet");
+    if (f.trainer != "cpp" && f.trainer != "python") {
+      Usage("--scenario=replace-and-resume: the cpp and python trainers resume from a "
+            "checkpoint; the frameworks' trainers do not yet");
     }
     if (f.checkpoint_every < 1 || f.checkpoint_every * 2 >= f.fault_step) {
       Usage(absl::StrCat("--scenario=replace-and-resume needs two checkpoints before the fault "
