@@ -73,6 +73,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/json_text.h"
+#include "bench/resume_tally.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/report.h"
@@ -211,6 +212,7 @@ struct ScenarioResult {
   int skipped = 0;
   int bad_checkpoints = 0;
   int bad_checkpoints_revoked = 0;
+  ResumeTally resume;  // The replace-and-resume scenario's loop.
   std::vector<std::string> missed;  // Goals not met, in words.
 
   bool attribution_applies() const { return scenario.attributable && nodes >= 3; }
@@ -379,6 +381,7 @@ class Bench {
     c.restart_coordinator_at = s.restart_coordinator ? kRestartCoordinatorAt : -1;
     c.job_id = absl::StrCat("bench-", s.name, "-", i);
     c.timeout = absl::Minutes(10);
+    if (s.replace_and_resume) ConfigureResume(c);
     // The first tick after the restart still shows the step of the kill; the
     // next one is read after sdcd is back.
     bool down = false;
@@ -476,7 +479,9 @@ class Bench {
       r.skipped += static_cast<int>(run.facts.skipped_steps.size());
       r.bad_checkpoints += static_cast<int>(run.facts.bad_checkpoints.size());
       r.bad_checkpoints_revoked += static_cast<int>(run.facts.bad_checkpoints_revoked.size());
+      r.resume.Add(run.facts);
     }
+    if (r.scenario.replace_and_resume) r.resume.Missed(r.completed, &r.missed);
     if (r.errors > 0) r.missed.push_back(absl::StrCat(r.errors, " run(s) failed"));
     if (r.completed > 0 && r.scenario.detectable && r.detected < r.completed) {
       r.missed.push_back(absl::StrCat("detected ", r.detected, "/", r.completed));
@@ -737,6 +742,7 @@ class Bench {
           ",\"bad_checkpoints_written\":", r.bad_checkpoints,
           ",\"bad_checkpoints_revoked\":", r.bad_checkpoints_revoked, ",\"errors\":", r.errors,
           ",\"fired\":", r.fired, ",\"nodes\":", r.nodes,
+          r.scenario.replace_and_resume ? absl::StrCat(",", r.resume.JsonFields()) : "",
           ",\"goals_met\":", r.missed.empty() ? "true" : "false", ",\"missed\":[");
       for (size_t i = 0; i < r.missed.size(); ++i) {
         absl::StrAppend(&json, i > 0 ? "," : "", "\"", JsonEscape(r.missed[i]), "\"");

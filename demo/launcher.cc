@@ -26,6 +26,7 @@
 #include "demo/progress_line.h"
 #include "demo/tcp_proxy.h"
 #include "grpcpp/grpcpp.h"
+#include <nlohmann/json.hpp>
 
 namespace sdc::demo {
 namespace {
@@ -194,24 +195,46 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     mkdir(pki_dir.c_str(), 0700);
     std::vector<std::string> nodes;
     for (int n = 0; n < c.nodes; ++n) nodes.push_back(NodeName(n));
+    // The fresh node that replaces a faulty one (replace_and_resume).
+    if (c.replace_and_resume) nodes.push_back(NodeName(c.nodes));
     absl::StatusOr<ClusterPki> made = WriteClusterPki(pki_dir, nodes);
     if (!made.ok()) return made.status();
     pki = *std::move(made);
     result.pki_dir = pki_dir;
   }
 
+  // replace_and_resume: sdcd's actuator is a local stand-in for HyperPod,
+  // which records the node it was told to replace.
+  std::vector<std::string> actuator_flags = {"--actuator=" + c.actuator};
+  const std::string replacements = c.run_dir + "/replacements.txt";
+  if (c.replace_and_resume) {
+    if (c.run_dir.find_first_of(" \t'") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run folder '", c.run_dir, "': replace_and_resume needs one without spaces or quotes "
+          "(it holds the actuator's command)"));
+    }
+    const std::string standin = c.run_dir + "/hyperpod-standin";
+    unlink(replacements.c_str());
+    WriteRecordingStandIn(standin, replacements,
+                          "node marked for replacement (a local stand-in for HyperPod)");
+    actuator_flags = {"--actuator=command",
+                      "--actuator_command=" + standin + " {action} {node} request={request}"};
+  }
+
   // The coordinator, on free loopback ports it reports in its log.
   Process sdcd;
   int trainer_port = 0, admin_port = 0, metrics_port = 0;
   auto start_sdcd = [&]() -> absl::Status {
-    absl::StatusOr<Process> p = Process::Start(
-        {sdcd_bin, "--db=" + result.db, "--admin_token_file=" + result.token_file,
-         absl::StrCat("--listen=127.0.0.1:", trainer_port),
-         absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
-         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-         "--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
-         "--tls_client_ca=" + pki.ca, "--actuator=" + c.actuator, "--report_deadline=30s"},
-        c.run_dir + "/sdcd.log", {}, /*detached=*/c.keep_coordinator);
+    std::vector<std::string> argv = {
+        sdcd_bin, "--db=" + result.db, "--admin_token_file=" + result.token_file,
+        absl::StrCat("--listen=127.0.0.1:", trainer_port),
+        absl::StrCat("--admin_listen=127.0.0.1:", admin_port),
+        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
+        "--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
+        "--tls_client_ca=" + pki.ca, "--report_deadline=30s"};
+    argv.insert(argv.end(), actuator_flags.begin(), actuator_flags.end());
+    absl::StatusOr<Process> p = Process::Start(argv, c.run_dir + "/sdcd.log", {},
+                                               /*detached=*/c.keep_coordinator);
     if (!p.ok()) return p.status();
     sdcd = *std::move(p);
     absl::StatusOr<std::string> line = sdcd.WaitForLog("serving trainers on .*");
@@ -265,65 +288,124 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     }
   }
 
-  // The trainers.
-  const std::string store = c.run_dir + "/rendezvous";
-  unlink(store.c_str());
+  // The trainers. Attempt 0 runs on nodes NodeName(0..nodes-1); a
+  // restarted attempt (replace_and_resume) on the same nodes with the
+  // replaced one's name changed to `node_names`'. Each attempt has its own
+  // rendezvous, progress files and logs.
+  std::vector<std::string> node_names;
+  for (int n = 0; n < c.nodes; ++n) node_names.push_back(NodeName(n));
   std::vector<Process> trainers;
   std::vector<std::unique_ptr<Tail>> tails;
-  for (int r = 0; r < world; ++r) {
-    const std::string progress = absl::StrCat(c.run_dir, "/progress-", r, ".jsonl");
-    unlink(progress.c_str());
-    std::map<std::string, std::string> env = {
-        {"SDC_JOB_ID", c.job_id},
-        {"SDC_NODE_NAME", NodeName(r / c.gpus_per_node)},
-        {"LOCAL_RANK", std::to_string(r % c.gpus_per_node)},
-        {"SDC_AUDIT_EVERY", std::to_string(c.audit_every)},
-        {"SDC_WEIGHT_CHECK_EVERY", std::to_string(c.weight_check_every)},
-        {"SDC_INCARNATION", std::to_string(absl::ToUnixMillis(start))},
-        {"SDC_VERDICT_WAIT_MS", "3000"}};
-    if (with_sdcd) {
-      env["SDC_COORDINATOR"] = absl::StrCat(
-          "127.0.0.1:", proxies.empty() ? trainer_port : proxies[r / c.gpus_per_node]->port());
-      const std::string node = NodeName(r / c.gpus_per_node);
-      env["SDC_TLS_CA"] = pki.ca;
-      env["SDC_TLS_CERT"] = pki.NodeCert(node);
-      env["SDC_TLS_KEY"] = pki.NodeKey(node);
+  auto start_trainers = [&](int attempt, int resume_step) -> absl::Status {
+    const std::string suffix = attempt == 0 ? "" : absl::StrCat(".attempt", attempt);
+    const std::string store = c.run_dir + "/rendezvous" + suffix;
+    unlink(store.c_str());
+    trainers.clear();
+    tails.clear();
+    const std::string incarnation = std::to_string(absl::ToUnixMillis(absl::Now()));
+    const bool python_resume = attempt > 0 && c.trainer == "python";
+    for (int r = 0; r < world; ++r) {
+      const std::string progress = absl::StrCat(c.run_dir, "/progress-", r, suffix, ".jsonl");
+      unlink(progress.c_str());
+      const std::string node = node_names[r / c.gpus_per_node];
+      std::map<std::string, std::string> env = {
+          {"SDC_JOB_ID", c.job_id},
+          {"SDC_NODE_NAME", node},
+          {"LOCAL_RANK", std::to_string(r % c.gpus_per_node)},
+          {"SDC_AUDIT_EVERY", std::to_string(c.audit_every)},
+          {"SDC_WEIGHT_CHECK_EVERY", std::to_string(c.weight_check_every)},
+          {"SDC_INCARNATION", incarnation},
+          {"SDC_VERDICT_WAIT_MS", "3000"}};
+      if (attempt > 0) {
+        env["SDC_ATTEMPT"] = std::to_string(attempt);
+        env["SDC_RESUME_STEP"] = std::to_string(resume_step);
+      }
+      if (with_sdcd) {
+        env["SDC_COORDINATOR"] = absl::StrCat(
+            "127.0.0.1:", proxies.empty() ? trainer_port : proxies[r / c.gpus_per_node]->port());
+        env["SDC_TLS_CA"] = pki.ca;
+        env["SDC_TLS_CERT"] = pki.NodeCert(node);
+        env["SDC_TLS_KEY"] = pki.NodeKey(node);
+      }
+      for (const auto& [name, value] : c.trainer_env) env[name] = value;
+      // Port 1 on loopback: nothing listens, every connection is refused.
+      if (c.coordinator_unreachable) env["SDC_COORDINATOR"] = "127.0.0.1:1";
+      // The fault belongs to the faulty GPU: a restarted attempt runs on a
+      // fresh node and injects nothing.
+      if (!c.fault.empty() && attempt == 0) {
+        env["SDC_INJECT_FAULT"] = c.fault;
+        env["SDC_ALLOW_FAULT_INJECTION"] = "yes-i-am-testing";
+      }
+      if (!python_path.empty()) env["PYTHONPATH"] = python_path;
+      std::vector<std::string> argv = trainer_command;
+      argv.insert(argv.end(), {absl::StrCat("--rank=", r),
+                               absl::StrCat("--world_size=", world),
+                               "--rendezvous=" + store,
+                               absl::StrCat("--steps=", python_resume ? c.steps
+                                                                      : c.steps - resume_step),
+                               "--model=" + c.model,
+                               absl::StrCat("--batch=", c.batch),
+                               absl::StrCat("--micro_batches=", c.micro_batches),
+                               absl::StrCat("--checkpoint_every=", c.checkpoint_every),
+                               "--checkpoint_dir=" + c.run_dir,
+                               "--progress=" + progress});
+      if (python_resume) {
+        // examples/ddp_train.py finds the newest final checkpoint itself
+        // (sdc_guard's latest_final_step) and trains on to --steps.
+        argv.push_back("--resume");
+      } else if (resume_step > 0) {
+        argv.push_back(absl::StrCat("--first_step=", resume_step + 1));
+        argv.push_back(absl::StrCat("--resume_from=", c.run_dir, "/step-", resume_step, ".pt"));
+      }
+      if (c.unguarded) argv.push_back("--unguarded");
+      if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
+      if (c.count_collectives) argv.push_back("--count_collectives");
+      if (!c.turn_file.empty()) {
+        argv.push_back("--turn_file=" + c.turn_file);
+        argv.push_back("--turn_name=" + c.turn_name);
+        argv.push_back("--turn_next=" + c.turn_next);
+        argv.push_back(absl::StrCat("--turn_steps=", c.turn_steps));
+      }
+      absl::StatusOr<Process> p =
+          Process::Start(argv, absl::StrCat(c.run_dir, "/trainer-", r, suffix, ".log"), env);
+      if (!p.ok()) return p.status();
+      trainers.push_back(*std::move(p));
+      tails.push_back(std::make_unique<Tail>(progress));
     }
-    for (const auto& [name, value] : c.trainer_env) env[name] = value;
-    // Port 1 on loopback: nothing listens, every connection is refused.
-    if (c.coordinator_unreachable) env["SDC_COORDINATOR"] = "127.0.0.1:1";
-    if (!c.fault.empty()) {
-      env["SDC_INJECT_FAULT"] = c.fault;
-      env["SDC_ALLOW_FAULT_INJECTION"] = "yes-i-am-testing";
-    }
-    if (!python_path.empty()) env["PYTHONPATH"] = python_path;
-    std::vector<std::string> argv = trainer_command;
-    argv.insert(argv.end(), {absl::StrCat("--rank=", r),
-                                     absl::StrCat("--world_size=", world),
-                                     "--rendezvous=" + store,
-                                     absl::StrCat("--steps=", c.steps),
-                                     "--model=" + c.model,
-                                     absl::StrCat("--batch=", c.batch),
-                                     absl::StrCat("--micro_batches=", c.micro_batches),
-                                     absl::StrCat("--checkpoint_every=", c.checkpoint_every),
-                                     "--checkpoint_dir=" + c.run_dir,
-                                     "--progress=" + progress});
-    if (c.unguarded) argv.push_back("--unguarded");
-    if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
-    if (c.count_collectives) argv.push_back("--count_collectives");
-    if (!c.turn_file.empty()) {
-      argv.push_back("--turn_file=" + c.turn_file);
-      argv.push_back("--turn_name=" + c.turn_name);
-      argv.push_back("--turn_next=" + c.turn_next);
-      argv.push_back(absl::StrCat("--turn_steps=", c.turn_steps));
-    }
-    absl::StatusOr<Process> p =
-        Process::Start(argv, absl::StrCat(c.run_dir, "/trainer-", r, ".log"), env);
-    if (!p.ok()) return p.status();
-    trainers.push_back(*std::move(p));
-    tails.push_back(std::make_unique<Tail>(progress));
+    return absl::OkStatus();
+  };
+  if (c.replace_and_resume &&
+      (!with_sdcd || (c.trainer != "cpp" && c.trainer != "python") ||
+       c.start_coordinator_after >= 0 || c.proxies)) {
+    return absl::InvalidArgumentError(
+        "replace_and_resume needs sdcd from the start, no proxies, and the cpp or python trainer");
   }
-
+  // The operator's own credential (replace_and_resume), as `sdcctl operator
+  // add` gives one: the approval is recorded under its name.
+  auto sdcctl = [&](std::vector<std::string> args, const std::string& token_file) {
+    std::vector<std::string> argv = {BinaryPath("ctl/sdcctl"), "--server=" + result.admin_address,
+                                     "--token_file=" + token_file};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Run(argv, {}, absl::Seconds(30));
+  };
+  const std::string operator_token = c.run_dir + "/operator.token";
+  if (c.replace_and_resume) {
+    result.resume.operator_name = "demo-operator";
+    const RunResult added =
+        sdcctl({"operator", "add", result.resume.operator_name, "-o", "json"}, result.token_file);
+    const nlohmann::json j = nlohmann::json::parse(added.output, nullptr, /*allow_exceptions=*/false);
+    if (added.exit_code != 0 || !j.is_object() || !j.contains("token") || !j["token"].is_string()) {
+      return absl::InternalError(absl::StrCat("sdcctl operator add failed (exit ",
+                                              added.exit_code, "): ", added.output));
+    }
+    std::ofstream(operator_token) << j["token"].get<std::string>() << "\n";
+    chmod(operator_token.c_str(), 0600);
+  }
+  if (absl::Status s = start_trainers(0, 0); !s.ok()) return s;
+  enum class Phase { kOff, kAwaitRequest, kAwaitDone, kResumed };
+  Phase phase = c.replace_and_resume ? Phase::kAwaitRequest : Phase::kOff;
+  std::vector<std::vector<StepRecord>>* records = &result.ranks;
+  result.resume.ranks.resize(world);
   result.ranks.resize(world);
   result.weight_digests.resize(world);
   result.guard_summaries.resize(world);
@@ -356,7 +438,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
           live.checkpoints_vetoed += rec.checkpoint == "vetoed" ? 1 : 0;
           if (!rec.apply) live.last_event = absl::StrCat("step ", rec.step, " skipped: ", rec.reason);
         }
-        result.ranks[r].push_back(std::move(rec));
+        (*records)[r].push_back(std::move(rec));
       }
       if (!finished[r]) {
         if (!trainers[r].running()) {
@@ -368,7 +450,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     }
     int done_step = c.steps;
     for (int r = 0; r < world; ++r) {
-      done_step = std::min(done_step, result.ranks[r].empty() ? 0 : result.ranks[r].back().step);
+      done_step = std::min(done_step, (*records)[r].empty() ? 0 : (*records)[r].back().step);
     }
     live.step = done_step;
     live.elapsed = absl::Now() - start;
@@ -376,7 +458,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     double loss = 0;
     int n = 0;
     for (int r = 0; r < world; ++r) {
-      for (auto it = result.ranks[r].rbegin(); it != result.ranks[r].rend(); ++it) {
+      for (auto it = (*records)[r].rbegin(); it != (*records)[r].rend(); ++it) {
         if (it->step == done_step) {
           loss += it->loss;
           ++n;
@@ -448,6 +530,95 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         live.requests = req.requests_size();
       }
     }
+    // The whole loop: approve, replace, restart, resume.
+    ClusterResult::Resume& rs = result.resume;
+    if (phase == Phase::kAwaitRequest) {
+      v1::ListRequestsResponse req;
+      if (admin->Query(&v1::AdminService::Stub::ListRequests, v1::ListRequestsRequest(), &req)) {
+        for (const v1::ReplacementRequest& q : req.requests()) {
+          if (q.state() != v1::PENDING) continue;
+          const RunResult approved = sdcctl(
+              {"approve", absl::StrCat(q.id()),
+               absl::StrCat("--reason=sdc-guard demo: ", q.node_name(), " attributed faulty")},
+              operator_token);
+          if (approved.exit_code != 0) {
+            return absl::InternalError(absl::StrCat("sdcctl approve ", q.id(), " failed (exit ",
+                                                    approved.exit_code, "): ", approved.output));
+          }
+          rs.request_id = q.id();
+          rs.replaced_node = q.node_name();
+          rs.replaced_gpus.assign(q.gpu_uuids().begin(), q.gpu_uuids().end());
+          rs.approved_unix_ms = absl::ToUnixMillis(absl::Now());
+          live.last_event = absl::StrCat("request ", q.id(), " approved by ", rs.operator_name,
+                                         " after step ", done_step);
+          phase = Phase::kAwaitDone;
+          break;
+        }
+      }
+    } else if (phase == Phase::kAwaitDone) {
+      v1::GetRequestRequest q;
+      q.set_id(rs.request_id);
+      v1::ReplacementRequest r;
+      if (admin->Query(&v1::AdminService::Stub::GetRequest, q, &r) && r.state() != v1::APPROVED &&
+          r.state() != v1::EXECUTING) {
+        if (r.state() != v1::DONE) {
+          return absl::InternalError(absl::StrCat("request ", rs.request_id, " ended ",
+                                                  v1::RequestState_Name(r.state()),
+                                                  " instead of DONE: ", r.actuator_result()));
+        }
+        rs.done_unix_ms = absl::ToUnixMillis(absl::Now());
+        rs.actuator_record = std::string(absl::StripAsciiWhitespace(ReadFile(replacements)));
+        if (rs.actuator_record.find(" " + rs.replaced_node + " ") == std::string::npos) {
+          return absl::InternalError(absl::StrCat("the actuator did not record ", rs.replaced_node,
+                                                  ": '", rs.actuator_record, "'"));
+        }
+        const auto old = std::find(node_names.begin(), node_names.end(), rs.replaced_node);
+        if (old == node_names.end()) {
+          return absl::InternalError(absl::StrCat("request ", rs.request_id, " names node ",
+                                                  rs.replaced_node, ", not one of the job's"));
+        }
+        // The node is gone and its ranks with it; the launcher (torchrun,
+        // HyperPod auto-resume) ends the rest of the job.
+        const int old_node = static_cast<int>(old - node_names.begin());
+        for (int r = 0; r < world; ++r) {
+          if (r / c.gpus_per_node == old_node) trainers[r].Kill();
+        }
+        for (int r = 0; r < world; ++r) {
+          if (r / c.gpus_per_node != old_node) trainers[r].Kill();
+          result.cpu_seconds += trainers[r].cpu_seconds();
+        }
+        rs.stopped_after_step = done_step;
+        ClusterResult snapshot;
+        ListCheckpoints(c.run_dir, &snapshot);
+        rs.final_at_restart = snapshot.checkpoints_final;
+        rs.provisional_at_restart = snapshot.checkpoints_provisional;
+        rs.resume_step = rs.final_at_restart.empty() ? 0 : rs.final_at_restart.back();
+        v1::ListIncidentsResponse inc;
+        admin->Query(&v1::AdminService::Stub::ListIncidents, v1::ListIncidentsRequest(), &inc);
+        rs.incidents_at_restart = inc.incidents_size();
+        node_names[old_node] = NodeName(c.nodes);
+        rs.replacement_node = node_names[old_node];
+        for (int g = 0; g < c.gpus_per_node; ++g) {
+          // The guard's GPU id for a CPU rank (client/options.h).
+          rs.replacement_gpus.push_back(absl::StrCat("cpu-", rs.replacement_node, "-", g));
+        }
+        rs.attempt = 1;
+        rs.restart_unix_ms = absl::ToUnixMillis(absl::Now());
+        records = &rs.ranks;
+        std::fill(finished.begin(), finished.end(), false);
+        if (absl::Status s = start_trainers(rs.attempt, rs.resume_step); !s.ok()) return s;
+        all_done = false;
+        phase = Phase::kResumed;
+        live.last_event = absl::StrCat(rs.replaced_node, " replaced by ", rs.replacement_node,
+                                       "; attempt 1 resumes from step ", rs.resume_step);
+      }
+    }
+    if (all_done && (phase == Phase::kAwaitRequest || phase == Phase::kAwaitDone)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job ended before its replacement request was ",
+          phase == Phase::kAwaitRequest ? "opened" : "done", " (more --steps?)"));
+    }
+    if (phase == Phase::kResumed && all_done) rs.resumed = true;
     if (c.on_tick) c.on_tick(live);
     if (all_done) break;
     if (absl::Now() - start > c.timeout) {

@@ -99,6 +99,17 @@ struct ClusterConfig {
   std::string turn_next;
   int turn_steps = 10;
   std::string actuator = "dry-run";
+  // The whole loop (the replace-and-resume scenario): once sdcd opens a
+  // replacement request, the launcher approves it with sdcctl under an
+  // operator credential of its own; sdcd runs --actuator=command, a local
+  // stand-in for HyperPod that records the node as replaced (a file in the
+  // run folder); once the request is done, the launcher stops every rank
+  // (kill -9: the replaced node's ranks die with it, the others with their
+  // job), puts a fresh node (new name, so new GPU ids) where the old one
+  // was, and starts every rank again as attempt 1 of the same job
+  // (SDC_ATTEMPT, SDC_RESUME_STEP), resumed from the newest final
+  // checkpoint on disk, with no fault injected. `actuator` is ignored.
+  bool replace_and_resume = false;
   std::string sdcd_binary;            // Default: BinaryPath("daemon/sdcd").
   // Which trainer each rank runs: "cpp" (demo/sdc-trainer, sdc::Guard) or
   // "python" (examples/ddp_train.py: PyTorch DDP with the sdc_guard package,
@@ -138,6 +149,29 @@ struct ClusterResult {
   // (step-N.pt) and those still provisional (step-N.pt.provisional).
   std::vector<int> checkpoints_final;
   std::vector<int> checkpoints_provisional;
+  // What the replace-and-resume loop did (ClusterConfig::replace_and_resume).
+  struct Resume {
+    bool resumed = false;       // Attempt 1 ran to the end.
+    uint64_t request_id = 0;
+    std::string operator_name;  // The credential that approved it.
+    std::string replaced_node;  // The request's node.
+    std::string replacement_node;
+    std::vector<std::string> replaced_gpus;     // The request's GPUs.
+    std::vector<std::string> replacement_gpus;  // Those of the fresh node's ranks.
+    int64_t approved_unix_ms = 0;  // When sdcctl approve returned.
+    int64_t done_unix_ms = 0;      // When the launcher saw the request done.
+    int64_t restart_unix_ms = 0;   // When attempt 1's ranks started.
+    int stopped_after_step = 0;    // Every rank of attempt 0 had passed this step.
+    int resume_step = 0;           // 0: no final checkpoint, started afresh.
+    int attempt = 0;
+    // Checkpoint files when attempt 0 was stopped.
+    std::vector<int> final_at_restart;
+    std::vector<int> provisional_at_restart;
+    int incidents_at_restart = 0;  // sdcd's incidents when attempt 1 started.
+    std::string actuator_record;   // What the actuator wrote.
+    std::vector<std::vector<StepRecord>> ranks;  // Attempt 1's records, [rank][i].
+  };
+  Resume resume;
 };
 
 absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& config);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "demo/timeline.h"
 
 namespace sdc::demo {
 namespace {
@@ -244,10 +245,23 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
   ClassifyInjections(steps, &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
+  auto has = [](const std::vector<int>& v, int c) {
+    return std::find(v.begin(), v.end(), c) != v.end();
+  };
+  // A restarted job: attempt 0's checkpoint is on disk if it was final at
+  // the restart, or is there at the end and attempt 1 did not write it again
+  // (attempt 1's rank 0 deletes the provisional ones sdcd revoked).
+  const ClusterResult::Resume& rs = result.resume;
+  std::vector<int> rewritten;
+  if (rs.attempt > 0 && !rs.ranks.empty()) {
+    for (const StepRecord& s : rs.ranks[0]) {
+      if (s.checkpoint == "allowed") rewritten.push_back(s.step);
+    }
+  }
   auto on_disk = [&](int c) {
-    return std::count(f.checkpoints_final.begin(), f.checkpoints_final.end(), c) +
-               std::count(f.checkpoints_provisional.begin(), f.checkpoints_provisional.end(), c) >
-           0;
+    if (rs.attempt > 0 && has(rs.final_at_restart, c)) return true;
+    return (has(f.checkpoints_final, c) || has(f.checkpoints_provisional, c)) &&
+           !has(rewritten, c);
   };
   for (int c : f.checkpoints_allowed) {
     if (!on_disk(c)) f.checkpoints_revoked.push_back(c);
@@ -263,6 +277,25 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
                                     [&](const std::string& d) {
                                       return !d.empty() && d == result.weight_digests[0];
                                     });
+  if (rs.attempt > 0) {
+    RunFacts::Resumed& a = f.resumed;
+    a.approved = rs.done_unix_ms > 0;
+    a.resumed = rs.resumed;
+    a.resume_step = rs.resume_step;
+    if (!rs.ranks.empty()) {
+      for (const StepRecord& s : rs.ranks[0]) {
+        ++a.steps;
+        if (!s.apply) a.skipped_steps.push_back(s.step);
+        if (s.checkpoint == "allowed") a.checkpoints_allowed.push_back(s.step);
+        if (s.checkpoint == "vetoed") a.checkpoints_vetoed.push_back(s.step);
+      }
+    }
+    a.incidents_after = static_cast<int>(result.incidents.size()) - rs.incidents_at_restart;
+    if (!f.checkpoints_final.empty()) a.final_checkpoint = f.checkpoints_final.back();
+    for (const auto& [from, to] : corrupted) {
+      a.from_corrupted = a.from_corrupted || (rs.resume_step >= from && rs.resume_step < to);
+    }
+  }
   return f;
 }
 
@@ -400,6 +433,13 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                       : absl::StrCat(", but ", f.undetected_steps.size(),
                                      " corruption(s) went into them undetected"),
                   "\n");
+  const std::vector<TimelineEvent> timeline = Timeline(f, r);
+  if (!timeline.empty()) {
+    absl::StrAppend(&out, "\nThe whole loop (times UTC):\n");
+    for (const TimelineEvent& e : timeline) {
+      absl::StrAppendFormat(&out, "  %-16s %-8s %s\n", e.what, e.at, e.detail);
+    }
+  }
   for (const v1::ReplacementRequest& q : r.requests) {
     absl::StrAppend(&out, "\nReplacement request ", q.id(), " for ", q.node_name(), " is ",
                     StateName(q.state()), ": ", q.reason().substr(0, 160), "\n");
@@ -573,6 +613,16 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
     }
     absl::StrAppend(&html, "</ul>");
   }
+  const std::vector<TimelineEvent> timeline = Timeline(f, r);
+  if (!timeline.empty()) {
+    absl::StrAppend(&html, "<h2>The whole loop</h2><table><tr><th>event</th><th>time (UTC)</th>"
+                           "<th>what happened</th></tr>");
+    for (const TimelineEvent& e : timeline) {
+      absl::StrAppend(&html, "<tr><td>", HtmlEscape(e.what), "</td><td>", HtmlEscape(e.at),
+                      "</td><td>", HtmlEscape(e.detail), "</td></tr>");
+    }
+    absl::StrAppend(&html, "</table>");
+  }
   absl::StrAppend(&html, "<h2>Replacement requests</h2>");
   if (r.requests.empty()) absl::StrAppend(&html, "<p>None.</p>");
   for (const v1::ReplacementRequest& q : r.requests) {
@@ -639,6 +689,34 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   for (const v1::ReplacementRequest& r : result.requests) request_nodes.push_back(r.node_name());
   j["requests"] = request_nodes;
   j["coordinator_restarts"] = result.coordinator_restarts;
+  const ClusterResult::Resume& rs = result.resume;
+  if (rs.attempt > 0) {
+    const RunFacts::Resumed& a = f.resumed;
+    std::string approved_by;
+    for (const v1::ReplacementRequest& q : result.requests) {
+      if (q.id() != rs.request_id) continue;
+      j["resume_request_state"] = StateName(q.state());
+      for (const v1::Approval& ap : q.approvals()) approved_by = ap.operator_();
+    }
+    j["resume"] = {{"resumed", a.resumed},
+                   {"attempt", rs.attempt},
+                   {"request_id", rs.request_id},
+                   {"approved_by", approved_by},
+                   {"replaced_node", rs.replaced_node},
+                   {"replacement_node", rs.replacement_node},
+                   {"replaced_gpus", rs.replaced_gpus},
+                   {"replacement_gpus", rs.replacement_gpus},
+                   {"actuator_record", rs.actuator_record},
+                   {"stopped_after_step", rs.stopped_after_step},
+                   {"resume_step", a.resume_step},
+                   {"from_corrupted", a.from_corrupted},
+                   {"steps", a.steps},
+                   {"skipped_steps", a.skipped_steps},
+                   {"checkpoints_allowed", a.checkpoints_allowed},
+                   {"checkpoints_vetoed", a.checkpoints_vetoed},
+                   {"incidents_after", a.incidents_after},
+                   {"final_checkpoint", a.final_checkpoint}};
+  }
   const ReportTotals t = TotalsOf(result);
   j["reports_sent"] = t.sent;
   j["reports_acked"] = t.acked;

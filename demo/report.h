@@ -77,6 +77,23 @@ struct RunFacts {
   int weight_checks = 0;
   double first_loss = 0;
   double last_loss = 0;
+  // The whole loop (replace-and-resume): the facts above are attempt 0's
+  // (the weights digests and the files on disk at the end are attempt 1's);
+  // these are attempt 1's, from its ranks' records and sdcd's incidents.
+  struct Resumed {
+    bool approved = false;  // The request was approved and its actuator ran (Done).
+    bool resumed = false;
+    int resume_step = 0;
+    int steps = 0;                  // Steps attempt 1 trained (rank 0's records).
+    std::vector<int> skipped_steps;
+    std::vector<int> checkpoints_allowed;
+    std::vector<int> checkpoints_vetoed;
+    int incidents_after = 0;        // Incidents sdcd recorded after attempt 1 started.
+    int final_checkpoint = -1;      // The newest final checkpoint on disk at the end.
+    // The checkpoint resumed from held corrupted weights (an injected fault
+    // applied at or before its step).
+    bool from_corrupted = false;
+  } resumed;
 };
 
 RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,

@@ -83,6 +83,13 @@ const std::vector<Scenario>& Scenarios() {
        "the activation fault, with the next rank's audit results reaching sdcd after the "
        "tie-break results (a per-stream race): the early tie-breaks are kept, the GPU named",
        "activation-scale:{rank}:step={step}:10000,late-audit-reports:{next}:step={step}"},
+      // Issue 42's whole loop.
+      {"replace-and-resume",
+       "the activation fault, then the whole loop: the request approved with sdcctl, the node "
+       "replaced by a fresh one, every rank restarted as attempt 1 from the newest final "
+       "checkpoint, trained to the end clean",
+       "activation-scale:{rank}:step={step}:10000", 0, false, true, true, false, "", 0, false, 0,
+       "", true},
   };
   return *kScenarios;
 }

@@ -31,6 +31,10 @@ struct Scenario {
   // outcome, and naming any GPU (a confirmed incident) is a false alarm:
   // the design explains it without blaming hardware.
   std::string expect_incident;
+  // The whole loop: approve the request, replace the node, restart every
+  // rank as a new attempt resumed from the newest final checkpoint
+  // (ClusterConfig::replace_and_resume).
+  bool replace_and_resume = false;
 };
 
 const std::vector<Scenario>& Scenarios();

@@ -294,6 +294,18 @@ int Main(int argc, char** argv) {
   c.restart_coordinator_at = scenario->restart_coordinator ? f.restart_at : -1;
   if (scenario->coordinator_late) c.start_coordinator_after = std::max(1, f.steps / 10);
   c.job_id = absl::StrCat("demo-", scenario->name);
+  if (scenario->replace_and_resume) {
+    if (f.trainer != "cpp" && f.trainer != "python") {
+      Usage("--scenario=replace-and-resume: the cpp and python trainers resume from a "
+            "checkpoint; the frameworks' trainers do not yet");
+    }
+    if (f.checkpoint_every < 1 || f.checkpoint_every * 2 >= f.fault_step) {
+      Usage(absl::StrCat("--scenario=replace-and-resume needs two checkpoints before the fault "
+                         "(a final one to resume from): --checkpoint_every at most ",
+                         (f.fault_step - 1) / 2, " for --fault_step ", f.fault_step));
+    }
+    c.replace_and_resume = true;
+  }
   c.keep_coordinator = f.keep_coordinator;
   std::printf("sdc-guard demo: %s\n  %s\n  %d nodes x %d GPUs (%s trainers), %d steps; run folder %s\n",
               scenario->name.c_str(), scenario->description.c_str(), f.nodes, f.gpus_per_node,

@@ -50,6 +50,9 @@ ABSL_FLAG(int, checkpoint_every, 0, "Ask for a checkpoint every N steps (0 = nev
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Where allowed checkpoints are written (rank 0): step-N.pt.provisional, renamed "
           "step-N.pt when confirmed, deleted when revoked.");
+ABSL_FLAG(std::string, resume_from, "",
+          "A checkpoint this trainer wrote (step-N.pt): load its weights and optimizer state "
+          "before the first step (a restarted attempt; pair with --first_step=N+1).");
 ABSL_FLAG(std::string, progress, "", "JSON lines: one per step, then a summary.");
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files.");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
@@ -157,11 +160,30 @@ class CheckpointFiles {
  public:
   explicit CheckpointFiles(std::string dir) : dir_(std::move(dir)) {}
 
-  void WriteProvisional(int step, torch::nn::Module& model) {
+  // The weights and buffers at the top level, the optimizer's state under
+  // "optimizer": what a restarted attempt needs to go on (LoadCheckpoint).
+  void WriteProvisional(int step, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
     torch::serialize::OutputArchive archive;
     model.save(archive);
+    torch::serialize::OutputArchive optimizer_state;
+    optimizer.save(optimizer_state);
+    archive.write("optimizer", optimizer_state);
     archive.save_to(Path(step, /*provisional=*/true));
     pending_.push_back(step);
+  }
+
+  // A restarted attempt: an earlier attempt's provisional files that sdcd
+  // revoked after that attempt last asked (it was stopped first) go now.
+  void DropRevoked(const protocol::CheckpointLedger& ledger) {
+    for (const auto step : ledger.revoked()) {
+      const std::string path = Path(static_cast<int>(step), /*provisional=*/true);
+      if (std::remove(path.c_str()) == 0) {
+        std::fprintf(stderr,
+                     "sdc-trainer: checkpoint of step %d (an earlier attempt's) revoked and "
+                     "deleted\n",
+                     static_cast<int>(step));
+      }
+    }
   }
 
   void Reconcile(const protocol::CheckpointLedger& ledger) {
@@ -195,6 +217,25 @@ class CheckpointFiles {
   std::string dir_;
   std::vector<int> pending_;  // Written, still provisional.
 };
+
+// Loads what CheckpointFiles wrote into the model and optimizer (every
+// rank reads the same file: identical replicas again).
+void LoadCheckpoint(const std::string& path, torch::nn::Module& model,
+                    torch::optim::Optimizer& optimizer) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    model.load(archive);
+    torch::serialize::InputArchive optimizer_state;
+    if (!archive.try_read("optimizer", optimizer_state)) {
+      Die(absl::StrCat("--resume_from: ", path, " holds no optimizer state"));
+    }
+    optimizer.load(optimizer_state);
+  } catch (const std::exception& e) {
+    Die(absl::StrCat("--resume_from: cannot load ", path, ": ", e.what()));
+  }
+  std::fprintf(stderr, "sdc-trainer: resumed from %s\n", path.c_str());
+}
 
 // Compared across separate runs (guarded and plain), so under the fixed key.
 uint64_t WeightsDigest(torch::nn::Module& model) {
@@ -303,6 +344,10 @@ int Main(int argc, char** argv) {
   std::vector<torch::Tensor> params = model->parameters();
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(absl::GetFlag(FLAGS_lr)));
 
+  if (!absl::GetFlag(FLAGS_resume_from).empty()) {
+    LoadCheckpoint(absl::GetFlag(FLAGS_resume_from), *model, optimizer);
+  }
+
   std::unique_ptr<Guard> guard;
   if (options != nullptr) {
     absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(*options, pg, *model, optimizer, loss_fn);
@@ -322,6 +367,16 @@ int Main(int argc, char** argv) {
   std::unique_ptr<CheckpointFiles> files;
   if (rank == 0 && guard != nullptr && !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     files = std::make_unique<CheckpointFiles>(absl::GetFlag(FLAGS_checkpoint_dir));
+    if (!absl::GetFlag(FLAGS_resume_from).empty()) {
+      absl::StatusOr<protocol::CheckpointLedger> ledger =
+          guard->RefreshCheckpoints(absl::Seconds(5));
+      if (ledger.ok()) {
+        files->DropRevoked(*ledger);
+      } else {
+        std::fprintf(stderr, "sdc-trainer: checkpoint status unknown at the resume: %s\n",
+                     std::string(ledger.status().message()).c_str());
+      }
+    }
   }
   Turns turns(*pg, rank, first, last);
   for (int step = first; step <= last; ++step) {
@@ -363,10 +418,12 @@ int Main(int argc, char** argv) {
       absl::StatusOr<bool> may = guard->MayCheckpoint();
       checkpoint_result = may.ok() && *may ? "allowed" : "vetoed";
       if (files != nullptr) {
-        if (may.ok() && *may) files->WriteProvisional(step, *model);
-        files->Reconcile(guard->Checkpoints());
+        if (may.ok() && *may) files->WriteProvisional(step, *model, optimizer);
       }
     }
+    // Promote or delete on every step, not only at checkpoints: a launcher
+    // that restarts the job resumes from what is final on disk.
+    if (files != nullptr) files->Reconcile(guard->Checkpoints());
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (progress.is_open()) {
       StepRecord r;

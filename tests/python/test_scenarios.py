@@ -132,3 +132,36 @@ def test_two_nodes_detect_but_blame_nobody(tmp_path):
     assert f["blamed"] == [] and f["requests"] == []
     assert f["incidents"][0]["outcome"] == "attribution_impossible"
     assert not steps[FAULT_STEP]["apply"]
+
+
+def test_replace_and_resume_closes_the_loop(tmp_path):
+    """Issue 42's whole loop with Python DDP ranks (shortened, the small MLP):
+    caught and attributed at step 20, approved by the demo's operator, node-b
+    replaced by node-d, every rank restarted as attempt 1 and resumed from
+    step 8 (16 was revoked), trained to the end with no incident."""
+    run_dir, facts = tmp_path / "run", tmp_path / "facts.json"
+    out = subprocess.run(
+        [binary("demo/sdc-demo"), "--trainer=python", "--scenario=replace-and-resume",
+         "--model=bn-mlp", "--steps=60", "--fault_step=20", "--checkpoint_every=8",
+         f"--run_dir={run_dir}", "--quiet", "--nokeep_coordinator", f"--facts={facts}"],
+        capture_output=True, text=True, timeout=600, env=python_env())
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    f = json.loads(facts.read_text())
+    assert f["detected"] and f["attributed_correctly"] and f["blamed"] == [FAULT_RANK]
+    assert f["skipped_steps"] == [20] and f["checkpoints_revoked"] == [16]
+    assert f["resume_request_state"] == "Done"
+    a = f["resume"]
+    assert a["approved_by"] == "demo-operator"
+    assert (a["replaced_node"], a["replacement_node"]) == ("node-b", "node-d")
+    assert a["resumed"] and a["attempt"] == 1 and a["resume_step"] == 8
+    assert not a["from_corrupted"]
+    assert a["steps"] == 52 and a["skipped_steps"] == [] and a["incidents_after"] == 0
+    assert {24, 32, 40, 48} <= set(a["checkpoints_allowed"])
+    assert f["weights_identical"] and f["bad_checkpoints"] == []
+    # The attempt-1 ranks started from step 9, each on its new node's name.
+    for r in range(6):
+        steps = [json.loads(l)["step"] for l in open(run_dir / f"progress-{r}.attempt1.jsonl")
+                 if "final" not in json.loads(l)]
+        assert steps == list(range(9, 61)), (r, steps[:3])
+    assert "resuming from step 8" in (run_dir / "trainer-0.attempt1.log").read_text()
+    assert "The whole loop (times UTC):" in out.stdout
