@@ -104,9 +104,10 @@ void Coordinator::StartAttempt(JobState& job, const Hello& h, const std::string&
   job.said_hello = 0;
 
   // 3. Verdicts of steps after the resume belong to the abandoned timeline
-  // (the first step report of the attempt rolls back from its own step too).
+  // (without a resume step, the attempt's first step report rolls back
+  // from its own step).
   if (h.resume_step > 0) Rollback(job, h.resume_step + 1, txn);
-  job.awaiting_first_step = true;
+  job.awaiting_first_step = h.resume_step == 0;
 
   // 4. The checkpoint ledger keeps what was final and what was revoked. A
   // provisional checkpoint after the resume step is abandoned: nothing of

@@ -408,9 +408,12 @@ class Coordinator {
     // most kMaxUnfinishedAudits per job, the oldest go first).
     std::map<std::tuple<uint32_t, Step, uint64_t>, PendingAudit> unfinished;
     uint64_t late_reports = 0;  // Taken after their check was decided.
-    // No step report yet in this attempt: the first one rolls the ledger
-    // back to its step (a restart resumes from a checkpoint).
-    bool awaiting_first_step = true;
+    // A new attempt that did not say its resume step: its first step report
+    // rolls the ledger back to that step (the restart resumed from a
+    // checkpoint). Never for a fresh job, nor for an attempt whose Hello
+    // gave its resume step (rolled back then): the attempt's own verdicts
+    // of that first step may be decided before its step report arrives.
+    bool awaiting_first_step = false;
     std::string resume_warning;  // The attempt's (AttachResult::resume_warning).
   };
   static constexpr size_t kMaxUnfinishedAudits = 16;

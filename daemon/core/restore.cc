@@ -45,6 +45,9 @@ absl::Status Coordinator::Restore() {
     JobState& job = jobs_[j.job_id];
     job.record = j;
     job.last_seen = clock_->Now();  // A full expiry period from the restart.
+    // An attempt that did not say its resume step and has no step report
+    // yet still rolls back at its first (cleared below when a rank has one).
+    job.awaiting_first_step = j.attempt > 0 && j.resume_step == 0;
   }
   for (const GroupRecord& g : snap->groups) {
     auto it = jobs_.find(g.job_id);
