@@ -23,6 +23,13 @@ std::optional<Step> CheckpointLedger::AbandonProvisional() {
   return step;
 }
 
+bool CheckpointLedger::ForgetRevocation(Step step) {
+  auto it = std::lower_bound(revoked_.begin(), revoked_.end(), step);
+  if (it == revoked_.end() || *it != step) return false;
+  revoked_.erase(it);
+  return true;
+}
+
 void CheckpointLedger::Learn(Step confirmed_through, absl::Span<const Step> revoked) {
   for (Step step : revoked) Revoke(step);
   confirmed_through_ = std::max(confirmed_through_, confirmed_through);

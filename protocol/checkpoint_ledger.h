@@ -36,6 +36,11 @@ class CheckpointLedger {
   // not confirm it and its step may be checkpointed again. Returns its step,
   // or nullopt when none was provisional.
   std::optional<Step> AbandonProvisional();
+  // Forgets that `step` was revoked: a new attempt resumed from an earlier
+  // step, so a checkpoint it takes of `step` holds other weights (the
+  // revocation stays in the job's history, not in this ledger). Returns
+  // whether `step` was revoked.
+  bool ForgetRevocation(Step step);
   // What the coordinator said (confirmed_through_step, revoked_steps). Never
   // lowers what is confirmed.
   void Learn(Step confirmed_through, absl::Span<const Step> revoked);

@@ -125,6 +125,25 @@ void Coordinator::StartAttempt(JobState& job, const Hello& h, const std::string&
     absl::StrAppend(&note, "; the provisional checkpoint of step ", *provisional,
                     " was abandoned (neither confirmed nor revoked)");
   }
+  // A checkpoint revoked after the resume step was of the abandoned
+  // timeline: the new attempt's own checkpoint of that step holds other
+  // weights and is judged afresh (the revocation stays in the history).
+  if (h.resume_step > 0) {
+    const std::vector<Step> revoked = job.checkpoints.revoked();
+    for (Step step : revoked) {
+      if (step <= h.resume_step || !job.checkpoints.ForgetRevocation(step)) continue;
+      CheckpointDecision d{id, step, false,
+                           absl::StrCat("a revocation of attempt ", job.record.attempt,
+                                        "'s timeline; attempt ", h.attempt, " resumed from step ",
+                                        h.resume_step),
+                           now};
+      d.revocation = true;
+      d.abandoned = true;
+      txn.mutation.checkpoint_decisions.push_back(std::move(d));
+      absl::StrAppend(&note, "; the revocation of step ", step,
+                      "'s checkpoint belongs to the old timeline");
+    }
+  }
   job.resume_warning = warning;
   if (!warning.empty()) absl::StrAppend(&note, "; warning: ", warning);
 

@@ -13,6 +13,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 using testing::Cluster;
@@ -243,6 +244,37 @@ TEST(AttemptsTest, PerGpuHistoryFollowsTheGpuAcrossAttempts) {
   // The old GPU keeps its incident; the new one starts clean.
   EXPECT_THAT(cl.c().History("GPU-5", "").first, SizeIs(1));
   EXPECT_THAT(cl.c().History("GPU-z5", "").first, IsEmpty());
+}
+
+// A checkpoint revoked after the step a new attempt resumed from was of
+// the abandoned timeline: the attempt's own checkpoint of that step holds
+// other weights and is not vetoed as "revoked" (found by the Slurm loop).
+TEST(AttemptsTest, ARevocationAfterTheResumeStepDoesNotVetoTheNewTimeline) {
+  Cluster cl(3, 2);
+  cl.AttachAll();
+  StepsInAttempt(cl, 0, 1, 10);
+  WeightsInAttempt(cl, 0, 10);
+  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
+  StepsInAttempt(cl, 0, 11, 20);
+  WeightsInAttempt(cl, 0, 20);
+  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 20)->allowed);  // Confirms 10.
+  StepsInAttempt(cl, 0, 21, 25);
+  cl.AllWeights(25, /*corrupt=*/5);
+  ASSERT_THAT(cl.c().CheckpointStatus(kJob)->revoked, ElementsAre(20u));
+  absl::StatusOr<AttachResult> a = AttachInAttempt(cl, 0, 1, 10);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(Notes(a->effects),
+              HasSubstr("the revocation of step 20's checkpoint belongs to the old timeline"));
+  EXPECT_TRUE(cl.c().CheckpointStatus(kJob)->revoked.empty());
+  EXPECT_EQ(cl.c().CheckpointStatus(kJob)->confirmed_through, 10u);
+  for (Rank r = 1; r < 6; ++r) ASSERT_TRUE(AttachInAttempt(cl, r, 1, 10).ok()) << r;
+  StepsInAttempt(cl, 1, 11, 20);
+  WeightsInAttempt(cl, 1, 20);
+  absl::StatusOr<CheckpointResult> d = cl.c().MayCheckpoint(kJob, 20);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Rank 5's GPU is still in the job and still vetoes; the old revocation does not.
+  EXPECT_THAT(d->reason, Not(HasSubstr("was revoked")));
+  EXPECT_THAT(d->reason, HasSubstr("rank 5"));
 }
 
 TEST(AttemptsTest, AFaultyGpuThatStaysInTheNewAttemptStillVetoes) {

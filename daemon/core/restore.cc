@@ -100,7 +100,9 @@ absl::Status Coordinator::Restore() {
     auto it = jobs_.find(d.job_id);
     if (it == jobs_.end()) continue;
     CheckpointLedger& ledger = it->second.checkpoints;
-    if (d.abandoned) {
+    if (d.abandoned && d.revocation) {
+      ledger.ForgetRevocation(d.step);  // Of an earlier attempt's timeline.
+    } else if (d.abandoned) {
       ledger.AbandonProvisional();
     } else if (d.revocation) {
       ledger.Learn(0, {d.step});

@@ -61,7 +61,7 @@ STEP_SECONDS=1   # The first attempt's pace: usually still running when its node
 # (the Slurm job id, as trainer-env.sh sets it) or "<id>.attempt<N>". Make
 # the default 1 once sdcd takes a restarted job as a new attempt (issue 42,
 # item 2); until then the same id fails the test (see deploy/README.md).
-SAME_JOB_ID=${SLURM_LOOP_SAME_JOB_ID:-0}
+SAME_JOB_ID=${SLURM_LOOP_SAME_JOB_ID:-1}
 
 WORK=$(mktemp -d /tmp/sdc-slurm-loop.XXXXXX)
 export SLURM_CONF="$WORK/slurm.conf"
