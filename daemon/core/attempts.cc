@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/core/coordinator_internal.h"
 
 namespace sdc::core {
@@ -126,23 +127,10 @@ void Coordinator::StartAttempt(JobState& job, const Hello& h, const std::string&
                     " was abandoned (neither confirmed nor revoked)");
   }
   // A checkpoint revoked after the resume step was of the abandoned
-  // timeline: the new attempt's own checkpoint of that step holds other
-  // weights and is judged afresh (the revocation stays in the history).
+  // timeline (without a resume step: at the attempt's first step report).
   if (h.resume_step > 0) {
-    const std::vector<Step> revoked = job.checkpoints.revoked();
-    for (Step step : revoked) {
-      if (step <= h.resume_step || !job.checkpoints.ForgetRevocation(step)) continue;
-      CheckpointDecision d{id, step, false,
-                           absl::StrCat("a revocation of attempt ", job.record.attempt,
-                                        "'s timeline; attempt ", h.attempt, " resumed from step ",
-                                        h.resume_step),
-                           now};
-      d.revocation = true;
-      d.abandoned = true;
-      txn.mutation.checkpoint_decisions.push_back(std::move(d));
-      absl::StrAppend(&note, "; the revocation of step ", step,
-                      "'s checkpoint belongs to the old timeline");
-    }
+    const std::string forgot = ForgetOldRevocations(job, h.resume_step, txn);
+    if (!forgot.empty()) absl::StrAppend(&note, "; ", forgot);
   }
   job.resume_warning = warning;
   if (!warning.empty()) absl::StrAppend(&note, "; warning: ", warning);
@@ -157,6 +145,29 @@ void Coordinator::StartAttempt(JobState& job, const Hello& h, const std::string&
   txn.mutation.attempts.push_back(std::move(attempt));
   txn.mutation.jobs.push_back(job.record);
   txn.effects.notes.push_back(absl::StrCat("job ", EchoJobId(id), ": ", note));
+}
+
+
+std::string Coordinator::ForgetOldRevocations(JobState& job, Step resume, Txn& txn) {
+  // The new attempt's own checkpoint of such a step holds other weights and
+  // is judged afresh; the revocation stays in the job's history (its
+  // decision row is kept, and this one marks it of an abandoned timeline).
+  std::vector<Step> forgotten;
+  const std::vector<Step> revoked = job.checkpoints.revoked();
+  for (Step step : revoked) {
+    if (step <= resume || !job.checkpoints.ForgetRevocation(step)) continue;
+    CheckpointDecision d{job.record.job_id, step, false,
+                         absl::StrCat("a revocation of an earlier attempt's timeline; attempt ",
+                                      job.record.attempt, " resumed from step ", resume),
+                         clock_->Now()};
+    d.revocation = true;
+    d.abandoned = true;
+    txn.mutation.checkpoint_decisions.push_back(std::move(d));
+    forgotten.push_back(step);
+  }
+  if (forgotten.empty()) return "";
+  return absl::StrCat("the revocation of step ", absl::StrJoin(forgotten, ", "),
+                      "'s checkpoint belongs to the old timeline");
 }
 
 }  // namespace sdc::core

@@ -730,6 +730,10 @@ class Coordinator {
   // Forgets the ledger's verdicts of steps `from` onward (the job went back
   // to a checkpoint).
   void Rollback(JobState& job, Step from, Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the job's checkpoint revocations after `resume` (a new attempt's
+  // abandoned timeline); returns a note naming them, or "".
+  std::string ForgetOldRevocations(JobState& job, Step resume, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when a checkpoint at `step` is allowed; else at most three reasons
   // (and how many more), with *retryable true when all of them are waits.
   std::string CheckpointVeto(const JobState& job, Step step, bool* retryable) const

@@ -63,6 +63,12 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
     // The first step of an attempt (or of a job sdcd knew nothing of):
     // whatever the ledger holds from this step on was another timeline's.
     Rollback(job, r.step, txn);
+    if (r.step > 1) {
+      const std::string forgot = ForgetOldRevocations(job, r.step - 1, txn);
+      if (!forgot.empty()) {
+        txn.effects.notes.push_back(absl::StrCat("job ", EchoJobId(job.record.job_id), ": ", forgot));
+      }
+    }
   }
   job.awaiting_first_step = false;
   if (!replaying_ && rank.resumed && r.step <= rank.last_step) {
