@@ -21,9 +21,10 @@
 #   BAZEL_BIN holds daemon/sdcd and ctl/sdcctl; PYTHON has torch; DIR holds
 #   the sdc_guard package (./sdc slurm-loop passes all three).
 # Environment: SLURM_LOOP_KEEP=1 keeps the work directory;
-#   SLURM_LOOP_SAME_JOB_ID=1 gives the requeued attempt the first attempt's
-#   sdcd job id (the Slurm job id) instead of "<id>.attempt<N>"; see
-#   "Resume" in deploy/README.md.
+#   SLURM_LOOP_SAME_JOB_ID=0 gives the requeued attempt its own sdcd job id
+#   "<id>.attempt<N>" instead of the first attempt's (the Slurm job id, which
+#   sdcd takes as a new attempt of the same job); see "Resume" in
+#   deploy/README.md.
 #
 # Needs root (slurmd starts job steps as the submitting user; root here),
 # slurm-wlm 22.05 (slurmctld, slurmd, sbatch, scontrol) and no system-wide
