@@ -426,7 +426,11 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   // whether any rank had one, and then every rank runs the agreement
   // below. The reduced digests go to sdcd, which compares them
   // (docs/ARCHITECTURE.md, "Ordinary steps").
+  // Under a sharded layout the reduced gradients differ from shard to shard
+  // (a NaN reaches only its own shard's replicas), so no rank can tell from
+  // its own what the others saw: the agreement runs on every step there.
   if (!audit_.auditing() && gradients.reduced_nonfinite == 0 &&
+      ctx_.options().shard_count == 0 &&
       !IsExchangeStep(step_.step, ctx_.options().audit_every)) {
     return FinishOrdinary(decision, gradients, audits_off_now, failure);
   }
