@@ -23,7 +23,9 @@ void ReplayAudit::BeginStep(const StepContext& step) {
   // in force (PlanQueue).
   const GuardOptions& o = ctx_.options();
   const bool scheduled = protocol::IsScheduledAuditStep(step.step, o.audit_every);
-  const PlanQueue::Choice next = scheduled || !off_.empty()
+  // Sharded layouts: replays are not covered there yet (audits off), so
+  // sdcd's targeted plans are held and never run.
+  const PlanQueue::Choice next = scheduled || !off_.empty() || o.shard_count > 0
                                      ? PlanQueue::Choice{}
                                      : queue_.Take(plans_held_by_all_, o.replica_group);
   StepPlan sp = PlanStep(step.step, o.audit_every, o.weight_check_every, next.plan_id);
