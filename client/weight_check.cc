@@ -76,45 +76,43 @@ void WeightCheck::NoteMinority(uint64_t step, uint32_t majority_source,
                                const std::string& explanation) {
   if (step <= repair_step_) return;
   repair_step_ = step;
-  repair_source_ = majority_source;
   ctx_.Log(absl::StrCat("weight minority at step ", repair_step_, ": ", explanation,
-                        "; repair from rank ", repair_source_, " once every rank knows"));
+                        "; the majority's weights are on rank ", majority_source,
+                        "; repair once every rank knows"));
 }
 
 absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decision) {
-  if (a.repair_step_known_by_all <= repaired_step_ || a.repair_step_known_by_all != repair_step_) {
-    return absl::OkStatus();
-  }
-  // The source's weights now, not at the vote: steps ran since, and its
-  // GPU may have gone bad meanwhile (issue 39, case 8). Every rank's digest
-  // now, all-gathered: the repair copies from a rank holding what a strict
-  // majority holds (the source when it still does, else the lowest such
-  // rank), and from nobody when no majority holds one model. Every rank
+  // Only what every rank holds alike decides whether to enter the
+  // collectives below: the agreement's minimum and repaired_step_ (set here
+  // from that minimum). Ranks may hold different newest verdicts (one heard
+  // step 98's, another only step 97's): a rank that waited for its own
+  // newest one would stay out while the others gathered, and the job hung.
+  if (a.repair_step_known_by_all <= repaired_step_) return absl::OkStatus();
+  repaired_step_ = a.repair_step_known_by_all;
+  // The weights now, not at the vote: steps ran since, and the vote's
+  // majority rank may have gone bad meanwhile (issue 39, case 8). Every
+  // rank's digest now, all-gathered: the repair copies from the lowest rank
+  // holding what a strict majority holds, and from nobody when no majority
+  // holds one model or every rank already holds the same. Every rank
   // decides alike from the same gathered digests.
   std::vector<int64_t> digests;
   SDC_TORCH_TRY(digests = ctx_.AllGather({static_cast<int64_t>(Digest())}));
   std::map<int64_t, size_t> holders;
   for (int64_t d : digests) ++holders[d];
-  std::optional<uint32_t> source;
-  const int64_t of_source = digests.at(repair_source_);
-  if (holders[of_source] * 2 > digests.size()) {
-    source = repair_source_;
-  } else {
-    for (uint32_t r = 0; r < digests.size() && !source.has_value(); ++r) {
-      if (holders[digests[r]] * 2 > digests.size()) source = r;
-    }
-  }
-  repaired_step_ = repair_step_;
-  if (!source.has_value()) {
-    ctx_.Log(absl::StrCat("no repair of step ", repair_step_, "'s minority: rank ",
-                          repair_source_, "'s weights changed since the vote and no strict "
-                          "majority holds one model now; the next weight vote decides"));
+  if (holders.size() == 1) {
+    ctx_.Log(absl::StrCat("no repair for the verdict of step ", repaired_step_,
+                          ": every rank holds the same weights now"));
     return absl::OkStatus();
   }
-  if (*source != repair_source_) {
-    ctx_.Log(absl::StrCat("rank ", repair_source_, "'s weights changed since the vote of step ",
-                          repair_step_, "; repairing from rank ", *source,
-                          ", which holds the majority's"));
+  std::optional<uint32_t> source;
+  for (uint32_t r = 0; r < digests.size() && !source.has_value(); ++r) {
+    if (holders[digests[r]] * 2 > digests.size()) source = r;
+  }
+  if (!source.has_value()) {
+    ctx_.Log(absl::StrCat("no repair for the verdict of step ", repaired_step_,
+                          ": no strict majority holds one model now; the next weight vote "
+                          "decides"));
+    return absl::OkStatus();
   }
   std::vector<torch::Tensor> all = model_.Weights(/*live=*/true);
   SDC_TORCH_TRY({

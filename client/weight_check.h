@@ -54,13 +54,15 @@ class WeightCheck {
   void NoteMinority(uint64_t step, uint32_t majority_source, const std::string& explanation);
   // The step of the newest minority verdict noted (agreement input).
   uint64_t repair_step() const { return repair_step_; }
-  // Once every rank holds the newest verdict (the agreement's minimum) and
-  // it was not repaired yet: re-checks the weights as they are now (an
-  // all-gather of every rank's Digest), then broadcasts weights, buffers
-  // and optimizer state from the verdict's majority rank if it still holds
-  // what a strict majority holds, else from the lowest rank that does, else
-  // from nobody (logged; the next vote decides), and sets decision.repaired
-  // when it broadcast. Collective. Internal on a libtorch failure.
+  // When the agreement's minimum verdict step (every rank holds a verdict
+  // at least that new) is past the last one repaired: re-checks the weights
+  // as they are now (an all-gather of every rank's Digest) and broadcasts
+  // weights, buffers and optimizer state from the lowest rank holding what a
+  // strict majority holds; from nobody when every rank holds the same
+  // weights already or no strict majority holds one model (logged; the next
+  // vote decides). Sets decision.repaired when it broadcast. Collective:
+  // whether it runs depends only on the agreement and on what every rank
+  // did alike before. Internal on a libtorch failure.
   absl::Status RepairIfAgreed(const Agreement& agreement, StepDecision& decision);
 
   // weight_checks and repairs.
@@ -74,7 +76,6 @@ class WeightCheck {
   const OptimizerStateFn optimizer_state_;
   bool checkpoint_weights_sent_ = false;
   uint64_t repair_step_ = 0;
-  uint32_t repair_source_ = 0;
   uint64_t repaired_step_ = 0;
   uint64_t weight_checks_ = 0;
   uint64_t repairs_ = 0;

@@ -101,25 +101,57 @@ TEST(WeightCheckTest, InjectedFaultsFlipOneMantissaBitOfTheirTarget) {
   }
 }
 
-TEST(WeightCheckTest, ARepairRunsOnceEveryRankHoldsTheNewestVerdict) {
-  Fixture f("repair");
-  f.weights.NoteMinority(40, 0, "rank 0 differs");
-  f.weights.NoteMinority(30, 0, "an older verdict");
-  EXPECT_EQ(f.weights.repair_step(), 40u) << "an older verdict is ignored";
-  Agreement a;
-  a.repair_step_known_by_all = 30;  // Some rank has not heard of step 40 yet.
-  StepDecision d;
-  ASSERT_TRUE(f.weights.RepairIfAgreed(a, d).ok());
-  EXPECT_FALSE(d.repaired);
-  a.repair_step_known_by_all = 40;
-  ASSERT_TRUE(f.weights.RepairIfAgreed(a, d).ok());
-  EXPECT_TRUE(d.repaired);
-  StepDecision again;
-  ASSERT_TRUE(f.weights.RepairIfAgreed(a, again).ok());
-  EXPECT_FALSE(again.repaired) << "once per verdict";
-  GuardSummary s;
-  f.weights.Summarize(s);
-  EXPECT_EQ(s.repairs, 1u);
+// Ranks may hold different newest verdicts when the agreement runs (weight
+// checks every step, a verdict per step, exchange steps far apart): rank 0
+// heard step 40's, ranks 1 and 2 only step 30's. Each rank once waited for
+// the agreement to reach its own newest verdict, so rank 0 stayed out of
+// the all-gather the others entered, and the job hung. Now every rank
+// repairs at the agreement's minimum, once; a later agreement with nothing
+// left to repair broadcasts nothing.
+TEST(WeightCheckTest, RanksHoldingDifferentNewestVerdictsRepairAlike) {
+  constexpr int kWorld = 3;
+  const std::string store =
+      (std::filesystem::path(::testing::TempDir()) / "repair_alike_store").string();
+  std::filesystem::remove(store);
+  std::vector<torch::Tensor> w(kWorld);
+  bool repaired[kWorld][3] = {};
+  absl::Status status[kWorld];
+  uint64_t noted[kWorld] = {};
+  GuardSummary summaries[kWorld];
+  auto run = [&](int rank) {
+    GuardOptions o = Options();
+    o.node_name = absl::StrCat("node-", rank);
+    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
+    w[rank] = torch::full({3}, rank == 2 ? 9.0f : 1.0f).requires_grad_();  // 2: the minority.
+    ModelTensors model = *ModelTensors::Create({{"w"}, {w[rank]}}, {}, {}, true);
+    WeightCheck weights(ctx, model, nullptr);
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    weights.NoteMinority(30, 0, "rank 2 differs");
+    if (rank == 0) weights.NoteMinority(40, 1, "rank 2 differs");
+    weights.NoteMinority(20, 0, "an older verdict");
+    noted[rank] = weights.repair_step();
+    Agreement a;
+    a.repair_step_known_by_all = 30;  // Rank 1 and 2 have not heard of step 40.
+    for (int i = 0; i < 3; ++i) {
+      if (i == 2) a.repair_step_known_by_all = 40;  // Everyone has heard of 40 now.
+      StepDecision d;
+      status[rank].Update(weights.RepairIfAgreed(a, d));
+      repaired[rank][i] = d.repaired;
+    }
+    weights.Summarize(summaries[rank]);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
+    EXPECT_EQ(noted[r], r == 0 ? 40u : 30u) << "an older verdict is ignored";
+    EXPECT_TRUE(repaired[r][0]) << r << ": the first agreement past the last repair";
+    EXPECT_FALSE(repaired[r][1]) << r << ": once per agreed verdict";
+    EXPECT_FALSE(repaired[r][2]) << r << ": nothing differs any more";
+    EXPECT_EQ(summaries[r].repairs, 1u) << r;
+    EXPECT_TRUE(torch::equal(w[r], torch::full({3}, 1.0f))) << "rank " << r << ": " << w[r];
+  }
 }
 
 // Issue 39, case 8: the repair broadcast the source's weights as they were

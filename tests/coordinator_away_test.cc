@@ -344,6 +344,14 @@ TEST_F(AwayTest, SdcdStartsAfterTheJobsFirstSteps) {
   const std::map<protocol::Step, protocol::Rank> faults = {{10, 3}, {30, 3}};
   Run(1, 12, faults);
   ASSERT_NO_FATAL_FAILURE(StartSdcd());
+  // The backlog reaches sdcd before the next step. Without this wait the
+  // test raced the link's own rule: a checkpoint gate asked after an outage
+  // longer than a reconnection (10 s) does not wait for the link, and under
+  // CI's load sdcd's start alone took that long, so the gate of step 20
+  // answered "unavailable".
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(links_[r]->Flush(absl::Seconds(60))) << "rank " << r;
+  }
   Run(13, 40, faults);
   ExpectNothingLost(faults);
   EXPECT_EQ(gates_[20], "vetoed") << "rank 3 was attributed faulty at step 10";

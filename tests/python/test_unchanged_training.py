@@ -51,7 +51,11 @@ def test_a_corrupted_frozen_parameter_is_caught_and_repaired(tmp_path, sdcd):
     # LoRA's base weights) were never fingerprinted, so most of what such a
     # job stores went unchecked. A bit flipped in rank 1's frozen token embedding
     # after step 3 is named by the weight vote and repaired from the majority.
-    flags = ["--steps=6", "--freeze"]
+    # The repair is a broadcast, so it waits for an exchange step (issue 43:
+    # ordinary steps, weight-check steps included, issue no collective of
+    # the guard's own); without audits that is every 100th step, so the job
+    # runs to step 100, where every rank holds the verdict by then.
+    flags = ["--steps=100", "--freeze"]
     env = {"SDC_JOB_ID": "frozen", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_AUDIT_EVERY": "0", "SDC_WEIGHT_CHECK_EVERY": "1",
            "SDC_INJECT_FAULT": "frozen-weight:1:step=3",
@@ -62,7 +66,8 @@ def test_a_corrupted_frozen_parameter_is_caught_and_repaired(tmp_path, sdcd):
     assert weights, incidents
     assert weights[0]["ranks"] == [1], weights[0]
     assert weights[0]["differing_tensors"] == ["token.weight"], weights[0]
-    assert any(s["repaired"] for s in steps[1]), "rank 1 restored its frozen weights"
+    repaired = [s["step"] for s in steps[1] if s["repaired"]]
+    assert repaired == [100], "rank 1 restored its frozen weights at the exchange step"
     assert len({f["weights_digest"] for f in finals}) == 1
 
 
