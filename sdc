@@ -460,8 +460,22 @@ cmd_bench() {
   shift
   setup
   case "$name" in
-    kernels | core | overhead | detection | watch | abft)
-      # overhead, detection and watch start sdcd and trainers from their runfiles.
+    overhead)
+      if [[ " $* " == *" --every-step "* ]]; then
+        # The every-step checksums' cost (bench/every_step_overhead.py): one
+        # Python process, the guarded job with and without them and unguarded.
+        build_python >/dev/null
+        PYTHONPATH="$SDC_PYTHONPATH" exec "$VENV/bin/python3" "$ROOT/bench/every_step_overhead.py" "$@"
+      fi
+      # Starts sdcd and trainers from its runfiles.
+      build_targets //bench:overhead_bench
+      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
+        build_python >/dev/null
+      fi
+      exec "$ROOT/bazel-bin/bench/overhead_bench" "$@"
+      ;;
+    kernels | core | detection | watch | abft)
+      # detection and watch start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
       if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
         build_python >/dev/null
