@@ -132,55 +132,89 @@ SDC_AVX2 inline void Load8(const unsigned char* q, DType dtype, __m256d& lo, __m
 // slot is loaded once, gets row 0's term, then row 1's, ... (multiply, then
 // add; never fused), and is stored once. Each element sees the same
 // operations in the same order as the portable path running the rows one
-// after another, so both agree to the bit.
-SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, int count, DType dtype,
-                                 int64_t n, const RowSinks* s) {
+// after another, so both agree to the bit. A weight of 1 for every row of
+// the block skips the multiply (x * 1 is x exactly, NaN and signed zero
+// included), which is most of the work the checksums of C and of L do.
+template <int kCount>
+SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, DType dtype, int64_t n,
+                                 const RowSinks* s) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
-  __m256d w_sum[kRowBlock], w_abs[kRowBlock], w_sq[kRowBlock], w_abs2[kRowBlock];
-  for (int r = 0; r < count; ++r) {
+  __m256d w_sum[kCount], w_abs[kCount], w_sq[kCount], w_abs2[kCount];
+  bool unit_sum = true, unit_abs = true, unit_sq = true;
+  for (int r = 0; r < kCount; ++r) {
     w_sum[r] = _mm256_set1_pd(s[r].w_sum);
     w_abs[r] = _mm256_set1_pd(s[r].w_abs);
     w_sq[r] = _mm256_set1_pd(s[r].w_sq);
     w_abs2[r] = _mm256_set1_pd(s[r].w_abs2);
+    unit_sum = unit_sum && s[r].w_sum == 1.0;
+    unit_abs = unit_abs && s[r].w_abs == 1.0;
+    unit_sq = unit_sq && s[r].w_sq == 1.0;
   }
   const RowSinks& a = s[0];
   const int64_t size = DTypeSize(dtype);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    __m256d v[kRowBlock][2];
-    for (int r = 0; r < count; ++r) Load8(rows[r] + j * size, dtype, v[r][0], v[r][1]);
+    __m256d v[kCount][2];
+    for (int r = 0; r < kCount; ++r) Load8(rows[r] + j * size, dtype, v[r][0], v[r][1]);
     for (int h = 0; h < 2; ++h) {
       const int64_t at = j + 4 * h;
       if (a.sum != nullptr) {
         __m256d acc = _mm256_loadu_pd(a.sum + at);
-        for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sum[r], v[r][h]));
+        if (unit_sum) {
+          for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, v[r][h]);
+        } else {
+          for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sum[r], v[r][h]));
+        }
         _mm256_storeu_pd(a.sum + at, acc);
       }
       if (a.abs != nullptr || a.abs2 != nullptr) {
-        __m256d m[kRowBlock];
-        for (int r = 0; r < count; ++r) m[r] = _mm256_andnot_pd(sign_mask, v[r][h]);
+        __m256d m[kCount];
+        for (int r = 0; r < kCount; ++r) m[r] = _mm256_andnot_pd(sign_mask, v[r][h]);
         if (a.abs != nullptr) {
           __m256d acc = _mm256_loadu_pd(a.abs + at);
-          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs[r], m[r]));
+          if (unit_abs) {
+            for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, m[r]);
+          } else {
+            for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs[r], m[r]));
+          }
           _mm256_storeu_pd(a.abs + at, acc);
         }
         if (a.abs2 != nullptr) {
           __m256d acc = _mm256_loadu_pd(a.abs2 + at);
-          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs2[r], m[r]));
+          for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs2[r], m[r]));
           _mm256_storeu_pd(a.abs2 + at, acc);
         }
       }
       if (a.sq != nullptr) {
         __m256d acc = _mm256_loadu_pd(a.sq + at);
-        for (int r = 0; r < count; ++r) {
-          acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sq[r], _mm256_mul_pd(v[r][h], v[r][h])));
+        if (unit_sq) {
+          for (int r = 0; r < kCount; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(v[r][h], v[r][h]));
+        } else {
+          for (int r = 0; r < kCount; ++r) {
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sq[r], _mm256_mul_pd(v[r][h], v[r][h])));
+          }
         }
         _mm256_storeu_pd(a.sq + at, acc);
       }
     }
   }
   for (; j < n; ++j) {
-    for (int r = 0; r < count; ++r) AccumulateOne(LoadValue(rows[r] + j * size, dtype), j, s[r]);
+    for (int r = 0; r < kCount; ++r) AccumulateOne(LoadValue(rows[r] + j * size, dtype), j, s[r]);
+  }
+}
+
+SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, int count, DType dtype,
+                                 int64_t n, const RowSinks* s) {
+  static_assert(kRowBlock == 4, "one instance per count");
+  switch (count) {
+    case 1:
+      return AccumulateRowsAvx2<1>(rows, dtype, n, s);
+    case 2:
+      return AccumulateRowsAvx2<2>(rows, dtype, n, s);
+    case 3:
+      return AccumulateRowsAvx2<3>(rows, dtype, n, s);
+    default:
+      return AccumulateRowsAvx2<4>(rows, dtype, n, s);
   }
 }
 
@@ -190,11 +224,20 @@ SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, int count, DT
 // sum w_abs[j] |x_j|, sum w_sq[j] (x_j * x_j); a null weight is skipped.
 // Element j goes to lane j mod 8, folded as ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)),
 // on every path, so all paths agree to the bit.
+// kUnitWeights as a weight vector means all ones: the multiply is skipped
+// (x * 1 is x exactly), and no vector of ones is read.
 struct DotWeights {
   const double* sum = nullptr;
   const double* abs = nullptr;
   const double* sq = nullptr;
 };
+constexpr double kUnitWeightsTag = 1.0;
+constexpr const double* kUnitWeights = &kUnitWeightsTag;
+
+// w[j] * x, where w may be kUnitWeights.
+inline double Weighted(const double* w, int64_t j, double x) {
+  return w == kUnitWeights ? x : w[j] * x;
+}
 struct DotSums {
   double sum = 0.0, abs = 0.0, sq = 0.0;
 };
@@ -215,9 +258,9 @@ void DotTailPortable(const unsigned char* p, DType dtype, int64_t from, int64_t 
   for (int64_t j = from; j < n; ++j) {
     const double x = LoadValue(p + j * size, dtype);
     const int lane = static_cast<int>(j % kDotLanes);
-    if (w.sum != nullptr) lanes.sum[lane] += w.sum[j] * x;
-    if (w.abs != nullptr) lanes.abs[lane] += w.abs[j] * std::fabs(x);
-    if (w.sq != nullptr) lanes.sq[lane] += w.sq[j] * (x * x);
+    if (w.sum != nullptr) lanes.sum[lane] += Weighted(w.sum, j, x);
+    if (w.abs != nullptr) lanes.abs[lane] += Weighted(w.abs, j, std::fabs(x));
+    if (w.sq != nullptr) lanes.sq[lane] += Weighted(w.sq, j, x * x);
   }
 }
 
@@ -231,12 +274,23 @@ SDC_AVX2 inline void Dot4(__m256d x, const double* w, __m256d& acc) {
   acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_loadu_pd(w), x));
 }
 
+// Dot4 of w[at..at+3], or of ones when `unit` (w is kUnitWeights, not read).
+SDC_AVX2 inline void Dot4Or1(__m256d x, bool unit, const double* w, int64_t at, __m256d& acc) {
+  if (unit) {
+    acc = _mm256_add_pd(acc, x);
+  } else {
+    Dot4(x, w + at, acc);
+  }
+}
+
 SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
                              const DotWeights& w) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
   __m256d acc[3][2];
   for (auto& a : acc) a[0] = a[1] = _mm256_setzero_pd();
   const int64_t size = DTypeSize(dtype);
+  const bool unit_sum = w.sum == kUnitWeights, unit_abs = w.abs == kUnitWeights,
+             unit_sq = w.sq == kUnitWeights;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     __m256d halves[2];
@@ -244,9 +298,9 @@ SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
     for (int h = 0; h < 2; ++h) {
       const __m256d v = halves[h];
       const int64_t at = j + 4 * h;
-      if (w.sum != nullptr) Dot4(v, w.sum + at, acc[0][h]);
-      if (w.abs != nullptr) Dot4(_mm256_andnot_pd(sign_mask, v), w.abs + at, acc[1][h]);
-      if (w.sq != nullptr) Dot4(_mm256_mul_pd(v, v), w.sq + at, acc[2][h]);
+      if (w.sum != nullptr) Dot4Or1(v, unit_sum, w.sum, at, acc[0][h]);
+      if (w.abs != nullptr) Dot4Or1(_mm256_andnot_pd(sign_mask, v), unit_abs, w.abs, at, acc[1][h]);
+      if (w.sq != nullptr) Dot4Or1(_mm256_mul_pd(v, v), unit_sq, w.sq, at, acc[2][h]);
     }
   }
   DotLanes lanes;
@@ -304,22 +358,110 @@ void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath p
   AccumulateLine(RowStart(m, row), m.col_stride, m.dtype, m.cols, s, path);
 }
 
+#if defined(__x86_64__)
+
+// Per-row weights of AccumulateRows: one value per row, or kUnitWeights
+// (every row's weight 1: the multiply is skipped, x * 1 being x exactly).
+struct RowWeights {
+  const double* sum = kUnitWeights;
+  const double* abs = kUnitWeights;
+  const double* sq = kUnitWeights;
+  const double* abs2 = kUnitWeights;
+};
+
+// Adds w * x (or x, for unit weights) to acc.
+SDC_AVX2 inline __m256d AddWeighted(__m256d acc, const double* w, int64_t i, __m256d x) {
+  return _mm256_add_pd(acc, w == kUnitWeights ? x : _mm256_mul_pd(_mm256_set1_pd(w[i]), x));
+}
+
+// Rows [0, rows) of a matrix with contiguous rows (`stride` bytes apart),
+// eight columns at a time: the eight columns' running sums stay in
+// registers over all the rows (two per array), so each element is read
+// once and no array slot is loaded or stored per row. Column j sees the
+// same operations in the same order as the portable path (row 0's term,
+// then row 1's, ...; multiply, then add), so both agree to the bit.
+SDC_AVX2 void AccumulateColumnsAvx2(const unsigned char* base, int64_t stride, DType dtype,
+                                    int64_t rows, int64_t n, const RowSinks& a,
+                                    const RowWeights& w) {
+  const __m256d sign_mask = _mm256_set1_pd(-0.0);
+  const int64_t size = DTypeSize(dtype);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256d sum[2], abs[2], sq[2], abs2[2];
+    for (int h = 0; h < 2; ++h) {
+      sum[h] = a.sum != nullptr ? _mm256_loadu_pd(a.sum + j + 4 * h) : _mm256_setzero_pd();
+      abs[h] = a.abs != nullptr ? _mm256_loadu_pd(a.abs + j + 4 * h) : _mm256_setzero_pd();
+      sq[h] = a.sq != nullptr ? _mm256_loadu_pd(a.sq + j + 4 * h) : _mm256_setzero_pd();
+      abs2[h] = a.abs2 != nullptr ? _mm256_loadu_pd(a.abs2 + j + 4 * h) : _mm256_setzero_pd();
+    }
+    const unsigned char* p = base + j * size;
+    for (int64_t i = 0; i < rows; ++i, p += stride) {
+      __m256d v[2];
+      Load8(p, dtype, v[0], v[1]);
+      for (int h = 0; h < 2; ++h) {
+        if (a.sum != nullptr) sum[h] = AddWeighted(sum[h], w.sum, i, v[h]);
+        if (a.abs != nullptr || a.abs2 != nullptr) {
+          const __m256d m = _mm256_andnot_pd(sign_mask, v[h]);
+          if (a.abs != nullptr) abs[h] = AddWeighted(abs[h], w.abs, i, m);
+          if (a.abs2 != nullptr) abs2[h] = AddWeighted(abs2[h], w.abs2, i, m);
+        }
+        if (a.sq != nullptr) sq[h] = AddWeighted(sq[h], w.sq, i, _mm256_mul_pd(v[h], v[h]));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      if (a.sum != nullptr) _mm256_storeu_pd(a.sum + j + 4 * h, sum[h]);
+      if (a.abs != nullptr) _mm256_storeu_pd(a.abs + j + 4 * h, abs[h]);
+      if (a.sq != nullptr) _mm256_storeu_pd(a.sq + j + 4 * h, sq[h]);
+      if (a.abs2 != nullptr) _mm256_storeu_pd(a.abs2 + j + 4 * h, abs2[h]);
+    }
+  }
+  // The last n mod 8 columns, element by element in the same order.
+  auto weight = [](const double* w, int64_t i) { return w == kUnitWeights ? 1.0 : w[i]; };
+  for (int64_t i = 0; i < rows && j < n; ++i) {
+    const RowSinks s{weight(w.sum, i), a.sum,  weight(w.abs, i),  a.abs,
+                     weight(w.sq, i),  a.sq,   weight(w.abs2, i), a.abs2};
+    for (int64_t c = j; c < n; ++c) AccumulateOne(LoadValue(base + i * stride + c * size, dtype), c, s);
+  }
+}
+
+#endif  // defined(__x86_64__)
+
+// Per-row weight vectors of AccumulateRows, reused across calls.
+struct RowWeightScratch {
+  std::vector<double> sum, abs, sq, abs2;
+};
+
 // Rows [0, rows) of m, row i into sinks_for(i) (all with the same arrays),
-// kRowBlock rows per sweep where the rows are contiguous.
+// eight columns at a time over all the rows where the rows are contiguous.
 template <typename SinksFor>
 void AccumulateRows(const MatrixRef& m, int64_t rows, SinksFor sinks_for, CpuPath path) {
 #if defined(__x86_64__)
-  if (path != CpuPath::kPortable && m.col_stride == 1) {
-    for (int64_t i = 0; i < rows; i += kRowBlock) {
-      const int count = static_cast<int>(std::min<int64_t>(kRowBlock, rows - i));
-      const unsigned char* starts[kRowBlock];
-      RowSinks sinks[kRowBlock];
-      for (int r = 0; r < count; ++r) {
-        starts[r] = RowStart(m, i + r);
-        sinks[r] = sinks_for(i + r);
-      }
-      AccumulateRowsAvx2(starts, count, m.dtype, m.cols, sinks);
+  if (path != CpuPath::kPortable && m.col_stride == 1 && rows > 0) {
+    // Each weight: kUnitWeights when every row's is 1, else one per row.
+    thread_local RowWeightScratch scratch;
+    const RowSinks first = sinks_for(0);
+    bool unit_sum = true, unit_abs = true, unit_sq = true, unit_abs2 = true;
+    scratch.sum.resize(static_cast<size_t>(rows));
+    scratch.abs.resize(static_cast<size_t>(rows));
+    scratch.sq.resize(static_cast<size_t>(rows));
+    scratch.abs2.resize(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      const RowSinks s = i == 0 ? first : sinks_for(i);
+      scratch.sum[i] = s.w_sum;
+      scratch.abs[i] = s.w_abs;
+      scratch.sq[i] = s.w_sq;
+      scratch.abs2[i] = s.w_abs2;
+      unit_sum = unit_sum && s.w_sum == 1.0;
+      unit_abs = unit_abs && s.w_abs == 1.0;
+      unit_sq = unit_sq && s.w_sq == 1.0;
+      unit_abs2 = unit_abs2 && s.w_abs2 == 1.0;
     }
+    const RowWeights w{unit_sum ? kUnitWeights : scratch.sum.data(),
+                       unit_abs ? kUnitWeights : scratch.abs.data(),
+                       unit_sq ? kUnitWeights : scratch.sq.data(),
+                       unit_abs2 ? kUnitWeights : scratch.abs2.data()};
+    AccumulateColumnsAvx2(static_cast<const unsigned char*>(m.data),
+                          m.row_stride * DTypeSize(m.dtype), m.dtype, rows, m.cols, first, w);
     return;
   }
 #endif
@@ -379,7 +521,7 @@ struct LineResult {
 
 // Working arrays of one check, reused across the products of a batch.
 struct Scratch {
-  std::vector<double> l_sum, l_abs, l_weighted, l_sq, row_abs, ones_p, ones_q;
+  std::vector<double> l_sum, l_abs, l_weighted, l_sq, row_abs;
   std::vector<double> reference, t, variance, sq_weight, observed, s_abs, c_sq;
 };
 
@@ -408,18 +550,14 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   Zeros(l_weighted, probabilistic ? terms : 0);
   Zeros(l_sq, probabilistic && input_rounding ? terms : 0);
   Zeros(row_abs, probabilistic ? p : 0);
-  w.ones_p.assign(static_cast<size_t>(p), 1.0);
-  w.ones_q.assign(static_cast<size_t>(q), 1.0);
-  const std::vector<double>&ones_p = w.ones_p, &ones_q = w.ones_q;
   if (ColumnMajor(l)) {
     // Columns of L contiguous: a dot product per column.
-    const std::vector<double>& ones = ones_p;
     for (int64_t k = 0; k < q; ++k) {
       const unsigned char* line = ColumnStart(l, k);
-      const DotSums d = DotLine(line, l.dtype, p,
-                                DotWeights{ones.data(), ones.data(),
-                                           l_sq.empty() ? nullptr : ones.data()},
-                                path);
+      const DotSums d =
+          DotLine(line, l.dtype, p,
+                  DotWeights{kUnitWeights, kUnitWeights, l_sq.empty() ? nullptr : kUnitWeights},
+                  path);
       l_sum[k] = d.sum;
       l_abs[k] = d.abs;
       if (!l_sq.empty()) l_sq[k] = d.sq;
@@ -449,11 +587,10 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
     // Rows of L contiguous (or strided both ways). For the probabilistic
     // rule, each row's absolute sum weights its row in sum_i rowabs_i |L_il|.
     if (probabilistic) {
-      const std::vector<double>& ones = ones_q;
       for (int64_t i = 0; i < p; ++i) {
         if (l.col_stride == 1) {
           row_abs[i] = DotLine(RowStart(l, i), l.dtype, q,
-                               DotWeights{nullptr, ones.data(), nullptr}, path)
+                               DotWeights{nullptr, kUnitWeights, nullptr}, path)
                            .abs;
         } else {
           for (int64_t j = 0; j < q; ++j) row_abs[i] += std::fabs(ElementAt(l, i, j));
@@ -508,20 +645,23 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
              path);
   if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
-  // Pass over C: observed_j, S_j and sum_i C_ij^2.
+  // Pass over C: observed_j, S_j and (probabilistic, C narrower than fp32)
+  // sum_i C_ij^2. An fp32 C has uo = 0: its squares would only be
+  // multiplied by 0.
+  const double u_out = AbftOutputUnitRoundoff(c.dtype);
+  const double uo = u_out / (1.0 - u_out);
+  const bool c_squares = probabilistic && uo > 0.0;
   std::vector<double>&observed = w.observed, &s_abs = w.s_abs, &c_sq = w.c_sq;
   Zeros(observed, s);
   Zeros(s_abs, s);
-  Zeros(c_sq, probabilistic ? s : 0);
+  Zeros(c_sq, c_squares ? s : 0);
   const RowSinks c_sinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
                          c_sq.empty() ? nullptr : c_sq.data()};
   SumColumns(c, p, s,
-             DotWeights{ones_p.data(), ones_p.data(), probabilistic ? ones_p.data() : nullptr},
+             DotWeights{kUnitWeights, kUnitWeights, c_squares ? kUnitWeights : nullptr},
              [&](int64_t) { return c_sinks; }, observed.data(), s_abs.data(),
-             probabilistic ? c_sq.data() : nullptr, path);
+             c_squares ? c_sq.data() : nullptr, path);
 
-  const double u_out = AbftOutputUnitRoundoff(c.dtype);
-  const double uo = u_out / (1.0 - u_out);
   const double beta = (1.0 + u_in) * (1.0 + u_in) * (1.0 + Gamma(terms, u)) - 1.0;
   const double beta_first_order = static_cast<double>(terms) * u + 2.0 * u_in;
   const double g64 = Gamma(static_cast<double>(p + q + 4), kFp64UnitRoundoff);
@@ -539,7 +679,7 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
     const double check = g64 * (t_j + s_j) + underflow;
     double threshold = (beta * t_j + uo * s_j + check) * kEvaluationSlack;
     if (probabilistic) {
-      const double sigma = std::sqrt((variance[j] + uo * uo * c_sq[j]) * lift);
+      const double sigma = std::sqrt((variance[j] + (c_squares ? uo * uo * c_sq[j] : 0.0)) * lift);
       const double second_order = (beta - beta_first_order) * t_j + uo * beta * t_j;
       const double bound =
           (options.lambda * sigma + second_order + check) * kEvaluationSlack;
