@@ -230,6 +230,9 @@ struct DotWeights {
   const double* sum = nullptr;
   const double* abs = nullptr;
   const double* sq = nullptr;
+  // Not a weight: when set, abs_into[j] += |x_j| as well, in the same pass
+  // (a column of L adding to its rows' absolute sums).
+  double* abs_into = nullptr;
 };
 constexpr double kUnitWeightsTag = 1.0;
 constexpr const double* kUnitWeights = &kUnitWeightsTag;
@@ -261,6 +264,7 @@ void DotTailPortable(const unsigned char* p, DType dtype, int64_t from, int64_t 
     if (w.sum != nullptr) lanes.sum[lane] += Weighted(w.sum, j, x);
     if (w.abs != nullptr) lanes.abs[lane] += Weighted(w.abs, j, std::fabs(x));
     if (w.sq != nullptr) lanes.sq[lane] += Weighted(w.sq, j, x * x);
+    if (w.abs_into != nullptr) w.abs_into[j] += std::fabs(x);
   }
 }
 
@@ -301,6 +305,10 @@ SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
       if (w.sum != nullptr) Dot4Or1(v, unit_sum, w.sum, at, acc[0][h]);
       if (w.abs != nullptr) Dot4Or1(_mm256_andnot_pd(sign_mask, v), unit_abs, w.abs, at, acc[1][h]);
       if (w.sq != nullptr) Dot4Or1(_mm256_mul_pd(v, v), unit_sq, w.sq, at, acc[2][h]);
+      if (w.abs_into != nullptr) {
+        _mm256_storeu_pd(w.abs_into + at, _mm256_add_pd(_mm256_loadu_pd(w.abs_into + at),
+                                                        _mm256_andnot_pd(sign_mask, v)));
+      }
     }
   }
   DotLanes lanes;
@@ -554,17 +562,15 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
     // Columns of L contiguous: a dot product per column.
     for (int64_t k = 0; k < q; ++k) {
       const unsigned char* line = ColumnStart(l, k);
+      // One pass: the column's sums, and its |values| into their rows' sums.
       const DotSums d =
           DotLine(line, l.dtype, p,
-                  DotWeights{kUnitWeights, kUnitWeights, l_sq.empty() ? nullptr : kUnitWeights},
+                  DotWeights{kUnitWeights, kUnitWeights, l_sq.empty() ? nullptr : kUnitWeights,
+                             probabilistic ? row_abs.data() : nullptr},
                   path);
       l_sum[k] = d.sum;
       l_abs[k] = d.abs;
       if (!l_sq.empty()) l_sq[k] = d.sq;
-      if (probabilistic) {
-        AccumulateLine(line, 1, l.dtype, p,
-                       RowSinks{0.0, nullptr, 1.0, row_abs.data(), 0.0, nullptr}, path);
-      }
     }
     for (int64_t i = 0; i < p && extra; ++i) {
       const double x = ElementAt(*lx, i, 0);
