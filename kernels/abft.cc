@@ -290,33 +290,45 @@ SDC_AVX2 inline void Dot4Or1(__m256d x, bool unit, const double* w, int64_t at, 
 SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
                              const DotWeights& w) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
-  __m256d acc[3][2];
-  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_pd();
+  // Named accumulators, no arrays: arrays indexed in loops are kept in
+  // memory by the compiler, which chains every add through a store.
+  __m256d sum0 = _mm256_setzero_pd(), sum1 = sum0, abs0 = sum0, abs1 = sum0, sq0 = sum0,
+          sq1 = sum0;
   const int64_t size = DTypeSize(dtype);
   const bool unit_sum = w.sum == kUnitWeights, unit_abs = w.abs == kUnitWeights,
              unit_sq = w.sq == kUnitWeights;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    __m256d halves[2];
-    Load8(p + j * size, dtype, halves[0], halves[1]);
-    for (int h = 0; h < 2; ++h) {
-      const __m256d v = halves[h];
-      const int64_t at = j + 4 * h;
-      if (w.sum != nullptr) Dot4Or1(v, unit_sum, w.sum, at, acc[0][h]);
-      if (w.abs != nullptr) Dot4Or1(_mm256_andnot_pd(sign_mask, v), unit_abs, w.abs, at, acc[1][h]);
-      if (w.sq != nullptr) Dot4Or1(_mm256_mul_pd(v, v), unit_sq, w.sq, at, acc[2][h]);
-      if (w.abs_into != nullptr) {
-        _mm256_storeu_pd(w.abs_into + at, _mm256_add_pd(_mm256_loadu_pd(w.abs_into + at),
-                                                        _mm256_andnot_pd(sign_mask, v)));
+    __m256d v0, v1;
+    Load8(p + j * size, dtype, v0, v1);
+    if (w.sum != nullptr) {
+      Dot4Or1(v0, unit_sum, w.sum, j, sum0);
+      Dot4Or1(v1, unit_sum, w.sum, j + 4, sum1);
+    }
+    if (w.abs != nullptr || w.abs_into != nullptr) {
+      const __m256d m0 = _mm256_andnot_pd(sign_mask, v0), m1 = _mm256_andnot_pd(sign_mask, v1);
+      if (w.abs != nullptr) {
+        Dot4Or1(m0, unit_abs, w.abs, j, abs0);
+        Dot4Or1(m1, unit_abs, w.abs, j + 4, abs1);
       }
+      if (w.abs_into != nullptr) {
+        double* into = w.abs_into + j;
+        _mm256_storeu_pd(into, _mm256_add_pd(_mm256_loadu_pd(into), m0));
+        _mm256_storeu_pd(into + 4, _mm256_add_pd(_mm256_loadu_pd(into + 4), m1));
+      }
+    }
+    if (w.sq != nullptr) {
+      Dot4Or1(_mm256_mul_pd(v0, v0), unit_sq, w.sq, j, sq0);
+      Dot4Or1(_mm256_mul_pd(v1, v1), unit_sq, w.sq, j + 4, sq1);
     }
   }
   DotLanes lanes;
-  double* out[3] = {lanes.sum, lanes.abs, lanes.sq};
-  for (int k = 0; k < 3; ++k) {
-    _mm256_storeu_pd(out[k], acc[k][0]);
-    _mm256_storeu_pd(out[k] + 4, acc[k][1]);
-  }
+  _mm256_storeu_pd(lanes.sum, sum0);
+  _mm256_storeu_pd(lanes.sum + 4, sum1);
+  _mm256_storeu_pd(lanes.abs, abs0);
+  _mm256_storeu_pd(lanes.abs + 4, abs1);
+  _mm256_storeu_pd(lanes.sq, sq0);
+  _mm256_storeu_pd(lanes.sq + 4, sq1);
   DotTailPortable(p, dtype, j, n, w, lanes);
   return FoldDot(lanes);
 }
@@ -377,9 +389,18 @@ struct RowWeights {
   const double* abs2 = kUnitWeights;
 };
 
-// Adds w * x (or x, for unit weights) to acc.
-SDC_AVX2 inline __m256d AddWeighted(__m256d acc, const double* w, int64_t i, __m256d x) {
-  return _mm256_add_pd(acc, w == kUnitWeights ? x : _mm256_mul_pd(_mm256_set1_pd(w[i]), x));
+// acc + w[i] x, or acc + x for unit weights.
+SDC_AVX2 inline __m256d AddWeighted(__m256d acc, bool unit, const double* w, int64_t i,
+                                    __m256d x) {
+  return _mm256_add_pd(acc, unit ? x : _mm256_mul_pd(_mm256_set1_pd(w[i]), x));
+}
+
+// Four values of an array at `at` (zeros for an absent array), and back.
+SDC_AVX2 inline __m256d LoadSlot(const double* array, int64_t at) {
+  return array != nullptr ? _mm256_loadu_pd(array + at) : _mm256_setzero_pd();
+}
+SDC_AVX2 inline void StoreSlot(double* array, int64_t at, __m256d v) {
+  if (array != nullptr) _mm256_storeu_pd(array + at, v);
 }
 
 // Rows [0, rows) of a matrix with contiguous rows (`stride` bytes apart),
@@ -393,35 +414,48 @@ SDC_AVX2 void AccumulateColumnsAvx2(const unsigned char* base, int64_t stride, D
                                     const RowWeights& w) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
   const int64_t size = DTypeSize(dtype);
+  const bool unit_sum = w.sum == kUnitWeights, unit_abs = w.abs == kUnitWeights,
+             unit_sq = w.sq == kUnitWeights, unit_abs2 = w.abs2 == kUnitWeights;
+  const bool any_abs = a.abs != nullptr || a.abs2 != nullptr;
+  // Named accumulators, no arrays (see DotLineAvx2).
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    __m256d sum[2], abs[2], sq[2], abs2[2];
-    for (int h = 0; h < 2; ++h) {
-      sum[h] = a.sum != nullptr ? _mm256_loadu_pd(a.sum + j + 4 * h) : _mm256_setzero_pd();
-      abs[h] = a.abs != nullptr ? _mm256_loadu_pd(a.abs + j + 4 * h) : _mm256_setzero_pd();
-      sq[h] = a.sq != nullptr ? _mm256_loadu_pd(a.sq + j + 4 * h) : _mm256_setzero_pd();
-      abs2[h] = a.abs2 != nullptr ? _mm256_loadu_pd(a.abs2 + j + 4 * h) : _mm256_setzero_pd();
-    }
+    __m256d sum0 = LoadSlot(a.sum, j), sum1 = LoadSlot(a.sum, j + 4);
+    __m256d abs0 = LoadSlot(a.abs, j), abs1 = LoadSlot(a.abs, j + 4);
+    __m256d sq0 = LoadSlot(a.sq, j), sq1 = LoadSlot(a.sq, j + 4);
+    __m256d abs20 = LoadSlot(a.abs2, j), abs21 = LoadSlot(a.abs2, j + 4);
     const unsigned char* p = base + j * size;
     for (int64_t i = 0; i < rows; ++i, p += stride) {
-      __m256d v[2];
-      Load8(p, dtype, v[0], v[1]);
-      for (int h = 0; h < 2; ++h) {
-        if (a.sum != nullptr) sum[h] = AddWeighted(sum[h], w.sum, i, v[h]);
-        if (a.abs != nullptr || a.abs2 != nullptr) {
-          const __m256d m = _mm256_andnot_pd(sign_mask, v[h]);
-          if (a.abs != nullptr) abs[h] = AddWeighted(abs[h], w.abs, i, m);
-          if (a.abs2 != nullptr) abs2[h] = AddWeighted(abs2[h], w.abs2, i, m);
+      __m256d v0, v1;
+      Load8(p, dtype, v0, v1);
+      if (a.sum != nullptr) {
+        sum0 = AddWeighted(sum0, unit_sum, w.sum, i, v0);
+        sum1 = AddWeighted(sum1, unit_sum, w.sum, i, v1);
+      }
+      if (any_abs) {
+        const __m256d m0 = _mm256_andnot_pd(sign_mask, v0), m1 = _mm256_andnot_pd(sign_mask, v1);
+        if (a.abs != nullptr) {
+          abs0 = AddWeighted(abs0, unit_abs, w.abs, i, m0);
+          abs1 = AddWeighted(abs1, unit_abs, w.abs, i, m1);
         }
-        if (a.sq != nullptr) sq[h] = AddWeighted(sq[h], w.sq, i, _mm256_mul_pd(v[h], v[h]));
+        if (a.abs2 != nullptr) {
+          abs20 = AddWeighted(abs20, unit_abs2, w.abs2, i, m0);
+          abs21 = AddWeighted(abs21, unit_abs2, w.abs2, i, m1);
+        }
+      }
+      if (a.sq != nullptr) {
+        sq0 = AddWeighted(sq0, unit_sq, w.sq, i, _mm256_mul_pd(v0, v0));
+        sq1 = AddWeighted(sq1, unit_sq, w.sq, i, _mm256_mul_pd(v1, v1));
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      if (a.sum != nullptr) _mm256_storeu_pd(a.sum + j + 4 * h, sum[h]);
-      if (a.abs != nullptr) _mm256_storeu_pd(a.abs + j + 4 * h, abs[h]);
-      if (a.sq != nullptr) _mm256_storeu_pd(a.sq + j + 4 * h, sq[h]);
-      if (a.abs2 != nullptr) _mm256_storeu_pd(a.abs2 + j + 4 * h, abs2[h]);
-    }
+    StoreSlot(a.sum, j, sum0);
+    StoreSlot(a.sum, j + 4, sum1);
+    StoreSlot(a.abs, j, abs0);
+    StoreSlot(a.abs, j + 4, abs1);
+    StoreSlot(a.sq, j, sq0);
+    StoreSlot(a.sq, j + 4, sq1);
+    StoreSlot(a.abs2, j, abs20);
+    StoreSlot(a.abs2, j + 4, abs21);
   }
   // The last n mod 8 columns, element by element in the same order.
   auto weight = [](const double* w, int64_t i) { return w == kUnitWeights ? 1.0 : w[i]; };
