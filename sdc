@@ -562,7 +562,8 @@ usage: ./sdc COMMAND [ARGS]
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak,
-                       configs (the guard under mixed precision, checkpointing, compile, hooks)
+                       configs (the guard under mixed precision, checkpointing, compile, hooks),
+                       abft; `overhead --every-step`: the every-step checksums' cost per step
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
                        (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)
