@@ -287,6 +287,14 @@ SDC_AVX2 inline void Dot4Or1(__m256d x, bool unit, const double* w, int64_t at, 
   }
 }
 
+// FoldLanes of the eight lanes lo (0-3) and hi (4-7), the same operations
+// in the same order: ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)).
+SDC_AVX2 inline double FoldAvx2(__m256d lo, __m256d hi) {
+  const __m256d t = _mm256_add_pd(lo, hi);  // l0+l4, l1+l5, l2+l6, l3+l7.
+  const __m128d u = _mm_hadd_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+  return _mm_cvtsd_f64(u) + _mm_cvtsd_f64(_mm_unpackhi_pd(u, u));
+}
+
 SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
                              const DotWeights& w) {
   const __m256d sign_mask = _mm256_set1_pd(-0.0);
@@ -321,6 +329,9 @@ SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
       Dot4Or1(_mm256_mul_pd(v0, v0), unit_sq, w.sq, j, sq0);
       Dot4Or1(_mm256_mul_pd(v1, v1), unit_sq, w.sq, j + 4, sq1);
     }
+  }
+  if (j == n) {  // No tail: fold in registers, in FoldLanes' order.
+    return {FoldAvx2(sum0, sum1), FoldAvx2(abs0, abs1), FoldAvx2(sq0, sq1)};
   }
   DotLanes lanes;
   _mm256_storeu_pd(lanes.sum, sum0);

@@ -197,3 +197,36 @@ def test_every_step_option_is_checked(group, monkeypatch):
     monkeypatch.setenv("SDC_EVERY_STEP", "yes")
     with pytest.raises(ValueError, match="SDC_EVERY_STEP='yes': expected 0 or 1"):
         sdc_guard.Guard(model, opt, loss_fn(False))
+
+
+def test_the_checks_attach_for_the_step_only_and_keep_torchs_errors(group):
+    # The products are checked by kernels registered at the dispatcher's CPU
+    # key while a guarded step runs: only there, with aten's own errors.
+    torch.manual_seed(0)
+    model = DDP(TinyTransformer())
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, loss_fn(False), audit_every=0, weight_check_every=0,
+                            every_step=True)
+    a, b = torch.randn(5, 3), torch.randn(3, 4)
+    try:
+        assert train(guard, model, opt, 1) == []
+        checked = guard.summary()["products_checked"]
+        assert checked >= 16
+        torch.mm(a, b)  # Outside the step: aten's own kernel, not checked.
+        assert guard.summary()["products_checked"] == checked
+        batch = tokens(2)
+        with guard.step(2, batch) as s:
+            want = torch.mm(a.double(), b.double()).float()
+            got = torch.mm(a, b)
+            assert torch.allclose(got, want, atol=1e-6)
+            with pytest.raises(RuntimeError, match="self must be a matrix"):
+                torch.mm(torch.randn(3), b)
+            with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(5x3 and 4x4\)"):
+                torch.mm(a, torch.randn(4, 4))
+            s.backward(guard.loss_fn(model, batch))
+        guard.optimizer_step(opt)
+        assert s.apply
+        assert guard.summary()["products_checked"] >= 2 * checked + 1
+        assert guard.summary()["checksum_alarms"] == 0
+    finally:
+        guard.shutdown(0)

@@ -84,20 +84,21 @@ def _operands(func, args, kwargs, out):
 _active = None
 
 
+# Each computes into an empty tensor that the out= overload sizes (and
+# checks the operands for, raising the op's own errors).
 def _mm(a, b):
-    out = a.new_empty((a.shape[0], b.shape[1]))
-    return _observe(_aten.mm.default, (a, b), {}, _aten.mm.out(a, b, out=out))
+    out = _aten.mm.out(a, b, out=a.new_empty(0))
+    return _observe(_aten.mm.default, (a, b), {}, out)
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
-    out = a.new_empty((a.shape[0], b.shape[1]))
-    return _observe(_aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha},
-                    _aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=out))
+    out = _aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+    return _observe(_aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha}, out)
 
 
 def _bmm(a, b):
-    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
-    return _observe(_aten.bmm.default, (a, b), {}, _aten.bmm.out(a, b, out=out))
+    out = _aten.bmm.out(a, b, out=a.new_empty(0))
+    return _observe(_aten.bmm.default, (a, b), {}, out)
 
 
 def _observe(func, args, kwargs, out):
