@@ -3,7 +3,11 @@ one process: torch.ops.sdc.check_matmul on the tensors torch holds, no false
 alarm over hundreds of steps of a small transformer in fp32 and in bf16
 autocast, and an injected product error caught, its step skipped."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -230,3 +234,27 @@ def test_the_checks_attach_for_the_step_only_and_keep_torchs_errors(group):
         assert guard.summary()["checksum_alarms"] == 0
     finally:
         guard.shutdown(0)
+
+
+def test_the_overhead_bench_checks_itself_and_prints_its_json():
+    # ./sdc bench overhead --every-step at a smoke size, in its own process
+    # (it makes its own one-rank group).
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "bench", "every_step_overhead.py")
+    env = dict(os.environ)
+    for v in ("SDC_COORDINATOR", "SDC_INJECT_FAULT", "SDC_EVERY_STEP"):
+        env.pop(v, None)
+    run = subprocess.run([sys.executable, bench, "--every-step", "--steps=4", "--warmup=1",
+                          "--width=16", "--batch=2"], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"overhead_pct_vs_guarded", "overhead_pct_vs_unguarded",
+                        "guard_overhead_pct", "step_ms_unguarded", "step_ms_guarded",
+                        "step_ms_every_step", "products_per_step", "checksum_alarms"}
+    assert out["checksum_alarms"] == 0 and out["products_per_step"] == 39
+    assert out["unchecked_per_step"] == 0 and out["steps"] == 4
+    assert min(out["step_ms_unguarded"], out["step_ms_guarded"], out["step_ms_every_step"]) > 0
+    bad = subprocess.run([sys.executable, bench, "--every-step", "--steps=2", "--warmup=2"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--warmup < --steps" in bad.stderr

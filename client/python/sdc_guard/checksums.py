@@ -32,7 +32,7 @@ another: "transient"), the alarm is logged on stderr with the op, phase,
 shapes, discrepancy and threshold, and handed to the engine as this rank's
 failure of the step (``note_failure``), which the step's agreement carries
 to every rank: every rank skips the step with the same reason (guard.py).
-The replays of peers' micro-batches run after the mode has exited (in the
+The replays of peers' micro-batches run after the kernels are removed (in the
 engine's Finish) and are not checked.
 
 Fault injection (``SDC_INJECT_FAULT=product:RANK:WHEN[:REL]``, for tests
