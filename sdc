@@ -460,8 +460,22 @@ cmd_bench() {
   shift
   setup
   case "$name" in
-    kernels | core | overhead | detection | watch | abft)
-      # overhead, detection and watch start sdcd and trainers from their runfiles.
+    overhead)
+      if [[ " $* " == *" --every-step "* ]]; then
+        # The every-step checksums' cost (bench/every_step_overhead.py): one
+        # Python process, the guarded job with and without them and unguarded.
+        build_python >/dev/null
+        PYTHONPATH="$SDC_PYTHONPATH" exec "$VENV/bin/python3" "$ROOT/bench/every_step_overhead.py" "$@"
+      fi
+      # Starts sdcd and trainers from its runfiles.
+      build_targets //bench:overhead_bench
+      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
+        build_python >/dev/null
+      fi
+      exec "$ROOT/bazel-bin/bench/overhead_bench" "$@"
+      ;;
+    kernels | core | detection | watch | abft)
+      # detection and watch start sdcd and trainers from their runfiles.
       build_targets "//bench:${name}_bench"
       if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
         build_python >/dev/null
@@ -548,7 +562,8 @@ usage: ./sdc COMMAND [ARGS]
   ctl ARGS             the operator CLI (sdcctl), e.g. ./sdc ctl get requests
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak,
-                       configs (the guard under mixed precision, checkpointing, compile, hooks)
+                       configs (the guard under mixed precision, checkpointing, compile, hooks),
+                       abft; `overhead --every-step`: the every-step checksums' cost per step
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
                        (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)

@@ -8,7 +8,8 @@
 // that every healthy sgemm output passes both threshold rules and that one
 // output element moved by twice the probabilistic threshold fails it, and
 // reports that threshold as a fraction of the column's rms: the smallest
-// relative error of one element each rule is sure to catch. Prints a table, then one JSON line last.
+// relative error of one element each rule is sure to catch. Prints a table, then one JSON line last,
+// whose "per_shape" list holds each product shape's check time / sgemm time.
 
 #include <algorithm>
 #include <chrono>
@@ -159,6 +160,7 @@ int Main() {
               "count", "gemm_us", "guar_us", "prob_us", "guar/%", "prob/%");
   double gemm_s = 0, guar_s = 0, prob_s = 0, worst_rel_guar = 0, worst_rel_prob = 0;
   int products = 0;
+  std::string per_shape;  // JSON objects, one per product shape.
   for (const ProductSpec& p : StepProducts(tokens, width)) {
     Operands o = Make(p, rng);
     Sgemm(p, o);
@@ -201,6 +203,12 @@ int Main() {
     std::printf("%-18s %5d %5d %5d %5d %10.2f %10.2f %10.2f %8.1f %8.1f\n", p.name.c_str(),
                 p.m, p.k, p.n, p.count, g * per * 1e6, cg * per * 1e6, cp * per * 1e6,
                 100 * cg / g, 100 * cp / g);
+    absl::StrAppendFormat(&per_shape,
+                          "%s{\"product\": \"%s\", \"m\": %d, \"k\": %d, \"n\": %d, "
+                          "\"count\": %d, \"guaranteed_vs_gemm\": %.4f, "
+                          "\"probabilistic_vs_gemm\": %.4f}",
+                          per_shape.empty() ? "" : ", ", p.name, p.m, p.k, p.n, p.count, cg / g,
+                          cp / g);
     gemm_s += g * per * p.count;
     guar_s += cg * per * p.count;
     prob_s += cp * per * p.count;
@@ -218,9 +226,10 @@ int Main() {
       "{\"products\": %d, \"width\": %d, \"tokens\": %d, \"gemm_ms\": %.4f, "
       "\"abft_guaranteed_ms\": %.4f, \"abft_probabilistic_ms\": %.4f, "
       "\"guaranteed_vs_gemm\": %.4f, \"probabilistic_vs_gemm\": %.4f, "
-      "\"guaranteed_detects_rel\": %.4g, \"probabilistic_detects_rel\": %.4g}\n",
+      "\"guaranteed_detects_rel\": %.4g, \"probabilistic_detects_rel\": %.4g, "
+      "\"per_shape\": [%s]}\n",
       products, width, tokens, gemm_s * 1e3, guar_s * 1e3, prob_s * 1e3, guar_s / gemm_s,
-      prob_s / gemm_s, worst_rel_guar, worst_rel_prob);
+      prob_s / gemm_s, worst_rel_guar, worst_rel_prob, per_shape.c_str());
   return 0;
 }
 

@@ -8,12 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/abft_passes.h"
 #include "kernels/cpu_dispatch.h"
-#include "kernels/half_float.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 // WHY THE GUARANTEED THRESHOLD HOLDS. Write the check on columns of
 // C = L R, L p x q, R q x s (for kColumns L = A, R = B; a bias is one more
@@ -48,308 +44,25 @@
 namespace sdc::kernels {
 namespace {
 
+using abft_passes::AccumulateRow;
+using abft_passes::AccumulateRows;
+using abft_passes::ColumnMajor;
+using abft_passes::ColumnStart;
+using abft_passes::DotLine;
+using abft_passes::DotSums;
+using abft_passes::DotWeights;
+using abft_passes::ElementAt;
+using abft_passes::kUnitWeights;
+using abft_passes::RowSinks;
+using abft_passes::RowStart;
+using abft_passes::SumColumns;
+
 constexpr double kFp64UnitRoundoff = 0x1p-53;
 constexpr double kFp32MinNormal = 0x1p-126;
 constexpr double kEvaluationSlack = 1.0 + 0x1p-40;
 
 // The ones of a bias's companion column/row, read with stride 0.
 constexpr float kOne = 1.0f;
-
-double LoadValue(const unsigned char* p, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, sizeof(f));
-      return f;
-    }
-    case DType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, sizeof(h));
-      return BitsToFloat(static_cast<uint32_t>(h) << 16);
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, sizeof(h));
-      return HalfToFloat(h);
-    }
-    case DType::kFloat64:
-      break;
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
-// Where one row of values goes: sum[j] += w_sum * x_j, abs[j] += w_abs *
-// |x_j|, abs2[j] += w_abs2 * |x_j|, sq[j] += w_sq * (x_j * x_j); a null
-// array is skipped. Rows accumulated together share the arrays.
-struct RowSinks {
-  double w_sum = 0.0;
-  double* sum = nullptr;
-  double w_abs = 0.0;
-  double* abs = nullptr;
-  double w_sq = 0.0;
-  double* sq = nullptr;
-  double w_abs2 = 0.0;
-  double* abs2 = nullptr;
-};
-
-inline void AccumulateOne(double x, int64_t j, const RowSinks& s) {
-  if (s.sum != nullptr) s.sum[j] += s.w_sum * x;
-  if (s.abs != nullptr) s.abs[j] += s.w_abs * std::fabs(x);
-  if (s.sq != nullptr) s.sq[j] += s.w_sq * (x * x);
-  if (s.abs2 != nullptr) s.abs2[j] += s.w_abs2 * std::fabs(x);
-}
-
-// Elements [from, n) of a row at p, `stride` elements apart.
-void AccumulateRowPortable(const unsigned char* p, int64_t stride, DType dtype,
-                           int64_t from, int64_t n, const RowSinks& s) {
-  const int64_t step = stride * DTypeSize(dtype);
-  for (int64_t j = from; j < n; ++j) AccumulateOne(LoadValue(p + j * step, dtype), j, s);
-}
-
-// Rows accumulated in one sweep over the arrays.
-constexpr int kRowBlock = 4;
-
-#if defined(__x86_64__)
-
-#define SDC_AVX2 __attribute__((target("avx2,f16c")))
-
-// Eight values at q widened to fp64, low four and high four.
-SDC_AVX2 inline void Load8(const unsigned char* q, DType dtype, __m256d& lo, __m256d& hi) {
-  __m256 x;
-  if (dtype == DType::kFloat32) {
-    x = _mm256_loadu_ps(reinterpret_cast<const float*>(q));
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    x = dtype == DType::kFloat16
-            ? _mm256_cvtph_ps(h)
-            : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-  hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-}
-
-// `count` (1..kRowBlock) contiguous rows into the same arrays: each array
-// slot is loaded once, gets row 0's term, then row 1's, ... (multiply, then
-// add; never fused), and is stored once. Each element sees the same
-// operations in the same order as the portable path running the rows one
-// after another, so both agree to the bit.
-SDC_AVX2 void AccumulateRowsAvx2(const unsigned char* const* rows, int count, DType dtype,
-                                 int64_t n, const RowSinks* s) {
-  const __m256d sign_mask = _mm256_set1_pd(-0.0);
-  __m256d w_sum[kRowBlock], w_abs[kRowBlock], w_sq[kRowBlock], w_abs2[kRowBlock];
-  for (int r = 0; r < count; ++r) {
-    w_sum[r] = _mm256_set1_pd(s[r].w_sum);
-    w_abs[r] = _mm256_set1_pd(s[r].w_abs);
-    w_sq[r] = _mm256_set1_pd(s[r].w_sq);
-    w_abs2[r] = _mm256_set1_pd(s[r].w_abs2);
-  }
-  const RowSinks& a = s[0];
-  const int64_t size = DTypeSize(dtype);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256d v[kRowBlock][2];
-    for (int r = 0; r < count; ++r) Load8(rows[r] + j * size, dtype, v[r][0], v[r][1]);
-    for (int h = 0; h < 2; ++h) {
-      const int64_t at = j + 4 * h;
-      if (a.sum != nullptr) {
-        __m256d acc = _mm256_loadu_pd(a.sum + at);
-        for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sum[r], v[r][h]));
-        _mm256_storeu_pd(a.sum + at, acc);
-      }
-      if (a.abs != nullptr || a.abs2 != nullptr) {
-        __m256d m[kRowBlock];
-        for (int r = 0; r < count; ++r) m[r] = _mm256_andnot_pd(sign_mask, v[r][h]);
-        if (a.abs != nullptr) {
-          __m256d acc = _mm256_loadu_pd(a.abs + at);
-          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs[r], m[r]));
-          _mm256_storeu_pd(a.abs + at, acc);
-        }
-        if (a.abs2 != nullptr) {
-          __m256d acc = _mm256_loadu_pd(a.abs2 + at);
-          for (int r = 0; r < count; ++r) acc = _mm256_add_pd(acc, _mm256_mul_pd(w_abs2[r], m[r]));
-          _mm256_storeu_pd(a.abs2 + at, acc);
-        }
-      }
-      if (a.sq != nullptr) {
-        __m256d acc = _mm256_loadu_pd(a.sq + at);
-        for (int r = 0; r < count; ++r) {
-          acc = _mm256_add_pd(acc, _mm256_mul_pd(w_sq[r], _mm256_mul_pd(v[r][h], v[r][h])));
-        }
-        _mm256_storeu_pd(a.sq + at, acc);
-      }
-    }
-  }
-  for (; j < n; ++j) {
-    for (int r = 0; r < count; ++r) AccumulateOne(LoadValue(rows[r] + j * size, dtype), j, s[r]);
-  }
-}
-
-#endif  // defined(__x86_64__)
-
-// A contiguous line x (n values) against weight vectors: sum w_sum[j] x_j,
-// sum w_abs[j] |x_j|, sum w_sq[j] (x_j * x_j); a null weight is skipped.
-// Element j goes to lane j mod 8, folded as ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)),
-// on every path, so all paths agree to the bit.
-struct DotWeights {
-  const double* sum = nullptr;
-  const double* abs = nullptr;
-  const double* sq = nullptr;
-};
-struct DotSums {
-  double sum = 0.0, abs = 0.0, sq = 0.0;
-};
-
-constexpr int kDotLanes = 8;
-
-double FoldLanes(const double* l) {
-  return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-}
-
-struct DotLanes {
-  double sum[kDotLanes] = {}, abs[kDotLanes] = {}, sq[kDotLanes] = {};
-};
-
-void DotTailPortable(const unsigned char* p, DType dtype, int64_t from, int64_t n,
-                     const DotWeights& w, DotLanes& lanes) {
-  const int64_t size = DTypeSize(dtype);
-  for (int64_t j = from; j < n; ++j) {
-    const double x = LoadValue(p + j * size, dtype);
-    const int lane = static_cast<int>(j % kDotLanes);
-    if (w.sum != nullptr) lanes.sum[lane] += w.sum[j] * x;
-    if (w.abs != nullptr) lanes.abs[lane] += w.abs[j] * std::fabs(x);
-    if (w.sq != nullptr) lanes.sq[lane] += w.sq[j] * (x * x);
-  }
-}
-
-DotSums FoldDot(const DotLanes& lanes) {
-  return {FoldLanes(lanes.sum), FoldLanes(lanes.abs), FoldLanes(lanes.sq)};
-}
-
-#if defined(__x86_64__)
-
-SDC_AVX2 inline void Dot4(__m256d x, const double* w, __m256d& acc) {
-  acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_loadu_pd(w), x));
-}
-
-SDC_AVX2 DotSums DotLineAvx2(const unsigned char* p, DType dtype, int64_t n,
-                             const DotWeights& w) {
-  const __m256d sign_mask = _mm256_set1_pd(-0.0);
-  __m256d acc[3][2];
-  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_pd();
-  const int64_t size = DTypeSize(dtype);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256d halves[2];
-    Load8(p + j * size, dtype, halves[0], halves[1]);
-    for (int h = 0; h < 2; ++h) {
-      const __m256d v = halves[h];
-      const int64_t at = j + 4 * h;
-      if (w.sum != nullptr) Dot4(v, w.sum + at, acc[0][h]);
-      if (w.abs != nullptr) Dot4(_mm256_andnot_pd(sign_mask, v), w.abs + at, acc[1][h]);
-      if (w.sq != nullptr) Dot4(_mm256_mul_pd(v, v), w.sq + at, acc[2][h]);
-    }
-  }
-  DotLanes lanes;
-  double* out[3] = {lanes.sum, lanes.abs, lanes.sq};
-  for (int k = 0; k < 3; ++k) {
-    _mm256_storeu_pd(out[k], acc[k][0]);
-    _mm256_storeu_pd(out[k] + 4, acc[k][1]);
-  }
-  DotTailPortable(p, dtype, j, n, w, lanes);
-  return FoldDot(lanes);
-}
-
-#endif  // defined(__x86_64__)
-
-// A contiguous line of `n` values at p.
-DotSums DotLine(const unsigned char* p, DType dtype, int64_t n, const DotWeights& w,
-                CpuPath path) {
-#if defined(__x86_64__)
-  if (path != CpuPath::kPortable) return DotLineAvx2(p, dtype, n, w);
-#else
-  (void)path;
-#endif
-  DotLanes lanes;
-  DotTailPortable(p, dtype, 0, n, w, lanes);
-  return FoldDot(lanes);
-}
-
-// Column `col` of m, which must have row_stride 1 (columns contiguous).
-const unsigned char* ColumnStart(const MatrixRef& m, int64_t col) {
-  return static_cast<const unsigned char*>(m.data) + col * m.col_stride * DTypeSize(m.dtype);
-}
-
-// Whether a matrix is best read column by column.
-bool ColumnMajor(const MatrixRef& m) { return m.row_stride == 1 && m.col_stride != 1; }
-
-// n values at p, `stride` elements apart, into the sinks.
-void AccumulateLine(const unsigned char* p, int64_t stride, DType dtype, int64_t n,
-                    const RowSinks& s, CpuPath path) {
-#if defined(__x86_64__)
-  if (path != CpuPath::kPortable && stride == 1) {
-    AccumulateRowsAvx2(&p, 1, dtype, n, &s);
-    return;
-  }
-#else
-  (void)path;
-#endif
-  AccumulateRowPortable(p, stride, dtype, 0, n, s);
-}
-
-const unsigned char* RowStart(const MatrixRef& m, int64_t row) {
-  return static_cast<const unsigned char*>(m.data) + row * m.row_stride * DTypeSize(m.dtype);
-}
-
-void AccumulateRow(const MatrixRef& m, int64_t row, const RowSinks& s, CpuPath path) {
-  AccumulateLine(RowStart(m, row), m.col_stride, m.dtype, m.cols, s, path);
-}
-
-// Rows [0, rows) of m, row i into sinks_for(i) (all with the same arrays),
-// kRowBlock rows per sweep where the rows are contiguous.
-template <typename SinksFor>
-void AccumulateRows(const MatrixRef& m, int64_t rows, SinksFor sinks_for, CpuPath path) {
-#if defined(__x86_64__)
-  if (path != CpuPath::kPortable && m.col_stride == 1) {
-    for (int64_t i = 0; i < rows; i += kRowBlock) {
-      const int count = static_cast<int>(std::min<int64_t>(kRowBlock, rows - i));
-      const unsigned char* starts[kRowBlock];
-      RowSinks sinks[kRowBlock];
-      for (int r = 0; r < count; ++r) {
-        starts[r] = RowStart(m, i + r);
-        sinks[r] = sinks_for(i + r);
-      }
-      AccumulateRowsAvx2(starts, count, m.dtype, m.cols, sinks);
-    }
-    return;
-  }
-#endif
-  for (int64_t i = 0; i < rows; ++i) AccumulateRow(m, i, sinks_for(i), path);
-}
-
-// The weighted sums of each of m's `columns` columns over its first `rows`
-// rows, in m's memory order: column by column (weights: one per row) where
-// columns are contiguous, else row by row into sinks_for(i), which must add
-// into the same `sum`, `abs` and `sq` arrays with the same weights.
-template <typename SinksFor>
-void SumColumns(const MatrixRef& m, int64_t rows, int64_t columns, const DotWeights& weights,
-                SinksFor sinks_for, double* sum, double* abs, double* sq, CpuPath path) {
-  if (!ColumnMajor(m)) {
-    AccumulateRows(m, rows, sinks_for, path);
-    return;
-  }
-  for (int64_t j = 0; j < columns; ++j) {
-    const DotSums d = DotLine(ColumnStart(m, j), m.dtype, rows, weights, path);
-    sum[j] = d.sum;
-    abs[j] = d.abs;
-    if (sq != nullptr) sq[j] = d.sq;
-  }
-}
-
-double ElementAt(const MatrixRef& m, int64_t r, int64_t c) {
-  const auto* p = static_cast<const unsigned char*>(m.data) +
-                  (r * m.row_stride + c * m.col_stride) * DTypeSize(m.dtype);
-  return LoadValue(p, m.dtype);
-}
 
 double Gamma(double count, double unit_roundoff) {
   const double nu = count * unit_roundoff;
@@ -379,7 +92,7 @@ struct LineResult {
 
 // Working arrays of one check, reused across the products of a batch.
 struct Scratch {
-  std::vector<double> l_sum, l_abs, l_weighted, l_sq, row_abs, ones_p, ones_q;
+  std::vector<double> l_sum, l_abs, l_weighted, l_sq, row_abs;
   std::vector<double> reference, t, variance, sq_weight, observed, s_abs, c_sq;
 };
 
@@ -408,25 +121,19 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
   Zeros(l_weighted, probabilistic ? terms : 0);
   Zeros(l_sq, probabilistic && input_rounding ? terms : 0);
   Zeros(row_abs, probabilistic ? p : 0);
-  w.ones_p.assign(static_cast<size_t>(p), 1.0);
-  w.ones_q.assign(static_cast<size_t>(q), 1.0);
-  const std::vector<double>&ones_p = w.ones_p, &ones_q = w.ones_q;
   if (ColumnMajor(l)) {
     // Columns of L contiguous: a dot product per column.
-    const std::vector<double>& ones = ones_p;
     for (int64_t k = 0; k < q; ++k) {
       const unsigned char* line = ColumnStart(l, k);
-      const DotSums d = DotLine(line, l.dtype, p,
-                                DotWeights{ones.data(), ones.data(),
-                                           l_sq.empty() ? nullptr : ones.data()},
-                                path);
+      // One pass: the column's sums, and its |values| into their rows' sums.
+      const DotSums d =
+          DotLine(line, l.dtype, p,
+                  DotWeights{kUnitWeights, kUnitWeights, l_sq.empty() ? nullptr : kUnitWeights,
+                             probabilistic ? row_abs.data() : nullptr},
+                  path);
       l_sum[k] = d.sum;
       l_abs[k] = d.abs;
       if (!l_sq.empty()) l_sq[k] = d.sq;
-      if (probabilistic) {
-        AccumulateLine(line, 1, l.dtype, p,
-                       RowSinks{0.0, nullptr, 1.0, row_abs.data(), 0.0, nullptr}, path);
-      }
     }
     for (int64_t i = 0; i < p && extra; ++i) {
       const double x = ElementAt(*lx, i, 0);
@@ -449,11 +156,10 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
     // Rows of L contiguous (or strided both ways). For the probabilistic
     // rule, each row's absolute sum weights its row in sum_i rowabs_i |L_il|.
     if (probabilistic) {
-      const std::vector<double>& ones = ones_q;
       for (int64_t i = 0; i < p; ++i) {
         if (l.col_stride == 1) {
           row_abs[i] = DotLine(RowStart(l, i), l.dtype, q,
-                               DotWeights{nullptr, ones.data(), nullptr}, path)
+                               DotWeights{nullptr, kUnitWeights, nullptr}, path)
                            .abs;
         } else {
           for (int64_t j = 0; j < q; ++j) row_abs[i] += std::fabs(ElementAt(l, i, j));
@@ -508,20 +214,23 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
              path);
   if (extra) AccumulateRow(*ry, 0, r_sinks(q), path);
 
-  // Pass over C: observed_j, S_j and sum_i C_ij^2.
+  // Pass over C: observed_j, S_j and (probabilistic, C narrower than fp32)
+  // sum_i C_ij^2. An fp32 C has uo = 0: its squares would only be
+  // multiplied by 0.
+  const double u_out = AbftOutputUnitRoundoff(c.dtype);
+  const double uo = u_out / (1.0 - u_out);
+  const bool c_squares = probabilistic && uo > 0.0;
   std::vector<double>&observed = w.observed, &s_abs = w.s_abs, &c_sq = w.c_sq;
   Zeros(observed, s);
   Zeros(s_abs, s);
-  Zeros(c_sq, probabilistic ? s : 0);
+  Zeros(c_sq, c_squares ? s : 0);
   const RowSinks c_sinks{1.0, observed.data(), 1.0, s_abs.data(), 1.0,
                          c_sq.empty() ? nullptr : c_sq.data()};
   SumColumns(c, p, s,
-             DotWeights{ones_p.data(), ones_p.data(), probabilistic ? ones_p.data() : nullptr},
+             DotWeights{kUnitWeights, kUnitWeights, c_squares ? kUnitWeights : nullptr},
              [&](int64_t) { return c_sinks; }, observed.data(), s_abs.data(),
-             probabilistic ? c_sq.data() : nullptr, path);
+             c_squares ? c_sq.data() : nullptr, path);
 
-  const double u_out = AbftOutputUnitRoundoff(c.dtype);
-  const double uo = u_out / (1.0 - u_out);
   const double beta = (1.0 + u_in) * (1.0 + u_in) * (1.0 + Gamma(terms, u)) - 1.0;
   const double beta_first_order = static_cast<double>(terms) * u + 2.0 * u_in;
   const double g64 = Gamma(static_cast<double>(p + q + 4), kFp64UnitRoundoff);
@@ -539,7 +248,7 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
     const double check = g64 * (t_j + s_j) + underflow;
     double threshold = (beta * t_j + uo * s_j + check) * kEvaluationSlack;
     if (probabilistic) {
-      const double sigma = std::sqrt((variance[j] + uo * uo * c_sq[j]) * lift);
+      const double sigma = std::sqrt((variance[j] + (c_squares ? uo * uo * c_sq[j] : 0.0)) * lift);
       const double second_order = (beta - beta_first_order) * t_j + uo * beta * t_j;
       const double bound =
           (options.lambda * sigma + second_order + check) * kEvaluationSlack;

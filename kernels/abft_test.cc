@@ -238,6 +238,36 @@ TEST(AbftTest, RandomShapesAllDtypesAndOrdersPass) {
   }
 }
 
+// Row-major operands are summed eight columns at a time, the sums kept in
+// registers over all the rows, and the last n mod 8 columns element by
+// element (abft.cc, AccumulateColumnsAvx2): both parts, with unit and
+// per-row weights (the probabilistic rule's), agree with the portable path
+// to the bit, and a wrong element in either part is found in its column.
+TEST(AbftTest, EightColumnBlocksAndTheirTailAgreeOnEveryPath) {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {8, 13, 29}) {
+    for (DType in : kInputs) {
+      const Stored a = Fill(in, 37, 19, [&](int64_t, int64_t) { return normal(rng); });
+      const Stored b = Fill(in, 19, n, [&](int64_t, int64_t) { return normal(rng); });
+      const Stored c = Multiply(a, b, in, Order::kBlocked);
+      ExpectHealthy(a, b, c, "eight-column blocks");
+      for (const int64_t col : {int64_t{3}, n - 1}) {  // In a block; in the tail (n > 8).
+        Stored bad = c;
+        const float v = bad.Get(11, col);
+        bad.Set(11, col, v + 2.0f * std::max(std::fabs(v), 1.0f));
+        for (AbftRule rule : {AbftRule::kGuaranteed, AbftRule::kProbabilistic}) {
+          AbftOptions options;
+          options.rule = rule;
+          const AbftResult r = CheckAllPaths(a, b, bad, options);
+          EXPECT_FALSE(r.passed) << "n " << n << " column " << col;
+          EXPECT_EQ(r.worst_index, col) << "n " << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(AbftTest, LargeDynamicRangePasses) {
   // |values| from 1e-30 to 1e30, random signs: products from 1e-60 (below
   // fp32's range: they underflow) to 1e60 (kept below fp32's overflow by

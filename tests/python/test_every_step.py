@@ -3,7 +3,11 @@ one process: torch.ops.sdc.check_matmul on the tensors torch holds, no false
 alarm over hundreds of steps of a small transformer in fp32 and in bf16
 autocast, and an injected product error caught, its step skipped."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -197,3 +201,60 @@ def test_every_step_option_is_checked(group, monkeypatch):
     monkeypatch.setenv("SDC_EVERY_STEP", "yes")
     with pytest.raises(ValueError, match="SDC_EVERY_STEP='yes': expected 0 or 1"):
         sdc_guard.Guard(model, opt, loss_fn(False))
+
+
+def test_the_checks_attach_for_the_step_only_and_keep_torchs_errors(group):
+    # The products are checked by kernels registered at the dispatcher's CPU
+    # key while a guarded step runs: only there, with aten's own errors.
+    torch.manual_seed(0)
+    model = DDP(TinyTransformer())
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, loss_fn(False), audit_every=0, weight_check_every=0,
+                            every_step=True)
+    a, b = torch.randn(5, 3), torch.randn(3, 4)
+    try:
+        assert train(guard, model, opt, 1) == []
+        checked = guard.summary()["products_checked"]
+        assert checked >= 16
+        torch.mm(a, b)  # Outside the step: aten's own kernel, not checked.
+        assert guard.summary()["products_checked"] == checked
+        batch = tokens(2)
+        with guard.step(2, batch) as s:
+            want = torch.mm(a.double(), b.double()).float()
+            got = torch.mm(a, b)
+            assert torch.allclose(got, want, atol=1e-6)
+            with pytest.raises(RuntimeError, match="self must be a matrix"):
+                torch.mm(torch.randn(3), b)
+            with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(5x3 and 4x4\)"):
+                torch.mm(a, torch.randn(4, 4))
+            s.backward(guard.loss_fn(model, batch))
+        guard.optimizer_step(opt)
+        assert s.apply
+        assert guard.summary()["products_checked"] >= 2 * checked + 1
+        assert guard.summary()["checksum_alarms"] == 0
+    finally:
+        guard.shutdown(0)
+
+
+def test_the_overhead_bench_checks_itself_and_prints_its_json():
+    # ./sdc bench overhead --every-step at a smoke size, in its own process
+    # (it makes its own one-rank group).
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "bench", "every_step_overhead.py")
+    env = dict(os.environ)
+    for v in ("SDC_COORDINATOR", "SDC_INJECT_FAULT", "SDC_EVERY_STEP"):
+        env.pop(v, None)
+    run = subprocess.run([sys.executable, bench, "--every-step", "--steps=4", "--warmup=1",
+                          "--width=16", "--batch=2"], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"overhead_pct_vs_guarded", "overhead_pct_vs_unguarded",
+                        "guard_overhead_pct", "step_ms_unguarded", "step_ms_guarded",
+                        "step_ms_every_step", "products_per_step", "checksum_alarms"}
+    assert out["checksum_alarms"] == 0 and out["products_per_step"] == 39
+    assert out["unchecked_per_step"] == 0 and out["steps"] == 4
+    assert min(out["step_ms_unguarded"], out["step_ms_guarded"], out["step_ms_every_step"]) > 0
+    bad = subprocess.run([sys.executable, bench, "--every-step", "--steps=2", "--warmup=2"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--warmup < --steps" in bad.stderr

@@ -1,17 +1,30 @@
 """Every-step checksums of the guarded step's matrix products (issue 45).
 
 ``Guard(..., every_step=True)`` (or ``SDC_EVERY_STEP=1``) runs each guarded
-step's forward and backward under ``ProductChecks``, a TorchDispatchMode
-that lets every ``aten.mm``, ``aten.addmm`` and ``aten.bmm`` compute as usual
-and then checks its output against its operands with
-``torch.ops.sdc.check_matmul`` (the kernels of kernels/abft.h: fp64 column
-checksums, the probabilistic lambda-sigma threshold by default). On CPU a
-``Linear`` runs as ``addmm`` (2-D input) or ``mm`` on the flattened input,
-its backward as two ``mm``; ``matmul`` of batches as ``bmm``. Products of
-other dtypes or devices, ``addmm`` with a full (not row-broadcast) input or
-scaling, and fused kernels (``scaled_dot_product_attention``, convolutions)
-are not checked; ``unchecked`` counts the first kind (and a check that
-raised, said once on stderr: nothing raises on one rank inside backward).
+step's forward and backward under ``ProductChecks``, which checks the
+output of every ``aten.mm``, ``aten.addmm`` and ``aten.bmm`` on CPU against
+its operands with ``torch.ops.sdc.check_matmul`` (the kernels of
+kernels/abft.h: fp64 column checksums, the probabilistic lambda-sigma
+threshold by default). On CPU a ``Linear`` runs as ``addmm`` (2-D input) or
+``mm`` on the flattened input, its backward as two ``mm``; ``matmul`` of
+batches as ``bmm``. Products of other dtypes or devices, ``addmm`` with a
+full (not row-broadcast) input or scaling, and fused kernels
+(``scaled_dot_product_attention``, convolutions) are not checked;
+``unchecked`` counts the first kind (and a check that raised, said once on
+stderr: nothing raises on one rank inside backward).
+
+How it attaches: while a ``ProductChecks`` is entered (the step's forward
+and backward), Python kernels for those three ops are registered at the
+dispatcher's CPU key (a ``torch.library`` IMPL library, destroyed on exit,
+which puts aten's own kernels back), below autograd, so the products of the
+forward and of the backward formulas reach them, and no other op does. Each
+computes its product with the op's ``out=`` overload (the same CPU kernel,
+the same result), then checks it. A ``TorchDispatchMode`` (the first
+attachment) saw the same products but ran a Python call for every aten op
+of the step; this runs one per product, plus about 0.15 ms per step to
+register and remove the kernels (docs/ARCHITECTURE.md, "Every-step
+checksums"). The registration is process-wide: a product another thread
+computes during the step is checked too.
 
 A failed checksum: the product is computed once more from the same
 operands (the same output: "persistent", a fault the inputs reproduce;
@@ -19,7 +32,7 @@ another: "transient"), the alarm is logged on stderr with the op, phase,
 shapes, discrepancy and threshold, and handed to the engine as this rank's
 failure of the step (``note_failure``), which the step's agreement carries
 to every rank: every rank skips the step with the same reason (guard.py).
-The replays of peers' micro-batches run after the mode has exited (in the
+The replays of peers' micro-batches run after the kernels are removed (in the
 engine's Finish) and are not checked.
 
 Fault injection (``SDC_INJECT_FAULT=product:RANK:WHEN[:REL]``, for tests
@@ -30,9 +43,9 @@ rank and step) is multiplied by 1 + REL before it is checked and used.
 
 import random
 import sys
+import warnings
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sdc_guard import _C
 
@@ -67,14 +80,53 @@ def _operands(func, args, kwargs, out):
     return a, b, bias
 
 
-class ProductChecks(TorchDispatchMode):
-    """The dispatch mode of one guard; entered for each guarded step's
-    forward and backward (``begin`` first)."""
+# The ProductChecks entered now (None: aten's own kernels run).
+_active = None
+
+
+# Each computes into an empty tensor that the out= overload sizes (and
+# checks the operands for, raising the op's own errors).
+def _mm(a, b):
+    out = _aten.mm.out(a, b, out=a.new_empty(0))
+    return _observe(_aten.mm.default, (a, b), {}, out)
+
+
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    out = _aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+    return _observe(_aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha}, out)
+
+
+def _bmm(a, b):
+    out = _aten.bmm.out(a, b, out=a.new_empty(0))
+    return _observe(_aten.bmm.default, (a, b), {}, out)
+
+
+def _observe(func, args, kwargs, out):
+    checks = _active
+    return out if checks is None else checks.observe(func, args, kwargs, out)
+
+
+def _install():
+    """The product kernels registered at the CPU key (replacing aten's own
+    until the returned library is destroyed)."""
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        # "Overriding a previously registered kernel": that is the point.
+        warnings.simplefilter("ignore")
+        lib.impl("mm", _mm, "CPU")
+        lib.impl("addmm", _addmm, "CPU")
+        lib.impl("bmm", _bmm, "CPU")
+    return lib
+
+
+class ProductChecks:
+    """The product checks of one guard; entered for each guarded step's
+    forward and backward (``begin`` first). One is entered at a time in a
+    process (entering a second raises RuntimeError)."""
 
     CHECKED = (_aten.mm.default, _aten.addmm.default, _aten.bmm.default)
 
     def __init__(self, engine, rank, rule="probabilistic", lambda_=10.0):
-        super().__init__()
         self._engine = engine
         self.rank = rank
         self.rule = rule
@@ -88,6 +140,25 @@ class ProductChecks(TorchDispatchMode):
         self._fault = None    # (relative error, target product index) at a firing step.
         self._step_alarmed = False
         self._warned = False  # Said once that a check raised.
+        self._library = None  # The CPU kernels while entered.
+
+    def __enter__(self):
+        global _active
+        if _active is not None and _active is not self:
+            raise RuntimeError("another guard's every-step checksums are active in this process")
+        if self._library is None:
+            self._library = _install()
+        _active = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active
+        if _active is self:
+            _active = None
+        if self._library is not None:
+            self._library._destroy()  # aten's own kernels again.
+            self._library = None
+        return False
 
     def begin(self, step):
         """Before the step's forward: arms this step's injected fault, if any."""
@@ -101,11 +172,8 @@ class ProductChecks(TorchDispatchMode):
             rng = random.Random(1000003 * (self.rank + 1) + step)
             self._fault = (rel, rng.randrange(max(1, self._last_step_products)), rng)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func not in self.CHECKED:
-            return out
+    def observe(self, func, args, kwargs, out):
+        """Checks one product ``out = func(*args, **kwargs)``; returns ``out``."""
         ops = _operands(func, args, kwargs, out)
         if ops is None:
             self.unchecked += 1
@@ -158,7 +226,12 @@ class ProductChecks(TorchDispatchMode):
 
     def _alarm(self, func, args, kwargs, out, ops, worst, discrepancy, threshold, batch):
         self.alarms += 1
-        again = func(*args, **kwargs)
+        global _active
+        _active = None  # The recomputation is not checked again.
+        try:
+            again = func(*args, **kwargs)
+        finally:
+            _active = self
         kind = "persistent" if torch.equal(again, out) else "transient"
         a, b, _ = ops
         where = f"column {worst}" + (f" of product {batch}" if out.dim() == 3 else "")
