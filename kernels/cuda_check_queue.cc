@@ -163,7 +163,7 @@ absl::StatusOr<size_t> CudaCheckQueue::QueueScan(absl::Span<const TensorRef> ten
   }
   if (!failure_.ok()) return failure_;
   Op op;
-  op.scan = true;
+  op.kind = Kind::kScan;
   op.tensors = tensors.size();
   std::vector<cuda_impl::ScanChunk> chunks;
   for (const Chunk& c : SplitIntoChunks(sizes, kScanChunkElements)) {
@@ -198,6 +198,7 @@ absl::StatusOr<size_t> CudaCheckQueue::QueueFingerprint(absl::Span<const ByteSpa
   }
   if (!failure_.ok()) return failure_;
   Op op;
+  op.kind = Kind::kFingerprint;
   op.tensors = tensors.size();
   op.r1 = key.r(0);
   op.r2 = key.r(1);
@@ -234,6 +235,31 @@ absl::StatusOr<size_t> CudaCheckQueue::QueueFingerprint(absl::Span<const ByteSpa
   return fingerprints_++;
 }
 
+absl::StatusOr<size_t> CudaCheckQueue::QueueCopy(const void* device, size_t bytes,
+                                                 Stream stream) {
+  if (device == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError("QueueCopy: null device pointer");
+  }
+  if (!failure_.ok()) return failure_;
+  Op op;
+  op.kind = Kind::kCopy;
+  op.sizes = {bytes};
+  if (bytes > 0) {
+    if (absl::Status s = UseStream(stream); !s.ok()) return s;
+    absl::StatusOr<size_t> first = ReserveResults((bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    if (!first.ok()) return first.status();
+    op.first_word = *first;
+    if (int err = launcher_.CopyAsync(static_cast<uint64_t*>(results_.ptr) + op.first_word,
+                                      device, bytes, CudaLauncher::Copy::kDeviceToDevice,
+                                      stream_);
+        err != 0) {
+      return Fail("copying a value into the step's results", err);
+    }
+  }
+  ops_.push_back(std::move(op));
+  return copies_++;
+}
+
 void CudaCheckQueue::FreeRetired() {
   for (void* p : retired_device_) launcher_.FreeDevice(p);
   for (void* p : retired_pinned_) launcher_.FreePinned(p);
@@ -246,7 +272,7 @@ absl::StatusOr<CudaCheckQueue::Results> CudaCheckQueue::Read() {
   std::vector<Op> ops = std::exchange(ops_, {});
   const size_t words = std::exchange(results_words_, 0);
   const bool queued = std::exchange(queued_, false);
-  scans_ = fingerprints_ = 0;
+  scans_ = fingerprints_ = copies_ = 0;
   staging_used_ = descriptors_used_ = 0;
   if (failure.ok() && words > 0) {
     // The step's one device-to-host copy and one wait.
@@ -274,7 +300,12 @@ absl::StatusOr<CudaCheckQueue::Results> CudaCheckQueue::Read() {
   const uint64_t* host = static_cast<const uint64_t*>(host_results_.ptr);
   Results out;
   for (const Op& op : ops) {
-    if (op.scan) {
+    if (op.kind == Kind::kCopy) {
+      const unsigned char* from = reinterpret_cast<const unsigned char*>(host + op.first_word);
+      out.copies.emplace_back(from, from + op.sizes[0]);
+      continue;
+    }
+    if (op.kind == Kind::kScan) {
       std::vector<ScanResult> r(op.tensors);
       for (size_t c = 0; c < op.chunk_tensor.size(); ++c) {
         double sum;

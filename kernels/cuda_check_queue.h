@@ -41,10 +41,12 @@ class CudaCheckQueue {
   using Stream = CudaLauncher::Stream;
 
   // What Read hands back: scans[h] for QueueScan's handle h, fingerprints[h]
-  // for QueueFingerprint's, each in the order of the tensors queued.
+  // for QueueFingerprint's, each in the order of the tensors queued, and
+  // copies[h] for QueueCopy's.
   struct Results {
     std::vector<std::vector<ScanResult>> scans;
     std::vector<std::vector<Fingerprint>> fingerprints;
+    std::vector<std::vector<unsigned char>> copies;
   };
 
   // REQUIRES: `launcher` outlives the queue; the current device is the one
@@ -67,6 +69,11 @@ class CudaCheckQueue {
   absl::StatusOr<size_t> QueueFingerprint(absl::Span<const ByteSpan> tensors,
                                           const FingerprintKey& key, Stream stream);
 
+  // Queues a copy of `bytes` bytes of device memory at `device` (a loss
+  // scaler's scale, say) into the step's results, so it comes back with
+  // the same read. InvalidArgument for a null pointer with bytes > 0.
+  absl::StatusOr<size_t> QueueCopy(const void* device, size_t bytes, Stream stream);
+
   // The step's one read: copies every queued result to the host, waits
   // for it, and starts the next step. With nothing queued it returns empty
   // results and calls nothing. Returns the step's first error (Internal),
@@ -81,12 +88,13 @@ class CudaCheckQueue {
   };
   // One queued call: where its partials start in the results buffer and
   // what folds them.
+  enum class Kind { kScan, kFingerprint, kCopy };
   struct Op {
-    bool scan = false;
+    Kind kind = Kind::kScan;
     size_t first_word = 0;
     size_t tensors = 0;
     std::vector<uint32_t> chunk_tensor;  // Scans: each chunk's tensor.
-    std::vector<uint64_t> sizes;         // Fingerprints: each tensor's bytes.
+    std::vector<uint64_t> sizes;         // Fingerprints: each tensor's bytes; copies: {bytes}.
     uint64_t r1 = 0;
     uint64_t r2 = 0;
   };
@@ -115,6 +123,7 @@ class CudaCheckQueue {
   std::vector<Op> ops_;
   size_t scans_ = 0;
   size_t fingerprints_ = 0;
+  size_t copies_ = 0;
 
   Buffer staging_;         // Pinned: descriptors and keys on their way.
   size_t staging_used_ = 0;

@@ -61,8 +61,9 @@ std::vector<Bucket> Buckets(size_t step) {
 
 // One guarded step as StepPipeline runs it on a GPU: every local bucket's
 // scan queued from the communication hook, then at the decision the
-// reduced buckets' scan and fingerprints and the step's one read. Checks
-// the hook's calls never wait or read, and returns the read's results.
+// reduced buckets' scan and fingerprints, the loss scaler's scale, and the
+// step's one read. Checks the hook's calls never wait or read, and returns
+// the read's results.
 CudaCheckQueue::Results RunStep(CudaCheckQueue& q, const CountingLauncher& launcher,
                                 const std::vector<Bucket>& local,
                                 const std::vector<Bucket>& reduced) {
@@ -88,12 +89,22 @@ CudaCheckQueue::Results RunStep(CudaCheckQueue& q, const CountingLauncher& launc
   const Counts before = launcher.counts();
   EXPECT_TRUE(q.QueueScan(refs, stream).ok());
   EXPECT_TRUE(q.QueueFingerprint(spans, key, stream).ok());
+  const double scale = 65536.0;  // In "device" memory: the counting launcher's is the host's.
+  EXPECT_TRUE(q.QueueCopy(&scale, sizeof(scale), stream).ok());
   EXPECT_EQ(launcher.counts().synchronizes, before.synchronizes);
   EXPECT_EQ(launcher.counts().device_to_host, before.device_to_host);
   absl::StatusOr<CudaCheckQueue::Results> r = q.Read();
   EXPECT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(launcher.counts().synchronizes, before.synchronizes + 1) << "one wait per step";
   EXPECT_EQ(launcher.counts().device_to_host, before.device_to_host + 1) << "one read per step";
+  if (r.ok()) {
+    EXPECT_EQ(r->copies.size(), 1u);
+    double got = 0;
+    if (r->copies.size() == 1 && r->copies[0].size() == sizeof(got)) {
+      std::memcpy(&got, r->copies[0].data(), sizeof(got));
+    }
+    EXPECT_EQ(got, scale);
+  }
   return r.ok() ? *std::move(r) : CudaCheckQueue::Results{};
 }
 
@@ -144,7 +155,8 @@ TEST(CudaCheckQueueTest, AGuardedStepWaitsAndReadsOnceAndAllocatesOnlyOnItsFirst
       } else {
         EXPECT_EQ(Allocations(after), Allocations(before)) << "step " << step << " allocated";
         EXPECT_EQ(after.frees, before.frees) << "step " << step << " freed";
-        EXPECT_EQ(after.device_to_device, before.device_to_device) << "step " << step;
+        // The scale's copy only: no results moved to a grown buffer.
+        EXPECT_EQ(after.device_to_device - before.device_to_device, 1) << "step " << step;
       }
     }
   }
@@ -163,7 +175,8 @@ TEST(CudaCheckQueueTest, AStepLargerThanAnyBeforeGrowsOnceKeepingEarlierResults)
   const Counts before = launcher.counts();
   CudaCheckQueue::Results r = RunStep(q, launcher, many, {MakeBucket(100, 3, 0)});
   EXPECT_GT(Allocations(launcher.counts()), Allocations(before));
-  EXPECT_GT(launcher.counts().device_to_device, before.device_to_device);
+  EXPECT_GT(launcher.counts().device_to_device, before.device_to_device + 1)
+      << "the results moved to the grown buffer (besides the scale's copy)";
   ASSERT_EQ(r.scans.size(), many.size() + 1);
   for (size_t i = 0; i < many.size(); ++i) ExpectScansMatchCpu(r.scans[i], {many[i]});
   // The same step again fits.
