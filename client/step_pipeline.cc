@@ -232,8 +232,11 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(
     });
   }
   if (device_results.ok()) {
+    // The local buckets' scans, queued in the hook, came back in the read.
     for (size_t h : local_scans) {
-      for (const kernels::ScanResult& r : device_results->scans[h]) out.local_nonfinite += r.nonfinite;
+      for (const kernels::ScanResult& r : device_results->scans[h]) {
+        out.local_nonfinite += r.nonfinite;
+      }
     }
   }
   for (const kernels::ScanResult& r : scans) {

@@ -246,7 +246,8 @@ absl::StatusOr<size_t> CudaCheckQueue::QueueCopy(const void* device, size_t byte
   op.sizes = {bytes};
   if (bytes > 0) {
     if (absl::Status s = UseStream(stream); !s.ok()) return s;
-    absl::StatusOr<size_t> first = ReserveResults((bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    const size_t words = (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);
+    absl::StatusOr<size_t> first = ReserveResults(words);
     if (!first.ok()) return first.status();
     op.first_word = *first;
     if (int err = launcher_.CopyAsync(static_cast<uint64_t*>(results_.ptr) + op.first_word,

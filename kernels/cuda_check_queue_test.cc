@@ -39,8 +39,8 @@ Bucket MakeBucket(size_t n, size_t seed, int bad) {
   b.values.resize(n);
   for (size_t i = 0; i < n; ++i) b.values[i] = static_cast<float>((i * 7 + seed) % 13) / 8.0f;
   for (int k = 0; k < bad; ++k) {
-    b.values[(k * 104729 + seed) % n] =
-        k % 2 == 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+    b.values[(k * 104729 + seed) % n] = k % 2 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                                   : std::numeric_limits<float>::infinity();
   }
   for (float v : b.values) b.nonfinite += std::isfinite(v) ? 0 : 1;
   return b;
