@@ -24,10 +24,6 @@
 namespace sdc::client {
 namespace {
 
-kernels::ByteSpan SpanOf(const torch::Tensor& t) {
-  return {t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
-}
-
 // Positions of `dense` by device, so each device's tensors go to its kernels
 // in one call.
 std::vector<std::pair<torch::Device, std::vector<size_t>>> ByDevice(
@@ -47,14 +43,6 @@ absl::Status Unreadable(const torch::Device& device) {
   absl::Status s = CheckDevice(device);
   if (s.ok()) s = absl::InternalError("no kernels for this device");
   return absl::Status(s.code(), absl::StrCat("tensors on ", device.str(), ": ", s.message()));
-}
-
-// Runs `kernel(stream)` with `device` current and its current stream: where
-// the trainer's own next kernel on it would go.
-template <typename Kernel>
-absl::Status OnCudaDevice(const torch::Device& device, Kernel kernel) {
-  const c10::cuda::CUDAGuard current(device.index());  // The kernels allocate on the current device.
-  return kernel(c10::cuda::getCurrentCUDAStream(device.index()).stream());
 }
 
 at::Generator CudaGenerator(const torch::Device& device) {
@@ -80,7 +68,7 @@ absl::Status PerDevice(const std::vector<torch::Tensor>& dense, std::vector<Resu
     if (device.is_cpu()) {
       s = cpu(absl::MakeConstSpan(args), absl::MakeSpan(results));
     } else if (device.is_cuda()) {
-      s = OnCudaDevice(device, [&](kernels::CudaStream stream) {
+      s = OnCudaStream(device, [&](kernels::CudaStream stream) {
         return cuda(absl::MakeConstSpan(args), absl::MakeSpan(results), stream);
       });
     } else {
@@ -103,6 +91,22 @@ void SetState(at::Generator gen, const torch::Tensor& state) {
 }
 
 }  // namespace
+
+absl::Status OnCudaStream(const torch::Device& device,
+                          absl::FunctionRef<absl::Status(kernels::CudaStream)> fn) {
+  const c10::cuda::CUDAGuard current(device.index());  // The kernels allocate on the current device.
+  return fn(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+}
+
+kernels::ByteSpan BytesOf(const torch::Tensor& t) {
+  return {t.data_ptr(), static_cast<uint64_t>(t.numel()) * t.element_size()};
+}
+
+absl::StatusOr<kernels::TensorRef> ScanRef(const torch::Tensor& t) {
+  absl::StatusOr<kernels::DType> dtype = DTypeOf(t);
+  if (!dtype.ok()) return dtype.status();
+  return kernels::TensorRef{t.data_ptr(), static_cast<uint64_t>(t.numel()), *dtype};
+}
 
 std::string GpuUuidString(const unsigned char bytes[16]) {
   std::string out = "GPU-";
@@ -203,7 +207,7 @@ absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
                                  std::vector<kernels::Fingerprint>* out) {
   return PerDevice<kernels::ByteSpan>(
       dense, out,
-      [](const torch::Tensor& t) -> absl::StatusOr<kernels::ByteSpan> { return SpanOf(t); },
+      [](const torch::Tensor& t) -> absl::StatusOr<kernels::ByteSpan> { return BytesOf(t); },
       [&key](auto in, auto results) { return kernels::FingerprintTensors(in, key, results); },
       [&key](auto in, auto results, kernels::CudaStream stream) {
         return kernels::FingerprintTensorsCuda(in, key, results, stream);
@@ -214,11 +218,7 @@ absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
                           std::vector<kernels::ScanResult>* out) {
   return PerDevice<kernels::TensorRef>(
       dense, out,
-      [](const torch::Tensor& t) -> absl::StatusOr<kernels::TensorRef> {
-        absl::StatusOr<kernels::DType> dtype = DTypeOf(t);
-        if (!dtype.ok()) return dtype.status();
-        return kernels::TensorRef{t.data_ptr(), static_cast<uint64_t>(t.numel()), *dtype};
-      },
+      ScanRef,
       [](auto in, auto results) { return kernels::ScanNonFinite(in, results); },
       [](auto in, auto results, kernels::CudaStream stream) {
         return kernels::ScanNonFiniteCuda(in, results, stream);

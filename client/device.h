@@ -19,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
+#include "kernels/cuda.h"
 #include "kernels/fingerprint.h"
 #include "kernels/nonfinite.h"
 #include "protocol/types.h"
@@ -64,6 +66,18 @@ absl::Status FingerprintOnDevice(const std::vector<torch::Tensor>& dense,
 // Non-finite scans of contiguous floating-point tensors, as above.
 absl::Status ScanOnDevice(const std::vector<torch::Tensor>& dense,
                           std::vector<kernels::ScanResult>* out);
+
+// What the kernels read of a contiguous tensor: its elements (ScanRef;
+// InvalidArgument for a dtype DTypeOf refuses) or its bytes (BytesOf).
+absl::StatusOr<kernels::TensorRef> ScanRef(const torch::Tensor& dense);
+kernels::ByteSpan BytesOf(const torch::Tensor& dense);
+
+// Runs fn(stream) with CUDA device `device` current and `stream` its
+// current stream: where the trainer's own next kernel on it would go, so
+// work fn queues there runs after what the trainer queued and before what
+// it queues next. Returns fn's status.
+absl::Status OnCudaStream(const torch::Device& device,
+                          absl::FunctionRef<absl::Status(kernels::CudaStream)> fn);
 
 // Every random generator a forward pass on `device` draws from (the CPU's,
 // and for a CUDA device its CUDA generator), as one uint8 CPU tensor.

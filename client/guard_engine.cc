@@ -368,29 +368,32 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   } restore{determinism_};
   StepDecision decision;
   decision.audited = audit_.auditing();
-  // The step's one read of the scale, at the decision (GradScaler reads
-  // its own found-inf flag here too).
-  SDC_TORCH_TRY(loss_scale_ =
-                    loss_scale_tensor_.defined() ? loss_scale_tensor_.item<double>() : 0);
-  decision.loss_scaled = loss_scale_ > 0;
   std::string audits_off_now = std::exchange(audits_off_at_start_, std::string());
   // The first error this rank meets in the step (a bucket hand-off's kept
   // one first). It reaches every rank through the audit gate and the
   // agreement; no rank leaves Finish before a collective the others run.
   absl::Status failure = pipeline_.TakeFailure();
 
-  // Check 1 on the reduced buckets (local work).
+  // Check 1 on the reduced buckets (local work), and the scale with it: on
+  // a GPU the step's one device-to-host read, at the decision (GradScaler
+  // reads its own found-inf flag here too).
   StepPipeline::Gradients gradients;
-  absl::StatusOr<StepPipeline::Gradients> checked = pipeline_.CheckGradients(step_);
+  absl::StatusOr<StepPipeline::Gradients> checked =
+      pipeline_.CheckGradients(step_, loss_scale_tensor_);
   if (checked.ok()) {
     gradients = *checked;
+    loss_scale_ = gradients.loss_scale;
   } else if (absl::IsFailedPrecondition(checked.status())) {
     // No backward reached the engine (the same on every rank of a DDP job):
     // nothing was exchanged, so nothing waits.
     return checked.status();
   } else {
     failure.Update(checked.status());
+    // The check failed; the scale is still needed to decide alike.
+    SDC_TORCH_TRY(loss_scale_ =
+                      loss_scale_tensor_.defined() ? loss_scale_tensor_.item<double>() : 0);
   }
+  decision.loss_scaled = loss_scale_ > 0;
   decision.check1_ms = gradients.ms;
   // Under a loss scaler the gradients are scaled: the norm the optimizer
   // sees (and clipping uses) is the unscaled one.

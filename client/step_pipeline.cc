@@ -1,18 +1,24 @@
 #include "client/step_pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/device.h"
 #include "client/tensor_checks.h"
 
 namespace sdc::client {
 
 StepPipeline::StepPipeline(const EngineContext& ctx, ModelTensors& model)
-    : ctx_(ctx), model_(model) {}
+    : StepPipeline(ctx, model, kernels::RuntimeLauncher()) {}
+
+StepPipeline::StepPipeline(const EngineContext& ctx, ModelTensors& model,
+                           kernels::CudaLauncher& launcher)
+    : ctx_(ctx), model_(model), launcher_(launcher) {}
 
 void StepPipeline::BeginStep() {
   absl::MutexLock lock(&mu_);
@@ -20,7 +26,13 @@ void StepPipeline::BeginStep() {
   local_fault_done_ = false;
   reduced_.clear();
   local_ms_ = 0;
-  local_on_device_ = torch::Tensor();
+  if (queue_unread_) {
+    // A step that ended before its read (it failed, or reduced nothing):
+    // its queued work is waited for and dropped, so the buffers are free.
+    (void)queue_->Read();
+    queue_unread_ = false;
+  }
+  local_scans_.clear();
   failure_ = std::exchange(carried_, absl::OkStatus());
 }
 
@@ -62,13 +74,25 @@ void StepPipeline::ScanLocalBucket(const StepContext& step, const torch::Tensor&
       TORCH_CHECK(false, "INJECTED scan-error: the non-finite scan of a local bucket failed");
     }
     if (local.is_cuda()) {
-      // On a GPU the count stays on the device, queued on the current
-      // stream with torch's caching allocator: the hook never waits for
-      // the device. CheckGradients reads it once, at the decision.
-      torch::NoGradGuard no_grad;
-      torch::Tensor bad = torch::logical_not(torch::isfinite(local)).sum();
-      absl::MutexLock lock(&mu_);
-      local_on_device_ = local_on_device_.defined() ? local_on_device_.add(bad) : bad;
+      // On a GPU the scan is queued on the current stream and writes into
+      // the step's device results: the hook never waits for the device.
+      // CheckGradients reads them once, at the decision.
+      const torch::Tensor dense = local.detach().contiguous();
+      absl::Status queued = OnCudaStream(dense.device(), [&](kernels::CudaStream stream) {
+        absl::StatusOr<kernels::TensorRef> ref = ScanRef(dense);
+        if (!ref.ok()) return ref.status();
+        absl::MutexLock lock(&mu_);
+        if (queue_ == nullptr) queue_ = std::make_unique<kernels::CudaCheckQueue>(launcher_);
+        queue_unread_ = true;
+        absl::StatusOr<size_t> handle = queue_->QueueScan({&*ref, 1}, stream);
+        if (!handle.ok()) return handle.status();
+        local_scans_.push_back(*handle);
+        return absl::OkStatus();
+      });
+      if (!queued.ok()) {
+        NoteFailure(absl::Status(queued.code(), absl::StrCat("check 1 of a local gradient "
+                                                             "bucket: ", queued.message())));
+      }
     } else {
       n = NonFinite({local});
     }
@@ -109,20 +133,17 @@ void StepPipeline::AddReducedBucket(const StepContext& step, size_t index,
   reduced_.emplace_back(index, reduced);
 }
 
-absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepContext& step) {
+absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(
+    const StepContext& step, const torch::Tensor& loss_scale) {
   Gradients out;
   std::vector<std::pair<size_t, torch::Tensor>> reduced;
-  torch::Tensor on_device;
+  std::vector<size_t> local_scans;
   {
     absl::MutexLock lock(&mu_);
     reduced.swap(reduced_);
     out.local_nonfinite = local_nonfinite_;
     out.ms = local_ms_;
-    on_device = std::exchange(local_on_device_, torch::Tensor());
-  }
-  // The local scans of device buckets, queued in the hook: read here.
-  if (on_device.defined()) {
-    SDC_TORCH_TRY(out.local_nonfinite += static_cast<uint64_t>(on_device.item<int64_t>()));
+    local_scans = std::exchange(local_scans_, {});
   }
   if (reduced.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -134,16 +155,90 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(const StepC
   const absl::Time start = absl::Now();
   std::vector<torch::Tensor> buckets;
   std::vector<std::string> names;
+  bool one_gpu = true;
   for (const auto& [index, t] : reduced) {
-    buckets.push_back(t);
+    buckets.push_back(t.detach().contiguous());
     names.push_back(absl::StrCat("bucket.", index));
+    one_gpu = one_gpu && t.is_cuda() && t.device() == reduced.front().second.device();
   }
   std::vector<kernels::ScanResult> scans;
   std::vector<kernels::Fingerprint> fps;
-  SDC_TORCH_TRY({
-    scans = ScanTensors(buckets);
-    fps = Fingerprints(ctx_.fingerprint_key(), buckets);
-  });
+  absl::StatusOr<kernels::CudaCheckQueue::Results> device_results;
+  if (one_gpu) {
+    // The step's one device-to-host read: the reduced buckets' scan and
+    // fingerprints join the local scans queued in the hook.
+    std::vector<kernels::TensorRef> refs;
+    std::vector<kernels::ByteSpan> spans;
+    // The scale as fp64 on the buckets' device (a queued conversion).
+    torch::Tensor scale;
+    if (loss_scale.defined()) {
+      SDC_TORCH_TRY(scale = loss_scale.detach()
+                                .to(buckets.front().device(), torch::kDouble, /*non_blocking=*/true)
+                                .reshape({-1})
+                                .narrow(0, 0, 1)
+                                .contiguous());
+    }
+    for (const torch::Tensor& b : buckets) {
+      absl::StatusOr<kernels::TensorRef> ref = ScanRef(b);
+      if (!ref.ok()) return absl::InternalError(ref.status().message());
+      refs.push_back(*ref);
+      spans.push_back(BytesOf(b));
+    }
+    absl::Status s = OnCudaStream(buckets.front().device(), [&](kernels::CudaStream stream) {
+      absl::MutexLock lock(&mu_);
+      if (queue_ == nullptr) queue_ = std::make_unique<kernels::CudaCheckQueue>(launcher_);
+      queue_unread_ = true;
+      absl::StatusOr<size_t> scan = queue_->QueueScan(refs, stream);
+      absl::StatusOr<size_t> fp =
+          scan.ok() ? queue_->QueueFingerprint(spans, ctx_.fingerprint_key(), stream)
+                    : scan.status();
+      absl::StatusOr<size_t> copy =
+          !fp.ok() ? fp.status()
+          : scale.defined() ? queue_->QueueCopy(scale.data_ptr(), sizeof(double), stream)
+                            : absl::StatusOr<size_t>(0);
+      device_results = queue_->Read();
+      queue_unread_ = false;
+      if (!scan.ok()) return scan.status();
+      if (!fp.ok()) return fp.status();
+      if (!copy.ok()) return copy.status();
+      if (!device_results.ok()) return device_results.status();
+      scans = device_results->scans[*scan];
+      fps = device_results->fingerprints[*fp];
+      if (scale.defined()) {
+        std::memcpy(&out.loss_scale, device_results->copies[*copy].data(), sizeof(double));
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      return absl::InternalError(absl::StrCat("check 1 of the reduced gradients: ", s.message()));
+    }
+  } else {
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_unread_) {
+        // CUDA local buckets whose reduced ones came back elsewhere.
+        device_results = queue_->Read();
+        queue_unread_ = false;
+        if (!device_results.ok()) {
+          return absl::InternalError(absl::StrCat("check 1 of the local gradients: ",
+                                                  device_results.status().message()));
+        }
+      }
+    }
+    SDC_TORCH_TRY({
+      scans = ScanTensors(buckets);
+      fps = Fingerprints(ctx_.fingerprint_key(), buckets);
+      if (loss_scale.defined()) out.loss_scale = loss_scale.item<double>();
+    });
+  }
+  if (device_results.ok()) {
+    // The local buckets' scans, queued in the hook, came back in the read.
+    for (size_t h : local_scans) {
+      for (const kernels::ScanResult& r : device_results->scans[h]) {
+        out.local_nonfinite += r.nonfinite;
+      }
+    }
+  }
   for (const kernels::ScanResult& r : scans) {
     out.reduced_nonfinite += r.nonfinite;
     out.sum_squares += r.sum_squares;

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,8 @@
 #include "client/engine_types.h"
 #include "client/model_tensors.h"
 #include "client/step_core.h"
+#include "kernels/cuda_check_queue.h"
+#include "kernels/cuda_launcher.h"
 
 namespace sdc::client {
 
@@ -39,18 +42,23 @@ class StepPipeline {
     uint64_t reduced_nonfinite = 0;  // NaN/Inf elements in the reduced buckets.
     double sum_squares = 0;          // Of the reduced gradients.
     uint64_t reduced_digest = 0;     // Over the reduced buckets in index order.
+    double loss_scale = 0;           // The loss scaler's scale; 0: none.
     double ms = 0;                   // The scans and the digest (local work).
   };
 
   // REQUIRES: `ctx` and `model` outlive the pipeline.
   StepPipeline(const EngineContext& ctx, ModelTensors& model);
+  // CUDA buckets' checks go through `launcher` (kernels::RuntimeLauncher()
+  // above). REQUIRES: it outlives the pipeline.
+  StepPipeline(const EngineContext& ctx, ModelTensors& model, kernels::CudaLauncher& launcher);
 
   // Forgets the previous step's buckets.
   void BeginStep();
 
   // Before a bucket's all-reduce: scans its local gradients (a CUDA
-  // bucket's count is queued on the current stream and read in
-  // CheckGradients: nothing here waits for the device). Never throws:
+  // bucket's scan is queued on the current stream into the step's device
+  // results (kernels/cuda_check_queue.h) and read in CheckGradients:
+  // nothing here waits for or reads the device). Never throws:
   // it runs inside the caller's backward, where an exception on one rank
   // would leave the others waiting in the all-reduce; an error is kept for
   // Finish to carry to every rank (TakeFailure). While this rank holds an
@@ -76,9 +84,14 @@ class StepPipeline {
 
   // Check 1 on what the buckets brought: scans and digests the reduced
   // buckets (in index order, whatever order they arrived in) and hands them
-  // back. FailedPrecondition when no bucket was reduced this step; Internal
-  // on a libtorch or kernel failure.
-  absl::StatusOr<Gradients> CheckGradients(const StepContext& step);
+  // back. On a GPU this is the step's one device-to-host read: the reduced
+  // buckets' scan and fingerprints join the local scans in the step's
+  // device results, read back together. FailedPrecondition when no bucket
+  // was reduced this step; Internal on a libtorch or kernel failure.
+  // `loss_scale` (undefined: none) is read with the rest: on the buckets'
+  // GPU it comes back in the same read.
+  absl::StatusOr<Gradients> CheckGradients(const StepContext& step,
+                                           const torch::Tensor& loss_scale = torch::Tensor());
 
   // The agreement: one MAX all-reduce of every rank's `view` (collective).
   // Internal on a libtorch failure.
@@ -113,8 +126,14 @@ class StepPipeline {
   bool local_fault_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   absl::Status carried_ ABSL_GUARDED_BY(mu_);
-  // The NaN/Inf count of this step's local CUDA buckets, on the device.
-  torch::Tensor local_on_device_ ABSL_GUARDED_BY(mu_);
+  // A CUDA step's checks, queued on the device and read once per step
+  // (created at the first CUDA bucket).
+  kernels::CudaLauncher& launcher_;
+  std::unique_ptr<kernels::CudaCheckQueue> queue_ ABSL_GUARDED_BY(mu_);
+  // The queue's handles of this step's local bucket scans.
+  std::vector<size_t> local_scans_ ABSL_GUARDED_BY(mu_);
+  // Work is queued that no Read has collected.
+  bool queue_unread_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::pair<size_t, torch::Tensor>> reduced_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,13 +1,15 @@
 #include "kernels/cuda.h"
 
-#include <cstdint>
-#include <cstring>
-#include <vector>
+#include <algorithm>
+#include <map>
+#include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu_dispatch.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda_check_queue.h"
 #include "kernels/cuda_kernels.h"
-#include "kernels/mersenne61.h"
+#include "kernels/cuda_launcher.h"
 
 namespace sdc::kernels {
 
@@ -15,18 +17,73 @@ namespace sdc::kernels {
 
 namespace {
 
-// Smaller than the CPU's chunks: a GPU needs thousands of blocks in flight.
-// Whole level-1 blocks, as the kernel requires.
-constexpr uint64_t kCudaFingerprintChunkBytes = 256ull << 10;
-static_assert(kCudaFingerprintChunkBytes % kFingerprintBlockBytes == 0);
-static_assert(cuda_impl::kBlockWords == kFingerprintBlockWords);
+// The CUDA runtime, through cuda_kernels.cu (nvcc compiles the runtime's
+// headers; this file needs none).
+class CudaRuntimeLauncher : public CudaLauncher {
+ public:
+  int CurrentDevice(int* device) override { return cuda_impl::GetDevice(device); }
+  int AllocDevice(void** ptr, size_t bytes) override { return cuda_impl::Malloc(ptr, bytes); }
+  int AllocPinned(void** ptr, size_t bytes) override {
+    return cuda_impl::MallocHost(ptr, bytes);
+  }
+  void FreeDevice(void* ptr) override { cuda_impl::Free(ptr); }
+  void FreePinned(void* ptr) override { cuda_impl::FreeHost(ptr); }
+  int CopyAsync(void* dst, const void* src, size_t bytes, Copy kind, Stream stream) override {
+    const int code = kind == Copy::kHostToDevice ? 1 : kind == Copy::kDeviceToHost ? 2 : 3;
+    return cuda_impl::MemcpyAsync(dst, src, bytes, code, stream);
+  }
+  int ZeroAsync(void* dst, size_t bytes, Stream stream) override {
+    return cuda_impl::MemsetAsync(dst, bytes, stream);
+  }
+  int LaunchScan(const cuda_impl::ScanChunk* chunks, size_t num_chunks, uint64_t* results,
+                 Stream stream) override {
+    return cuda_impl::LaunchScan(chunks, num_chunks, results, stream);
+  }
+  int LaunchFingerprint(const cuda_impl::FingerprintChunk* chunks, size_t num_chunks,
+                        const uint64_t* key_words, uint64_t r1, uint64_t r2, uint64_t* sums,
+                        Stream stream) override {
+    return cuda_impl::LaunchFingerprint(chunks, num_chunks, key_words, r1, r2, sums, stream);
+  }
+  int OrderAfter(Stream later, Stream earlier) override {
+    return cuda_impl::OrderAfter(later, earlier);
+  }
+  int Synchronize(Stream stream) override { return cuda_impl::StreamSynchronize(stream); }
+  const char* ErrorString(int code) override { return cuda_impl::ErrorString(code); }
+};
 
-absl::Status CudaError(const char* what, int code) {
-  return absl::InternalError(
-      absl::StrCat(what, ": CUDA error ", code, ": ", cuda_impl::ErrorString(code)));
+// The blocking entry points share one queue per device (its buffers
+// persist, so a call allocates only when it needs more than any before).
+class BlockingQueues {
+ public:
+  template <typename Fn>
+  absl::Status Run(Fn fn) {
+    int device = 0;
+    if (int err = RuntimeLauncher().CurrentDevice(&device); err != 0) {
+      return absl::InternalError(
+          absl::StrCat("cudaGetDevice: CUDA error ", err, ": ", cuda_impl::ErrorString(err)));
+    }
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<CudaCheckQueue>& q = queues_[device];
+    if (q == nullptr) q = std::make_unique<CudaCheckQueue>(RuntimeLauncher());
+    return fn(*q);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, std::unique_ptr<CudaCheckQueue>> queues_ ABSL_GUARDED_BY(mu_);
+};
+
+BlockingQueues& Blocking() {
+  static auto* queues = new BlockingQueues();  // Never destroyed: used at exit.
+  return *queues;
 }
 
 }  // namespace
+
+CudaLauncher& RuntimeLauncher() {
+  static auto* launcher = new CudaRuntimeLauncher();
+  return *launcher;
+}
 
 bool CudaBuilt() { return true; }
 
@@ -48,38 +105,14 @@ absl::Status FingerprintTensorsCuda(absl::Span<const ByteSpan> tensors,
       !s.ok()) {
     return s;
   }
-  std::vector<uint64_t> sizes(tensors.size());
-  for (size_t t = 0; t < tensors.size(); ++t) sizes[t] = tensors[t].size;
-  std::vector<cuda_impl::FingerprintChunk> chunks;
-  for (const Chunk& c : SplitIntoChunks(sizes, kCudaFingerprintChunkBytes)) {
-    chunks.push_back(
-        {tensors[c.tensor].data, c.begin, c.length, sizes[c.tensor], c.tensor});
-  }
-  uint64_t key_words[2 * kFingerprintBlockWords];
-  for (int j = 0; j < 2; ++j) {
-    std::memcpy(key_words + j * kFingerprintBlockWords, key.words(j),
-                sizeof(uint64_t) * kFingerprintBlockWords);
-  }
-  std::vector<uint64_t> sums(4 * tensors.size());
-  if (int err = cuda_impl::RunFingerprint(chunks.data(), chunks.size(),
-                                          tensors.size(), key_words, key.r(0),
-                                          key.r(1), sums.data(), stream);
-      err != 0) {
-    return CudaError("FingerprintTensorsCuda", err);
-  }
-  // sum = low + high * 2^32 over the chunks, then the length's term n * r.
-  constexpr uint64_t kTwoTo32 = 1ull << 32;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    uint64_t s[2];
-    for (int j = 0; j < 2; ++j) {
-      const uint64_t low = m61::Reduce(sums[4 * t + 2 * j]);
-      const uint64_t high = m61::Reduce(sums[4 * t + 2 * j + 1]);
-      s[j] = m61::Add(m61::Add(low, m61::Mul(high, kTwoTo32)),
-                      m61::Mul(m61::Reduce(sizes[t]), key.r(j)));
-    }
-    out[t] = {sizes[t], s[0], s[1]};
-  }
-  return absl::OkStatus();
+  return Blocking().Run([&](CudaCheckQueue& q) -> absl::Status {
+    absl::StatusOr<size_t> handle = q.QueueFingerprint(tensors, key, stream);
+    absl::StatusOr<CudaCheckQueue::Results> r = q.Read();
+    if (!handle.ok()) return handle.status();
+    if (!r.ok()) return r.status();
+    std::copy(r->fingerprints[*handle].begin(), r->fingerprints[*handle].end(), out.begin());
+    return absl::OkStatus();
+  });
 }
 
 absl::Status ScanNonFiniteCuda(absl::Span<const TensorRef> tensors,
@@ -88,36 +121,14 @@ absl::Status ScanNonFiniteCuda(absl::Span<const TensorRef> tensors,
       !s.ok()) {
     return s;
   }
-  std::vector<uint64_t> sizes(tensors.size());
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    const auto address = reinterpret_cast<uintptr_t>(tensors[t].data);
-    if (address % DTypeSize(tensors[t].dtype) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ScanNonFiniteCuda: tensor ", t, " is not aligned to its ",
-          DTypeSize(tensors[t].dtype), "-byte elements"));
-    }
-    sizes[t] = tensors[t].num_elements;
-  }
-  const std::vector<Chunk> plan = SplitIntoChunks(sizes, kScanChunkElements);
-  std::vector<cuda_impl::ScanChunk> chunks;
-  chunks.reserve(plan.size());
-  for (const Chunk& c : plan) {
-    chunks.push_back({tensors[c.tensor].data, c.begin, c.length,
-                      static_cast<uint32_t>(tensors[c.tensor].dtype)});
-  }
-  std::vector<uint64_t> nonfinite(chunks.size());
-  std::vector<double> sum_squares(chunks.size());
-  if (int err = cuda_impl::RunScan(chunks.data(), chunks.size(),
-                                   nonfinite.data(), sum_squares.data(), stream);
-      err != 0) {
-    return CudaError("ScanNonFiniteCuda", err);
-  }
-  for (ScanResult& r : out) r = ScanResult{};
-  for (size_t i = 0; i < plan.size(); ++i) {
-    out[plan[i].tensor].nonfinite += nonfinite[i];
-    out[plan[i].tensor].sum_squares += sum_squares[i];
-  }
-  return absl::OkStatus();
+  return Blocking().Run([&](CudaCheckQueue& q) -> absl::Status {
+    absl::StatusOr<size_t> handle = q.QueueScan(tensors, stream);
+    absl::StatusOr<CudaCheckQueue::Results> r = q.Read();
+    if (!handle.ok()) return handle.status();
+    if (!r.ok()) return r.status();
+    std::copy(r->scans[*handle].begin(), r->scans[*handle].end(), out.begin());
+    return absl::OkStatus();
+  });
 }
 
 #else  // !SDC_HAVE_CUDA
@@ -130,7 +141,35 @@ absl::Status NotBuilt() {
       "(./sdc passes --define=sdc_cuda=1 when /usr/local/cuda/bin/nvcc exists)");
 }
 
+// Every call fails as the runtime does without a device.
+class NoCudaLauncher : public CudaLauncher {
+ public:
+  static constexpr int kNoDevice = 100;  // cudaErrorNoDevice
+  int CurrentDevice(int*) override { return kNoDevice; }
+  int AllocDevice(void**, size_t) override { return kNoDevice; }
+  int AllocPinned(void**, size_t) override { return kNoDevice; }
+  void FreeDevice(void*) override {}
+  void FreePinned(void*) override {}
+  int CopyAsync(void*, const void*, size_t, Copy, Stream) override { return kNoDevice; }
+  int ZeroAsync(void*, size_t, Stream) override { return kNoDevice; }
+  int LaunchScan(const cuda_impl::ScanChunk*, size_t, uint64_t*, Stream) override {
+    return kNoDevice;
+  }
+  int LaunchFingerprint(const cuda_impl::FingerprintChunk*, size_t, const uint64_t*, uint64_t,
+                        uint64_t, uint64_t*, Stream) override {
+    return kNoDevice;
+  }
+  int OrderAfter(Stream, Stream) override { return kNoDevice; }
+  int Synchronize(Stream) override { return kNoDevice; }
+  const char* ErrorString(int) override { return "built without CUDA"; }
+};
+
 }  // namespace
+
+CudaLauncher& RuntimeLauncher() {
+  static auto* launcher = new NoCudaLauncher();
+  return *launcher;
+}
 
 bool CudaBuilt() { return false; }
 

@@ -176,8 +176,7 @@ __device__ inline double LoadElement(const void* base, uint32_t dtype,
 // shuffle tree and the warps in order, so the result never depends on
 // scheduling.
 __global__ void ScanKernel(const ScanChunk* chunks,
-                           unsigned long long* nonfinite,
-                           double* sum_squares) {
+                           unsigned long long* results) {
   const ScanChunk c = chunks[blockIdx.x];
   unsigned long long bad = 0;
   double sum = 0.0;
@@ -203,89 +202,75 @@ __global__ void ScanKernel(const ScanChunk* chunks,
       total_bad += warp_bad[w];
       total += warp_sum[w];
     }
-    nonfinite[blockIdx.x] = total_bad;
-    sum_squares[blockIdx.x] = total;
+    results[2 * static_cast<uint64_t>(blockIdx.x)] = total_bad;
+    results[2 * static_cast<uint64_t>(blockIdx.x) + 1] =
+        static_cast<unsigned long long>(__double_as_longlong(total));
   }
-}
-
-// Device scratch for one call, freed in stream order.
-template <typename T>
-cudaError_t AllocAsync(T** ptr, size_t count, cudaStream_t stream) {
-  return cudaMallocAsync(reinterpret_cast<void**>(ptr),
-                         count == 0 ? 1 : count * sizeof(T), stream);
 }
 
 }  // namespace
 
-int RunFingerprint(const FingerprintChunk* chunks, size_t num_chunks,
-                   size_t tensors, const uint64_t* key_words, uint64_t r1,
-                   uint64_t r2, uint64_t* sums, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  FingerprintChunk* d_chunks = nullptr;
-  uint64_t* d_key = nullptr;
-  unsigned long long* d_sums = nullptr;
-  cudaError_t err = AllocAsync(&d_chunks, num_chunks, stream);
-  if (err == cudaSuccess) err = AllocAsync(&d_key, 2 * kBlockWords, stream);
-  if (err == cudaSuccess) err = AllocAsync(&d_sums, 4 * tensors, stream);
-  if (err == cudaSuccess && num_chunks > 0) {
-    err = cudaMemcpyAsync(d_chunks, chunks, num_chunks * sizeof(*chunks),
-                          cudaMemcpyHostToDevice, stream);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(d_key, key_words, 2 * kBlockWords * sizeof(*d_key),
-                          cudaMemcpyHostToDevice, stream);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemsetAsync(d_sums, 0, 4 * tensors * sizeof(*d_sums), stream);
-  }
-  if (err == cudaSuccess && num_chunks > 0) {
-    FingerprintKernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
-                        stream>>>(d_chunks, d_key, r1, r2, d_sums);
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess && tensors > 0) {
-    err = cudaMemcpyAsync(sums, d_sums, 4 * tensors * sizeof(*d_sums),
-                          cudaMemcpyDeviceToHost, stream);
-  }
-  if (d_chunks != nullptr) cudaFreeAsync(d_chunks, stream);
-  if (d_key != nullptr) cudaFreeAsync(d_key, stream);
-  if (d_sums != nullptr) cudaFreeAsync(d_sums, stream);
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  return static_cast<int>(err != cudaSuccess ? err : sync);
+int LaunchFingerprint(const FingerprintChunk* chunks, size_t num_chunks,
+                      const uint64_t* key_words, uint64_t r1, uint64_t r2,
+                      uint64_t* sums, void* stream) {
+  if (num_chunks == 0) return cudaSuccess;
+  FingerprintKernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
+                      static_cast<cudaStream_t>(stream)>>>(
+      chunks, key_words, r1, r2, reinterpret_cast<unsigned long long*>(sums));
+  return static_cast<int>(cudaGetLastError());
 }
 
-int RunScan(const ScanChunk* chunks, size_t num_chunks, uint64_t* nonfinite,
-            double* sum_squares, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+int LaunchScan(const ScanChunk* chunks, size_t num_chunks, uint64_t* results,
+               void* stream) {
   if (num_chunks == 0) return cudaSuccess;
-  ScanChunk* d_chunks = nullptr;
-  unsigned long long* d_bad = nullptr;
-  double* d_sum = nullptr;
-  cudaError_t err = AllocAsync(&d_chunks, num_chunks, stream);
-  if (err == cudaSuccess) err = AllocAsync(&d_bad, num_chunks, stream);
-  if (err == cudaSuccess) err = AllocAsync(&d_sum, num_chunks, stream);
+  ScanKernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
+               static_cast<cudaStream_t>(stream)>>>(
+      chunks, reinterpret_cast<unsigned long long*>(results));
+  return static_cast<int>(cudaGetLastError());
+}
+
+int GetDevice(int* device) { return static_cast<int>(cudaGetDevice(device)); }
+
+int Malloc(void** ptr, size_t bytes) {
+  return static_cast<int>(cudaMalloc(ptr, bytes == 0 ? 1 : bytes));
+}
+
+int MallocHost(void** ptr, size_t bytes) {
+  return static_cast<int>(cudaMallocHost(ptr, bytes == 0 ? 1 : bytes));
+}
+
+void Free(void* ptr) { cudaFree(ptr); }
+
+void FreeHost(void* ptr) { cudaFreeHost(ptr); }
+
+int MemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* stream) {
+  const cudaMemcpyKind k = kind == 1   ? cudaMemcpyHostToDevice
+                           : kind == 2 ? cudaMemcpyDeviceToHost
+                                       : cudaMemcpyDeviceToDevice;
+  return static_cast<int>(
+      cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream)));
+}
+
+int MemsetAsync(void* dst, size_t bytes, void* stream) {
+  return static_cast<int>(
+      cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+int OrderAfter(void* later, void* earlier) {
+  cudaEvent_t event;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  err = cudaEventRecord(event, static_cast<cudaStream_t>(earlier));
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(d_chunks, chunks, num_chunks * sizeof(*chunks),
-                          cudaMemcpyHostToDevice, stream);
+    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(later), event, 0);
   }
-  if (err == cudaSuccess) {
-    ScanKernel<<<static_cast<unsigned>(num_chunks), kThreads, 0, stream>>>(
-        d_chunks, d_bad, d_sum);
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(nonfinite, d_bad, num_chunks * sizeof(*d_bad),
-                          cudaMemcpyDeviceToHost, stream);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(sum_squares, d_sum, num_chunks * sizeof(*d_sum),
-                          cudaMemcpyDeviceToHost, stream);
-  }
-  if (d_chunks != nullptr) cudaFreeAsync(d_chunks, stream);
-  if (d_bad != nullptr) cudaFreeAsync(d_bad, stream);
-  if (d_sum != nullptr) cudaFreeAsync(d_sum, stream);
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  return static_cast<int>(err != cudaSuccess ? err : sync);
+  // Released once the recorded work completes.
+  cudaEventDestroy(event);
+  return static_cast<int>(err);
+}
+
+int StreamSynchronize(void* stream) {
+  return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
 int DeviceCount(int* count) {

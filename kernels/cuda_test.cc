@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda_check_queue.h"
+#include "kernels/cuda_launcher.h"
 #include "kernels/fingerprint.h"
+#include "kernels/nonfinite.h"
 #include "kernels/reference.h"
 
 #ifdef SDC_HAVE_CUDA
@@ -141,6 +144,63 @@ TEST_F(CudaTest, ScanCountsMatchReferenceAndSumsAreClose) {
         << DTypeName(dtype);
     (void)host_ref;
   }
+}
+
+// The per-step queue on the real runtime: several steps of queued scans,
+// fingerprints and a copy, read once each, against the CPU kernels; the
+// fingerprints bit for bit.
+TEST_F(CudaTest, QueuedStepsMatchCpuBitForBit) {
+  std::mt19937_64 rng(3);
+  const FingerprintKey key = FingerprintKey::FromSeed(kFixedFingerprintSeed);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  CudaCheckQueue queue(RuntimeLauncher());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<unsigned char>> host;
+    for (uint64_t n : {uint64_t{3} * kScanChunkElements + 5, uint64_t{1000}, uint64_t{70001}}) {
+      std::vector<unsigned char> b(4 * n);
+      for (uint64_t k = 0; k < n; ++k) {
+        const float f = static_cast<float>(rng() % 1000) / 100.0f;
+        std::memcpy(b.data() + 4 * k, &f, 4);
+      }
+      const uint32_t nan = 0x7fc00000;
+      std::memcpy(b.data() + 4 * ((step * 7919) % n), &nan, 4);
+      host.push_back(std::move(b));
+    }
+    std::vector<std::unique_ptr<DeviceBuffer>> device;
+    std::vector<TensorRef> refs, host_refs;
+    std::vector<ByteSpan> spans, host_spans;
+    for (const auto& b : host) {
+      device.push_back(std::make_unique<DeviceBuffer>(b));
+      refs.push_back({device.back()->data(), b.size() / 4, DType::kFloat32});
+      host_refs.push_back({b.data(), b.size() / 4, DType::kFloat32});
+      spans.push_back({device.back()->data(), b.size()});
+      host_spans.push_back({b.data(), b.size()});
+    }
+    std::vector<size_t> scans;
+    for (const TensorRef& r : refs) {
+      absl::StatusOr<size_t> h = queue.QueueScan({&r, 1}, stream);
+      ASSERT_TRUE(h.ok()) << h.status();
+      scans.push_back(*h);
+    }
+    absl::StatusOr<size_t> fp = queue.QueueFingerprint(spans, key, stream);
+    ASSERT_TRUE(fp.ok()) << fp.status();
+    absl::StatusOr<size_t> copy = queue.QueueCopy(device[1]->data(), 8, stream);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    absl::StatusOr<CudaCheckQueue::Results> r = queue.Read();
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::vector<Fingerprint> cpu(spans.size());
+    ASSERT_TRUE(FingerprintTensors(host_spans, key, absl::MakeSpan(cpu)).ok());
+    for (size_t i = 0; i < refs.size(); ++i) {
+      ScanResult want;
+      ASSERT_TRUE(ScanNonFinite({&host_refs[i], 1}, {&want, 1}).ok());
+      EXPECT_EQ(r->scans[scans[i]][0].nonfinite, want.nonfinite) << "step " << step << " " << i;
+      EXPECT_EQ(r->fingerprints[*fp][i], cpu[i]) << "step " << step << " tensor " << i;
+    }
+    ASSERT_EQ(r->copies[*copy].size(), 8u);
+    EXPECT_EQ(std::memcmp(r->copies[*copy].data(), host[1].data(), 8), 0);
+  }
+  cudaStreamDestroy(stream);
 }
 
 #endif  // SDC_HAVE_CUDA

@@ -9,6 +9,12 @@ layers; fp32 and a small model on the CPU). Prints one JSON line:
   step_ms_unguarded, step_ms_guarded, overhead_pct
                      medians over --steps steps after --warmup, the two
                      models taking turns step by step (same shapes, same data)
+  d2h_unguarded, d2h_guarded
+                     device-to-host copies (the profiler's "Memcpy DtoH"
+                     CUDA activities) in one more step of each, not a
+                     weight-check step: the guard may add one, the step's
+                     read at the decision (kernels/cuda_check_queue.h);
+                     null on the CPU
 A one-rank job has no peer to audit: audits are off (SDC_AUDIT_EVERY=0),
 weight checks every 10 steps. Exit 1 with "ok": false when a check fails.
 """
@@ -111,12 +117,26 @@ def main():
             t = timed(fn)
             if step > a.warmup:
                 ms[name].append(t)
+    d2h = {"plain": None, "guarded": None}
+    if gpu:
+        # One more step of each under the profiler, counting copies to the host.
+        step = a.warmup + a.steps + 1
+        if step % 10 == 0:
+            step += 1  # Not a weight-check step: those read fingerprints too.
+        batch = torch.randn(a.batch, width, device=device, dtype=dtype)
+        for name, fn in (("plain", plain_step), ("guarded", guarded_step)):
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            d2h[name] = sum(1 for e in prof.events() if "Memcpy DtoH" in e.name)
     guard.shutdown(0.0)
     dist.destroy_process_group()
     u, g = statistics.median(ms["plain"]), statistics.median(ms["guarded"])
-    ok = syncs in (0, None)
+    ok = syncs in (0, None) and (not gpu or d2h["guarded"] - d2h["plain"] <= 1)
     print(json.dumps({"ok": ok, "gpu": gpu, "params": params, "dtype": str(dtype).split(".")[-1],
                       "steps": a.steps, "syncs_in_backward": syncs,
+                      "d2h_unguarded": d2h["plain"], "d2h_guarded": d2h["guarded"],
                       "step_ms_unguarded": round(u, 3), "step_ms_guarded": round(g, 3),
                       "overhead_pct": round((g - u) / u * 100, 3)}, separators=(",", ":")))
     return 0 if ok else 1
