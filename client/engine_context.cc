@@ -66,16 +66,19 @@ absl::Status EngineContext::ExchangeTopology(uint64_t software_digest) {
   });
   std::vector<protocol::PlanMember> members;
   software_digests_.assign(world_, 0);
+  std::vector<uint32_t> group_of_rank(world_, 0);
   for (uint32_t r = 0; r < world_; ++r) {
     const auto* bytes = static_cast<const char*>(gathered[0][r].data_ptr());
     std::memcpy(&software_digests_[r], bytes + kStackAt, kStackBytes);
     uint32_t group = 0;
     std::memcpy(&group, bytes + kGroupAt, kGroupBytes);
+    group_of_rank[r] = group;
     if (group == options_.replica_group) {
       members.push_back({r, std::string(bytes, strnlen(bytes, kNameBytes))});
     }
   }
   topology_ = std::make_unique<protocol::Topology>(std::move(members));
+  replica_groups_ = ReplicaGroups(std::move(group_of_rank));
   const auto* rank0 = static_cast<const uint8_t*>(gathered[0][0].data_ptr());
   if (rank0[kSeedDrawnAt] == 0) {
     return absl::UnavailableError(absl::StrCat(

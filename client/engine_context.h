@@ -24,6 +24,7 @@
 #include "client/engine_types.h"
 #include "client/fault_injection.h"
 #include "client/options.h"
+#include "client/step_core.h"
 #include "client/trainer_metrics.h"
 #include "kernels/fingerprint.h"
 #include "protocol/replay_plan.h"
@@ -59,7 +60,8 @@ class EngineContext {
   // carried in the same exchange, gives every rank the job's fingerprint
   // key. The same exchange carries each rank's `software_digest`
   // (SoftwareStack::Digest; 0: unknown), so the in-band verdict knows which
-  // ranks run another stack (issue 39, case 3). Internal on a libtorch
+  // ranks run another stack (issue 39, case 3), and each rank's replica
+  // group (replica_groups(): weight repairs run per group). Internal on a libtorch
   // failure; Unavailable on every rank when rank 0 could not draw a seed.
   absl::Status ExchangeTopology(uint64_t software_digest = 0);
 
@@ -87,6 +89,9 @@ class EngineContext {
   // Every rank's software stack digest, by rank (0: unknown). REQUIRES:
   // ExchangeTopology succeeded.
   const std::vector<uint64_t>& software_digests() const { return software_digests_; }
+  // Every rank's replica group (SDC_REPLICA_GROUP), from the same exchange.
+  // REQUIRES: ExchangeTopology succeeded.
+  const ReplicaGroups& replica_groups() const { return replica_groups_; }
   // Null without a coordinator.
   CoordinatorLink* link() const { return link_.get(); }
   // Null unless options.metrics_listen is set.
@@ -115,6 +120,7 @@ class EngineContext {
   std::unique_ptr<protocol::Topology> topology_;
   std::unique_ptr<const kernels::FingerprintKey> fingerprint_key_;
   std::vector<uint64_t> software_digests_;
+  ReplicaGroups replica_groups_;
   std::unique_ptr<CoordinatorLink> link_;
   // Declared after link_, so it stops (and no scrape reads link_) before
   // the link goes.

@@ -1,7 +1,9 @@
 #include "client/step_core.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -41,12 +43,27 @@ std::vector<int64_t> BaseSlots(const LocalView& v, uint32_t rank) {
 // hold this after the MAX only if no rank holds that shard.
 constexpr int64_t kNoShard = -(int64_t{1} << 40);
 
+// Below -step for any step, in a group's repair slot of a rank outside it.
+constexpr int64_t kNotInGroup = -(int64_t{1} << 62);
+
+void AppendGroupSlots(const LocalView& v, uint32_t group_index, uint32_t group_count,
+                      std::vector<int64_t>& out) {
+  if (group_count <= 1) return;
+  const size_t at = out.size();
+  out.resize(at + group_count, kNotInGroup);
+  out[at + group_index] = -static_cast<int64_t>(v.repair_step);
+}
+
 }  // namespace
 
 std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank, uint32_t shard_index,
-                                     uint32_t shard_count) {
+                                     uint32_t shard_count, uint32_t group_index,
+                                     uint32_t group_count) {
   std::vector<int64_t> out = BaseSlots(v, rank);
-  if (shard_count <= 1) return out;
+  if (shard_count <= 1) {
+    AppendGroupSlots(v, group_index, group_count, out);
+    return out;
+  }
   // The whole-group digest slots (5..8) carry nothing: every rank leaves them 0.
   for (size_t i = 5; i <= 8; ++i) out[i] = 0;
   out.resize(kAgreementSlots + kAgreementShardSlots * shard_count, kNoShard);
@@ -55,10 +72,13 @@ std::vector<int64_t> EncodeAgreement(const LocalView& v, uint32_t rank, uint32_t
   out[at + 1] = -Hi(v.reduced_digest);
   out[at + 2] = Lo(v.reduced_digest);
   out[at + 3] = -Lo(v.reduced_digest);
+  AppendGroupSlots(v, group_index, group_count, out);
   return out;
 }
 
-Agreement DecodeAgreement(absl::Span<const int64_t> m) {
+Agreement DecodeAgreement(absl::Span<const int64_t> all, uint32_t group_count) {
+  const size_t groups = group_count > 1 ? group_count : 0;
+  const absl::Span<const int64_t> m = all.subspan(0, all.size() - groups);
   Agreement a;
   a.any_local_nonfinite = m[0] != 0;
   a.all_local_nonfinite = m[1] == -1;
@@ -77,7 +97,57 @@ Agreement DecodeAgreement(absl::Span<const int64_t> m) {
   a.plans_held_by_all = static_cast<uint64_t>(-m[9]);
   a.repair_step_known_by_all = static_cast<uint64_t>(-m[10]);
   a.lowest_failed_rank = LowestRank(m[11]);
+  if (groups == 0) {
+    a.repair_step_by_group = {a.repair_step_known_by_all};
+  } else {
+    for (size_t g = 0; g < groups; ++g) {
+      const int64_t slot = all[m.size() + g];
+      a.repair_step_by_group.push_back(slot == kNotInGroup ? 0 : static_cast<uint64_t>(-slot));
+    }
+  }
   return a;
+}
+
+ReplicaGroups::ReplicaGroups(std::vector<uint32_t> group_of_rank)
+    : group_of_rank_(std::move(group_of_rank)), ids_(group_of_rank_) {
+  std::sort(ids_.begin(), ids_.end());
+  ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
+}
+
+uint32_t ReplicaGroups::index_of(uint32_t rank) const {
+  const uint32_t id = group_of_rank_.at(rank);
+  return static_cast<uint32_t>(std::lower_bound(ids_.begin(), ids_.end(), id) - ids_.begin());
+}
+
+std::vector<uint32_t> ReplicaGroups::members(uint32_t index) const {
+  std::vector<uint32_t> out;
+  for (uint32_t r = 0; r < group_of_rank_.size(); ++r) {
+    if (group_of_rank_[r] == ids_.at(index)) out.push_back(r);
+  }
+  return out;
+}
+
+RepairPlan PlanRepair(const std::vector<uint32_t>& members,
+                      const std::vector<uint64_t>& digest_by_rank, uint32_t hint) {
+  std::map<uint64_t, size_t> holders;
+  for (uint32_t r : members) ++holders[digest_by_rank.at(r)];
+  auto majority = [&](uint32_t r) { return holders[digest_by_rank.at(r)] * 2 > members.size(); };
+  RepairPlan plan;
+  if (std::find(members.begin(), members.end(), hint) != members.end() && majority(hint)) {
+    plan.source = hint;
+  } else {
+    for (uint32_t r : members) {
+      if (majority(r)) {
+        plan.source = r;
+        break;
+      }
+    }
+  }
+  if (!plan.source.has_value()) return plan;
+  for (uint32_t r : members) {
+    if (digest_by_rank.at(r) != digest_by_rank.at(*plan.source)) plan.receivers.push_back(r);
+  }
+  return plan;
 }
 
 Decision Decide(const Agreement& a, bool loss_scaled) {

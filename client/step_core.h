@@ -45,6 +45,11 @@ struct Agreement {
   int64_t reduced_differ_shard = -1;
   uint64_t plans_held_by_all = 0;   // Minimum over ranks.
   uint64_t repair_step_known_by_all = 0;  // Minimum over ranks.
+  // By replica group index (ReplicaGroups::index_of): the minimum over the
+  // group's ranks of the newest weight-minority verdict each holds. One
+  // entry (repair_step_known_by_all) when the job has one group; empty in a
+  // default Agreement (no exchange ran: no repair).
+  std::vector<uint64_t> repair_step_by_group;
   int64_t lowest_failed_rank = -1;  // The lowest rank whose checks failed this step; -1: none.
 };
 
@@ -59,11 +64,57 @@ struct Agreement {
 // own shard's and leaves the others at a value below any digest half, and
 // every rank still takes part in one all-reduce. Every rank of a job passes
 // the same `shard_count`; DecodeAgreement reads it from the length.
+//
+// With several replica groups on one process group (`group_count` > 1,
+// issue 39 case 6) each group repairs on its own verdicts, which sdcd sends
+// to that group's ranks only: one more slot per group, after the shard
+// slots, where a rank puts its newest verdict's step (negated) in its own
+// group's slot and leaves the others below any step, so each group's slot
+// ends as the minimum over that group's ranks. Every rank of a job passes
+// the same `group_count`, and DecodeAgreement the same again.
 inline constexpr size_t kAgreementSlots = 12;
 inline constexpr size_t kAgreementShardSlots = 4;
 std::vector<int64_t> EncodeAgreement(const LocalView& view, uint32_t rank,
-                                     uint32_t shard_index = 0, uint32_t shard_count = 0);
-Agreement DecodeAgreement(absl::Span<const int64_t> maxed);
+                                     uint32_t shard_index = 0, uint32_t shard_count = 0,
+                                     uint32_t group_index = 0, uint32_t group_count = 0);
+Agreement DecodeAgreement(absl::Span<const int64_t> maxed, uint32_t group_count = 0);
+
+// The replica groups of a job (SDC_REPLICA_GROUP, any 32-bit ids), as every
+// rank learns them from the set-up's exchange: the group of each rank, and
+// a dense index per group (the ids ascending), the same on every rank.
+class ReplicaGroups {
+ public:
+  ReplicaGroups() = default;
+  // `group_of_rank`: each rank's group id, by rank.
+  explicit ReplicaGroups(std::vector<uint32_t> group_of_rank);
+  size_t count() const { return ids_.size(); }
+  // The dense index of rank `rank`'s group. REQUIRES: rank < ranks().
+  uint32_t index_of(uint32_t rank) const;
+  // The group id at a dense index.
+  uint32_t id(uint32_t index) const { return ids_.at(index); }
+  // The ranks of the group at dense index `index`, ascending.
+  std::vector<uint32_t> members(uint32_t index) const;
+  size_t ranks() const { return group_of_rank_.size(); }
+
+ private:
+  std::vector<uint32_t> group_of_rank_;
+  std::vector<uint32_t> ids_;  // Distinct, ascending.
+};
+
+// Who copies to whom when a replica group repairs (issue 39, cases 6 and 8),
+// from every member's digest now (weights, and optimizer state, combined):
+// the source is `hint` (the verdict's majority rank) if a strict majority of
+// `members` holds its digest, else the lowest member that holds such a
+// digest, else nobody (no strict majority: no copy). The receivers are the
+// members whose digest differs from the source's (none need a copy
+// otherwise; a healthy replica's own buffers and state stay its own).
+struct RepairPlan {
+  std::optional<uint32_t> source;
+  std::vector<uint32_t> receivers;  // Ascending; empty without a source.
+};
+// REQUIRES: every member < digest_by_rank.size().
+RepairPlan PlanRepair(const std::vector<uint32_t>& members,
+                      const std::vector<uint64_t>& digest_by_rank, uint32_t hint);
 
 struct Decision {
   bool apply = true;

@@ -66,6 +66,72 @@ TEST(StepCoreTest, OneShardIsTheUnshardedEncoding) {
   EXPECT_EQ(EncodeAgreement(v, 3, 0, 0).size(), kAgreementSlots);
 }
 
+// Issue 39, case 6: one repair slot per replica group, each the minimum
+// over its own ranks only; one group keeps the base slot.
+TEST(StepCoreTest, EachReplicaGroupAgreesOnItsOwnRepairStep) {
+  // Groups by rank: index 0, 1, 0, 1, 0, 1; group 0 holds verdicts 40, 45,
+  // 40 (minimum 40), group 1 holds 0, 30, 30 (rank 1 has none yet).
+  const uint64_t held[6] = {40, 0, 45, 30, 40, 30};
+  std::vector<int64_t> m;
+  for (uint32_t r = 0; r < 6; ++r) {
+    LocalView v;
+    v.repair_step = held[r];
+    const std::vector<int64_t> e = EncodeAgreement(v, r, 0, 0, r % 2, 2);
+    ASSERT_EQ(e.size(), kAgreementSlots + 2);
+    if (m.empty()) m = e;
+    for (size_t i = 0; i < e.size(); ++i) m[i] = std::max(m[i], e[i]);
+  }
+  Agreement a = DecodeAgreement(m, 2);
+  EXPECT_EQ(a.repair_step_by_group, (std::vector<uint64_t>{40, 0}));
+  EXPECT_EQ(a.repair_step_known_by_all, 0u);
+  EXPECT_TRUE(Decide(a).apply) << "the group slots are not read as digests";
+
+  LocalView v;
+  v.repair_step = 12;
+  EXPECT_EQ(EncodeAgreement(v, 0, 0, 0, 0, 1), EncodeAgreement(v, 0));
+  EXPECT_EQ(DecodeAgreement(EncodeAgreement(v, 0)).repair_step_by_group,
+            (std::vector<uint64_t>{12}));
+  EXPECT_TRUE(Agreement().repair_step_by_group.empty()) << "no exchange, no repair";
+}
+
+TEST(StepCoreTest, ReplicaGroupsAreIndexedByAscendingId) {
+  ReplicaGroups g({300, 7, 300, 7, 4096});
+  EXPECT_EQ(g.count(), 3u);
+  EXPECT_EQ(g.index_of(0), 1u);
+  EXPECT_EQ(g.index_of(1), 0u);
+  EXPECT_EQ(g.index_of(4), 2u);
+  EXPECT_EQ(g.id(1), 300u);
+  EXPECT_EQ(g.members(0), (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(g.members(1), (std::vector<uint32_t>{0, 2}));
+}
+
+TEST(StepCoreTest, ARepairCopiesFromAStrictMajorityOfTheGroupToThoseWhoDiffer) {
+  // Ranks 1, 3, 5 are the group; ranks 0, 2, 4 (another group) hold other
+  // digests and never count.
+  const std::vector<uint32_t> members = {1, 3, 5};
+  RepairPlan p = PlanRepair(members, {9, 5, 9, 5, 9, 6}, /*hint=*/3);
+  ASSERT_TRUE(p.source.has_value());
+  EXPECT_EQ(*p.source, 3u);
+  EXPECT_EQ(p.receivers, (std::vector<uint32_t>{5}));
+  // The hint went bad since the vote: the group's lowest majority holder.
+  p = PlanRepair(members, {9, 5, 9, 7, 9, 5}, 3);
+  ASSERT_TRUE(p.source.has_value());
+  EXPECT_EQ(*p.source, 1u);
+  EXPECT_EQ(p.receivers, (std::vector<uint32_t>{3}));
+  // A hint outside the group is not taken, even where its digest matches.
+  p = PlanRepair(members, {5, 5, 9, 5, 9, 6}, 0);
+  ASSERT_TRUE(p.source.has_value());
+  EXPECT_EQ(*p.source, 1u);
+  // No strict majority of the group (the other group's 9s do not count).
+  p = PlanRepair(members, {9, 5, 9, 7, 9, 6}, 1);
+  EXPECT_FALSE(p.source.has_value());
+  EXPECT_TRUE(p.receivers.empty());
+  // Nothing differs any more: a source and nobody to copy to.
+  p = PlanRepair(members, {0, 5, 0, 5, 0, 5}, 5);
+  EXPECT_EQ(p.source, std::optional<uint32_t>(5));
+  EXPECT_TRUE(p.receivers.empty());
+}
+
 TEST(StepCoreTest, CleanStepApplies) {
   std::vector<LocalView> v(4);
   for (auto& x : v) x.reduced_digest = 0x1234567890abcdefull;

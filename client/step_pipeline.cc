@@ -250,9 +250,16 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(
 
 absl::StatusOr<Agreement> StepPipeline::Agree(const LocalView& view) const {
   const GuardOptions& o = ctx_.options();
-  std::vector<int64_t> agree = EncodeAgreement(view, ctx_.rank(), o.shard_index, o.shard_count);
+  // Several replica groups: a repair slot per group (none under a sharded
+  // layout, which runs no repair yet; WeightCheck::RepairIfAgreed).
+  const ReplicaGroups& groups = ctx_.replica_groups();
+  const uint32_t group_count =
+      o.shard_count > 1 ? 0 : static_cast<uint32_t>(groups.count());
+  std::vector<int64_t> agree =
+      EncodeAgreement(view, ctx_.rank(), o.shard_index, o.shard_count,
+                      group_count > 1 ? groups.index_of(ctx_.rank()) : 0, group_count);
   SDC_TORCH_TRY(ctx_.AllReduceMax(agree));
-  return DecodeAgreement(agree);
+  return DecodeAgreement(agree, group_count);
 }
 
 absl::Status StepPipeline::ApplyOrSkip(const StepContext& step, StepDecision& decision) {

@@ -1,11 +1,10 @@
 #include "client/weight_check.h"
 
-#include <map>
-#include <optional>
-
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/tensor_checks.h"
 
@@ -76,60 +75,122 @@ void WeightCheck::NoteMinority(uint64_t step, uint32_t majority_source,
                                const std::string& explanation) {
   if (step <= repair_step_) return;
   repair_step_ = step;
+  repair_source_ = majority_source;
   ctx_.Log(absl::StrCat("weight minority at step ", repair_step_, ": ", explanation,
-                        "; the majority's weights are on rank ", majority_source,
-                        "; repair once every rank knows"));
+                        "; repair from rank ", repair_source_, " once every rank of the group knows"));
+}
+
+uint64_t WeightCheck::RepairDigest() const {
+  std::vector<torch::Tensor> tensors = model_.Weights();
+  std::vector<std::string> names = model_.weight_names();
+  if (optimizer_state_) {
+    for (const torch::Tensor& t : optimizer_state_()) {
+      names.push_back(absl::StrCat("optimizer.", names.size() - model_.weight_names().size()));
+      tensors.push_back(t);
+    }
+  }
+  return client::Digest(names, Fingerprints(ctx_.fingerprint_key(), tensors));
+}
+
+void WeightCheck::Copy(const RepairPlan& plan) {
+  // Tags above the audits' (replay_audit.cc: 1000, 3000, 5000 and up).
+  constexpr int kRepairTag = 1 << 24;
+  const uint32_t me = ctx_.rank();
+  const bool receiver =
+      std::find(plan.receivers.begin(), plan.receivers.end(), me) != plan.receivers.end();
+  if (me != *plan.source && !receiver) return;
+  std::vector<torch::Tensor> all = model_.Weights(/*live=*/true);
+  if (optimizer_state_) {
+    for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
+  }
+  torch::NoGradGuard no_grad;
+  const torch::Device& there = ctx_.collective_device();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const torch::Tensor& t = all[i];
+    // Replicas hold the same layout, so every rank skips the same ones.
+    if (!t.defined() || t.numel() == 0) continue;
+    const int tag = kRepairTag + static_cast<int>(i);
+    if (me == *plan.source) {
+      std::vector<torch::Tensor> one = {t.detach().to(there).contiguous()};
+      std::vector<c10::intrusive_ptr<c10d::Work>> sent;
+      for (uint32_t dst : plan.receivers) {
+        sent.push_back(ctx_.group().send(one, static_cast<int>(dst), tag));
+      }
+      for (auto& w : sent) w->wait();
+    } else {
+      std::vector<torch::Tensor> one = {torch::empty(t.sizes(), t.options().device(there))};
+      ctx_.group().recv(one, static_cast<int>(*plan.source), tag)->wait();
+      t.detach().copy_(one[0]);
+    }
+  }
 }
 
 absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decision) {
-  // Only what every rank holds alike decides whether to enter the
-  // collectives below: the agreement's minimum and repaired_step_ (set here
-  // from that minimum). Ranks may hold different newest verdicts (one heard
-  // step 98's, another only step 97's): a rank that waited for its own
-  // newest one would stay out while the others gathered, and the job hung.
-  if (a.repair_step_known_by_all <= repaired_step_) return absl::OkStatus();
-  repaired_step_ = a.repair_step_known_by_all;
-  // The weights now, not at the vote: steps ran since, and the vote's
-  // majority rank may have gone bad meanwhile (issue 39, case 8). Every
-  // rank's digest now, all-gathered: the repair copies from the lowest rank
-  // holding what a strict majority holds, and from nobody when no majority
-  // holds one model or every rank already holds the same. Every rank
-  // decides alike from the same gathered digests.
-  std::vector<int64_t> digests;
-  SDC_TORCH_TRY(digests = ctx_.AllGather({static_cast<int64_t>(Digest())}));
-  std::map<int64_t, size_t> holders;
-  for (int64_t d : digests) ++holders[d];
-  if (holders.size() == 1) {
-    ctx_.Log(absl::StrCat("no repair for the verdict of step ", repaired_step_,
-                          ": every rank holds the same weights now"));
-    return absl::OkStatus();
+  // Sharded layouts repair nothing yet: a shard's replicas would copy
+  // FSDP's local shards and DTensor optimizer state, which nothing tests.
+  if (ctx_.options().shard_count > 1) return absl::OkStatus();
+  const ReplicaGroups& groups = ctx_.replica_groups();
+  // A default agreement (no exchange this step) carries no steps.
+  if (a.repair_step_by_group.size() != groups.count()) return absl::OkStatus();
+  repaired_by_group_.resize(groups.count(), 0);
+  std::vector<uint32_t> due;
+  for (uint32_t g = 0; g < groups.count(); ++g) {
+    if (a.repair_step_by_group[g] > repaired_by_group_[g]) due.push_back(g);
   }
-  std::optional<uint32_t> source;
-  for (uint32_t r = 0; r < digests.size() && !source.has_value(); ++r) {
-    if (holders[digests[r]] * 2 > digests.size()) source = r;
-  }
-  if (!source.has_value()) {
-    ctx_.Log(absl::StrCat("no repair for the verdict of step ", repaired_step_,
-                          ": no strict majority holds one model now; the next weight vote "
-                          "decides"));
-    return absl::OkStatus();
-  }
-  std::vector<torch::Tensor> all = model_.Weights(/*live=*/true);
+  if (due.empty()) return absl::OkStatus();
+  const uint32_t mine = groups.index_of(ctx_.rank());
+  const bool my_group_due = std::find(due.begin(), due.end(), mine) != due.end();
+  // The weights now, not at the vote: steps ran since, and the source's
+  // GPU may have gone bad meanwhile (issue 39, case 8). Every rank of the
+  // process group joins (it knows from the agreement that some group is
+  // due); a rank of a group that is not due sends zeros.
+  std::vector<int64_t> words(2, 0);
+  std::vector<int64_t> gathered;
   SDC_TORCH_TRY({
-    if (optimizer_state_) {
-      for (const torch::Tensor& t : optimizer_state_()) all.push_back(t);
+    if (my_group_due) {
+      words[0] = static_cast<int64_t>(RepairDigest());
+      words[1] = static_cast<int64_t>(repair_source_);
     }
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& t : all) {
-      std::vector<torch::Tensor> one = {t.detach()};
-      c10d::BroadcastOptions o;
-      o.rootRank = static_cast<int>(*source);
-      ctx_.group().broadcast(one, o)->wait();
-    }
+    gathered = ctx_.AllGather(words);
   });
-  decision.repaired = true;
-  ++repairs_;
-  ctx_.Log(absl::StrCat("weights, buffers and optimizer state restored from rank ", *source));
+  std::vector<uint64_t> digests(groups.ranks());
+  for (size_t r = 0; r < digests.size(); ++r) digests[r] = static_cast<uint64_t>(gathered[2 * r]);
+  for (uint32_t g : due) {
+    const uint64_t step = a.repair_step_by_group[g];
+    repaired_by_group_[g] = step;
+    if (g != mine) continue;
+    const std::vector<uint32_t> members = groups.members(g);
+    // Every rank of the group holds a verdict at least as new as `step`;
+    // the group's lowest rank's names the source every rank considers.
+    const uint32_t hint = static_cast<uint32_t>(gathered.at(2 * members.front() + 1));
+    const RepairPlan plan = PlanRepair(members, digests, hint);
+    if (!plan.source.has_value()) {
+      ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step, " in replica group ",
+                            groups.id(g), ": rank ", hint, "'s weights changed since the vote "
+                            "and no strict majority of the group holds one model now; the next "
+                            "weight vote decides"));
+      continue;
+    }
+    if (plan.receivers.empty()) {
+      ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step, " in replica group ",
+                            groups.id(g), ": every rank of the group holds rank ", *plan.source,
+                            "'s weights and optimizer state now"));
+      continue;
+    }
+    if (*plan.source != hint) {
+      ctx_.Log(absl::StrCat("rank ", hint, "'s weights changed since the vote of step ", step,
+                            "; repairing from rank ", *plan.source,
+                            ", which holds the majority's"));
+    }
+    SDC_TORCH_TRY(Copy(plan));
+    decision.repaired = true;
+    ++repairs_;
+    std::vector<std::string> to;
+    for (uint32_t r : plan.receivers) to.push_back(absl::StrCat(r));
+    ctx_.Log(absl::StrCat("replica group ", groups.id(g), ": weights, buffers and optimizer state "
+                          "of rank(s) ", absl::StrJoin(to, ", "), " restored from rank ",
+                          *plan.source, " (the weight minority of step ", step, ")"));
+  }
   return absl::OkStatus();
 }
 

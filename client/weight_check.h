@@ -48,21 +48,28 @@ class WeightCheck {
   // vote compares it). Throws c10::Error on a kernel failure.
   uint64_t Digest() const;
 
-  // sdcd found ranks whose weights differ from the majority's at `step`;
-  // `majority_source` holds the majority's. A verdict no newer than the
-  // last one noted is ignored.
+  // sdcd found ranks of this rank's replica group whose weights differ
+  // from the majority's at `step`; `majority_source` holds the majority's.
+  // A verdict no newer than the last one noted is ignored.
   void NoteMinority(uint64_t step, uint32_t majority_source, const std::string& explanation);
   // The step of the newest minority verdict noted (agreement input).
   uint64_t repair_step() const { return repair_step_; }
-  // When the agreement's minimum verdict step (every rank holds a verdict
-  // at least that new) is past the last one repaired: re-checks the weights
-  // as they are now (an all-gather of every rank's Digest) and broadcasts
-  // weights, buffers and optimizer state from the lowest rank holding what a
-  // strict majority holds; from nobody when every rank holds the same
-  // weights already or no strict majority holds one model (logged; the next
-  // vote decides). Sets decision.repaired when it broadcast. Collective:
-  // whether it runs depends only on the agreement and on what every rank
-  // did alike before. Internal on a libtorch failure.
+  // Per replica group (issue 39, case 6): once every rank of a group holds
+  // a verdict at least as new as the group's agreed step
+  // (agreement.repair_step_by_group, the minimum over its ranks) and that
+  // step is newer than the group's last repair, the group repairs. Every
+  // rank of the process group then joins one all-gather (each repairing
+  // group's ranks put in their digest of weights and optimizer state as
+  // they are now, and the source their verdict named); each repairing
+  // group's ranks then plan alike (PlanRepair: the verdict's source, named
+  // by the group's lowest rank, if a strict majority of the group holds
+  // what it holds, else the group's lowest rank that holds such a digest,
+  // else nobody) and the source sends weights, buffers and optimizer state
+  // point to point to the group's ranks that differ from it; no other rank
+  // takes part. decision.repaired is set on every rank of a group that
+  // copied. Nothing under a sharded layout (not covered yet). Collective
+  // when a group is due; every rank decides alike from the agreement.
+  // Internal on a libtorch failure.
   absl::Status RepairIfAgreed(const Agreement& agreement, StepDecision& decision);
 
   // weight_checks and repairs.
@@ -75,8 +82,16 @@ class WeightCheck {
   ModelTensors& model_;
   const OptimizerStateFn optimizer_state_;
   bool checkpoint_weights_sent_ = false;
+  // The digest a repair compares: the vote's tensors and optimizer state.
+  uint64_t RepairDigest() const;
+  // The point-to-point copy of a repair within this rank's group.
+  void Copy(const RepairPlan& plan);
+
   uint64_t repair_step_ = 0;
-  uint64_t repaired_step_ = 0;
+  uint32_t repair_source_ = 0;
+  // By replica group index: the agreed step each group last repaired at
+  // (the same on every rank: every rank reads the same agreements).
+  std::vector<uint64_t> repaired_by_group_;
   uint64_t weight_checks_ = 0;
   uint64_t repairs_ = 0;
 };

@@ -1,10 +1,13 @@
 // WeightCheck on a one-rank Gloo group without a coordinator: when check 3
 // runs, what its digest sees, the faults it injects, and when a repair runs.
-// (The vote across ranks and a real repair: tests/cluster_*_test.cc.)
+// The repair on real Gloo groups (threads), one and two replica groups.
+// (The vote across ranks and a real repair end to end: tests/cluster_*_test.cc,
+// tests/replica_groups_e2e_test.cc.)
 
 #include "client/weight_check.h"
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,56 +104,120 @@ TEST(WeightCheckTest, InjectedFaultsFlipOneMantissaBitOfTheirTarget) {
   }
 }
 
-// Ranks may hold different newest verdicts when the agreement runs (weight
-// checks every step, a verdict per step, exchange steps far apart): rank 0
-// heard step 40's, ranks 1 and 2 only step 30's. Each rank once waited for
-// the agreement to reach its own newest verdict, so rank 0 stayed out of
-// the all-gather the others entered, and the job hung. Now every rank
-// repairs at the agreement's minimum, once; a later agreement with nothing
-// left to repair broadcasts nothing.
-TEST(WeightCheckTest, RanksHoldingDifferentNewestVerdictsRepairAlike) {
-  constexpr int kWorld = 3;
-  const std::string store =
-      (std::filesystem::path(::testing::TempDir()) / "repair_alike_store").string();
+// One rank of a replica group per thread, on a real Gloo group: each
+// rank's value fills its one weight; `verdicts(rank)` says which verdict
+// the rank holds before each round (0: none new); each round runs the
+// agreement as StepPipeline::Agree does (the real all-reduce of the real
+// encoding) and then the repair. Returns each rank's `repaired` per round.
+struct GroupsRun {
+  std::vector<torch::Tensor> w;
+  std::vector<std::vector<bool>> repaired;  // [round][rank]
+  std::vector<absl::Status> status;
+};
+GroupsRun RunGroups(const std::string& name, const std::vector<float>& values,
+                    const std::vector<uint32_t>& group_ids, int rounds,
+                    const std::function<uint64_t(int rank, int round)>& verdict,
+                    uint32_t source_of_group0, uint32_t source_of_group1) {
+  const int world = static_cast<int>(values.size());
+  const std::string store = (std::filesystem::path(::testing::TempDir()) / name).string();
   std::filesystem::remove(store);
-  std::vector<torch::Tensor> w(kWorld);
-  bool repaired[kWorld][3] = {};
-  absl::Status status[kWorld];
-  uint64_t noted[kWorld] = {};
-  GuardSummary summaries[kWorld];
+  GroupsRun out;
+  out.w.resize(world);
+  out.repaired.assign(rounds, std::vector<bool>(world, false));
+  out.status.resize(world);
   auto run = [&](int rank) {
     GuardOptions o = Options();
     o.node_name = absl::StrCat("node-", rank);
-    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
-    w[rank] = torch::full({3}, rank == 2 ? 9.0f : 1.0f).requires_grad_();  // 2: the minority.
-    ModelTensors model = *ModelTensors::Create({{"w"}, {w[rank]}}, {}, {}, true);
+    o.replica_group = group_ids[rank];
+    EngineContext ctx(o, MakeGlooGroup(store, rank, world, std::chrono::seconds(60)));
+    out.w[rank] = torch::full({3}, values[rank]).requires_grad_();
+    ModelTensors model = *ModelTensors::Create({{"w"}, {out.w[rank]}}, {}, {}, true);
     WeightCheck weights(ctx, model, nullptr);
     ASSERT_TRUE(ctx.ExchangeTopology().ok());
-    weights.NoteMinority(30, 0, "rank 2 differs");
-    if (rank == 0) weights.NoteMinority(40, 1, "rank 2 differs");
-    weights.NoteMinority(20, 0, "an older verdict");
-    noted[rank] = weights.repair_step();
-    Agreement a;
-    a.repair_step_known_by_all = 30;  // Rank 1 and 2 have not heard of step 40.
-    for (int i = 0; i < 3; ++i) {
-      if (i == 2) a.repair_step_known_by_all = 40;  // Everyone has heard of 40 now.
+    const ReplicaGroups& groups = ctx.replica_groups();
+    const uint32_t mine = groups.index_of(rank);
+    for (int round = 0; round < rounds; ++round) {
+      if (const uint64_t step = verdict(rank, round); step > 0) {
+        weights.NoteMinority(step, mine == 0 ? source_of_group0 : source_of_group1, "test");
+      }
+      LocalView view;
+      view.repair_step = weights.repair_step();
+      const uint32_t count = static_cast<uint32_t>(groups.count());
+      std::vector<int64_t> words = EncodeAgreement(view, rank, 0, 0, mine, count);
+      ctx.AllReduceMax(words);
       StepDecision d;
-      status[rank].Update(weights.RepairIfAgreed(a, d));
-      repaired[rank][i] = d.repaired;
+      absl::Status s = weights.RepairIfAgreed(DecodeAgreement(words, count), d);
+      if (!s.ok()) out.status[rank] = s;
+      out.repaired[round][rank] = d.repaired;
     }
-    weights.Summarize(summaries[rank]);
   };
   std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (int r = 0; r < world; ++r) threads.emplace_back(run, r);
   for (std::thread& t : threads) t.join();
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
-    EXPECT_EQ(noted[r], r == 0 ? 40u : 30u) << "an older verdict is ignored";
-    EXPECT_TRUE(repaired[r][0]) << r << ": the first agreement past the last repair";
-    EXPECT_FALSE(repaired[r][1]) << r << ": once per agreed verdict";
-    EXPECT_FALSE(repaired[r][2]) << r << ": nothing differs any more";
-    EXPECT_EQ(summaries[r].repairs, 1u) << r;
-    EXPECT_TRUE(torch::equal(w[r], torch::full({3}, 1.0f))) << "rank " << r << ": " << w[r];
+  return out;
+}
+
+TEST(WeightCheckTest, ARepairWaitsUntilEveryRankOfTheGroupHoldsAVerdict) {
+  // Ranks 0 and 2 hold the verdict of step 40 (rank 2 the minority) at
+  // round 0, rank 1 only at round 1; round 2 runs with nothing new.
+  GroupsRun r = RunGroups(
+      "repair_waits", {1, 1, 9}, {0, 0, 0}, 3,
+      [](int rank, int round) -> uint64_t { return round == (rank == 1 ? 1 : 0) ? 40 : 0; }, 0, 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(r.status[rank].ok()) << rank << ": " << r.status[rank];
+    EXPECT_FALSE(r.repaired[0][rank]) << rank << ": rank 1 had not heard of step 40";
+    EXPECT_TRUE(r.repaired[1][rank]) << rank;
+    EXPECT_FALSE(r.repaired[2][rank]) << rank << ": once per verdict";
+    EXPECT_TRUE(torch::equal(r.w[rank], torch::full({3}, 1.0f))) << rank << ": " << r.w[rank];
+  }
+}
+
+// Ranks may hold different newest verdicts when the agreement runs (weight
+// checks every step, a verdict per step, exchange steps far apart): rank 0
+// heard step 40's, ranks 1 and 2 only step 30's. A rule of "repair when the
+// minimum equals my newest" kept rank 0 out of the all-gather the others
+// entered, and the job hung. Now all repair at 30, together; at 40 nothing
+// is left to copy.
+TEST(WeightCheckTest, RanksHoldingDifferentNewestVerdictsRepairAlike) {
+  GroupsRun r = RunGroups(
+      "repair_alike", {1, 1, 9}, {0, 0, 0}, 2,
+      [](int rank, int round) -> uint64_t {
+        if (round == 0) return rank == 0 ? 40 : 30;
+        return rank == 0 ? 0 : 40;
+      },
+      0, 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(r.status[rank].ok()) << rank << ": " << r.status[rank];
+    EXPECT_TRUE(r.repaired[0][rank]) << rank << ": every rank holds step 30's or newer";
+    EXPECT_FALSE(r.repaired[1][rank]) << rank << ": nothing differs any more";
+    EXPECT_TRUE(torch::equal(r.w[rank], torch::full({3}, 1.0f))) << rank << ": " << r.w[rank];
+  }
+}
+
+// Issue 39, case 6: two replica groups on one process group, holding
+// different tensors (group 7: ranks 0, 2, 4; group 300: ranks 1, 3, 5).
+// sdcd sends a group's verdicts to its ranks only. Round 0: group 7's
+// verdict (rank 4 the minority) repairs rank 4 from rank 0 while group 300
+// holds none and is left alone. Round 1: both groups due at once (group 300
+// now names rank 5, group 7 a newer verdict with nothing left to copy).
+TEST(WeightCheckTest, EachReplicaGroupRepairsFromItsOwnMajority) {
+  GroupsRun r = RunGroups(
+      "repair_groups", {1, 2, 1, 2, 9, 8}, {7, 300, 7, 300, 7, 300}, 3,
+      [](int rank, int round) -> uint64_t {
+        if (round == 0) return rank % 2 == 0 ? 40 : 0;
+        if (round == 1) return 45;
+        return 0;
+      },
+      /*source_of_group0=*/0, /*source_of_group1=*/1);
+  const float expected[6] = {1, 2, 1, 2, 1, 2};
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_TRUE(r.status[rank].ok()) << rank << ": " << r.status[rank];
+    EXPECT_EQ(r.repaired[0][rank], rank % 2 == 0) << rank << ": only group 7 was due";
+    EXPECT_EQ(r.repaired[1][rank], rank % 2 == 1)
+        << rank << ": group 300 copied; group 7 had nothing left to copy";
+    EXPECT_FALSE(r.repaired[2][rank]) << rank;
+    EXPECT_TRUE(torch::equal(r.w[rank], torch::full({3}, expected[rank])))
+        << "rank " << rank << ": " << r.w[rank] << " (a copy from the other group's ranks?)";
   }
 }
 
@@ -180,7 +247,7 @@ TEST(WeightCheckTest, TheRepairRechecksTheSourceAndCopiesFromTheMajority) {
     ASSERT_TRUE(ctx.ExchangeTopology().ok());
     weights.NoteMinority(40, /*majority_source=*/1, "rank 4 differs");
     Agreement a;
-    a.repair_step_known_by_all = 40;
+    a.repair_step_by_group = {40};
     StepDecision d;
     status[rank] = weights.RepairIfAgreed(a, d);
     repaired[rank] = d.repaired;
@@ -215,7 +282,7 @@ TEST(WeightCheckTest, NoRepairWithoutAMajorityAfterTheSourceWentBad) {
     ASSERT_TRUE(ctx.ExchangeTopology().ok());
     weights.NoteMinority(40, /*majority_source=*/1, "rank 3 differs");
     Agreement a;
-    a.repair_step_known_by_all = 40;
+    a.repair_step_by_group = {40};
     StepDecision d;
     EXPECT_TRUE(weights.RepairIfAgreed(a, d).ok());
     repaired[rank] = d.repaired;

@@ -328,6 +328,8 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         env["SDC_TLS_KEY"] = pki.NodeKey(node);
       }
       for (const auto& [name, value] : c.trainer_env) env[name] = value;
+      const int group = c.replica_groups > 1 ? r % c.replica_groups : 0;
+      if (c.replica_groups > 1) env["SDC_REPLICA_GROUP"] = std::to_string(group);
       // Port 1 on loopback: nothing listens, every connection is refused.
       if (c.coordinator_unreachable) env["SDC_COORDINATOR"] = "127.0.0.1:1";
       // The fault belongs to the faulty GPU: a restarted attempt runs on a
@@ -356,6 +358,12 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       } else if (resume_step > 0) {
         argv.push_back(absl::StrCat("--first_step=", resume_step + 1));
         argv.push_back(absl::StrCat("--resume_from=", c.run_dir, "/step-", resume_step, ".pt"));
+      }
+      if (c.replica_groups > 1) argv.push_back(absl::StrCat("--seed=", 1234 + group));
+      if (c.collective_timeout > absl::ZeroDuration()) {
+        const int64_t s = absl::ToInt64Seconds(c.collective_timeout);
+        argv.push_back(c.trainer == "cpp" ? absl::StrCat("--collective_timeout_s=", s)
+                                          : absl::StrCat("--pg_timeout_s=", s));
       }
       if (c.unguarded) argv.push_back("--unguarded");
       if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");

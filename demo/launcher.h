@@ -80,6 +80,18 @@ struct ClusterConfig {
   bool proxies = false;
   // Extra environment for every trainer (SDC_* settings).
   std::map<std::string, std::string> trainer_env;
+  // Several replica groups on the one process group (SDC_REPLICA_GROUP):
+  // rank r in group r % replica_groups (so each group spans the nodes, one
+  // rank per node with 2 GPUs a node), and each group's model initialised
+  // from its own seed (--seed + group), so under the C++ trainer the groups
+  // hold different tensors, as pipeline stages would, while one all-reduce
+  // carries every rank's gradients (the Python trainer's DDP starts every
+  // rank from rank 0's). 0 or 1: one group, one seed.
+  int replica_groups = 0;
+  // The trainers' collective timeout (0: the trainer's default, 120 s). A
+  // test sets it above its own `timeout`, so a hang fails the test as a
+  // hang instead of ending in collective errors first.
+  absl::Duration collective_timeout = absl::ZeroDuration();
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
   bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.

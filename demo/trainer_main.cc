@@ -56,7 +56,9 @@ ABSL_FLAG(std::string, resume_from, "",
 ABSL_FLAG(std::string, progress, "", "JSON lines: one per step, then a summary.");
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses", "Directory of text files.");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate.");
-ABSL_FLAG(int, seed, 1234, "Model initialization seed (the same on every rank).");
+ABSL_FLAG(int, seed, 1234,
+          "Model initialization seed (the same on every rank of a replica group).");
+ABSL_FLAG(int, collective_timeout_s, 120, "The process group's collective timeout, seconds.");
 ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
 ABSL_FLAG(bool, count_collectives, false,
           "Count the collectives each step issues (the process group's backend counts every "
@@ -314,9 +316,13 @@ int Main(int argc, char** argv) {
 
   const bool count = absl::GetFlag(FLAGS_count_collectives);
   auto issued = std::make_shared<std::atomic<int64_t>>(0);
+  if (absl::GetFlag(FLAGS_collective_timeout_s) < 1) Die("--collective_timeout_s: must be at least 1");
+  const std::chrono::milliseconds timeout =
+      std::chrono::seconds(absl::GetFlag(FLAGS_collective_timeout_s));
   c10::intrusive_ptr<c10d::ProcessGroup> pg =
-      count ? client::MakeCountingGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world, issued)
-            : client::MakeGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world);
+      count ? client::MakeCountingGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world, issued,
+                                            timeout)
+            : client::MakeGlooGroup(absl::GetFlag(FLAGS_rendezvous), rank, world, timeout);
 
   torch::manual_seed(absl::GetFlag(FLAGS_seed));  // Identical initial replicas.
   std::shared_ptr<torch::nn::Module> model;
