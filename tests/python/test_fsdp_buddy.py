@@ -2,7 +2,7 @@
 optimizer step and of stored shards at rest. examples/hsdp_train.py with
 --replicas=1: fully_shard on a 1-D mesh of 6 Gloo ranks on 3 "nodes" (rank r
 on node r // 2), a real sdcd. Rank r's buddy is r + 2 (the next node), the
-third of a mismatch the next rank on the remaining node."""
+third of a mismatch r + 4 (the remaining node)."""
 
 import os
 
@@ -112,7 +112,7 @@ def test_guarded_fsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
 
 def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path, sdcd):
     # Step 2 (a check): rank 3's optimizer update of its slice is wrong in
-    # one element; its buddy (rank 5, node c) and the third (rank 0, node a)
+    # one element; its buddy (rank 5, node c) and the third (rank 1, node a)
     # recompute it and agree with each other. Step 4's check records every
     # shard after the step; one bit of rank 1's stored shard then flips at
     # rest, seen before step 5's optimizer step.
@@ -129,7 +129,7 @@ def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
         assert not by_step[3]["apply"], by_step[3]
         assert "failed on rank 3" in by_step[3]["reason"], by_step[3]
         assert ("buddy check (faulty): rank 3's optimizer update of its shard at step 2 is "
-                "wrong; ranks 5 and 0 recomputed it and agree") in by_step[3]["reason"], by_step[3]
+                "wrong; ranks 5 and 1 recomputed it and agree") in by_step[3]["reason"], by_step[3]
         assert not by_step[6]["apply"], by_step[6]
         assert ("buddy check (suspect): rank 1's stored shard changed at rest between step 4's "
                 "and step 5's optimizer steps") in by_step[6]["reason"], by_step[6]

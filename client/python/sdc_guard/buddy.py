@@ -97,8 +97,9 @@ def pairs(nodes):
     """(buddy, third) per rank from the ranks' node names: the buddy of r is
     r + k for the smallest shift k that puts every rank's buddy on another
     node (each rank then checks exactly one owner), else the next rank on
-    another node; the third is the next rank after the buddy on a node that
-    is neither's (None: fewer than three nodes)."""
+    another node; the third is r + 2k when that is on a node that is
+    neither's, else the next rank after the buddy on such a node (None:
+    fewer than three nodes)."""
     world = len(nodes)
     shift = next((k for k in range(1, world)
                   if all(nodes[(r + k) % world] != nodes[r] for r in range(world))), None)
@@ -110,7 +111,9 @@ def pairs(nodes):
             b = next(((r + k) % world for k in range(1, world)
                       if nodes[(r + k) % world] != nodes[r]), None)
         t = None
-        if b is not None:
+        if shift is not None and nodes[(r + 2 * shift) % world] not in (nodes[r], nodes[b]):
+            t = (r + 2 * shift) % world  # Each rank then the third of one owner.
+        elif b is not None:
             t = next(((b + k) % world for k in range(1, world)
                       if nodes[(b + k) % world] not in (nodes[r], nodes[b])), None)
         buddy.append(b)
