@@ -188,7 +188,7 @@ def main():
                                                   "checkpoints_allowed", "checkpoints_vetoed",
                                                   "reports_dropped", "buddy_checks",
                                                   "buddy_findings", "buddy_bytes_sent",
-                                                  "buddy_vetoes")}
+                                                  "buddy_ms", "buddy_vetoes")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()

@@ -48,6 +48,7 @@ every rank with the finding as its reason, and sdcd records it.
 
 import io
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -191,6 +192,7 @@ class BuddyCheck:
         self.slice_elements = slice_elements
         self.checks = 0  # Buddy checks run (the same count on every rank).
         self.bytes_sent = 0  # This rank's inputs sent to buddies and thirds.
+        self.ms = 0.0  # This rank's time in the buddy check and at-rest comparisons.
         self.findings = []  # Every finding's text, in order.
         self.pending = None  # (named rank, text): for the engine at the next step.
         self.veto = ""  # Why every later checkpoint is vetoed (empty: none is).
@@ -222,6 +224,7 @@ class BuddyCheck:
         """Runs ``apply_step()`` (the real optimizer step; returns whether it
         stepped), with the at-rest comparison before it and, when ``check``,
         the buddy check around it. Returns what apply_step returned."""
+        start = time.perf_counter()
         at_rest = self._at_rest
         self._at_rest = None
         rested = 0
@@ -230,7 +233,9 @@ class BuddyCheck:
         package = None
         if check:
             package = self._package(step)
+        stepped = time.perf_counter()
         applied = apply_step()
+        resumed = time.perf_counter()
         owner_digest = 0
         if check and applied:
             fires, rel = self._engine.shard_update_fault(step)
@@ -245,6 +250,7 @@ class BuddyCheck:
         if check:
             self.checks += 1
             self._at_rest = (step, self._shard_digest())
+        self.ms += 1000 * ((stepped - start) + (time.perf_counter() - resumed))
         return applied
 
     def _package(self, step):

@@ -684,6 +684,7 @@ class Guard:
         out["buddy_checks"] = b.checks if b is not None else 0
         out["buddy_findings"] = len(b.findings) if b is not None else 0
         out["buddy_bytes_sent"] = b.bytes_sent if b is not None else 0
+        out["buddy_ms"] = b.ms if b is not None else 0.0
         out["buddy_vetoes"] = self.buddy_vetoes
         return out
 
