@@ -323,6 +323,9 @@ class Coordinator {
     std::string buddy_finding;
     Rank buddy_rank = 0;
     bool buddy_faulty = false;
+    // Some rank's report says the step was skipped for a buddy finding: a
+    // NaN in the reduced gradients alone is the failure's in-band carrier.
+    bool buddy_carried = false;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {

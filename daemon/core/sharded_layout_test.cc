@@ -136,9 +136,14 @@ void AttachFsdp(Cluster& cl) {
   }
 }
 
+// Rank 0's reduced shard carries the NaN the failing rank put in its first
+// bucket (the in-band carrier of its failure): no all-reduce incident.
 void SkippedFor(Cluster& cl, Step step, const std::string& reason) {
   for (Rank r = 0; r < cl.world(); ++r) {
-    ASSERT_TRUE(cl.Send(r, step, StepReport{0, 0, 1.0, 1234, false, reason, false}).ok()) << r;
+    const uint64_t reduced_nonfinite = r == 0 ? 1 : 0;
+    ASSERT_TRUE(
+        cl.Send(r, step, StepReport{0, reduced_nonfinite, 1.0, 1234, false, reason, false}).ok())
+        << r;
   }
 }
 
@@ -183,7 +188,14 @@ TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {
                     "(maybe): rank 3");
   SkippedFor(cl, 4, "step 4 failed on rank x and was skipped on every rank: buddy check "
                     "(faulty): rank x");
-  EXPECT_THAT(cl.c().ListIncidents(kJob), IsEmpty());
+  // Only rank 0's reduced NaN, as before: no rank is named for these.
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(3));
+  for (const auto& inc : incidents) {
+    EXPECT_EQ(inc.check, CheckKind::kNonFinite);
+    EXPECT_EQ(inc.outcome, "allreduce");
+    EXPECT_THAT(inc.ranks, IsEmpty());
+  }
 }
 
 }  // namespace

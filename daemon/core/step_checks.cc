@@ -150,6 +150,7 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
     // Only the named rank's own report counts: every rank sends the same
     // reason, and a rank can name no one but itself.
     std::optional<BuddyFinding> f = ParseBuddyFinding(s.skip_reason);
+    if (f.has_value()) ps.buddy_carried = true;
     if (f.has_value() && f->rank == r.rank) {
       ps.buddy_finding = s.skip_reason;
       ps.buddy_rank = f->rank;
@@ -506,6 +507,12 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
       // A compression hook's sum (fp16) overflowed like the scaler's own.
       nonfinite_result = "overflow";
+    } else if (ps.reduced_nonfinite.size() == group.members.size() && ps.buddy_carried) {
+      // The NaN the named rank put in its first gradient bucket to carry
+      // the buddy check's finding to every rank in-band (StepPipeline::
+      // ScanLocalBucket), not an all-reduce fault: the finding's incident
+      // is the named rank's.
+      nonfinite_result = "carried";
     } else if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
       found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,

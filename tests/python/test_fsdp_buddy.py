@@ -143,4 +143,6 @@ def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
     named = {(tuple(i.get("ranks", [])), i.get("outcome"), i.get("step")) for i in incidents}
     assert ((3,), "faulty", "3") in named or ((3,), "faulty", 3) in named, incidents
     assert ((1,), "suspect", "6") in named or ((1,), "suspect", 6) in named, incidents
-    assert len(incidents) == 2, incidents
+    assert len(incidents) == 2, "\n".join(
+        repr((i["id"], i["step"], i["check"], i.get("outcome"), i.get("ranks"),
+              i.get("explanation", "")[:300])) for i in incidents)
