@@ -534,6 +534,9 @@ class Guard:
             if layout.sharded:
                 self.comm_hook = None
                 self._reduced_shards = sharded.install(self, layout)
+            else:
+                self.comm_hook = hooks.GuardHook(self, hook_state, hook)
+                model.register_comm_hook(None, self.comm_hook)
             if layout.kind == "fsdp":
                 node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
                     socket.gethostname()
@@ -545,9 +548,6 @@ class Guard:
                         "scaler: scaler.step unscales the gradients inside the step")
                 if self._buddy.off_reason:
                     notices.say_once("buddy-off", self._buddy.off_reason, self.rank)
-            else:
-                self.comm_hook = hooks.GuardHook(self, hook_state, hook)
-                model.register_comm_hook(None, self.comm_hook)
             # After DDP's buffer broadcast, before the module's own forward
             # (BeginStep's copy serves a model without buffers: no hook).
             self._forward_hook = (self.module.register_forward_pre_hook(self._before_forward)
