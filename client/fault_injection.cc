@@ -45,6 +45,8 @@ const char* FaultKindName(FaultKind kind) {
       return "late-audit-reports";
     case FaultKind::kProduct:
       return "product";
+    case FaultKind::kShardUpdate:
+      return "shard-update";
   }
   return "unknown";
 }
@@ -64,7 +66,8 @@ std::string FaultPlan::Describe() const {
                                       : absl::StrCat("with probability ", probability, " per step");
   return absl::StrCat(FaultKindName(kind), " on rank ", rank, " ", when,
                       kind == FaultKind::kActivationScale ? absl::StrCat(" (x", magnitude, ")")
-                      : kind == FaultKind::kProduct     ? absl::StrCat(" (relative ", magnitude, ")")
+                      : kind == FaultKind::kProduct || kind == FaultKind::kShardUpdate
+                          ? absl::StrCat(" (relative ", magnitude, ")")
                                                           : "");
 }
 
@@ -90,7 +93,8 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"corrupt-transfer", FaultKind::kCorruptTransfer},
       {"software-stack", FaultKind::kSoftwareStack},
       {"late-audit-reports", FaultKind::kLateAuditReports},
-      {"product", FaultKind::kProduct}};
+      {"product", FaultKind::kProduct},
+      {"shard-update", FaultKind::kShardUpdate}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
   }
@@ -110,6 +114,7 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
     return bad("WHEN must be step=N, from=N or p=X");
   }
   if (p.kind == FaultKind::kProduct) p.magnitude = 0x1p-6;
+  if (p.kind == FaultKind::kShardUpdate) p.magnitude = 0x1p-10;
   if (parts.size() == 4) {
     int exponent = 0;
     if (absl::StartsWith(parts[3], "2^") && absl::SimpleAtoi(parts[3].substr(2), &exponent) &&

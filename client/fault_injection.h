@@ -36,6 +36,11 @@
 //                                 (forward or backward) by the relative error MAGNITUDE
 //                                 (default 2^-6); injected by the Python front end's
 //                                 every-step checksums (sdc_guard/checksums.py)
+//             shard-update        multiply one element of RANK's optimizer update of its
+//                                 shard by 1 + MAGNITUDE (default 2^-10), inside the slice
+//                                 the buddy check verifies at that step (FSDP2 without
+//                                 replicas); injected by the Python front end
+//                                 (sdc_guard/buddy.py) right after optimizer.step()
 //   RANK      the global rank that misbehaves
 //   WHEN      step=N (exactly that step), from=N (every step from N on),
 //             p=X (each step with probability X, from a seeded generator)
@@ -66,6 +71,7 @@ enum class FaultKind {
   kSoftwareStack,
   kLateAuditReports,
   kProduct,
+  kShardUpdate,
 };
 
 const char* FaultKindName(FaultKind kind);

@@ -292,6 +292,14 @@ TEST(FaultSpecTest, ParsesAndFires) {
   p = ParseFaultSpec("product:4:step=7:0.5");
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->magnitude, 0.5);
+  // One rank's optimizer update of its shard (issue 44 item 3): 2^-10 by default.
+  p = ParseFaultSpec("shard-update:3:step=4");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kind, FaultKind::kShardUpdate);
+  EXPECT_EQ(p->magnitude, 0x1p-10);
+  EXPECT_TRUE(p->FiresAt(3, 4));
+  EXPECT_FALSE(p->FiresAt(2, 4));
+  EXPECT_EQ(p->Describe(), "shard-update on rank 3 at step 4 (relative 0.000976562)");
   // A probability fires on about that share of steps, the same on every run.
   p = ParseFaultSpec("mantissa-bitflip:0:p=0.25");
   ASSERT_TRUE(p.ok());

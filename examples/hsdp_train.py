@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A small MLP trained with HSDP (FSDP2's fully_shard on a replicate x shard
-DeviceMesh, Gloo on the CPU), with or without sdc-guard.
+DeviceMesh, Gloo on the CPU), or with FSDP2 on a 1-D mesh (--replicas=1:
+every rank a shard of its own), with or without sdc-guard.
 
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2 --unguarded
+    torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=1 --shards=6 --optimizer=sgd
 
 Each rank trains on its own micro-batches (every rank of an FSDP job is a
 data-parallel rank). The lines marked `# sdc-guard` are all that guarding
@@ -39,6 +41,8 @@ def parse_args():
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="AdamW, or SGD with momentum 0.9 and weight decay")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--checkpoint_every", type=int, default=0,
                    help="ask the guard's checkpoint gate every N steps")
@@ -106,14 +110,21 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.replicas * args.shards != world:
         raise SystemExit(f"--replicas x --shards must be the world size {world}")
-    mesh = init_device_mesh("cpu", (args.replicas, args.shards),
-                            mesh_dim_names=("replicate", "shard"))
+    if args.replicas == 1:  # FSDP: no replica of any shard (the guard's buddy check).
+        mesh = init_device_mesh("cpu", (args.shards,), mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh("cpu", (args.replicas, args.shards),
+                                mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(args.seed)  # Every rank builds the same model before sharding.
     model = Mlp(args.width)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9,
+                                    weight_decay=1e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
         else (-1, -1)
 
@@ -175,7 +186,9 @@ def main():
         summary = guard.summary()
         final["guard"] = {k: summary[k] for k in ("steps", "skipped", "weight_checks",
                                                   "checkpoints_allowed", "checkpoints_vetoed",
-                                                  "reports_dropped")}
+                                                  "reports_dropped", "buddy_checks",
+                                                  "buddy_findings", "buddy_bytes_sent",
+                                                  "buddy_ms", "buddy_vetoes")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()

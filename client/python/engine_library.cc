@@ -218,6 +218,14 @@ class Engine : public torch::CustomClassHolder {
                        plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
     return {fires, plan.magnitude};
   }
+  // This rank's injected shard-update fault at `step`: (fires, relative
+  // error). The Python front end's buddy check (sdc_guard/buddy.py) injects it.
+  std::tuple<bool, double> ShardUpdateFault(int64_t step) {
+    const FaultPlan plan = FaultFor(engine_->options().faults, static_cast<uint32_t>(Rank()));
+    const bool fires = plan.kind == FaultKind::kShardUpdate &&
+                       plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
+    return {fires, plan.magnitude};
+  }
   int64_t WeightCheckEvery() {
     return static_cast<int64_t>(engine_->options().weight_check_every);
   }
@@ -410,6 +418,7 @@ TORCH_LIBRARY(sdc, m) {
       .def("refresh_checkpoints", &Engine::RefreshCheckpoints)
       .def("fault_point", &Engine::FaultPoint)
       .def("product_fault", &Engine::ProductFault)
+      .def("shard_update_fault", &Engine::ShardUpdateFault)
       .def("summary", &Engine::Summary)
       .def("summary_line", &Engine::SummaryLine)
       .def("shutdown", &Engine::Shutdown, "", {torch::arg("flush_seconds") = 5.0})

@@ -318,6 +318,14 @@ class Coordinator {
     std::map<uint32_t, uint64_t> reduced_majority;  // By group: the digest most ranks got.
     // Why no confirmation replay comes (StepReport::no_confirmation).
     std::string no_confirmation;
+    // A buddy check's finding the step was skipped for, from the named
+    // rank's own report (step_checks.cc, ParseBuddyFinding); empty: none.
+    std::string buddy_finding;
+    Rank buddy_rank = 0;
+    bool buddy_faulty = false;
+    // Some rank's report says the step was skipped for a buddy finding: a
+    // NaN in the reduced gradients alone is the failure's in-band carrier.
+    bool buddy_carried = false;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {

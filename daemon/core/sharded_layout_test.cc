@@ -123,5 +123,80 @@ TEST(ShardedLayoutTest, ContradictoryShardCoordinatesAreRefused) {
   EXPECT_TRUE(cl.c().Attach(fine, testing::Proven(fine)).ok());
 }
 
+// FSDP without replicas (issue 44 item 3): every rank holds a shard of its
+// own, a replica group of one. A buddy check's finding reaches sdcd as the
+// reason of the step every rank skipped for it; the named rank's own report
+// makes one incident naming it, and the skipped step's checkpoint is vetoed.
+void AttachFsdp(Cluster& cl) {
+  for (Rank r = 0; r < cl.world(); ++r) {
+    Hello h = cl.HelloOf(r);
+    h.placement.replica_group = r;
+    h.shard = {r, cl.world(), 0};
+    ASSERT_TRUE(cl.c().Attach(h, testing::Proven(h)).ok()) << r;
+  }
+}
+
+// Rank 0's reduced shard carries the NaN the failing rank put in its first
+// bucket (the in-band carrier of its failure): no all-reduce incident.
+void SkippedFor(Cluster& cl, Step step, const std::string& reason) {
+  for (Rank r = 0; r < cl.world(); ++r) {
+    const uint64_t reduced_nonfinite = r == 0 ? 1 : 0;
+    ASSERT_TRUE(
+        cl.Send(r, step, StepReport{0, reduced_nonfinite, 1.0, 1234, false, reason, false}).ok())
+        << r;
+  }
+}
+
+TEST(ShardedLayoutTest, ABuddyFindingNamesTheRankAndVetoesTheCheckpoint) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/0);
+  AttachFsdp(cl);
+  for (Step s = 1; s <= 2; ++s) cl.CleanStep(s);
+  SkippedFor(cl, 3,
+             "step 3 failed on rank 3 and was skipped on every rank: buddy check (faulty): "
+             "rank 3's optimizer update of its shard at step 2 is wrong; ranks 5 and 0 "
+             "recomputed it and agree");
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kWeights);
+  EXPECT_EQ(incidents[0].outcome, "faulty");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(3u));
+  EXPECT_TRUE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].explanation, HasSubstr("ranks 5 and 0 recomputed it"));
+  auto may = cl.c().MayCheckpoint(kJob, 3);
+  ASSERT_TRUE(may.ok()) << may.status();
+  EXPECT_FALSE(may->allowed);
+  EXPECT_THAT(may->reason, HasSubstr("buddy check (faulty)"));
+
+  // Undecided, or a shard changed at rest: a suspect, not confirmed.
+  SkippedFor(cl, 4,
+             "step 4 failed on rank 1 and was skipped on every rank: buddy check (suspect): "
+             "rank 1's stored shard changed at rest");
+  const auto after = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(after, SizeIs(2));
+  EXPECT_EQ(after[1].outcome, "suspect");
+  EXPECT_THAT(after[1].ranks, ElementsAre(1u));
+  EXPECT_FALSE(after[1].confirmed);
+}
+
+TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/0);
+  AttachFsdp(cl);
+  cl.CleanStep(1);
+  // Another check's failure, and a text that only looks like a finding.
+  SkippedFor(cl, 2, "step 2 failed on rank 3 and was skipped on every rank: checksum alarm");
+  SkippedFor(cl, 3, "step 3 failed on rank 3 and was skipped on every rank: buddy check "
+                    "(maybe): rank 3");
+  SkippedFor(cl, 4, "step 4 failed on rank x and was skipped on every rank: buddy check "
+                    "(faulty): rank x");
+  // Only rank 0's reduced NaN, as before: no rank is named for these.
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(3));
+  for (const auto& inc : incidents) {
+    EXPECT_EQ(inc.check, CheckKind::kNonFinite);
+    EXPECT_EQ(inc.outcome, "allreduce");
+    EXPECT_THAT(inc.ranks, IsEmpty());
+  }
+}
+
 }  // namespace
 }  // namespace sdc::core

@@ -4,13 +4,19 @@
 
 #include "daemon/core/coordinator.h"
 
+#include <cctype>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "daemon/core/coordinator_internal.h"
 
@@ -23,6 +29,39 @@ using internal::RankList;
 using internal::ToVector;
 
 namespace {
+
+// A step every rank skipped in-band for a finding of the buddy check of a
+// sharded optimizer step (issue 44 item 3, client/python/sdc_guard/buddy.py).
+// The engine words the reason "step N failed on rank R and was skipped on
+// every rank: buddy check (OUTCOME): ...": R is the rank the finding names,
+// OUTCOME "faulty" (three nodes' results say which rank is wrong) or
+// "suspect" (undecided, or a stored shard that changed at rest).
+struct BuddyFinding {
+  Rank rank = 0;
+  bool faulty = false;
+};
+
+std::optional<BuddyFinding> ParseBuddyFinding(absl::string_view reason) {
+  constexpr absl::string_view kOn = " failed on rank ";
+  constexpr absl::string_view kCheck = " and was skipped on every rank: buddy check (";
+  const size_t at = reason.find(kOn);
+  if (at == absl::string_view::npos) return std::nullopt;
+  reason.remove_prefix(at + kOn.size());
+  size_t digits = 0;
+  while (digits < reason.size() && std::isdigit(static_cast<unsigned char>(reason[digits]))) {
+    ++digits;
+  }
+  BuddyFinding f;
+  if (digits == 0 || !absl::SimpleAtoi(reason.substr(0, digits), &f.rank)) return std::nullopt;
+  reason.remove_prefix(digits);
+  if (!absl::ConsumePrefix(&reason, kCheck)) return std::nullopt;
+  if (absl::StartsWith(reason, "faulty)")) {
+    f.faulty = true;
+  } else if (!absl::StartsWith(reason, "suspect)")) {
+    return std::nullopt;
+  }
+  return f;
+}
 
 std::vector<DigestBallot> BallotsOf(const std::map<uint64_t, std::vector<Rank>>& ranks,
                                     const std::map<uint64_t, const std::vector<Fingerprint>*>&
@@ -106,6 +145,17 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
   (s.applied ? ps.applied : ps.skipped).insert(r.rank);
   if (!s.no_confirmation.empty() && ps.no_confirmation.empty()) {
     ps.no_confirmation = s.no_confirmation;
+  }
+  if (!s.applied && ps.buddy_finding.empty()) {
+    // Only the named rank's own report counts: every rank sends the same
+    // reason, and a rank can name no one but itself.
+    std::optional<BuddyFinding> f = ParseBuddyFinding(s.skip_reason);
+    if (f.has_value()) ps.buddy_carried = true;
+    if (f.has_value() && f->rank == r.rank) {
+      ps.buddy_finding = s.skip_reason;
+      ps.buddy_rank = f->rank;
+      ps.buddy_faulty = f->faulty;
+    }
   }
   ps.keys.push_back(KeyOf(r));
   if (!s.audits_off.empty() && !replaying_) NoteAuditsOff(job, group, r.step, s.audits_off, txn);
@@ -234,6 +284,11 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   const absl::Duration latency = clock_->Now() - ps.first_seen;
   const VoteOutcome reduced = CheckReducedGradients(job, group, step, ps, latency, found, txn);
   const bool overflow = CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
+  if (!ps.buddy_finding.empty()) {
+    found.Note(RecordIncident(job, group, step, CheckKind::kWeights,
+                              ps.buddy_faulty ? "faulty" : "suspect", {ps.buddy_rank},
+                              ps.buddy_faulty, ps.buddy_finding, {}, txn));
+  }
   if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
 
   verdict.failed = !found.failures.empty();
@@ -452,6 +507,12 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
       // A compression hook's sum (fp16) overflowed like the scaler's own.
       nonfinite_result = "overflow";
+    } else if (ps.reduced_nonfinite.size() == group.members.size() && ps.buddy_carried) {
+      // The NaN the named rank put in its first gradient bucket to carry
+      // the buddy check's finding to every rank in-band (StepPipeline::
+      // ScanLocalBucket), not an all-reduce fault: the finding's incident
+      // is the named rank's.
+      nonfinite_result = "carried";
     } else if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
       found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "allreduce", {}, false,

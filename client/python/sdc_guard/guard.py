@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sdc_guard import _C, amp, checksums, hooks, notices, sharded
+from sdc_guard import _C, amp, buddy, checksums, hooks, notices, sharded
 from sdc_guard._C import GuardError
 
 # Keyword arguments of Guard and the SDC_* variable each overrides, with the
@@ -66,8 +66,9 @@ _OPTIONS = {
     "resume_step": ("SDC_RESUME_STEP", "count"),
 }
 
-# Guard's own option (the Python front end's), not the engine's.
+# Guard's own options (the Python front end's), not the engine's.
 _EVERY_STEP = ("every_step", "SDC_EVERY_STEP")
+_BUDDY_SLICE = ("buddy_slice", "SDC_BUDDY_SLICE")
 
 # How libtorch words a warn-only deterministic-algorithms alert.
 _NO_DETERMINISTIC = " does not have a deterministic implementation"
@@ -118,6 +119,22 @@ def _every_step(value):
     if text not in ("", "0", "1"):
         raise ValueError(f"{variable}={text!r}: expected 0 or 1")
     return text == "1"
+
+
+def _buddy_slice(value):
+    """Elements per buddy check (FSDP): ``value``, else SDC_BUDDY_SLICE,
+    else buddy.DEFAULT_SLICE. ValueError for anything but a positive integer."""
+    name, variable = _BUDDY_SLICE
+    if value is None:
+        text = os.environ.get(variable, "")
+        if not text:
+            return buddy.DEFAULT_SLICE
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{variable}={text!r}: expected a positive integer")
+        return int(text)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r}: expected a positive integer")
+    return int(value)
 
 
 def _flatten(batch):
@@ -175,7 +192,13 @@ def _check_sharded_options(layout, options, comm_hook):
     if options.get("audit_every"):
         raise ValueError("audit_every: replay audits are not covered yet on an HSDP module "
                          "(set 0; non-finite checks and the per-shard weight vote run)")
-    if layout.replica_index == 0 and layout.shard_index == 0:
+    if layout.kind == "fsdp":
+        if layout.shard_index == 0:
+            print(f"sdc_guard: FSDP over {layout.shard_count} shards, no replicas: the buddy "
+                  "check verifies each shard's optimizer update on weight-check steps; replay "
+                  "audits are not covered yet on sharded layouts (off)", file=sys.stderr,
+                  flush=True)
+    elif layout.replica_index == 0 and layout.shard_index == 0:
         print(f"sdc_guard: HSDP over {layout.replica_count} replicas x {layout.shard_count} "
               "shards: the weight vote runs per shard; replay audits are not covered yet on "
               "sharded layouts (off)", file=sys.stderr, flush=True)
@@ -247,6 +270,10 @@ class Step:
         )
         engine = g._engine()
         engine.begin_step(self.step, self._tensors, self.micro_batches)
+        if g._buddy is not None:
+            finding = g._buddy.take_pending()
+            if finding is not None:  # Every rank skips this step with it as the reason.
+                engine.note_failure(finding)
         if engine.auditing:
             # Deterministic algorithms run warn-only on audit steps: an op
             # without a deterministic implementation warns, and the engine
@@ -358,6 +385,10 @@ class Step:
                 # error, so every rank skips the step here and trains on.
                 g.checksum_skips += 1
                 return False
+            if buddy.MARK in str(e):
+                # The buddy check's finding of the last check (every rank
+                # holds it): the carrier step is skipped everywhere.
+                return False
             raise
         self.apply = d["apply"]
         self.reason = d["reason"]
@@ -381,8 +412,10 @@ class Guard:
     (sharded.py). On HSDP replay audits are off (not covered yet), and
     ``comm_hook``, ``max_grad_norm`` and ``replica_group`` are refused; a
     module's buffers are each rank's own (FSDP does not broadcast them), so
-    they leave the weight vote unless ``vote_buffers=True``. Other layouts
-    (FSDP2 without a replicate dim, tensor parallel, ZeRO) raise TypeError.
+    they leave the weight vote unless ``vote_buffers=True``. FSDP2 on a 1-D
+    mesh (no replicas) gets the buddy check of its optimizer step instead of
+    a vote (buddy.py; ``buddy_slice=`` elements per check). Other layouts
+    (tensor parallel, ZeRO) raise TypeError.
 
     ``loss_fn(module, batch)`` computes one micro-batch's loss; the guard calls
     it with the model's wrapped module (``model.module``) to replay a peer's
@@ -424,9 +457,10 @@ class Guard:
         if not callable(loss_fn):
             raise TypeError("loss_fn: expected a callable loss_fn(module, batch) -> loss tensor")
         every_step = _every_step(options.pop(_EVERY_STEP[0], None))
+        buddy_slice = _buddy_slice(options.pop(_BUDDY_SLICE[0], None))
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise TypeError(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(list(_OPTIONS) + [_EVERY_STEP[0]])})")
+            raise TypeError(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(list(_OPTIONS) + [_EVERY_STEP[0], _BUDDY_SLICE[0]])})")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialised: call torch.distributed.init_process_group() "
@@ -485,7 +519,9 @@ class Guard:
         self._closed = False
         self._checks = None
         self.checksum_skips = 0  # Steps skipped on every rank for a failed checksum.
+        self.buddy_vetoes = 0  # Checkpoints the buddy check's findings vetoed.
         self._reduced_shards = None  # HSDP: FSDP's all-reduce hook (sharded.ReducedShards).
+        self._buddy = None  # FSDP without replicas: the buddy check (buddy.py).
         self._core = _C.Engine(
             self.process_group,
             [n for n, _ in params], [p for _, p in params],
@@ -501,6 +537,17 @@ class Guard:
             else:
                 self.comm_hook = hooks.GuardHook(self, hook_state, hook)
                 model.register_comm_hook(None, self.comm_hook)
+            if layout.kind == "fsdp":
+                node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
+                    socket.gethostname()
+                self._buddy = buddy.BuddyCheck(self._core, optimizer, self._sharded_params,
+                                               self.process_group, node, buddy_slice)
+                if grad_scaler is not None and self._buddy.enabled:
+                    self._buddy.off_reason = (
+                        "the buddy check of the sharded optimizer step is off under a loss "
+                        "scaler: scaler.step unscales the gradients inside the step")
+                if self._buddy.off_reason:
+                    notices.say_once("buddy-off", self._buddy.off_reason, self.rank)
             # After DDP's buffer broadcast, before the module's own forward
             # (BeginStep's copy serves a model without buffers: no hook).
             self._forward_hook = (self.module.register_forward_pre_hook(self._before_forward)
@@ -558,11 +605,21 @@ class Guard:
         self._stepped = True
         self._weight_check_due = True
         if apply is not None:
-            if s.apply:
-                apply()
-            return s.apply
-        return amp.finish_step(s, self.optimizer if optimizer is None else optimizer,
-                               self.grad_scaler)
+            def run():
+                if s.apply:
+                    apply()
+                return s.apply
+        else:
+            def run():
+                return amp.finish_step(s, self.optimizer if optimizer is None else optimizer,
+                                       self.grad_scaler)
+        b = self._buddy
+        if b is None:
+            return run()
+        every = self._engine().weight_check_every
+        check = (b.enabled and s.apply and every > 0 and s.step % every == 0
+                 and (optimizer is None or optimizer is self.optimizer))
+        return b.around_step(s.step, run, check)
 
     def _run_weight_check(self, checkpoint):
         """Check 3 of the step optimizer_step ended, if still due."""
@@ -589,6 +646,11 @@ class Guard:
         its own calls ``after_optimizer_step(checkpoint=True)`` first. An
         allowed checkpoint is provisional: see ProvisionalCheckpoints."""
         self._run_weight_check(checkpoint=True)
+        if self._buddy is not None and self._buddy.veto:
+            # Every rank holds the same finding: the shard carries a corrupted
+            # update or a corruption at rest, which no later checkpoint may keep.
+            self.buddy_vetoes += 1
+            return False
         return self._engine().may_checkpoint()
 
     def checkpoint_standing(self, step):
@@ -618,6 +680,12 @@ class Guard:
         out["checksum_skips"] = self.checksum_skips
         out["products_checked"] = c.checked if c is not None else 0
         out["products_unchecked"] = c.unchecked if c is not None else 0
+        b = self._buddy
+        out["buddy_checks"] = b.checks if b is not None else 0
+        out["buddy_findings"] = len(b.findings) if b is not None else 0
+        out["buddy_bytes_sent"] = b.bytes_sent if b is not None else 0
+        out["buddy_ms"] = b.ms if b is not None else 0.0
+        out["buddy_vetoes"] = self.buddy_vetoes
         return out
 
     @property

@@ -14,10 +14,13 @@ same tensors and which hold different shards:
     strict majority of that shard's replicas), and the reduced gradients are
     compared in-band among those ranks only.
 
-Anything else is a TypeError saying what is not covered yet: FSDP2 without a
-replicate dim (each shard held by one rank), a mesh of more than two dims,
-tensor parallel placements, ZeRO-style optimizers are not layouts of a
-model the guard can see.
+  * an FSDP2 module on a 1-D ``DeviceMesh`` (``Shard(d)``): every rank holds
+    a shard of its own, a replica group of one; its optimizer update is
+    verified by the buddy check (buddy.py).
+
+Anything else is a TypeError saying what is not covered yet: a mesh of more
+than two dims, tensor parallel placements, ZeRO-style optimizers are not
+layouts of a model the guard can see.
 
 On an HSDP module the guard's check 1 runs in FSDP's own communication
 seams (public FSDP2 APIs): a custom reduce-scatter (``ReduceScatter``,
@@ -46,7 +49,8 @@ except ImportError:  # pragma: no cover  (a torch without FSDP2: DDP only)
 
 @dataclasses.dataclass
 class Layout:
-    """How the guard sees a model. ``kind``: "ddp" or "hsdp"."""
+    """How the guard sees a model. ``kind``: "ddp", "hsdp" or "fsdp" (FSDP2
+    on a 1-D mesh: no replica of any shard)."""
 
     kind: str
     module: torch.nn.Module  # What loss_fn(module, batch) is called with.
@@ -75,8 +79,8 @@ class Layout:
 
 
 _NOT_COVERED = (
-    "sdc_guard.Guard covers a DistributedDataParallel model and an FSDP2 module on a 2-D "
-    "replicate x shard DeviceMesh (HSDP); ")
+    "sdc_guard.Guard covers a DistributedDataParallel model, an FSDP2 module on a 1-D "
+    "DeviceMesh (FSDP) and one on a 2-D replicate x shard DeviceMesh (HSDP); ")
 
 
 def _name(model):
@@ -139,23 +143,19 @@ def _hsdp_layout(model, process_group):
         raise TypeError(_NOT_COVERED + "this FSDP2 module has no parameters")
     replicate = [i for i, pl in enumerate(placements) if isinstance(pl, Replicate)]
     shard = [i for i, pl in enumerate(placements) if isinstance(pl, Shard)]
-    if mesh.ndim == 1 and shard:
-        raise TypeError(
-            _NOT_COVERED + "this is FSDP2 without a replicate dim (every shard on one rank "
-            "only), which is not covered yet: the weight vote needs replicas of each shard. "
-            "Shard over a 2-D mesh, init_device_mesh(..., (replicas, shards), mesh_dim_names="
-            "('replicate', 'shard')), with 3 or more replicas so a vote can name a rank")
+    if mesh.ndim == 1 and len(shard) == 1:
+        return _fsdp_layout(model, process_group, mesh)
     if mesh.ndim != 2 or len(replicate) != 1 or len(shard) != 1:
         raise TypeError(
             _NOT_COVERED + f"these parameters are placed {placements} on a {mesh.ndim}-D mesh "
-            "(only (Replicate(), Shard(d)) is covered: FSDP2 without replicas, tensor "
-            "parallel and meshes of more dims are not covered yet)")
+            "(only (Shard(d),) and (Replicate(), Shard(d)) are covered: tensor parallel and "
+            "meshes of more dims are not covered yet)")
     r_dim, s_dim = replicate[0], shard[0]
     replicas, shards = mesh.size(r_dim), mesh.size(s_dim)
     if replicas < 2:
         raise TypeError(
             _NOT_COVERED + f"the replicate dim has {replicas} rank: every shard is held by one "
-            "rank only (FSDP2 without replicas), which is not covered yet")
+            "rank only; shard over a 1-D mesh for that (FSDP, checked by the buddy check)")
     group = process_group if process_group is not None else dist.group.WORLD
     if dist.get_world_size(group) != mesh.size():
         raise ValueError(
@@ -169,6 +169,24 @@ def _hsdp_layout(model, process_group):
     return Layout("hsdp", model, group, shard_index=int(coordinate[s_dim]), shard_count=shards,
                   replica_index=int(coordinate[r_dim]), replica_count=replicas,
                   fsdp_modules=fsdp_modules)
+
+
+def _fsdp_layout(model, process_group, mesh):
+    """FSDP2 on a 1-D mesh: every rank holds a shard no other rank holds, a
+    replica group of its own (the weight vote has nothing to compare; the
+    buddy check verifies the optimizer's update of the shard, buddy.py)."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_world_size(group) != mesh.size():
+        raise ValueError(
+            f"the DeviceMesh has {mesh.size()} ranks but the process group "
+            f"{dist.get_world_size(group)}: the guard's collectives need every rank of the mesh "
+            "(pass the group that spans it as process_group=)")
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("this rank is not in the model's DeviceMesh")
+    fsdp_modules = tuple(m for m in model.modules() if isinstance(m, FSDPModule))
+    return Layout("fsdp", model, group, shard_index=int(coordinate[0]), shard_count=mesh.size(),
+                  replica_index=0, replica_count=1, fsdp_modules=fsdp_modules)
 
 
 def local(tensor):

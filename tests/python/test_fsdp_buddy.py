@@ -1,0 +1,148 @@
+"""FSDP2 without replicas (issue 44, item 3): the buddy check of the sharded
+optimizer step and of stored shards at rest. examples/hsdp_train.py with
+--replicas=1: fully_shard on a 1-D mesh of 6 Gloo ranks on 3 "nodes" (rank r
+on node r // 2), a real sdcd. Rank r's buddy is r + 2 (the next node), the
+third of a mismatch r + 4 (the remaining node)."""
+
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT, run_job
+from sdc_guard import buddy
+
+SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
+WORLD = 6
+FSDP = ["--replicas=1", f"--shards={WORLD}"]
+FAULTS = {"SDC_ALLOW_FAULT_INJECTION": "yes-i-am-testing"}
+
+
+def test_pairs_put_buddy_and_third_on_other_nodes():
+    nodes = ["a", "a", "b", "b", "c", "c"]
+    b, t = buddy.pairs(nodes)
+    assert b == [2, 3, 4, 5, 0, 1]  # One owner per buddy.
+    assert t == [4, 5, 0, 1, 2, 3]
+    for r in range(6):
+        assert len({nodes[r], nodes[b[r]], nodes[t[r]]}) == 3
+    # Two nodes: a buddy, no third (a mismatch is then undecided).
+    assert buddy.pairs(["a", "b", "a", "b"]) == ([1, 2, 3, 0], [None] * 4)
+    # One node: no buddy.
+    assert buddy.pairs(["a", "a"]) == ([None, None], [None, None])
+
+
+def test_windows_cover_every_element_once():
+    sizes = [10, 3, 0, 25]
+    w = buddy.windows(sizes, 8)
+    assert w == 5  # ceil(38 / 8)
+    seen = []
+    for check in range(w):
+        for i, a, b in buddy.segments(sizes, 8, check):
+            seen.extend((i, k) for k in range(a, b))
+    assert seen == [(i, k) for i, n in enumerate(sizes) for k in range(n)]
+    assert buddy.segments(sizes, 8, w) == buddy.segments(sizes, 8, 0)  # Rotation.
+
+
+OPTIMIZERS = [
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, dampening=0)),
+    (torch.optim.Adam, dict(lr=1e-2, weight_decay=0.01, amsgrad=True)),
+    (torch.optim.AdamW, dict(lr=1e-2)),
+    (torch.optim.AdamW, dict(lr=1e-2, foreach=True)),
+]
+
+
+@pytest.mark.parametrize("cls,settings", OPTIMIZERS)
+def test_a_slice_recomputed_is_the_full_step_bit_for_bit(cls, settings):
+    # Elementwise updates do not depend on slicing: unaligned slices of a
+    # tensor large enough for ATen to split across threads and vectorise,
+    # recomputed from the slice's inputs, equal the full step's bits.
+    n = 100_003
+    g = torch.Generator().manual_seed(0)
+    full = torch.nn.Parameter(torch.randn(n, generator=g))
+    optimizer = cls([full], **settings)
+    compared = 0
+    for _ in range(3):
+        full.grad = torch.randn(n, generator=g)
+        before = {"param": full.detach().clone(), "grad": full.grad.clone(),
+                  "state": {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                            for k, v in optimizer.state.get(full, {}).items()}}
+        optimizer.step()
+        for a, b in [(0, 1000), (3, 77_777), (12_345, n), (5, 37), (40_000, n)]:
+            state = {k: (v[a:b] if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                     for k, v in before["state"].items()}
+            group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+            package = {"optimizer": cls.__name__, "segments": [(0, a, b, 0)],
+                       "params": [before["param"][a:b]], "grads": [before["grad"][a:b]],
+                       "state": [state], "groups": {0: group}}
+            assert buddy.recompute(package) == buddy.slice_digest([full.detach()[a:b]])
+            compared += 1
+    assert compared == 15
+
+
+def test_an_optimizer_not_elementwise_turns_the_check_off_saying_why():
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    assert buddy.not_elementwise_reason(torch.optim.AdamW([p])) == ""
+    reason = buddy.not_elementwise_reason(torch.optim.Adafactor([p]))
+    assert "Adafactor is not known to update each element" in reason, reason
+
+
+def test_guarded_fsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
+    flags = FSDP + ["--steps=6", "--checkpoint_every=3", "--optimizer=sgd"]
+    env = {"SDC_JOB_ID": "fsdp-clean", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64"}
+    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
+                                     script=SCRIPT)
+    plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
+                                 script=SCRIPT)
+    digests = set()
+    for rank in range(WORLD):
+        assert all(s["apply"] for s in guarded[rank]), guarded[rank]
+        assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
+        assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
+        assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
+        digests.add(guarded_final[rank]["shard_digest"])
+        g = guarded_final[rank]["guard"]
+        assert g["buddy_checks"] == 3 and g["buddy_findings"] == 0, g  # Steps 2, 4, 6.
+        assert g["buddy_bytes_sent"] > 0 and g["buddy_vetoes"] == 0, g
+        assert g["skipped"] == 0 and g["reports_dropped"] == 0, g
+    assert len(digests) == WORLD  # Six different shards.
+    assert sdcd.sdcctl("get", "incidents", "--job=fsdp-clean")["incidents"] == []
+
+
+def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path, sdcd):
+    # Step 2 (a check): rank 3's optimizer update of its slice is wrong in
+    # one element; its buddy (rank 5, node c) and the third (rank 1, node a)
+    # recompute it and agree with each other. Step 4's check records every
+    # shard after the step; one bit of rank 1's stored shard then flips at
+    # rest, seen before step 5's optimizer step.
+    ckpt = tmp_path / "checkpoints"
+    flags = FSDP + ["--steps=6", "--checkpoint_every=2", "--corrupt_at_rest=1:4",
+                    f"--checkpoint_dir={ckpt}"]
+    env = {"SDC_JOB_ID": "fsdp-faults", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64",
+           "SDC_INJECT_FAULT": "shard-update:3:step=2", **FAULTS}
+    steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    for rank in range(WORLD):
+        by_step = {s["step"]: s for s in steps[rank]}
+        # Each finding skips the next step on every rank, naming the rank.
+        assert not by_step[3]["apply"], by_step[3]
+        assert "failed on rank 3" in by_step[3]["reason"], by_step[3]
+        assert ("buddy check (faulty): rank 3's optimizer update of its shard at step 2 is "
+                "wrong; ranks 5 and 1 recomputed it and agree") in by_step[3]["reason"], by_step[3]
+        assert not by_step[6]["apply"], by_step[6]
+        assert ("buddy check (suspect): rank 1's stored shard changed at rest between step 4's "
+                "and step 5's optimizer steps") in by_step[6]["reason"], by_step[6]
+        assert all(by_step[s]["apply"] for s in (1, 2, 4, 5)), steps[rank]
+        # The checkpoint after the corrupted update, and every later one, vetoed.
+        assert [by_step[s]["checkpoint"] for s in (2, 4, 6)] == ["vetoed"] * 3, by_step
+        g = finals[rank]["guard"]
+        assert g["buddy_findings"] == 2 and g["buddy_vetoes"] == 3, g
+    assert os.listdir(ckpt) == [], "a vetoed checkpoint is never written"
+    incidents = sdcd.sdcctl("get", "incidents", "--job=fsdp-faults")["incidents"]
+    named = {(tuple(i.get("ranks", [])), i.get("outcome"), i.get("step")) for i in incidents}
+    assert ((3,), "faulty", "3") in named or ((3,), "faulty", 3) in named, incidents
+    assert ((1,), "suspect", "6") in named or ((1,), "suspect", 6) in named, incidents
+    assert len(incidents) == 2, "\n".join(
+        repr((i["id"], i["step"], i["check"], i.get("outcome"), i.get("ranks"),
+              i.get("explanation", "")[:300])) for i in incidents)
