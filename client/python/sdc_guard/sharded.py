@@ -156,25 +156,16 @@ def _hsdp_layout(model, process_group):
         raise TypeError(
             _NOT_COVERED + f"the replicate dim has {replicas} rank: every shard is held by one "
             "rank only; shard over a 1-D mesh for that (FSDP, checked by the buddy check)")
-    group = process_group if process_group is not None else dist.group.WORLD
-    if dist.get_world_size(group) != mesh.size():
-        raise ValueError(
-            f"the DeviceMesh has {mesh.size()} ranks but the process group "
-            f"{dist.get_world_size(group)}: the guard's collectives need every rank of the mesh "
-            "(pass the group that spans it as process_group=)")
-    coordinate = mesh.get_coordinate()
-    if coordinate is None:
-        raise ValueError("this rank is not in the model's DeviceMesh")
+    group, coordinate = _group_and_coordinate(mesh, process_group)
     fsdp_modules = tuple(m for m in model.modules() if isinstance(m, FSDPModule))
     return Layout("hsdp", model, group, shard_index=int(coordinate[s_dim]), shard_count=shards,
                   replica_index=int(coordinate[r_dim]), replica_count=replicas,
                   fsdp_modules=fsdp_modules)
 
 
-def _fsdp_layout(model, process_group, mesh):
-    """FSDP2 on a 1-D mesh: every rank holds a shard no other rank holds, a
-    replica group of its own (the weight vote has nothing to compare; the
-    buddy check verifies the optimizer's update of the shard, buddy.py)."""
+def _group_and_coordinate(mesh, process_group):
+    """The process group the guard's collectives use (it must span the mesh)
+    and this rank's coordinate in the mesh; ValueError otherwise."""
     group = process_group if process_group is not None else dist.group.WORLD
     if dist.get_world_size(group) != mesh.size():
         raise ValueError(
@@ -184,6 +175,14 @@ def _fsdp_layout(model, process_group, mesh):
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         raise ValueError("this rank is not in the model's DeviceMesh")
+    return group, coordinate
+
+
+def _fsdp_layout(model, process_group, mesh):
+    """FSDP2 on a 1-D mesh: every rank holds a shard no other rank holds, a
+    replica group of its own (the weight vote has nothing to compare; the
+    buddy check verifies the optimizer's update of the shard, buddy.py)."""
+    group, coordinate = _group_and_coordinate(mesh, process_group)
     fsdp_modules = tuple(m for m in model.modules() if isinstance(m, FSDPModule))
     return Layout("fsdp", model, group, shard_index=int(coordinate[0]), shard_count=mesh.size(),
                   replica_index=0, replica_count=1, fsdp_modules=fsdp_modules)
