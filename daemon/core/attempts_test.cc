@@ -52,9 +52,9 @@ void WeightsInAttempt(Cluster& cl, uint64_t attempt, Step step) {
 
 std::string Notes(const Effects& e) { return absl::StrJoin(e.notes, "\n"); }
 
-// Attempt 0 checkpoints at 10 and 20 (10 is then final, 20 provisional)
-// and is cut off with step 21 half reported.
-void FirstAttempt(Cluster& cl) {
+// Attempt 0 attaches and checkpoints at 10 and 20 (the gate at 20 makes
+// 10 final; 20 stays provisional).
+void CheckpointsAt10And20(Cluster& cl) {
   cl.AttachAll();
   StepsInAttempt(cl, 0, 1, 10);
   WeightsInAttempt(cl, 0, 10);
@@ -62,6 +62,12 @@ void FirstAttempt(Cluster& cl) {
   StepsInAttempt(cl, 0, 11, 20);
   WeightsInAttempt(cl, 0, 20);
   ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 20)->allowed);
+}
+
+// Attempt 0 checkpoints at 10 and 20 (CheckpointsAt10And20)
+// and is cut off with step 21 half reported.
+void FirstAttempt(Cluster& cl) {
+  ASSERT_NO_FATAL_FAILURE(CheckpointsAt10And20(cl));
   for (Rank r : {0u, 1u, 2u}) {
     ASSERT_TRUE(cl.Send(r, 21, StepReport{0, 0, 1.0, 1234, true, "", false}, 1).ok());
   }
@@ -131,13 +137,7 @@ TEST(AttemptsTest, TheOldAttemptIsStale) {
 
 TEST(AttemptsTest, AWorldSizeChangesBetweenAttemptsOnly) {
   Cluster cl(3, 2);
-  cl.AttachAll();
-  StepsInAttempt(cl, 0, 1, 10);
-  WeightsInAttempt(cl, 0, 10);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
-  StepsInAttempt(cl, 0, 11, 20);
-  WeightsInAttempt(cl, 0, 20);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 20)->allowed);
+  ASSERT_NO_FATAL_FAILURE(CheckpointsAt10And20(cl));
 
   // Within attempt 0 a different world size is an error.
   cl.set_shape(2, 2);
@@ -195,13 +195,7 @@ TEST(AttemptsTest, AResumeFromANonFinalCheckpointIsRefusedWhenAsked) {
   CoordinatorOptions options;
   options.resume_policy = CoordinatorOptions::ResumePolicy::kRefuse;
   Cluster cl(3, 2, 10, 10, options);
-  cl.AttachAll();
-  StepsInAttempt(cl, 0, 1, 10);
-  WeightsInAttempt(cl, 0, 10);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
-  StepsInAttempt(cl, 0, 11, 20);
-  WeightsInAttempt(cl, 0, 20);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 20)->allowed);
+  ASSERT_NO_FATAL_FAILURE(CheckpointsAt10And20(cl));
   // Rank 5 is caught at step 25: checkpoint 20 is revoked.
   StepsInAttempt(cl, 0, 21, 25);
   cl.AllWeights(25, /*corrupt=*/5);
@@ -251,13 +245,7 @@ TEST(AttemptsTest, PerGpuHistoryFollowsTheGpuAcrossAttempts) {
 // other weights and is not vetoed as "revoked" (found by the Slurm loop).
 TEST(AttemptsTest, ARevocationAfterTheResumeStepDoesNotVetoTheNewTimeline) {
   Cluster cl(3, 2);
-  cl.AttachAll();
-  StepsInAttempt(cl, 0, 1, 10);
-  WeightsInAttempt(cl, 0, 10);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 10)->allowed);
-  StepsInAttempt(cl, 0, 11, 20);
-  WeightsInAttempt(cl, 0, 20);
-  ASSERT_TRUE(cl.c().MayCheckpoint(kJob, 20)->allowed);  // Confirms 10.
+  ASSERT_NO_FATAL_FAILURE(CheckpointsAt10And20(cl));  // 20 confirms 10.
   StepsInAttempt(cl, 0, 21, 25);
   cl.AllWeights(25, /*corrupt=*/5);
   ASSERT_THAT(cl.c().CheckpointStatus(kJob)->revoked, ElementsAre(20u));
