@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "client/guard_engine.h"
 #include "client/options.h"
+#include "client/python/product_checks.h"
 #include "client/fault_injection.h"
 #include "kernels/abft.h"
 #include "kernels/fingerprint.h"
@@ -183,6 +184,13 @@ class Engine : public torch::CustomClassHolder {
   }
   void ScanLocalBucket(at::Tensor local) { engine_->ScanLocalBucket(local); }
   void NoteFailure(std::string what) { engine_->NoteFailure(what); }
+  // The every-step product checks of this engine's rank (product_checks.h):
+  // their alarms are this engine's failures of the step.
+  c10::intrusive_ptr<ProductChecks> MakeProductChecks(std::string rule, double lambda) {
+    c10::intrusive_ptr<Engine> self = c10::intrusive_ptr<Engine>::reclaim_copy(this);
+    return c10::make_intrusive<ProductChecks>(
+        Rank(), rule, lambda, [self](const std::string& what) { self->NoteFailure(what); });
+  }
   void AbortStep() { engine_->AbortStep(); }
   void AddReducedBucket(int64_t index, at::Tensor reduced) {
     engine_->AddReducedBucket(static_cast<size_t>(index), reduced);
@@ -394,6 +402,7 @@ TORCH_LIBRARY(sdc, m) {
         "str rule=\"probabilistic\", float lambda_=10.0) -> (bool, int, float, float, int)",
         &ops::CheckMatmulOp);
 
+  ops::RegisterProductChecks(m);  // Before Engine, whose product_checks returns one.
   m.class_<Engine>("Engine")
       .def(torch::init<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<std::string>,
                        std::vector<at::Tensor>, std::vector<std::string>, std::vector<at::Tensor>,
@@ -410,6 +419,7 @@ TORCH_LIBRARY(sdc, m) {
       .def("scan_local_bucket", &Engine::ScanLocalBucket)
       .def("note_failure", &Engine::NoteFailure)
       .def("abort_step", &Engine::AbortStep)
+      .def("product_checks", &Engine::MakeProductChecks)
       .def("add_reduced_bucket", &Engine::AddReducedBucket)
       .def("finish", &Engine::Finish)
       .def("after_optimizer_step", &Engine::AfterOptimizerStep)

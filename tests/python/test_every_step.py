@@ -212,17 +212,25 @@ def test_the_checks_attach_for_the_step_only_and_keep_torchs_errors(group):
     guard = sdc_guard.Guard(model, opt, loss_fn(False), audit_every=0, weight_check_every=0,
                             every_step=True)
     a, b = torch.randn(5, 3), torch.randn(3, 4)
+    bias, x, y = torch.randn(4), torch.randn(3, 7, 5), torch.randn(3, 5, 6)
     try:
         assert train(guard, model, opt, 1) == []
         checked = guard.summary()["products_checked"]
         assert checked >= 16
-        torch.mm(a, b)  # Outside the step: aten's own kernel, not checked.
+        # Outside the step: aten's own kernels, not checked.
+        aten = [torch.mm(a, b), torch.addmm(bias, a, b), torch.bmm(x, y),
+                torch.mm(a.bfloat16(), b.bfloat16())]
         assert guard.summary()["products_checked"] == checked
         batch = tokens(2)
         with guard.step(2, batch) as s:
-            want = torch.mm(a.double(), b.double()).float()
-            got = torch.mm(a, b)
-            assert torch.allclose(got, want, atol=1e-6)
+            # The checked kernels compute with aten's own CPU kernels: the same bits.
+            ours = [torch.mm(a, b), torch.addmm(bias, a, b), torch.bmm(x, y),
+                    torch.mm(a.bfloat16(), b.bfloat16())]
+            assert all(torch.equal(p, q) for p, q in zip(ours, aten))
+            assert guard.summary()["products_checked"] == checked + 4
+            want = torch.mm(a.double(), b.double()).float()  # Not checked: fp64.
+            assert guard.summary()["products_unchecked"] == 1
+            assert torch.allclose(aten[0], want, atol=1e-6)
             with pytest.raises(RuntimeError, match="self must be a matrix"):
                 torch.mm(torch.randn(3), b)
             with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(5x3 and 4x4\)"):
@@ -230,7 +238,7 @@ def test_the_checks_attach_for_the_step_only_and_keep_torchs_errors(group):
             s.backward(guard.loss_fn(model, batch))
         guard.optimizer_step(opt)
         assert s.apply
-        assert guard.summary()["products_checked"] >= 2 * checked + 1
+        assert guard.summary()["products_checked"] >= 2 * checked + 4
         assert guard.summary()["checksum_alarms"] == 0
     finally:
         guard.shutdown(0)
