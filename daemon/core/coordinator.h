@@ -323,9 +323,15 @@ class Coordinator {
     std::string buddy_finding;
     Rank buddy_rank = 0;
     bool buddy_faulty = false;
-    // Some rank's report says the step was skipped for a buddy finding: a
-    // NaN in the reduced gradients alone is the failure's in-band carrier.
-    bool buddy_carried = false;
+    // A failed every-step product checksum the step was skipped for, from
+    // the alarmed rank's own report (step_checks.cc, ParseChecksumAlarm);
+    // empty: none.
+    std::string checksum_alarm;
+    Rank checksum_rank = 0;
+    // Some rank's report says the step was skipped for a buddy finding or a
+    // checksum alarm: a NaN in the reduced gradients alone is the failure's
+    // in-band carrier.
+    bool in_band_carried = false;
     std::vector<PendingKey> keys;
   };
   struct PendingWeights {

@@ -198,5 +198,44 @@ TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {
   }
 }
 
+// Issue 45 item 2: a failed every-step product checksum reaches sdcd as the
+// reason of the step every rank skipped for it; the alarmed rank's own
+// report makes it a suspect (targeted replay audits judge it), never a
+// rank named faulty, and the NaN carrying it is not an all-reduce fault.
+TEST(ShardedLayoutTest, AChecksumAlarmMakesTheRankASuspect) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/0);
+  cl.AttachAll();
+  cl.CleanStep(1);
+  // DDP: every rank's reduced gradients hold the NaN the alarmed rank put
+  // in its first bucket.
+  auto SkippedFor = [&cl](Step step, const std::string& reason) {
+    for (Rank r = 0; r < cl.world(); ++r) {
+      ASSERT_TRUE(cl.Send(r, step, StepReport{0, 1, 1.0, 1234, false, reason, false}).ok()) << r;
+    }
+  };
+  SkippedFor(2,
+             "step 2 failed on rank 4 and was skipped on every rank: checksum alarm at step 2 on "
+             "rank 4: aten::mm [96, 64] x [64, 32] Float in the backward (AddmmBackward0), "
+             "column 8: discrepancy -1.64917e-05 > threshold 3.45265e-07 (transient: "
+             "recomputed differently)");
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kReplay);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(4u));
+  EXPECT_FALSE(incidents[0].confirmed);
+  EXPECT_THAT(incidents[0].explanation,
+              HasSubstr("discrepancy -1.64917e-05 > threshold 3.45265e-07 (transient"));
+
+  // The rank in the alarm must be the one that failed the step.
+  SkippedFor(3,
+             "step 3 failed on rank 4 and was skipped on every rank: checksum alarm at step 3 on "
+             "rank 2: aten::mm");
+  const auto after = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(after, SizeIs(2));
+  EXPECT_EQ(after[1].outcome, "allreduce");
+  EXPECT_THAT(after[1].ranks, IsEmpty());
+}
+
 }  // namespace
 }  // namespace sdc::core

@@ -63,6 +63,38 @@ std::optional<BuddyFinding> ParseBuddyFinding(absl::string_view reason) {
   return f;
 }
 
+// A step every rank skipped in-band for a failed every-step product
+// checksum (issue 45, client/python/product_checks.h). The engine words the
+// reason "step N failed on rank R and was skipped on every rank: checksum
+// alarm at step N on rank R: OP SHAPES DTYPE in the PHASE, column J:
+// discrepancy D > threshold T (transient|persistent: ...)": the rank whose
+// product failed (both ranks the same; nullopt otherwise). A suspect, not
+// a finding: the checksum is the detector, a replay the judge.
+std::optional<Rank> ParseChecksumAlarm(absl::string_view reason) {
+  constexpr absl::string_view kOn = " failed on rank ";
+  constexpr absl::string_view kAlarm = " and was skipped on every rank: checksum alarm at step ";
+  constexpr absl::string_view kRank = " on rank ";
+  auto number = [](absl::string_view& text, Rank& out) {
+    size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+      ++digits;
+    }
+    if (digits == 0 || !absl::SimpleAtoi(text.substr(0, digits), &out)) return false;
+    text.remove_prefix(digits);
+    return true;
+  };
+  const size_t at = reason.find(kOn);
+  if (at == absl::string_view::npos) return std::nullopt;
+  reason.remove_prefix(at + kOn.size());
+  Rank failed = 0, alarmed = 0, step = 0;
+  if (!number(reason, failed) || !absl::ConsumePrefix(&reason, kAlarm) ||
+      !number(reason, step) || !absl::ConsumePrefix(&reason, kRank) ||
+      !number(reason, alarmed) || !absl::StartsWith(reason, ":") || alarmed != failed) {
+    return std::nullopt;
+  }
+  return failed;
+}
+
 std::vector<DigestBallot> BallotsOf(const std::map<uint64_t, std::vector<Rank>>& ranks,
                                     const std::map<uint64_t, const std::vector<Fingerprint>*>&
                                         tensors) {
@@ -150,11 +182,20 @@ absl::Status Coordinator::ApplyStepReport(JobState& job, GroupState& group, cons
     // Only the named rank's own report counts: every rank sends the same
     // reason, and a rank can name no one but itself.
     std::optional<BuddyFinding> f = ParseBuddyFinding(s.skip_reason);
-    if (f.has_value()) ps.buddy_carried = true;
+    if (f.has_value()) ps.in_band_carried = true;
     if (f.has_value() && f->rank == r.rank) {
       ps.buddy_finding = s.skip_reason;
       ps.buddy_rank = f->rank;
       ps.buddy_faulty = f->faulty;
+    }
+  }
+  if (!s.applied && ps.checksum_alarm.empty()) {
+    // The same: the alarmed rank's own report names it.
+    const std::optional<Rank> alarmed = ParseChecksumAlarm(s.skip_reason);
+    if (alarmed.has_value()) ps.in_band_carried = true;
+    if (alarmed.has_value() && *alarmed == r.rank) {
+      ps.checksum_alarm = s.skip_reason;
+      ps.checksum_rank = *alarmed;
     }
   }
   ps.keys.push_back(KeyOf(r));
@@ -288,6 +329,15 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
     found.Note(RecordIncident(job, group, step, CheckKind::kWeights,
                               ps.buddy_faulty ? "faulty" : "suspect", {ps.buddy_rank},
                               ps.buddy_faulty, ps.buddy_finding, {}, txn));
+  }
+  if (!ps.checksum_alarm.empty()) {
+    // A suspect (RecordIncident schedules its targeted replay audits): the
+    // replay, not the checksum, names a faulty GPU.
+    found.Note(RecordIncident(job, group, step, CheckKind::kReplay, "suspect",
+                              {ps.checksum_rank}, false,
+                              absl::StrCat(ps.checksum_alarm,
+                                           "; a suspect until a replay audit decides"),
+                              {}, txn));
   }
   if (!ps.skipped.empty()) ++txn.effects.skipped_steps;
 
@@ -507,11 +557,11 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
       // A compression hook's sum (fp16) overflowed like the scaler's own.
       nonfinite_result = "overflow";
-    } else if (ps.reduced_nonfinite.size() == group.members.size() && ps.buddy_carried) {
+    } else if (ps.reduced_nonfinite.size() == group.members.size() && ps.in_band_carried) {
       // The NaN the named rank put in its first gradient bucket to carry
-      // the buddy check's finding to every rank in-band (StepPipeline::
-      // ScanLocalBucket), not an all-reduce fault: the finding's incident
-      // is the named rank's.
+      // the buddy check's finding or its checksum alarm to every rank
+      // in-band (StepPipeline::ScanLocalBucket), not an all-reduce fault:
+      // the finding's (or the suspect's) incident is the named rank's.
       nonfinite_result = "carried";
     } else if (ps.reduced_nonfinite.size() == group.members.size()) {
       nonfinite_result = "allreduce";
