@@ -55,6 +55,13 @@ def test_a_product_error_on_an_unaudited_step_is_caught_and_skipped_on_every_ran
     assert "sdc-guard rank 2: INJECTED a product error (relative 0.015625" in logs[2]
     assert "at step 3" in logs[2]
     assert "sdc-guard rank 2: checksum alarm at step 3" in logs[2]
+    # sdcd reads the alarm from the reason: rank 2 a suspect (its targeted
+    # replays judge it), the NaN that carried the alarm no all-reduce fault.
+    incidents = sdcd.sdcctl("get", "incidents", "--job=every-step-fault")["incidents"]
+    suspects = [i for i in incidents if i.get("outcome") == "suspect" and i.get("ranks") == [2]]
+    assert len(suspects) == 1, incidents
+    assert "discrepancy" in suspects[0]["explanation"], suspects
+    assert not any(i.get("outcome") == "allreduce" for i in incidents), incidents
     assert len({f["weights_digest"] for f in finals}) == 1, "the replicas diverged"
 
 
