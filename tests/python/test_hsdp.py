@@ -178,6 +178,10 @@ attempt(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch
 attempt(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1))
 fsdp = fully_shard(torch.nn.Linear(4, 2), mesh=init_device_mesh("cpu", (1,)))
 attempt(fsdp, ZeroRedundancyOptimizer(fsdp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1))
+zopt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+part = sdc_guard.buddy.zero_partition(zopt, None)
+zopt.param_groups[0]["lr"] = 0.05  # As a scheduler does between steps.
+print("settings", part.settings[0]["lr"], zopt.optim.param_groups[0]["lr"], len(part.params))
 dist.destroy_process_group()
 '''
 
@@ -191,7 +195,7 @@ def test_zero_is_taken_around_ddp_and_refused_where_its_step_cannot_be_checked(t
         timeout=120, env=python_env({"SDC_JOB_ID": "zero", "SDC_NODE_NAME": "node-a"}))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 3, out.stdout + out.stderr
+    assert len(lines) == 4, out.stdout + out.stderr
     assert lines[0].startswith("ValueError optimizer: ZeroRedundancyOptimizer(overlap_with_ddp="
                                "True)"), lines[0]
     assert lines[1] == "accepted", out.stdout + out.stderr
@@ -199,3 +203,6 @@ def test_zero_is_taken_around_ddp_and_refused_where_its_step_cannot_be_checked(t
     assert "every rank is on one node" in out.stderr, out.stderr
     assert lines[2].startswith("TypeError optimizer: a ZeroRedundancyOptimizer is covered "
                                "around a DistributedDataParallel model"), lines[2]
+    # The buddy's settings are ZeRO's groups, which its step copies into the
+    # local optimizer's: a scheduler's change since the last step counts.
+    assert lines[3] == "settings 0.05 0.1 2", lines[3]
