@@ -14,7 +14,8 @@ partition's update computed twice:
     *slice* of its shard's inputs: the parameters' pre-step values, their
     reduced gradients, the optimizer state of those elements and the step's
     hyper-parameters (its parameter group's settings, foreach/fused
-    included); after the step it fingerprints the slice's new values;
+    included); as its optimizer's ``step`` returns (a step post-hook) it
+    fingerprints the slice's new values;
   * its *buddy*, a rank on another node (``SDC_NODE_NAME``), receives those
     inputs and runs the same optimizer class's own ``step`` on them (fresh
     tensors of the slice, the same settings), and fingerprints the result;
@@ -233,11 +234,14 @@ def zero_partition(zero, group):
     optimizer's groups (same order) inside its step, so an LR scheduler's
     change made since the last step is in them and not yet in the local
     optimizer's. ValueError for ZeRO set up in a way the check cannot follow."""
-    if zero._overlap_with_ddp:
+    if getattr(zero, "_overlap_with_ddp", False):  # ZeRO keeps the argument only here.
         raise ValueError(
             "optimizer: ZeroRedundancyOptimizer(overlap_with_ddp=True) steps inside DDP's "
             "communication hook, where the guard's check 1 runs; use overlap_with_ddp=False")
-    ranks = lambda g: [dist.get_global_rank(g, r) for r in range(dist.get_world_size(g))]  # noqa: E731
+
+    def ranks(g):
+        return [dist.get_global_rank(g, r) for r in range(dist.get_world_size(g))]
+
     if ranks(zero.process_group) != ranks(group if group is not None else dist.group.WORLD):
         raise ValueError(
             "optimizer: the ZeroRedundancyOptimizer's process_group is not the model's: the "
@@ -247,8 +251,9 @@ def zero_partition(zero, group):
 
 
 class BuddyCheck:
-    """The buddy check of one guard (FSDP2 without replicas). Every method
-    that communicates is called on every rank at the same step."""
+    """The buddy check of one guard (FSDP2 without replicas, or ZeRO-1), on
+    its ``Partition``. Every method that communicates is called on every
+    rank at the same step."""
 
     def __init__(self, engine, partition, group, node_name, slice_elements):
         self._engine = engine
