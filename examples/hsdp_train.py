@@ -16,7 +16,10 @@ takes. Tests use --rank/--world_size/--rendezvous and --progress (JSON lines:
 one per step, then each rank's final digest of its own shards), and
 --corrupt_at_rest=RANK:STEP, which flips one bit of RANK's shard of the first
 parameter after STEP's optimizer step, outside the guard (corruption of a
-stored shard at rest, as faulty memory would do it; FSDP and HSDP only). With --checkpoint_dir
+stored shard at rest, as faulty memory would do it). With --zero it flips a
+bit of the first parameter of RANK's ZeRO partition as step STEP + 1 begins:
+still between the two optimizer steps, and after step STEP's weight vote,
+which would otherwise see that replica differ from the others. With --checkpoint_dir
 the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
 dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
 and --resume starts from the newest final one.
@@ -102,10 +105,14 @@ def shard_digest(module):
     return "%016x" % _C.model_digest(names, tensors)
 
 
-def corrupt_at_rest(module):
-    """One bit of this rank's shard of the first parameter, flipped in place."""
+def corrupt_at_rest(module, optimizer):
+    """One bit of this rank's shard of the first parameter (ZeRO: of its
+    partition's first parameter), flipped in place."""
     with torch.no_grad():
-        local = next(module.parameters()).to_local()
+        if hasattr(optimizer, "optim"):  # A ZeroRedundancyOptimizer: its local optimizer's.
+            local = optimizer.optim.param_groups[0]["params"][0]
+        else:
+            local = next(module.parameters()).to_local()
         bits = local.view(-1)[:1].view(torch.int32)
         bits ^= 1 << 22
     print(f"rank {dist.get_rank()}: CORRUPTED one bit of its stored shard", file=sys.stderr,
@@ -117,8 +124,6 @@ def main():
     torch.set_num_threads(1)  # Ranks share the CPUs.
     cluster_support.init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.zero and args.corrupt_at_rest:
-        raise SystemExit("--corrupt_at_rest: FSDP and HSDP only")
     if args.replicas * args.shards != world and not args.zero:
         raise SystemExit(f"--replicas x --shards must be the world size {world}")
     if args.zero:
@@ -178,6 +183,8 @@ def main():
         record = {"step": step, "rank": rank}
         if guard is not None:
             with guard.step(step, batch) as s:  # sdc-guard
+                if args.zero and (rank, step - 1) == corrupt:
+                    corrupt_at_rest(model, optimizer)
                 loss = loss_fn(model, batch)
                 s.backward(loss)  # sdc-guard: in place of loss.backward()
             applied = guard.optimizer_step(optimizer)  # sdc-guard: applies or skips
@@ -189,8 +196,8 @@ def main():
             loss.backward()
             optimizer.step()
             record.update(apply=True, reason="")
-        if (rank, step) == corrupt:
-            corrupt_at_rest(model)
+        if (rank, step) == corrupt and not args.zero:
+            corrupt_at_rest(model, optimizer)
         if args.checkpoint_every and step % args.checkpoint_every == 0 and guard is not None:
             if checkpoints is not None:  # sdc-guard: the gate, then a provisional sharded save
                 allowed = checkpoints.checkpoint(step, state)

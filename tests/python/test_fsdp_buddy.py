@@ -177,12 +177,15 @@ def test_guarded_zero_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
     assert sdcd.sdcctl("get", "incidents", "--job=zero-clean")["incidents"] == []
 
 
-def test_zero_partition_update_fault_is_named_and_vetoed(tmp_path, sdcd):
+def test_zero_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path, sdcd):
     # Step 2 (a check): rank 3's SGD update of its ZeRO partition is wrong in
     # one element, and ZeRO broadcasts it to every replica, so the weight
     # vote sees one model; rank 3's buddy (rank 5) and the third (rank 1)
-    # recompute it from the same inputs and agree with each other.
-    flags = ZERO + ["--steps=6", "--checkpoint_every=2", "--optimizer=sgd"]
+    # recompute it from the same inputs and agree with each other. As step 5
+    # begins (after step 4's vote) a bit of rank 1's partition flips at rest:
+    # seen before step 5's optimizer step, whose update ZeRO then broadcasts.
+    flags = ZERO + ["--steps=6", "--checkpoint_every=2", "--optimizer=sgd",
+                    "--corrupt_at_rest=1:4"]
     env = {"SDC_JOB_ID": "zero-fault", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64",
            "SDC_INJECT_FAULT": "shard-update:3:step=2", **FAULTS}
@@ -193,13 +196,16 @@ def test_zero_partition_update_fault_is_named_and_vetoed(tmp_path, sdcd):
         assert "failed on rank 3" in by_step[3]["reason"], by_step[3]
         assert ("buddy check (faulty): rank 3's optimizer update of its ZeRO partition at step 2 "
                 "is wrong; ranks 5 and 1 recomputed it and agree") in by_step[3]["reason"]
-        assert all(by_step[s]["apply"] for s in (1, 2, 4, 5, 6)), steps[rank]
+        assert not by_step[6]["apply"], by_step[6]
+        assert ("buddy check (suspect): rank 1's stored ZeRO partition changed at rest between "
+                "step 4's and step 5's optimizer steps") in by_step[6]["reason"], by_step[6]
+        assert all(by_step[s]["apply"] for s in (1, 2, 4, 5)), steps[rank]
         # The checkpoint after the corrupted update, and every later one, vetoed.
         assert [by_step[s]["checkpoint"] for s in (2, 4, 6)] == ["vetoed"] * 3, by_step
         g = finals[rank]["guard"]
-        assert g["buddy_findings"] == 1 and g["buddy_vetoes"] == 3, g
-    assert len({f["shard_digest"] for f in finals}) == 1  # The broadcast spread it.
+        assert g["buddy_findings"] == 2 and g["buddy_vetoes"] == 3, g
+    assert len({f["shard_digest"] for f in finals}) == 1  # The broadcasts spread both.
     incidents = sdcd.sdcctl("get", "incidents", "--job=zero-fault")["incidents"]
-    assert len(incidents) == 1, incidents
-    assert incidents[0].get("ranks") == [3] and incidents[0].get("outcome") == "faulty", incidents
-    assert str(incidents[0]["step"]) == "3", incidents
+    named = sorted((tuple(i.get("ranks", [])), i.get("outcome"), str(i.get("step")))
+                   for i in incidents)
+    assert named == [((1,), "suspect", "6"), ((3,), "faulty", "3")], incidents
