@@ -354,10 +354,11 @@ class BuddyCheck:
         resumed = time.perf_counter()
         owner_digest = 0
         if check and applied:
-            if "digest" not in owned:  # Stepped without the optimizer's own step().
+            if "digest" in owned:
+                self.ms += owned["ms"]  # Inside apply_step's time, which is not counted.
+            else:  # Stepped without the optimizer's own step(): after it (counted below).
                 updated()
             owner_digest = owned["digest"]
-            self.ms += owned["ms"]
         if at_rest is not None or check:
             self._decide(step, at_rest, rested, package if (check and applied) else None,
                          owner_digest)
