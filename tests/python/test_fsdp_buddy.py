@@ -152,9 +152,9 @@ def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
 
 def test_guarded_zero_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
     # DDP + ZeroRedundancyOptimizer(AdamW): the buddy check verifies each
-    # rank's partition update at steps 2, 4, 6; check 1, the weight vote
-    # and the replay audits (steps 3 and 6) run as for DDP.
-    flags = ZERO + ["--steps=6", "--checkpoint_every=3", "--optimizer=adamw", "--audit_every=3"]
+    # rank's partition update at steps 2 and 4; check 1, the weight vote
+    # and the replay audit (step 3) run as for DDP.
+    flags = ZERO + ["--steps=4", "--checkpoint_every=2", "--optimizer=adamw", "--audit_every=3"]
     env = {"SDC_JOB_ID": "zero-clean", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64"}
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
@@ -166,12 +166,12 @@ def test_guarded_zero_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
         assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
         assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
         assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
-        assert [s["step"] for s in guarded[rank] if s["audited"]] == [3, 6], guarded[rank]
+        assert [s["step"] for s in guarded[rank] if s["audited"]] == [3], guarded[rank]
         assert {s["audit_outcome"] for s in guarded[rank] if s["audited"]} == {"pass"}
         g = guarded_final[rank]["guard"]
-        assert g["buddy_checks"] == 3 and g["buddy_findings"] == 0, g
+        assert g["buddy_checks"] == 2 and g["buddy_findings"] == 0, g
         assert g["buddy_bytes_sent"] > 0 and g["buddy_vetoes"] == 0, g
-        assert g["skipped"] == 0 and g["reports_dropped"] == 0 and g["audits"] == 2, g
+        assert g["skipped"] == 0 and g["reports_dropped"] == 0 and g["audits"] == 1, g
     # Replicas after ZeRO's broadcasts: one model.
     assert len({f["shard_digest"] for f in guarded_final}) == 1
     assert sdcd.sdcctl("get", "incidents", "--job=zero-clean")["incidents"] == []
