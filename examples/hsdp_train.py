@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """A small MLP trained with HSDP (FSDP2's fully_shard on a replicate x shard
-DeviceMesh, Gloo on the CPU), or with FSDP2 on a 1-D mesh (--replicas=1:
-every rank a shard of its own), with or without sdc-guard.
+DeviceMesh, Gloo on the CPU), with FSDP2 on a 1-D mesh (--replicas=1:
+every rank a shard of its own), or with ZeRO-1 (--zero: DDP and a
+ZeroRedundancyOptimizer, every rank updating a partition of its own), with
+or without sdc-guard.
 
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2 --unguarded
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=1 --shards=6 --optimizer=sgd
+    torchrun --nproc_per_node=6 examples/hsdp_train.py --zero
 
 Each rank trains on its own micro-batches (every rank of an FSDP job is a
 data-parallel rank). The lines marked `# sdc-guard` are all that guarding
@@ -13,7 +16,10 @@ takes. Tests use --rank/--world_size/--rendezvous and --progress (JSON lines:
 one per step, then each rank's final digest of its own shards), and
 --corrupt_at_rest=RANK:STEP, which flips one bit of RANK's shard of the first
 parameter after STEP's optimizer step, outside the guard (corruption of a
-stored shard at rest, as faulty memory would do it). With --checkpoint_dir
+stored shard at rest, as faulty memory would do it). With --zero it flips a
+bit of the first parameter of RANK's ZeRO partition as step STEP + 1 begins:
+still between the two optimizer steps, and after step STEP's weight vote,
+which would otherwise see that replica differ from the others. With --checkpoint_dir
 the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
 dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
 and --resume starts from the newest final one.
@@ -50,6 +56,11 @@ def parse_args():
                    help="save allowed checkpoints here (torch.distributed.checkpoint)")
     p.add_argument("--resume", action="store_true",
                    help="start after the newest final checkpoint in --checkpoint_dir")
+    p.add_argument("--zero", action="store_true",
+                   help="DDP with a ZeroRedundancyOptimizer of --optimizer over every rank "
+                        "(--replicas and --shards are ignored)")
+    p.add_argument("--audit_every", type=int, default=0,
+                   help="with --zero: the guard's replay audits every N steps (0: its default)")
     p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
@@ -82,21 +93,26 @@ def batch_of(args, step, rank):
 
 
 def shard_digest(module):
-    """The kernels' digest of this rank's local shards (fixed seed): equal
-    across runs and replicas exactly when the bits are."""
+    """The kernels' digest of this rank's local shards (fixed seed; with
+    --zero the whole model): equal across runs and replicas exactly when
+    the bits are."""
     from sdc_guard import _C
 
     names, tensors = [], []
     for n, p in module.named_parameters():
         names.append(n)
-        tensors.append(p.to_local().detach())
+        tensors.append(p.to_local().detach() if hasattr(p, "to_local") else p.detach())
     return "%016x" % _C.model_digest(names, tensors)
 
 
-def corrupt_at_rest(module):
-    """One bit of this rank's shard of the first parameter, flipped in place."""
+def corrupt_at_rest(module, optimizer):
+    """One bit of this rank's shard of the first parameter (ZeRO: of its
+    partition's first parameter), flipped in place."""
     with torch.no_grad():
-        local = next(module.parameters()).to_local()
+        if hasattr(optimizer, "optim"):  # A ZeroRedundancyOptimizer: its local optimizer's.
+            local = optimizer.optim.param_groups[0]["params"][0]
+        else:
+            local = next(module.parameters()).to_local()
         bits = local.view(-1)[:1].view(torch.int32)
         bits ^= 1 << 22
     print(f"rank {dist.get_rank()}: CORRUPTED one bit of its stored shard", file=sys.stderr,
@@ -108,23 +124,32 @@ def main():
     torch.set_num_threads(1)  # Ranks share the CPUs.
     cluster_support.init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.replicas * args.shards != world:
+    if args.replicas * args.shards != world and not args.zero:
         raise SystemExit(f"--replicas x --shards must be the world size {world}")
-    if args.replicas == 1:  # FSDP: no replica of any shard (the guard's buddy check).
+    if args.zero:
+        mesh = None
+    elif args.replicas == 1:  # FSDP: no replica of any shard (the guard's buddy check).
         mesh = init_device_mesh("cpu", (args.shards,), mesh_dim_names=("shard",))
     else:
         mesh = init_device_mesh("cpu", (args.replicas, args.shards),
                                 mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(args.seed)  # Every rank builds the same model before sharding.
     model = Mlp(args.width)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
     if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9,
-                                    weight_decay=1e-4)
+        cls, settings = torch.optim.SGD, dict(lr=args.lr, momentum=0.9, weight_decay=1e-4)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        cls, settings = torch.optim.AdamW, dict(lr=args.lr)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **settings)
+    else:
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = cls(model.parameters(), **settings)
     corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
         else (-1, -1)
 
@@ -133,8 +158,12 @@ def main():
     if not args.unguarded:
         import sdc_guard  # sdc-guard
 
-        guard = sdc_guard.Guard(model, optimizer, loss_fn)  # sdc-guard: finds the mesh's shards
+        audits = {"audit_every": args.audit_every} if args.audit_every else {}
+        # sdc-guard: finds the mesh's shards, or ZeRO's partitions from the optimizer.
+        guard = sdc_guard.Guard(model, optimizer, loss_fn, **audits)
         if args.checkpoint_dir:
+            if args.zero:
+                raise SystemExit("--checkpoint_dir: not with --zero (use the gate alone)")
             checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
             state = {"train": sdc_guard.TrainingState(model, optimizer)}
     if args.resume:
@@ -154,18 +183,21 @@ def main():
         record = {"step": step, "rank": rank}
         if guard is not None:
             with guard.step(step, batch) as s:  # sdc-guard
+                if args.zero and (rank, step - 1) == corrupt:
+                    corrupt_at_rest(model, optimizer)
                 loss = loss_fn(model, batch)
                 s.backward(loss)  # sdc-guard: in place of loss.backward()
             applied = guard.optimizer_step(optimizer)  # sdc-guard: applies or skips
-            record.update(apply=applied, reason=s.reason)
+            record.update(apply=applied, reason=s.reason, audited=s.audited,
+                          audit_outcome=s.audit_outcome)
         else:
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
             loss.backward()
             optimizer.step()
             record.update(apply=True, reason="")
-        if (rank, step) == corrupt:
-            corrupt_at_rest(model)
+        if (rank, step) == corrupt and not args.zero:
+            corrupt_at_rest(model, optimizer)
         if args.checkpoint_every and step % args.checkpoint_every == 0 and guard is not None:
             if checkpoints is not None:  # sdc-guard: the gate, then a provisional sharded save
                 allowed = checkpoints.checkpoint(step, state)
@@ -188,7 +220,8 @@ def main():
                                                   "checkpoints_allowed", "checkpoints_vetoed",
                                                   "reports_dropped", "buddy_checks",
                                                   "buddy_findings", "buddy_bytes_sent",
-                                                  "buddy_ms", "buddy_vetoes")}
+                                                  "buddy_ms", "buddy_vetoes", "audits",
+                                                  "repairs")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()

@@ -1,8 +1,9 @@
-"""FSDP2 without replicas (issue 44, item 3): the buddy check of the sharded
-optimizer step and of stored shards at rest. examples/hsdp_train.py with
---replicas=1: fully_shard on a 1-D mesh of 6 Gloo ranks on 3 "nodes" (rank r
-on node r // 2), a real sdcd. Rank r's buddy is r + 2 (the next node), the
-third of a mismatch r + 4 (the remaining node)."""
+"""FSDP2 without replicas and ZeRO-1 (issue 44, item 3): the buddy check of
+the sharded optimizer step and of stored shards at rest. examples/hsdp_train.py
+with --replicas=1 (fully_shard on a 1-D mesh) or --zero (DDP and a
+ZeroRedundancyOptimizer) on 6 Gloo ranks on 3 "nodes" (rank r on node
+r // 2), a real sdcd. Rank r's buddy is r + 2 (the next node), the third of a
+mismatch r + 4 (the remaining node)."""
 
 import os
 
@@ -15,6 +16,7 @@ from sdc_guard import buddy
 SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
 WORLD = 6
 FSDP = ["--replicas=1", f"--shards={WORLD}"]
+ZERO = ["--zero"]
 FAULTS = {"SDC_ALLOW_FAULT_INJECTION": "yes-i-am-testing"}
 
 
@@ -146,3 +148,64 @@ def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
     assert len(incidents) == 2, "\n".join(
         repr((i["id"], i["step"], i["check"], i.get("outcome"), i.get("ranks"),
               i.get("explanation", "")[:300])) for i in incidents)
+
+
+def test_guarded_zero_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
+    # DDP + ZeroRedundancyOptimizer(AdamW): the buddy check verifies each
+    # rank's partition update at steps 2 and 4; check 1, the weight vote
+    # and the replay audit (step 3) run as for DDP.
+    flags = ZERO + ["--steps=4", "--checkpoint_every=2", "--optimizer=adamw", "--audit_every=3"]
+    env = {"SDC_JOB_ID": "zero-clean", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64"}
+    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
+                                     script=SCRIPT)
+    plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
+                                 script=SCRIPT)
+    for rank in range(WORLD):
+        assert all(s["apply"] for s in guarded[rank]), guarded[rank]
+        assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
+        assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
+        assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
+        assert [s["step"] for s in guarded[rank] if s["audited"]] == [3], guarded[rank]
+        assert {s["audit_outcome"] for s in guarded[rank] if s["audited"]} == {"pass"}
+        g = guarded_final[rank]["guard"]
+        assert g["buddy_checks"] == 2 and g["buddy_findings"] == 0, g
+        assert g["buddy_bytes_sent"] > 0 and g["buddy_vetoes"] == 0, g
+        assert g["skipped"] == 0 and g["reports_dropped"] == 0 and g["audits"] == 1, g
+    # Replicas after ZeRO's broadcasts: one model.
+    assert len({f["shard_digest"] for f in guarded_final}) == 1
+    assert sdcd.sdcctl("get", "incidents", "--job=zero-clean")["incidents"] == []
+
+
+def test_zero_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path, sdcd):
+    # Step 2 (a check): rank 3's SGD update of its ZeRO partition is wrong in
+    # one element, and ZeRO broadcasts it to every replica, so the weight
+    # vote sees one model; rank 3's buddy (rank 5) and the third (rank 1)
+    # recompute it from the same inputs and agree with each other. As step 5
+    # begins (after step 4's vote) a bit of rank 1's partition flips at rest:
+    # seen before step 5's optimizer step, whose update ZeRO then broadcasts.
+    flags = ZERO + ["--steps=6", "--checkpoint_every=2", "--optimizer=sgd",
+                    "--corrupt_at_rest=1:4"]
+    env = {"SDC_JOB_ID": "zero-fault", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64",
+           "SDC_INJECT_FAULT": "shard-update:3:step=2", **FAULTS}
+    steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    for rank in range(WORLD):
+        by_step = {s["step"]: s for s in steps[rank]}
+        assert not by_step[3]["apply"], by_step[3]
+        assert "failed on rank 3" in by_step[3]["reason"], by_step[3]
+        assert ("buddy check (faulty): rank 3's optimizer update of its ZeRO partition at step 2 "
+                "is wrong; ranks 5 and 1 recomputed it and agree") in by_step[3]["reason"]
+        assert not by_step[6]["apply"], by_step[6]
+        assert ("buddy check (suspect): rank 1's stored ZeRO partition changed at rest between "
+                "step 4's and step 5's optimizer steps") in by_step[6]["reason"], by_step[6]
+        assert all(by_step[s]["apply"] for s in (1, 2, 4, 5)), steps[rank]
+        # The checkpoint after the corrupted update, and every later one, vetoed.
+        assert [by_step[s]["checkpoint"] for s in (2, 4, 6)] == ["vetoed"] * 3, by_step
+        g = finals[rank]["guard"]
+        assert g["buddy_findings"] == 2 and g["buddy_vetoes"] == 3, g
+    assert len({f["shard_digest"] for f in finals}) == 1  # The broadcasts spread both.
+    incidents = sdcd.sdcctl("get", "incidents", "--job=zero-fault")["incidents"]
+    named = sorted((tuple(i.get("ranks", [])), i.get("outcome"), str(i.get("step")))
+                   for i in incidents)
+    assert named == [((1,), "suspect", "6"), ((3,), "faulty", "3")], incidents

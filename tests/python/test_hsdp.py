@@ -162,22 +162,47 @@ ZERO = r'''
 import sys, torch, torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 import sdc_guard
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+def attempt(model, opt):
+    try:
+        sdc_guard.Guard(model, opt, lambda m, b: m(b).sum()).shutdown(0)
+        print("accepted")
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
 model = DDP(torch.nn.Linear(4, 2))
-opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
-try:
-    sdc_guard.Guard(model, opt, lambda m, b: m(b).sum())
-    print("accepted")
-except TypeError as e:
-    print(e)
+attempt(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1,
+                                       overlap_with_ddp=True))
+attempt(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1))
+fsdp = fully_shard(torch.nn.Linear(4, 2), mesh=init_device_mesh("cpu", (1,)))
+attempt(fsdp, ZeroRedundancyOptimizer(fsdp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1))
+zopt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+part = sdc_guard.buddy.zero_partition(zopt, None)
+zopt.param_groups[0]["lr"] = 0.05  # As a scheduler does between steps.
+print("settings", part.settings[0]["lr"], zopt.optim.param_groups[0]["lr"], len(part.params))
 dist.destroy_process_group()
 '''
 
 
-def test_a_zero_optimizer_is_refused_with_the_reason(tmp_path):
+def test_zero_is_taken_around_ddp_and_refused_where_its_step_cannot_be_checked(tmp_path):
+    # ZeRO-1 (a ZeroRedundancyOptimizer around a DDP model) is covered since
+    # issue 44 (test_fsdp_buddy.py); overlapped with DDP's hook, or around an
+    # FSDP2 module, it is refused with the reason.
     out = subprocess.run(
         [sys.executable, "-c", ZERO, str(tmp_path / "store")], capture_output=True, text=True,
         timeout=120, env=python_env({"SDC_JOB_ID": "zero", "SDC_NODE_NAME": "node-a"}))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "ZeroRedundancyOptimizer (ZeRO-1) is not covered yet" in out.stdout, out.stdout
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4, out.stdout + out.stderr
+    assert lines[0].startswith("ValueError optimizer: ZeroRedundancyOptimizer(overlap_with_ddp="
+                               "True)"), lines[0]
+    assert lines[1] == "accepted", out.stdout + out.stderr
+    # One node: the buddy check is off and says why (a buddy must be on another node).
+    assert "every rank is on one node" in out.stderr, out.stderr
+    assert lines[2].startswith("TypeError optimizer: a ZeroRedundancyOptimizer is covered "
+                               "around a DistributedDataParallel model"), lines[2]
+    # The buddy's settings are ZeRO's groups, which its step copies into the
+    # local optimizer's: a scheduler's change since the last step counts.
+    assert lines[3] == "settings 0.05 0.1 2", lines[3]

@@ -1,14 +1,21 @@
 """Buddy verification of a sharded optimizer step (issue 44, item 3).
 
 Under FSDP2 without a replicate dim every rank holds a shard no other rank
-holds, so no vote can check its optimizer update: the update of each shard is
-computed once. On weight-check steps the guard has it computed twice:
+holds, and under ZeRO-1 (``ZeroRedundancyOptimizer`` around a DDP model)
+every rank updates a partition of the parameters no other rank updates and
+broadcasts it; either way no vote can check the optimizer update, which is
+computed once (after ZeRO's broadcast every replica holds the same wrong
+bits). What differs between the two is the ``Partition`` (which tensors this
+rank alone updates, where their optimizer state and step settings live);
+everything else is one check. On weight-check steps the guard has each
+partition's update computed twice:
 
   * before ``optimizer.step()`` each rank (the *owner*) copies this check's
     *slice* of its shard's inputs: the parameters' pre-step values, their
     reduced gradients, the optimizer state of those elements and the step's
     hyper-parameters (its parameter group's settings, foreach/fused
-    included); after the step it fingerprints the slice's new values;
+    included); as its optimizer's ``step`` returns (a step post-hook) it
+    fingerprints the slice's new values;
   * its *buddy*, a rank on another node (``SDC_NODE_NAME``), receives those
     inputs and runs the same optimizer class's own ``step`` on them (fresh
     tensors of the slice, the same settings), and fingerprints the result;
@@ -31,15 +38,33 @@ trust ratios, Muon's orthogonalisation) updates an element from statistics
 of the whole tensor, which a slice cannot reproduce: the buddy check is off
 for it, and the guard says so once.
 
-*Rotation.* Each rank's local parameters, concatenated in the module's
-parameter order, are cut into windows of ``slice_elements`` elements
+*Rotation.* Each rank's local parameters (its shards in the module's
+parameter order; its ZeRO partition in the local optimizer's order),
+concatenated, are cut into windows of ``slice_elements`` elements
 (``SDC_BUDDY_SLICE``, default 2^20); check c verifies window c mod W, so
 every element is verified once every W = ceil(local elements / slice) checks.
 
 *At rest.* After the optimizer step of a check the owner fingerprints its
-whole local shard; before the next step's optimizer step it fingerprints it
+whole local shard (ZeRO: its partition); before the next step's optimizer step it fingerprints it
 again: a difference is a stored shard corrupted at rest (nothing legitimate
 writes the parameters between the two), named to this rank.
+
+*ZeRO-1.* ``ZeroRedundancyOptimizer.step`` runs the local optimizer on this
+rank's partition and then broadcasts every partition from its owner. The
+owner fingerprints its slice in a step post-hook of the local optimizer
+(``register_step_post_hook``, public API), which runs inside ``zero.step()``
+after the local step and before the broadcast: the digest is of the bits
+the broadcast then sends (a broadcast reads its source and leaves it as it
+was), so the verdict, decided after the step returns, is the one a check
+before the broadcast would give. What deciding first would add is keeping
+a wrong update off the other ranks, which gains nothing: an update computed
+once has no sound copy to repair from, so the finding vetoes every later
+checkpoint either way. A broadcast corrupted in flight or on arrival leaves
+one receiver's copy different from the owner's and every other replica's:
+the DDP weight vote, which stays on (every rank holds the whole model after
+the broadcast), names that minority and repairs it. The partition's
+optimizer state is this rank's alone, so it is left out of the engine's
+checkpoint digest and repair.
 
 A finding is decided the same on every rank; the named rank hands it to the
 engine at the next guarded step (``note_failure``), which skips that step on
@@ -170,18 +195,75 @@ def slice_digest(tensors):
                            [t.contiguous() for t in tensors])
 
 
-class BuddyCheck:
-    """The buddy check of one guard (FSDP2 without replicas). Every method
-    that communicates is called on every rank at the same step."""
+class Partition:
+    """What this rank alone updates, the layout-specific part of the check.
 
-    def __init__(self, engine, optimizer, params, group, node_name, slice_elements):
-        self._engine = engine
+    ``optimizer`` holds the state of ``params`` and its class steps them;
+    ``settings`` are the parameter groups whose settings (lr, betas, ...)
+    the step uses, indexed as ``optimizer.param_groups``; ``local`` maps a
+    parameter, gradient or state tensor to the elements this rank holds;
+    ``what`` names the partition in findings ("shard")."""
+
+    def __init__(self, what, optimizer, params, settings, local):
+        self.what = what
         self.optimizer = optimizer
+        self.params = list(params)
+        self.settings = settings
+        self.local = local
+
+
+def fsdp_partition(optimizer, params):
+    """FSDP2 on a 1-D mesh: the local shards of the module's DTensor
+    parameters, stepped by the trainer's optimizer itself."""
+    return Partition("shard", optimizer, params, optimizer.param_groups, sharded.local)
+
+
+def zero_optimizer(optimizer):
+    """True for a ``ZeroRedundancyOptimizer``."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
+def zero_partition(zero, group):
+    """ZeRO-1: the parameters ZeRO assigned to this rank, stepped by its
+    local optimizer (``zero.optim``, the class the user named). The step's
+    settings are ``zero.param_groups``: ZeRO copies them into the local
+    optimizer's groups (same order) inside its step, so an LR scheduler's
+    change made since the last step is in them and not yet in the local
+    optimizer's. ValueError for ZeRO set up in a way the check cannot follow."""
+    if getattr(zero, "_overlap_with_ddp", False):  # ZeRO keeps the argument only here.
+        raise ValueError(
+            "optimizer: ZeroRedundancyOptimizer(overlap_with_ddp=True) steps inside DDP's "
+            "communication hook, where the guard's check 1 runs; use overlap_with_ddp=False")
+
+    def ranks(g):
+        return [dist.get_global_rank(g, r) for r in range(dist.get_world_size(g))]
+
+    if ranks(zero.process_group) != ranks(group if group is not None else dist.group.WORLD):
+        raise ValueError(
+            "optimizer: the ZeroRedundancyOptimizer's process_group is not the model's: the "
+            "guard checks each rank's partition against ranks of the model's group")
+    params = [p for g in zero.optim.param_groups for p in g["params"]]
+    return Partition("ZeRO partition", zero.optim, params, zero.param_groups, lambda t: t)
+
+
+class BuddyCheck:
+    """The buddy check of one guard (FSDP2 without replicas, or ZeRO-1), on
+    its ``Partition``. Every method that communicates is called on every
+    rank at the same step."""
+
+    def __init__(self, engine, partition, group, node_name, slice_elements):
+        self._engine = engine
+        self.partition = partition
+        self.optimizer = partition.optimizer
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.params = params  # The optimizer's parameters (DTensors), module order.
-        self.off_reason = not_elementwise_reason(optimizer)
+        self.params = partition.params  # What this rank alone updates, in a fixed order.
+        self.off_reason = not_elementwise_reason(self.optimizer)
         nodes = [None] * self.world
         dist.all_gather_object(nodes, node_name, group=group)
         self.nodes = nodes
@@ -198,7 +280,7 @@ class BuddyCheck:
         self.veto = ""  # Why every later checkpoint is vetoed (empty: none is).
         self._at_rest = None  # (step, digest) recorded after a check's optimizer step.
         self._group_of = {}
-        for g, group_ in enumerate(optimizer.param_groups):
+        for g, group_ in enumerate(self.optimizer.param_groups):
             for p in group_["params"]:
                 self._group_of[id(p)] = g
 
@@ -207,7 +289,7 @@ class BuddyCheck:
         return not self.off_reason
 
     def _locals(self):
-        return [sharded.local(p) for p in self.params]
+        return [self.partition.local(p) for p in self.params]
 
     def _global(self, r):
         return dist.get_global_rank(self.group, r) if self.group is not None else r
@@ -220,30 +302,63 @@ class BuddyCheck:
 
     # -- the step ---------------------------------------------------------------
 
-    def around_step(self, step, apply_step, check):
+    def around_step(self, step, apply_step, check, repaired=False):
         """Runs ``apply_step()`` (the real optimizer step; returns whether it
         stepped), with the at-rest comparison before it and, when ``check``,
-        the buddy check around it. Returns what apply_step returned."""
+        the buddy check around it. ``repaired``: the weight vote's repair
+        rewrote this rank's weights in this step (DDP under ZeRO), so its
+        partition changed legitimately; the comparison still runs (a
+        collective) but finds nothing on this rank. Returns what apply_step
+        returned."""
         start = time.perf_counter()
         at_rest = self._at_rest
         self._at_rest = None
         rested = 0
-        if at_rest is not None and self._shard_digest() != at_rest[1]:
+        if at_rest is not None and not repaired and self._shard_digest() != at_rest[1]:
             rested = 1
         package = None
         if check:
             package = self._package(step)
-        stepped = time.perf_counter()
-        applied = apply_step()
-        resumed = time.perf_counter()
-        owner_digest = 0
-        if check and applied:
+        owned = {}  # The owner's digest, taken the moment its optimizer's step returns.
+
+        def updated(*_):
+            # An optimizer step post-hook: under ZeRO it runs inside
+            # zero.step(), after the local step and before the broadcast, so
+            # the fault lands where a faulty update would (and spreads) and
+            # the digest is of the bits the broadcast sends.
+            took = time.perf_counter()
             fires, rel = self._engine.shard_update_fault(step)
             if fires:
                 self._inject(package, rel, step)
-            owner_digest = slice_digest(
+            owned["digest"] = slice_digest(
                 [self._locals()[i].detach().reshape(-1)[a:b] for i, a, b, _ in
                  package["segments"]])
+            owned["ms"] = 1000 * (time.perf_counter() - took)
+
+        def post_hook(*_):
+            try:
+                updated()
+            except Exception as e:  # noqa: BLE001  (raising here would leave ZeRO's broadcast)
+                owned.clear()
+                print(f"sdc-guard rank {self.rank}: the buddy check's fingerprint of the update "
+                      f"failed inside the step ({type(e).__name__}: {e}); retried after it",
+                      file=sys.stderr, flush=True)
+
+        hook = self.optimizer.register_step_post_hook(post_hook) if check else None
+        stepped = time.perf_counter()
+        try:
+            applied = apply_step()
+        finally:
+            if hook is not None:
+                hook.remove()
+        resumed = time.perf_counter()
+        owner_digest = 0
+        if check and applied:
+            if "digest" in owned:
+                self.ms += owned["ms"]  # Inside apply_step's time, which is not counted.
+            else:  # Stepped without the optimizer's own step(): after it (counted below).
+                updated()
+            owner_digest = owned["digest"]
         if at_rest is not None or check:
             self._decide(step, at_rest, rested, package if (check and applied) else None,
                          owner_digest)
@@ -265,7 +380,7 @@ class BuddyCheck:
                 p = self.params[i]
                 g = self._group_of[id(p)]
                 local = locals_[i].detach().reshape(-1)
-                grad = sharded.local(p.grad) if p.grad is not None else None
+                grad = self.partition.local(p.grad) if p.grad is not None else None
                 if grad is None:
                     continue  # No gradient: the optimizer leaves it as it is.
                 out["segments"].append((i, a, b, g))
@@ -274,20 +389,21 @@ class BuddyCheck:
                 state = {}
                 for key, value in self.optimizer.state.get(p, {}).items():
                     if isinstance(value, torch.Tensor):
-                        value = sharded.local(value).detach()
+                        value = self.partition.local(value).detach()
                         if value.numel() == local.numel() and value.dim() > 0:
                             value = value.reshape(-1)[a:b]
                         value = value.clone()
                     state[key] = value
                 out["state"].append(state)
                 if g not in out["groups"]:
-                    out["groups"][g] = {k: v for k, v in self.optimizer.param_groups[g].items()
+                    out["groups"][g] = {k: v for k, v in self.partition.settings[g].items()
                                         if k != "params"}
         return out
 
     def _inject(self, package, rel, step):
         """The shard-update fault: one element of this check's slice of the
-        update, multiplied by 1 + rel right after optimizer.step()."""
+        update, multiplied by 1 + rel as the optimizer's step returns (under
+        ZeRO before its broadcast, which then spreads it to every replica)."""
         if not package["segments"]:
             return
         i, a, b, _ = package["segments"][len(package["segments"]) // 2]
@@ -296,7 +412,7 @@ class BuddyCheck:
             k = (a + b) // 2
             flat[k] = flat[k] * (1 + rel)
         print(f"sdc-guard rank {self.rank}: INJECTED a shard-update fault (element {k} of "
-              f"parameter {i}'s local shard, relative {rel}) at step {step}",
+              f"parameter {i} of its {self.partition.what}, relative {rel}) at step {step}",
               file=sys.stderr, flush=True)
 
     def _exchange(self, senders, package):
@@ -354,7 +470,8 @@ class BuddyCheck:
         for r in range(self.world):
             if table[r, _AT_REST]:
                 found.append((r, True, (
-                    f"{MARK} (suspect): rank {r}'s stored shard changed at rest between step "
+                    f"{MARK} (suspect): rank {r}'s stored {self.partition.what} changed at rest "
+                    f"between step "
                     f"{at_rest[0]}'s and step {step}'s optimizer steps (its memory, or a write "
                     "outside optimizer.step)")))
         if checking:
@@ -383,7 +500,7 @@ class BuddyCheck:
         text leads with what sdcd parses (the engine keeps 200 characters of
         a skip reason): "buddy check (faulty|suspect): rank N..."."""
         b, t = self.buddy[r], self.third[r]
-        what = f"rank {r}'s optimizer update of its shard at step {step}"
+        what = f"rank {r}'s optimizer update of its {self.partition.what} at step {step}"
         if t is None:
             return (r, True, f"{MARK} (suspect): {what} differs from rank {b}'s "
                              "recomputation; no third node to decide")

@@ -414,8 +414,11 @@ class Guard:
     module's buffers are each rank's own (FSDP does not broadcast them), so
     they leave the weight vote unless ``vote_buffers=True``. FSDP2 on a 1-D
     mesh (no replicas) gets the buddy check of its optimizer step instead of
-    a vote (buddy.py; ``buddy_slice=`` elements per check). Other layouts
-    (tensor parallel, ZeRO) raise TypeError.
+    a vote (buddy.py; ``buddy_slice=`` elements per check), and so does a
+    DDP model whose optimizer is a ``ZeroRedundancyOptimizer`` (ZeRO-1,
+    ``overlap_with_ddp=False``), found from ``optimizer``: each rank's
+    partition update is verified, while check 1, the weight vote and replay
+    audits run as for DDP. Other layouts (tensor parallel) raise TypeError.
 
     ``loss_fn(module, batch)`` computes one micro-batch's loss; the guard calls
     it with the model's wrapped module (``model.module``) to replay a peer's
@@ -453,7 +456,12 @@ class Guard:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        sharded.check_optimizer(optimizer)
+        zero = buddy.zero_optimizer(optimizer)
+        if zero and not isinstance(model, DistributedDataParallel):
+            raise TypeError(
+                "optimizer: a ZeroRedundancyOptimizer is covered around a "
+                "DistributedDataParallel model (ZeRO-1); an FSDP2 module shards its optimizer "
+                "state itself: pass it a torch.optim optimizer")
         if not callable(loss_fn):
             raise TypeError("loss_fn: expected a callable loss_fn(module, batch) -> loss tensor")
         every_step = _every_step(options.pop(_EVERY_STEP[0], None))
@@ -491,6 +499,7 @@ class Guard:
         self.model = model
         self.module = layout.module
         self.optimizer = optimizer
+        self._zero = zero
         self.loss_fn = loss_fn
         self.process_group = layout.process_group
         self._world = dist.get_world_size(self.process_group)
@@ -521,7 +530,12 @@ class Guard:
         self.checksum_skips = 0  # Steps skipped on every rank for a failed checksum.
         self.buddy_vetoes = 0  # Checkpoints the buddy check's findings vetoed.
         self._reduced_shards = None  # HSDP: FSDP's all-reduce hook (sharded.ReducedShards).
-        self._buddy = None  # FSDP without replicas: the buddy check (buddy.py).
+        self._buddy = None  # FSDP without replicas, or ZeRO: the buddy check (buddy.py).
+        partition = None  # What the buddy check verifies; refused here, before any hook.
+        if layout.kind == "fsdp":
+            partition = buddy.fsdp_partition(optimizer, self._sharded_params)
+        elif zero:
+            partition = buddy.zero_partition(optimizer, self.process_group)
         self._core = _C.Engine(
             self.process_group,
             [n for n, _ in params], [p for _, p in params],
@@ -537,11 +551,18 @@ class Guard:
             else:
                 self.comm_hook = hooks.GuardHook(self, hook_state, hook)
                 model.register_comm_hook(None, self.comm_hook)
-            if layout.kind == "fsdp":
+            if zero:
+                notices.say_once("zero", (
+                    f"sdc_guard: ZeRO-1 ({type(optimizer.optim).__name__} partitioned over "
+                    f"{self._world} ranks): the buddy check verifies each rank's partition "
+                    "update on weight-check steps; check 1, the weight vote and replay audits "
+                    "run as for DDP; the optimizer state (each rank's own) is left out of the "
+                    "checkpoint digest"), self.rank)
+            if partition is not None:
                 node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
                     socket.gethostname()
-                self._buddy = buddy.BuddyCheck(self._core, optimizer, self._sharded_params,
-                                               self.process_group, node, buddy_slice)
+                self._buddy = buddy.BuddyCheck(self._core, partition, self.process_group, node,
+                                               buddy_slice)
                 if grad_scaler is not None and self._buddy.enabled:
                     self._buddy.off_reason = (
                         "the buddy check of the sharded optimizer step is off under a loss "
@@ -619,7 +640,7 @@ class Guard:
         every = self._engine().weight_check_every
         check = (b.enabled and s.apply and every > 0 and s.step % every == 0
                  and (optimizer is None or optimizer is self.optimizer))
-        return b.around_step(s.step, run, check)
+        return b.around_step(s.step, run, check, repaired=s.repaired)
 
     def _run_weight_check(self, checkpoint):
         """Check 3 of the step optimizer_step ended, if still due."""
@@ -748,8 +769,12 @@ class Guard:
         """Every tensor of the optimizer's state (any optimizer: its ``state``
         holds them, amsgrad's ``max_exp_avg_sq`` included), in parameter-group
         order. Tensors on another device than their parameter (Adam's CPU
-        ``step`` counters beside GPU weights) are host state and left out."""
+        ``step`` counters beside GPU weights) are host state and left out.
+        Under ZeRO none: each rank holds the state of its own partition, which
+        no replica could match or repair (the buddy check reads it)."""
         out = []
+        if self._zero:
+            return out
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 state = self.optimizer.state.get(p)

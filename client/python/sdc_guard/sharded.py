@@ -19,8 +19,9 @@ same tensors and which hold different shards:
     verified by the buddy check (buddy.py).
 
 Anything else is a TypeError saying what is not covered yet: a mesh of more
-than two dims, tensor parallel placements, ZeRO-style optimizers are not
-layouts of a model the guard can see.
+than two dims, tensor parallel placements. (A ``ZeroRedundancyOptimizer``
+around a DDP model is layout "ddp": the guard finds ZeRO from the optimizer
+and verifies each rank's partition update with the buddy check, buddy.py.)
 
 On an HSDP module the guard's check 1 runs in FSDP's own communication
 seams (public FSDP2 APIs): a custom reduce-scatter (``ReduceScatter``,
@@ -96,22 +97,6 @@ def check_kind(model):
             "sdc_guard.Guard needs the model wrapped in "
             "torch.nn.parallel.DistributedDataParallel, or an FSDP2 module (fully_shard) on a "
             f"2-D replicate x shard DeviceMesh (HSDP), got {_name(model)}")
-
-
-def check_optimizer(optimizer):
-    """TypeError for an optimizer that shards its state across ranks
-    (ZeroRedundancyOptimizer): each rank's update of its slice is computed
-    on that rank only, so no replica could vote on it, and the checkpoint's
-    optimizer digests would differ by rank. Not covered yet."""
-    try:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-    except ImportError:  # pragma: no cover
-        return
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        raise TypeError(
-            "optimizer: ZeroRedundancyOptimizer (ZeRO-1) is not covered yet: each rank's "
-            "update of its slice of the optimizer state is computed on that rank only, so "
-            "the weight vote cannot check it; use a per-rank optimizer (torch.optim.AdamW)")
 
 
 def layout_of(model, process_group=None):
