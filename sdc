@@ -508,8 +508,10 @@ cmd_demo() {
   setup
   log "building the demo (the first build on a fresh machine takes several minutes)"
   build_targets //demo:sdc-demo //demo:sdc-trainer //daemon:sdcd //ctl:sdcctl
-  # Every trainer but the C++ one imports the sdc_guard package.
-  if [[ " $* " =~ \ --trainer[=\ ](python|hf|lightning|accelerate)\  ]]; then
+  # Every trainer but the C++ one imports the sdc_guard package (a sharded
+  # --layout trains the Python one).
+  if [[ " $* " =~ \ --trainer[=\ ](python|hf|lightning|accelerate)\  ||
+        " $* " =~ \ --layout[=\ ](fsdp|hsdp)\  ]]; then
     build_python >/dev/null
   fi
   exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"

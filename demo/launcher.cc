@@ -104,7 +104,7 @@ int PortAfter(const std::string& line, const std::string& marker) {
 // .provisional until the guard calls it final.
 void ListCheckpoints(const std::string& dir, ClusterResult* result) {
   static const std::regex kName(
-      R"re((?:step-|checkpoint-)(\d+)(?:\.pt|\.ckpt|\.state)?(\.provisional)?)re");
+      R"re((?:step-|checkpoint-)(\d+)(?:\.pt|\.ckpt|\.state|\.dcp)?(\.provisional)?)re");
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
   while (const dirent* e = readdir(d)) {
@@ -179,6 +179,14 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer '", c.trainer, "': expected cpp, python, hf, lightning or accelerate"));
+  }
+  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", c.layout, "': expected ddp, fsdp or hsdp"));
+  }
+  if (c.layout != "ddp" && c.trainer != "python") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout ", c.layout, ": the Python trainer's only (examples/layouts.py)"));
   }
   ClusterResult result;
   result.db = c.run_dir + "/sdcd.db";
@@ -360,6 +368,12 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
         argv.push_back(absl::StrCat("--resume_from=", c.run_dir, "/step-", resume_step, ".pt"));
       }
       if (c.replica_groups > 1) argv.push_back(absl::StrCat("--seed=", 1234 + group));
+      if (c.layout != "ddp") {
+        // HSDP's replicate dim over the nodes: rank r = node x GPUs + local
+        // rank holds shard r % GPUs, one replica of it per node.
+        argv.push_back("--layout=" + c.layout);
+        argv.push_back(absl::StrCat("--replicas=", c.nodes));
+      }
       if (c.collective_timeout > absl::ZeroDuration()) {
         const int64_t s = absl::ToInt64Seconds(c.collective_timeout);
         argv.push_back(c.trainer == "cpp" ? absl::StrCat("--collective_timeout_s=", s)

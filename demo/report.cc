@@ -74,7 +74,9 @@ bool IntoWeights(const Injection& inj) {
 
 // Each injection's fate, from the ranks' per-step decisions and sdcd's
 // incidents: nothing here takes an injection's word that it was harmless.
-void ClassifyInjections(const std::map<int, StepRecord>& steps, RunFacts* f) {
+// `sharded`: an FSDP2/HSDP layout, where a weight the vote or the buddy
+// check finds stays as it is unless a step says it was repaired.
+void ClassifyInjections(const std::map<int, StepRecord>& steps, bool sharded, RunFacts* f) {
   for (Injection& inj : f->injections) {
     if (inj.while_replaying) {
       inj.fate = Fate::kReplay;
@@ -84,13 +86,26 @@ void ClassifyInjections(const std::map<int, StepRecord>& steps, RunFacts* f) {
       inj.fate = Fate::kNoTrainingValue;
       continue;
     }
-    if (IntoWeights(inj)) {
+    if (inj.what.find("shard-update fault") != std::string::npos) {
+      // An update applied to a shard no other rank holds: the buddy check
+      // finds it at a later step (a weights incident), nothing repairs it,
+      // the checkpoints after it are vetoed.
       bool found = false;
-      for (const auto& [step, s] : steps) found |= step >= inj.step && s.repaired;
       for (const v1::Incident& i : f->incidents) {
         found |= i.check() == v1::CHECK_WEIGHTS && static_cast<int>(i.step()) >= inj.step;
       }
-      inj.fate = found ? Fate::kCaughtRepaired : Fate::kUndetected;
+      inj.fate = found ? Fate::kDetectedApplied : Fate::kUndetected;
+    } else if (IntoWeights(inj)) {
+      bool repaired = false, found = false;
+      for (const auto& [step, s] : steps) repaired |= step >= inj.step && s.repaired;
+      for (const v1::Incident& i : f->incidents) {
+        found |= i.check() == v1::CHECK_WEIGHTS && static_cast<int>(i.step()) >= inj.step;
+      }
+      if (repaired || (found && !sharded)) {
+        inj.fate = Fate::kCaughtRepaired;
+      } else {
+        inj.fate = found ? Fate::kDetectedApplied : Fate::kUndetected;
+      }
     } else {
       auto it = steps.find(inj.step);
       bool named = false;
@@ -242,7 +257,7 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
       if (it != steps.end() && it->second.apply) corrupted.push_back({inj.step, INT32_MAX});
     }
   }
-  ClassifyInjections(steps, &f);
+  ClassifyInjections(steps, config.layout != "ddp", &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
   auto has = [](const std::vector<int>& v, int c) {
@@ -357,7 +372,8 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
                         const std::string& sdcctl) {
   std::string out;
   absl::StrAppend(&out, "\n== sdc-guard demo: ", f.scenario.name, " ==\n", f.scenario.description,
-                  "\n", c.nodes, " nodes x ", c.gpus_per_node, " GPUs (CPU ranks, Gloo), ", c.steps,
+                  "\n", c.nodes, " nodes x ", c.gpus_per_node, " GPUs (CPU ranks, Gloo",
+                  c.layout == "ddp" ? "" : absl::StrCat("; ", c.layout), "), ", c.steps,
                   " steps, audit every ", c.audit_every, ", weight check every ",
                   c.weight_check_every, ", checkpoint every ", c.checkpoint_every, "\n");
   absl::StrAppendFormat(&out, "loss %.3f -> %.3f; %s, %d weight checks; wall %s\n",

@@ -126,5 +126,35 @@ TEST(ReportTest, AWeightFlipNobodyFoundIsUndetected) {
   EXPECT_THAT(f.undetected_steps, ElementsAre(4));
 }
 
+// FSDP's shard-update fault: applied to a shard no one else holds, so a
+// later weights incident (the buddy check) detects it and nothing repairs it.
+TEST(ReportTest, ShardedLayoutsFaultsInUnrepairedShardsAreDetectedAfterApplied) {
+  const std::string line =
+      "rank 3: INJECTED a shard-update fault (element 5 of parameter 15's local shard, "
+      "relative 0.0009765625) at step 10";
+  ClusterResult found = Result(Steps(20, {11}), {line});
+  found.incidents.push_back(IncidentAt(11, v1::CHECK_WEIGHTS));
+  const RunFacts f = Analyze(found, kScenario, Config(), 3);
+  ASSERT_EQ(f.injections.size(), 1u);
+  EXPECT_EQ(f.injections[0].fate, Fate::kDetectedApplied);
+  EXPECT_EQ(f.detected_applied, 1);
+  EXPECT_TRUE(f.undetected_steps.empty());
+
+  // A flipped weight the at-rest check finds stays flipped (no replica).
+  ClusterConfig fsdp = Config();
+  fsdp.layout = "fsdp";
+  ClusterResult flip = Result(Steps(20, {12}), {"rank 3: INJECTED a bit flip into weight "
+                                                "token.weight after step 10"});
+  flip.incidents.push_back(IncidentAt(12, v1::CHECK_WEIGHTS));
+  EXPECT_EQ(Analyze(flip, kScenario, fsdp, 3).injections[0].fate, Fate::kDetectedApplied);
+  EXPECT_EQ(Analyze(flip, kScenario, Config(), 3).injections[0].fate, Fate::kCaughtRepaired);
+
+  ClusterResult missed = Result(Steps(20, {}), {line});
+  missed.incidents.push_back(IncidentAt(9, v1::CHECK_WEIGHTS));  // Before the fault: not it.
+  const RunFacts g = Analyze(missed, kScenario, Config(), 3);
+  EXPECT_EQ(g.injections[0].fate, Fate::kUndetected);
+  EXPECT_THAT(g.undetected_steps, ElementsAre(10));
+}
+
 }  // namespace
 }  // namespace sdc::demo

@@ -83,6 +83,12 @@ const std::vector<Scenario>& Scenarios() {
        "the activation fault, with the next rank's audit results reaching sdcd after the "
        "tie-break results (a per-stream race): the early tie-breaks are kept, the GPU named",
        "activation-scale:{rank}:step={step}:10000,late-audit-reports:{next}:step={step}"},
+      // Issue 44's buddy check (--layout=fsdp).
+      {"shard-update",
+       "one GPU's optimizer update of its own shard wrong in one element (FSDP: no replica "
+       "holds that shard): a buddy on another node recomputes the update, a third node says "
+       "who is wrong",
+       "shard-update:{rank}:step={step}"},
       // Issue 42's whole loop.
       {"replace-and-resume",
        "the activation fault, then the whole loop: the request approved with sdcctl, the node "

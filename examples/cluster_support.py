@@ -99,11 +99,14 @@ class CollectiveCount:
 
 def weights_digest(module):
     """The kernels' model digest of the parameters, as hex: equal on every
-    rank exactly when the replicas hold the same bits."""
+    rank exactly when the replicas hold the same bits. A sharded parameter
+    (FSDP2's DTensor) is gathered whole first: a collective, every rank
+    calls this at the same point."""
     from sdc_guard import _C
 
     names, tensors = zip(*module.named_parameters())
-    return "%016x" % _C.model_digest(list(names), list(tensors))
+    tensors = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
+    return "%016x" % _C.model_digest(list(names), [t.detach() for t in tensors])
 
 
 def _number(x):

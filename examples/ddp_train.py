@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A small byte-level transformer trained with DistributedDataParallel on the
-licence texts every Debian machine has, with or without sdc-guard.
+"""A small byte-level transformer trained with DistributedDataParallel (or
+FSDP2/HSDP: --layout, examples/layouts.py) on the licence texts every Debian
+machine has, with or without sdc-guard.
 
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50           # guarded
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50 --unguarded
@@ -24,11 +25,11 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_support  # noqa: E402  (progress lines, turns, fault points)
 import configs  # noqa: E402  (mixed precision, checkpointing, compile, hooks)
+import layouts  # noqa: E402  (ddp, fsdp, hsdp)
 
 
 def parse_args():
@@ -59,11 +60,13 @@ def parse_args():
     p.add_argument("--pg_timeout_s", type=int, default=0,
                    help="the process group's collective timeout (0: torch's default)")
     configs.add_flags(p)
+    layouts.add_flags(p)
     cluster_support.add_flags(p)
     a = p.parse_args()
     for name in ("steps", "first_step", "batch", "micro_batches"):
         if getattr(a, name) < 1:
             p.error(f"--{name}: must be at least 1")
+    layouts.check_flags(p, a)
     return a
 
 
@@ -86,8 +89,8 @@ def main():
     torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
     if device.type == "cuda":
         torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
-    model = DDP(setup.module(), device_ids=[device.index] if device.type == "cuda" else None,
-                broadcast_buffers=not args.no_broadcast_buffers)
+    model = layouts.wrap(args, setup.module(), device,
+                         broadcast_buffers=not args.no_broadcast_buffers)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     comm_hook = setup.comm_hook()
     scaled = (lambda loss: scaler.scale(loss)) if scaler is not None else (lambda loss: loss)
@@ -153,7 +156,8 @@ def main():
             guard.optimizer_step(optimizer)  # sdc-guard: applies or skips (and the scaler's update)
             if checkpoint and checkpoints is not None:
                 # sdc-guard: the gate (a collective), then a provisional save.
-                saved = checkpoints.checkpoint(step, net.state_dict(), format="torch")
+                state, form = layouts.state_to_save(args, net, optimizer)
+                saved = checkpoints.checkpoint(step, state, format=form)
                 outcome = "allowed" if saved else "vetoed"
             elif checkpoint:
                 outcome = "allowed" if guard.may_checkpoint() else "vetoed"

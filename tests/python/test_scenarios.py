@@ -18,7 +18,7 @@ FAULT_STEP = 15
 STEPS = 24
 
 
-def run_demo(tmp_path, scenario, fault_rank=FAULT_RANK, fault_step=FAULT_STEP):
+def run_demo(tmp_path, scenario, fault_rank=FAULT_RANK, fault_step=FAULT_STEP, layout="ddp"):
     run_dir = tmp_path / "run"
     facts = tmp_path / "facts.json"
     out = subprocess.run(
@@ -26,7 +26,7 @@ def run_demo(tmp_path, scenario, fault_rank=FAULT_RANK, fault_step=FAULT_STEP):
          f"--steps={STEPS}", "--audit_every=5", "--weight_check_every=5",
          "--checkpoint_every=10", f"--fault_rank={fault_rank}",
          f"--fault_step={fault_step}", "--restart_at=8", f"--run_dir={run_dir}",
-         "--quiet", "--nokeep_coordinator", f"--facts={facts}"],
+         f"--layout={layout}", "--quiet", "--nokeep_coordinator", f"--facts={facts}"],
         capture_output=True, text=True, timeout=600, env=python_env())
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     f = json.loads(facts.read_text())
@@ -99,6 +99,25 @@ def test_fault_is_attributed_to_the_faulty_rank(tmp_path, scenario):
         assert f["coordinator_restarts"] == 1
     if scenario == "weight-corruption":
         assert any(line["repaired"] for step, line in steps.items() if step > FAULT_STEP)
+
+
+def test_fsdp_shard_update_is_named_by_the_buddy_check(tmp_path):
+    # --layout=fsdp: FSDP2 on a 1-D mesh, no replica of any shard. Rank 3's
+    # optimizer update of its own shard goes wrong at a weight-check step;
+    # the buddy check on another node finds it (a third node decides), the
+    # next step is skipped everywhere, nothing can repair the shard, so every
+    # later checkpoint is vetoed and the fault counts as detected after it
+    # was applied, never as caught.
+    f, ranks, out = run_demo(tmp_path, "shard-update", layout="fsdp")
+    steps = same_decisions(ranks)
+    common(f)
+    assert "layout fsdp" in out
+    assert f["blamed"] == [FAULT_RANK] and f["attributed_correctly"], f["incidents"]
+    assert f["requests"] == ["node-b"]
+    assert [i["fate"] for i in f["injections"]] == ["detected after it was applied"], f
+    assert f["incidents"][0]["step"] > FAULT_STEP and not steps[FAULT_STEP + 1]["apply"]
+    assert steps[20]["checkpoint"] == "vetoed"
+    assert 10 in f["checkpoints_revoked"] + f["checkpoints_vetoed"], f
 
 
 def test_reduced_gradient_receiver_is_a_suspect_not_blamed(tmp_path):
