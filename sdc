@@ -511,7 +511,7 @@ cmd_demo() {
   # Every trainer but the C++ one imports the sdc_guard package (a sharded
   # --layout trains the Python one).
   if [[ " $* " =~ \ --trainer[=\ ](python|hf|lightning|accelerate)\  ||
-        " $* " =~ \ --layout[=\ ](fsdp|hsdp)\  ]]; then
+        " $* " =~ \ --layout[=\ ](fsdp|hsdp|zero)\  ]]; then
     build_python >/dev/null
   fi
   exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"

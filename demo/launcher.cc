@@ -180,9 +180,9 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer '", c.trainer, "': expected cpp, python, hf, lightning or accelerate"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp") {
+  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero") {
     return absl::InvalidArgumentError(
-        absl::StrCat("layout '", c.layout, "': expected ddp, fsdp or hsdp"));
+        absl::StrCat("layout '", c.layout, "': expected ddp, fsdp, hsdp or zero"));
   }
   if (c.layout != "ddp" && c.trainer != "python") {
     return absl::InvalidArgumentError(

@@ -52,8 +52,9 @@ struct ClusterConfig {
   int checkpoint_every = 25;
   std::string model = "transformer";  // or bn-mlp
   // How the Python trainer lays the model over the ranks (examples/layouts.py):
-  // "ddp", "fsdp" (FSDP2 on a 1-D mesh) or "hsdp" (FSDP2 on a nodes x GPUs
-  // replicate x shard mesh: a shard's replicas on different nodes).
+  // "ddp", "fsdp" (FSDP2 on a 1-D mesh), "hsdp" (FSDP2 on a nodes x GPUs
+  // replicate x shard mesh: a shard's replicas on different nodes) or "zero"
+  // (DDP and a ZeroRedundancyOptimizer).
   std::string layout = "ddp";
   int batch = 8;
   int micro_batches = 1;

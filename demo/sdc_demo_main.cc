@@ -64,8 +64,9 @@ ABSL_FLAG(bool, every_step, false,
           "(Guard(every_step=True); Python trainers only for now).");
 ABSL_FLAG(std::string, layout, "ddp",
           "How the model is laid over the ranks: ddp (full replicas), fsdp (FSDP2 on a 1-D "
-          "mesh: a shard per rank) or hsdp (FSDP2 on a nodes x GPUs replicate x shard mesh). "
-          "fsdp and hsdp train the Python trainer (examples/layouts.py).");
+          "mesh: a shard per rank), hsdp (FSDP2 on a nodes x GPUs replicate x shard mesh) or "
+          "zero (DDP and a ZeroRedundancyOptimizer). fsdp, hsdp and zero train the Python "
+          "trainer (examples/layouts.py).");
 ABSL_FLAG(std::string, facts, "",
           "Also write what the run showed as one JSON object to this file (tests, scripts).");
 
@@ -168,9 +169,9 @@ absl::Status Validate(const Config& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--trainer must be cpp, python, hf, lightning or accelerate, got '", c.trainer, "'"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp") {
+  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--layout must be ddp, fsdp or hsdp, got '", c.layout, "'"));
+        absl::StrCat("--layout must be ddp, fsdp, hsdp or zero, got '", c.layout, "'"));
   }
   if (c.layout != "ddp" && c.trainer != "cpp" && c.trainer != "python") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -180,17 +181,18 @@ absl::Status Validate(const Config& c) {
 }
 
 // A scenario as a layout's checks can handle it (README, "Layouts"). The
-// sharded layouts run no replay audits yet, so a finite fault in the
-// forward trains on unseen there: such scenarios run, marked neither
+// sharded layouts (fsdp, hsdp) run no replay audits yet, so a finite fault
+// in the forward trains on unseen there: such scenarios run, marked neither
 // detectable nor attributable, and the summary counts what went in
 // undetected. Their weight checks (HSDP's vote per shard across the nodes,
 // FSDP's buddy check and at-rest comparison) and check 1 run as under DDP.
-// The shard-update fault is the buddy check's, FSDP only; scenarios that
-// depend on replays, micro-batches, another model or a restart are DDP's.
+// ZeRO is DDP (every check) plus the buddy check of each rank's partition.
+// The shard-update fault is the buddy check's (fsdp, zero); scenarios that
+// depend on micro-batches, another model or a restart are DDP's.
 absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
-  if (s.name == "shard-update" && layout != "fsdp") {
+  if (s.name == "shard-update" && layout != "fsdp" && layout != "zero") {
     return absl::InvalidArgumentError(
-        "--scenario=shard-update: the buddy check's fault, on --layout=fsdp");
+        "--scenario=shard-update: the buddy check's fault, on --layout=fsdp or zero");
   }
   if (layout == "ddp") return s;
   static const char* const kRuns[] = {"clean", "nan-gradient", "weight-corruption",
@@ -205,7 +207,7 @@ absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
         "--scenario=", s.name, " runs on --layout=ddp; on ", layout, ": ",
         absl::StrJoin(std::begin(kRuns), std::end(kRuns), ", ")));
   }
-  if (in(kUnseen)) {
+  if (in(kUnseen) && layout != "zero") {
     s.detectable = s.attributable = false;
     s.description += " [" + layout + ": no replay audits under sharding yet, so unseen]";
   }
@@ -224,7 +226,7 @@ void SetUpFlags() {
       "the sdc-guard demo: sdcd and a local training cluster (CPU ranks over Gloo) with an "
       "injected fault, live progress, a summary and an HTML report.\n"
       "  ./sdc demo [--scenario=NAME|list] [--trainer=cpp|python|hf|lightning|accelerate]\n"
-      "             [--layout=ddp|fsdp|hsdp]"
+      "             [--layout=ddp|fsdp|hsdp|zero]"
       "             [--steps=N] [--nodes=N]"
       "             [--gpus_per_node=N] [--audit_every=N] [--weight_check_every=N]\n"
       "             [--checkpoint_every=N] [--fault_rank=R] [--fault_step=S] [--run_dir=DIR]\n"

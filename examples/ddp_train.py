@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small byte-level transformer trained with DistributedDataParallel (or
-FSDP2/HSDP: --layout, examples/layouts.py) on the licence texts every Debian
-machine has, with or without sdc-guard.
+FSDP2, HSDP, ZeRO-1: --layout, examples/layouts.py) on the licence texts
+every Debian machine has, with or without sdc-guard.
 
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50           # guarded
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50 --unguarded
@@ -91,7 +91,7 @@ def main():
         torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
     model = layouts.wrap(args, setup.module(), device,
                          broadcast_buffers=not args.no_broadcast_buffers)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    optimizer = layouts.optimizer(args, [p for p in model.parameters() if p.requires_grad])
     comm_hook = setup.comm_hook()
     scaled = (lambda loss: scaler.scale(loss)) if scaler is not None else (lambda loss: loss)
 

@@ -5,7 +5,10 @@
         its own, no replica of any shard (the guard's buddy check);
   hsdp  FSDP2 on a replicate x shard mesh of --replicas x (world / replicas):
         rank r holds shard r % shards, and the ranks with the same shard (one
-        per replica) hold the same bits (the weight vote per shard).
+        per replica) hold the same bits (the weight vote per shard);
+  zero  DDP with a ZeroRedundancyOptimizer (ZeRO-1): full replicas, every rank
+        updating a partition of the parameters and broadcasting it (the
+        guard's buddy check verifies each partition's update).
 
 With the demo's numbering (rank = node x GPUs per node + local rank) and
 --replicas = nodes, HSDP's replicas of a shard sit on different nodes, as a
@@ -14,22 +17,24 @@ shard it holds. The transformer's blocks are not modules with a forward of
 their own, so the whole model is one FSDP unit (one all-gather per forward).
 """
 
+import torch
 import torch.distributed as dist
 
-LAYOUTS = ("ddp", "fsdp", "hsdp")
+LAYOUTS = ("ddp", "fsdp", "hsdp", "zero")
 
 
 def add_flags(p):
     p.add_argument("--layout", choices=LAYOUTS, default="ddp",
                    help="ddp: full replicas; fsdp: FSDP2 on a 1-D mesh; hsdp: FSDP2 on a "
-                        "--replicas x (world / replicas) mesh")
+                        "--replicas x (world / replicas) mesh; zero: DDP and a "
+                        "ZeroRedundancyOptimizer")
     p.add_argument("--replicas", type=int, default=3,
                    help="--layout=hsdp: the mesh's replicate dim (the demo passes its nodes)")
 
 
 def check_flags(p, args):
     """Errors for what a sharded layout does not take in this example."""
-    if args.layout == "ddp":
+    if args.layout in ("ddp", "zero"):
         return
     if args.micro_batches != 1:
         p.error(f"--layout={args.layout}: one micro-batch per step (no gradient accumulation here)")
@@ -43,7 +48,7 @@ def check_flags(p, args):
 def wrap(args, module, device, broadcast_buffers=True):
     """The model the loop trains: DDP over ``module``, or ``module`` itself
     sharded in place by ``fully_shard`` on the layout's mesh."""
-    if args.layout == "ddp":
+    if args.layout in ("ddp", "zero"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
@@ -63,11 +68,22 @@ def wrap(args, module, device, broadcast_buffers=True):
     return fully_shard(module, mesh=mesh)
 
 
+def optimizer(args, params):
+    """AdamW over ``params``; under ZeRO each rank keeps the state of, and
+    updates, only its partition of them."""
+    if args.layout == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=args.lr)
+    return torch.optim.AdamW(params, lr=args.lr)
+
+
 def state_to_save(args, net, optimizer):
     """(state, format) for ProvisionalCheckpoints.checkpoint: the DDP model's
     state dict saved by one writer, or a sharded one (each rank its shards,
-    torch.distributed.checkpoint)."""
-    if args.layout == "ddp":
+    torch.distributed.checkpoint). ZeRO's replicas hold the whole model:
+    its weights are saved as DDP's are (the optimizer's partitions are not)."""
+    if args.layout in ("ddp", "zero"):
         return net.state_dict(), "torch"
     import sdc_guard
 
