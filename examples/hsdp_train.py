@@ -13,7 +13,9 @@ takes. Tests use --rank/--world_size/--rendezvous and --progress (JSON lines:
 one per step, then each rank's final digest of its own shards), and
 --corrupt_at_rest=RANK:STEP, which flips one bit of RANK's shard of the first
 parameter after STEP's optimizer step, outside the guard (corruption of a
-stored shard at rest, as faulty memory would do it). With --checkpoint_dir
+stored shard at rest, as faulty memory would do it), and --corrupt_grad=RANK:STEP,
+which nudges one element of an activation's gradient in RANK's backward of
+STEP (a finite local-gradient fault, loss unchanged). With --checkpoint_dir
 the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
 dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
 and --resume starts from the newest final one.
@@ -51,6 +53,7 @@ def parse_args():
     p.add_argument("--resume", action="store_true",
                    help="start after the newest final checkpoint in --checkpoint_dir")
     p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
+    p.add_argument("--corrupt_grad", default="", help="RANK:STEP (tests only)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
     return p.parse_args()
@@ -61,13 +64,32 @@ class Mlp(torch.nn.Module):
         super().__init__()
         self.layers = torch.nn.ModuleList(
             [torch.nn.Linear(16, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 4)])
+        self.fault_point = lambda x: x  # guard.fault_point when guarded (fault injection).
+        self.corrupt_grad = False  # Armed: the next backward's local gradients (tests only).
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
             x = layer(x)
+            if i == 0:
+                x = self.fault_point(x)
+            if i == 1 and self.corrupt_grad:
+                self.corrupt_grad = False
+                x.register_hook(nudge)
             if i + 1 < len(self.layers):
                 x = torch.tanh(x)
         return x
+
+
+def nudge(grad):
+    """One element of an activation's gradient off by 2^-10 relative: the
+    local gradients of the layers below it are finite and wrong, the loss is not."""
+    grad = grad.clone()
+    flat = grad.view(-1)
+    k = int(flat.abs().argmax())
+    flat[k] = flat[k] * (1 + 2**-10)
+    print(f"rank {dist.get_rank()}: CORRUPTED one element of a local gradient", file=sys.stderr,
+          flush=True)
+    return grad
 
 
 def loss_fn(module, batch):
@@ -127,6 +149,8 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
         else (-1, -1)
+    corrupt_grad = tuple(int(v) for v in args.corrupt_grad.split(":")) if args.corrupt_grad \
+        else (-1, -1)
 
     guard = checkpoints = None
     first = 1
@@ -134,6 +158,7 @@ def main():
         import sdc_guard  # sdc-guard
 
         guard = sdc_guard.Guard(model, optimizer, loss_fn)  # sdc-guard: finds the mesh's shards
+        model.fault_point = guard.fault_point  # Tests' and demos' fault injection only.
         if args.checkpoint_dir:
             checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
             state = {"train": sdc_guard.TrainingState(model, optimizer)}
@@ -152,6 +177,7 @@ def main():
     for step in range(first, args.steps + 1):
         batch = batch_of(args, step, rank)
         record = {"step": step, "rank": rank}
+        model.corrupt_grad = (rank, step) == corrupt_grad
         if guard is not None:
             with guard.step(step, batch) as s:  # sdc-guard
                 loss = loss_fn(model, batch)
@@ -188,7 +214,8 @@ def main():
                                                   "checkpoints_allowed", "checkpoints_vetoed",
                                                   "reports_dropped", "buddy_checks",
                                                   "buddy_findings", "buddy_bytes_sent",
-                                                  "buddy_ms", "buddy_vetoes")}
+                                                  "buddy_ms", "buddy_vetoes", "sharded_audits",
+                                                  "sharded_audit_mismatches")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()
