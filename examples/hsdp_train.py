@@ -215,7 +215,7 @@ def main():
                                                   "reports_dropped", "buddy_checks",
                                                   "buddy_findings", "buddy_bytes_sent",
                                                   "buddy_ms", "buddy_vetoes", "sharded_audits",
-                                                  "sharded_audit_mismatches")}
+                                                  "sharded_audit_mismatches", "sharded_audit_ms")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()

@@ -9,7 +9,7 @@ when every rank replays at the same time. So the audit of a sharded layout
 runs here, in rounds in which every rank runs one forward and backward:
 
   * at an audit step (every ``audit_every`` steps) each rank keeps what its
-    first micro-batch's forward started from (the batch, the CPU RNG state,
+    first micro-batch's forward started from (the batch, the RNG states,
     the module's buffers) and what it trained on: the first micro-batch's
     loss bits and, with one micro-batch a step, the fingerprint of each
     FSDP unit's *local* gradients, i.e. the input of that unit's
@@ -123,11 +123,21 @@ class ShardReplay:
         self._devices = [t.device for t in s._tensors]  # Peers' batches go there too.
         self._record = {"tensors": [t.detach().cpu() for t in s._tensors],
                         "micro_batches": s.micro_batches, "rng": torch.get_rng_state(),
-                        "buffers": [b.cpu() for b in buffers], "scale": 1.0}
+                        "buffers": [b.cpu() for b in buffers], "scale": 1.0,
+                        "cuda_rng": self._cuda_rng()}
         self._units = []
         self._deterministic_before = (torch.are_deterministic_algorithms_enabled(),
                                       torch.is_deterministic_algorithms_warn_only_enabled())
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def _device(self):
+        params = self.guard._sharded_params
+        return params[0].device if params else torch.device("cpu")
+
+    def _cuda_rng(self):
+        """The model's CUDA generator state (None on the CPU)."""
+        d = self._device()
+        return torch.cuda.get_rng_state(d) if d.type == "cuda" else None
 
     def seen_reduce_scatter(self, input_tensor):
         """A reduce-scatter's input (one FSDP unit's local gradients): kept
@@ -209,7 +219,8 @@ class ShardReplay:
         mine = next((s for r, s in pairs if r == self.rank), None)
         outgoing = [r for r, s in pairs if s == self.rank and r != self.rank]
         payload = buddy._to_bytes({k: record[k] for k in
-                                   ("tensors", "micro_batches", "rng", "buffers", "scale")}) \
+                                   ("tensors", "micro_batches", "rng", "cuda_rng", "buffers",
+                                    "scale")}) \
             if outgoing else None
         glob = lambda r: dist.get_global_rank(self.group, r)  # noqa: E731
         size = torch.zeros(1, dtype=torch.int64)
@@ -233,13 +244,15 @@ class ShardReplay:
         stashed = [p.grad for p in params]
         buffers = [b for _, b in g.module.named_buffers()]
         own = [b.detach().clone() for b in buffers]
-        own_rng = torch.get_rng_state()
+        own_rng, own_cuda_rng = torch.get_rng_state(), self._cuda_rng()
         self._units = []
         self.replaying = True
         try:
             for p in params:
                 p.grad = None  # FSDP would accumulate the replay into the step's own.
             torch.set_rng_state(package["rng"])
+            if package.get("cuda_rng") is not None and own_cuda_rng is not None:
+                torch.cuda.set_rng_state(package["cuda_rng"], self._device())
             with torch.no_grad():
                 for b, v in zip(buffers, package["buffers"]):
                     b.copy_(v)
@@ -267,6 +280,8 @@ class ShardReplay:
                 for b, v in zip(buffers, own):
                     b.copy_(v)
             torch.set_rng_state(own_rng)
+            if own_cuda_rng is not None:
+                torch.cuda.set_rng_state(own_cuda_rng, self._device())
 
     def _table(self, cells):
         t = torch.zeros(self.world, _COLUMNS, dtype=torch.int64)
