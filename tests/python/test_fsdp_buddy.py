@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_job
-from sdc_guard import buddy
+from sdc_guard import buddy, shard_replay
 
 SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
 WORLD = 6
@@ -146,6 +146,14 @@ def test_fsdp_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
     assert len(incidents) == 2, "\n".join(
         repr((i["id"], i["step"], i["check"], i.get("outcome"), i.get("ranks"),
               i.get("explanation", "")[:300])) for i in incidents)
+
+
+def test_replay_rounds_give_each_rank_one_replay_per_round():
+    # Every rank runs one forward and backward per round (FSDP's collectives).
+    assert shard_replay.rounds([(2, 0), (3, 1), (0, 2)], 4) == [[(2, 0), (3, 1), (0, 2)]]
+    assert shard_replay.rounds([(1, 0), (1, 2), (3, 1), (1, 3)], 4) == \
+        [[(1, 0), (3, 1)], [(1, 2)], [(1, 3)]]
+    assert shard_replay.rounds([], 4) == []
 
 
 # Issue 44, item 4: replay audits under FSDP2. Rank r's micro-batch is

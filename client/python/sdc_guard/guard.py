@@ -345,6 +345,8 @@ class Step:
         """Leaves a step that never reaches the engine's end: the process's
         deterministic setting (and the engine's warning handler) as before."""
         self._guard._engine().abort_step()
+        if self._guard._shard_replay is not None:
+            self._guard._shard_replay.abandon()
         torch.use_deterministic_algorithms(
             self._deterministic_before[0], warn_only=self._deterministic_before[1])
 

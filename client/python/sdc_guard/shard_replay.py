@@ -154,6 +154,14 @@ class ShardReplay:
                 self._record["units"] = digest([torch.tensor(self._units, dtype=torch.int64)])
             self._units = None
 
+    def abandon(self):
+        """A step left before its end: no audit, deterministic algorithms as
+        they were."""
+        if self._record is not None:
+            self._record = self._units = None
+            torch.use_deterministic_algorithms(self._deterministic_before[0],
+                                               warn_only=self._deterministic_before[1])
+
     @property
     def active(self):
         return self._record is not None
