@@ -211,3 +211,4 @@ def test_fsdp_activation_and_local_gradient_faults_on_audit_steps_are_named(tmp_
     incidents = sdcd.sdcctl("get", "incidents", "--job=fsdp-audit-fault")["incidents"]
     assert sorted((i.get("ranks"), i.get("outcome"), str(i.get("step"))) for i in incidents) \
         == [([0], "faulty", "4"), ([3], "faulty", "2")], incidents
+    assert {i.get("check") for i in incidents} == {"CHECK_REPLAY"}, incidents
