@@ -19,7 +19,9 @@ parameter after STEP's optimizer step, outside the guard (corruption of a
 stored shard at rest, as faulty memory would do it). With --zero it flips a
 bit of the first parameter of RANK's ZeRO partition as step STEP + 1 begins:
 still between the two optimizer steps, and after step STEP's weight vote,
-which would otherwise see that replica differ from the others. With --checkpoint_dir
+which would otherwise see that replica differ from the others.
+--corrupt_grad=RANK:STEP nudges one element of an activation's gradient in
+RANK's backward of STEP (a finite local-gradient fault, loss unchanged). With --checkpoint_dir
 the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
 dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
 and --resume starts from the newest final one.
@@ -62,6 +64,7 @@ def parse_args():
     p.add_argument("--audit_every", type=int, default=0,
                    help="with --zero: the guard's replay audits every N steps (0: its default)")
     p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
+    p.add_argument("--corrupt_grad", default="", help="RANK:STEP (tests only)")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
     return p.parse_args()
@@ -72,13 +75,32 @@ class Mlp(torch.nn.Module):
         super().__init__()
         self.layers = torch.nn.ModuleList(
             [torch.nn.Linear(16, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 4)])
+        self.fault_point = lambda x: x  # guard.fault_point when guarded (fault injection).
+        self.corrupt_grad = False  # Armed: the next backward's local gradients (tests only).
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
             x = layer(x)
+            if i == 0:
+                x = self.fault_point(x)
+            if i == 1 and self.corrupt_grad:
+                self.corrupt_grad = False
+                x.register_hook(nudge)
             if i + 1 < len(self.layers):
                 x = torch.tanh(x)
         return x
+
+
+def nudge(grad):
+    """One element of an activation's gradient off by 2^-10 relative: the
+    local gradients of the layers below it are finite and wrong, the loss is not."""
+    grad = grad.clone()
+    flat = grad.view(-1)
+    k = int(flat.abs().argmax())
+    flat[k] = flat[k] * (1 + 2**-10)
+    print(f"rank {dist.get_rank()}: CORRUPTED one element of a local gradient", file=sys.stderr,
+          flush=True)
+    return grad
 
 
 def loss_fn(module, batch):
@@ -134,7 +156,7 @@ def main():
         mesh = init_device_mesh("cpu", (args.replicas, args.shards),
                                 mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(args.seed)  # Every rank builds the same model before sharding.
-    model = Mlp(args.width)
+    model = net = Mlp(args.width)  # net: the Mlp itself (model may be DDP around it).
     if args.optimizer == "sgd":
         cls, settings = torch.optim.SGD, dict(lr=args.lr, momentum=0.9, weight_decay=1e-4)
     else:
@@ -152,6 +174,8 @@ def main():
         optimizer = cls(model.parameters(), **settings)
     corrupt = tuple(int(v) for v in args.corrupt_at_rest.split(":")) if args.corrupt_at_rest \
         else (-1, -1)
+    corrupt_grad = tuple(int(v) for v in args.corrupt_grad.split(":")) if args.corrupt_grad \
+        else (-1, -1)
 
     guard = checkpoints = None
     first = 1
@@ -161,6 +185,7 @@ def main():
         audits = {"audit_every": args.audit_every} if args.audit_every else {}
         # sdc-guard: finds the mesh's shards, or ZeRO's partitions from the optimizer.
         guard = sdc_guard.Guard(model, optimizer, loss_fn, **audits)
+        net.fault_point = guard.fault_point  # Tests' and demos' fault injection only.
         if args.checkpoint_dir:
             if args.zero:
                 raise SystemExit("--checkpoint_dir: not with --zero (use the gate alone)")
@@ -181,6 +206,7 @@ def main():
     for step in range(first, args.steps + 1):
         batch = batch_of(args, step, rank)
         record = {"step": step, "rank": rank}
+        net.corrupt_grad = (rank, step) == corrupt_grad
         if guard is not None:
             with guard.step(step, batch) as s:  # sdc-guard
                 if args.zero and (rank, step - 1) == corrupt:
@@ -221,7 +247,8 @@ def main():
                                                   "reports_dropped", "buddy_checks",
                                                   "buddy_findings", "buddy_bytes_sent",
                                                   "buddy_ms", "buddy_vetoes", "audits",
-                                                  "repairs")}
+                                                  "repairs", "sharded_audits",
+                                                  "sharded_audit_mismatches", "sharded_audit_ms")}
     if out is not None:
         out.write(json.dumps(final) + "\n")
     dist.barrier()

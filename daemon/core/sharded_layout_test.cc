@@ -176,6 +176,18 @@ TEST(ShardedLayoutTest, ABuddyFindingNamesTheRankAndVetoesTheCheckpoint) {
   EXPECT_EQ(after[1].outcome, "suspect");
   EXPECT_THAT(after[1].ranks, ElementsAre(1u));
   EXPECT_FALSE(after[1].confirmed);
+
+  // A sharded replay audit's finding (issue 44 item 4) goes the same way,
+  // recorded as check 2's.
+  SkippedFor(cl, 5,
+             "step 5 failed on rank 2 and was skipped on every rank: buddy check (faulty): "
+             "rank 2's forward/backward of its micro-batch at step 5 (replay audit) is wrong "
+             "(its loss); ranks 4 and 0 replayed it and agree");
+  const auto replayed = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(replayed, SizeIs(3));
+  EXPECT_EQ(replayed[2].check, CheckKind::kReplay);
+  EXPECT_THAT(replayed[2].ranks, ElementsAre(2u));
+  EXPECT_TRUE(replayed[2].confirmed);
 }
 
 TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {

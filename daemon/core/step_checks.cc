@@ -326,7 +326,12 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   const VoteOutcome reduced = CheckReducedGradients(job, group, step, ps, latency, found, txn);
   const bool overflow = CheckNonFinite(job, group, step, ps, local, reduced, latency, found, txn);
   if (!ps.buddy_finding.empty()) {
-    found.Note(RecordIncident(job, group, step, CheckKind::kWeights,
+    // The sharded replay audit's findings (shard_replay.py) travel the same
+    // way, marked "(replay audit)": check 2's incidents, not check 3's.
+    const CheckKind check = absl::StrContains(ps.buddy_finding, "(replay audit)")
+                                ? CheckKind::kReplay
+                                : CheckKind::kWeights;
+    found.Note(RecordIncident(job, group, step, check,
                               ps.buddy_faulty ? "faulty" : "suspect", {ps.buddy_rank},
                               ps.buddy_faulty, ps.buddy_finding, {}, txn));
   }

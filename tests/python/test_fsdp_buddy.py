@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_job
-from sdc_guard import buddy
+from sdc_guard import buddy, shard_replay
 
 SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
 WORLD = 6
@@ -209,3 +209,69 @@ def test_zero_update_fault_and_corruption_at_rest_are_named_and_vetoed(tmp_path,
     named = sorted((tuple(i.get("ranks", [])), i.get("outcome"), str(i.get("step")))
                    for i in incidents)
     assert named == [((1,), "suspect", "6"), ((3,), "faulty", "3")], incidents
+
+
+def test_replay_rounds_give_each_rank_one_replay_per_round():
+    # Every rank runs one forward and backward per round (FSDP's collectives).
+    assert shard_replay.rounds([(2, 0), (3, 1), (0, 2)], 4) == [[(2, 0), (3, 1), (0, 2)]]
+    assert shard_replay.rounds([(1, 0), (1, 2), (3, 1), (1, 3)], 4) == \
+        [[(1, 0), (3, 1)], [(1, 2)], [(1, 3)]]
+    assert shard_replay.rounds([], 4) == []
+
+
+# Issue 44, item 4: replay audits under FSDP2. Rank r's micro-batch is
+# replayed by rank r + 2 (the next node) while every rank replays at once;
+# a mismatch by rank r + 4 (the remaining node).
+AUDITS = {"SDC_AUDIT_EVERY": "2", "SDC_WEIGHT_CHECK_EVERY": "0"}
+
+
+def test_fsdp_replay_audits_are_clean_and_leave_training_bit_identical(tmp_path, sdcd):
+    flags = FSDP + ["--steps=4", "--checkpoint_every=2"]
+    env = {"SDC_JOB_ID": "fsdp-audit-clean", "SDC_COORDINATOR": sdcd.trainer_address, **AUDITS}
+    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
+                                     script=SCRIPT)
+    plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
+                                 script=SCRIPT)
+    for rank in range(WORLD):
+        assert all(s["apply"] for s in guarded[rank]), guarded[rank]
+        assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
+        assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
+        assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
+        g = guarded_final[rank]["guard"]
+        assert g["sharded_audits"] == 2 and g["sharded_audit_mismatches"] == 0, g  # Steps 2, 4.
+    assert sdcd.sdcctl("get", "incidents", "--job=fsdp-audit-clean")["incidents"] == []
+
+
+def test_fsdp_activation_and_local_gradient_faults_on_audit_steps_are_named(tmp_path, sdcd):
+    # Step 2: an activation of rank 3's forward is scaled (its loss is
+    # wrong); step 4: one element of rank 0's local gradients is off by
+    # 2^-10 relative (its loss is right, FSDP unit 0's reduce-scatter input
+    # is not).
+    ckpt = tmp_path / "checkpoints"
+    flags = FSDP + ["--steps=4", "--checkpoint_every=2", f"--checkpoint_dir={ckpt}",
+                    "--corrupt_grad=0:4"]
+    env = {"SDC_JOB_ID": "fsdp-audit-fault", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_INJECT_FAULT": "activation-scale:3:step=2", **AUDITS, **FAULTS}
+    steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    for rank in range(WORLD):
+        by_step = {s["step"]: s for s in steps[rank]}
+        # The audit step itself is skipped on every rank, naming rank 3.
+        assert not by_step[2]["apply"], by_step[2]
+        assert "failed on rank 3" in by_step[2]["reason"], by_step[2]
+        assert ("buddy check (faulty): rank 3's forward/backward of its micro-batch at step 2 "
+                "(replay audit) is wrong (its loss); ranks 5 and 1 replayed it and agree"
+                ) in by_step[2]["reason"], by_step[2]
+        assert not by_step[4]["apply"], by_step[4]
+        assert ("buddy check (faulty): rank 0's forward/backward of its micro-batch at step 4 "
+                "(replay audit) is wrong (its local gradients); ranks 2 and 4 replayed it and "
+                "agree") in by_step[4]["reason"], by_step[4]
+        assert all(by_step[s]["apply"] for s in (1, 3)), steps[rank]
+        # The checkpoint after it (and the next: the faulty rank is still in the job) vetoed.
+        assert [by_step[s]["checkpoint"] for s in (2, 4)] == ["vetoed"] * 2, by_step
+        g = finals[rank]["guard"]
+        assert g["sharded_audits"] == 2 and g["sharded_audit_mismatches"] == 2, g
+    assert os.listdir(ckpt) == [], "a vetoed checkpoint is never written"
+    incidents = sdcd.sdcctl("get", "incidents", "--job=fsdp-audit-fault")["incidents"]
+    assert sorted((i.get("ranks"), i.get("outcome"), str(i.get("step"))) for i in incidents) \
+        == [([0], "faulty", "4"), ([3], "faulty", "2")], incidents
+    assert {i.get("check") for i in incidents} == {"CHECK_REPLAY"}, incidents

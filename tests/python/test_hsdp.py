@@ -7,8 +7,9 @@ by a strict majority of three.
 Covered here: check 1 on each rank's local gradients (FSDP's reduce-scatter
 input) and on the reduced shard (after the replicate all-reduce), the weight
 vote per shard, the checkpoint gate with torch.distributed.checkpoint sharded
-state dicts (issue 44, item 6). Replay audits are off on sharded layouts
-(not covered yet)."""
+state dicts (issue 44, item 6), and replay audits with every rank replaying
+its ring partner at once (item 4: rank r's micro-batch replayed by rank r + 2,
+another replica of the same shard on the next node; a mismatch by r + 4)."""
 
 import os
 import subprocess
@@ -28,7 +29,7 @@ def shard_of(rank):
 def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
     flags = ["--steps=6", "--checkpoint_every=3"]
     env = {"SDC_JOB_ID": "hsdp-clean", "SDC_COORDINATOR": sdcd.trainer_address,
-           "SDC_WEIGHT_CHECK_EVERY": "2"}
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_AUDIT_EVERY": "2"}
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
                                      script=SCRIPT)
     plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
@@ -43,6 +44,8 @@ def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
         g = guarded_final[rank]["guard"]
         assert g["skipped"] == 0 and g["reports_dropped"] == 0, g
         assert g["weight_checks"] >= 3, g  # Steps 2, 4, 6 and the checkpoint at 3.
+        # Replays leave training as it was (the losses and shards above).
+        assert g["sharded_audits"] == 3 and g["sharded_audit_mismatches"] == 0, g
     # Replicas of a shard hold the same bits; the two shards are different tensors.
     by_shard = {s: {guarded_final[r]["shard_digest"] for r in range(WORLD) if shard_of(r) == s}
                 for s in range(SHARDS)}
@@ -93,6 +96,23 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
     digest = [f["shard_digest"] for f in finals]
     assert digest[1] == digest[5] != digest[3]
     assert digest[0] == digest[2] != digest[4]
+
+
+def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sdcd):
+    # Rank 1 (shard 1, replica 0) scales an activation of its step-2 forward;
+    # rank 3 replays its micro-batch, rank 5 breaks the tie.
+    flags = ["--steps=2", "--checkpoint_every=2"]
+    env = {"SDC_JOB_ID": "hsdp-audit", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_AUDIT_EVERY": "2", "SDC_INJECT_FAULT": "activation-scale:1:step=2", **FAULTS}
+    steps, _ = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    for rank in range(WORLD):
+        step2 = steps[rank][1]
+        assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
+        assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "
+                "(replay audit) is wrong (its loss); ranks 3 and 5 replayed it and agree"
+                ) in step2["reason"], step2
+    incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-audit")["incidents"]
+    assert [(i.get("ranks"), i.get("outcome")) for i in incidents] == [([1], "faulty")], incidents
 
 
 def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identically(

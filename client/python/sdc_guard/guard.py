@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sdc_guard import _C, amp, buddy, checksums, hooks, notices, sharded
+from sdc_guard import _C, amp, buddy, checksums, hooks, notices, shard_replay, sharded
 from sdc_guard._C import GuardError
 
 # Keyword arguments of Guard and the SDC_* variable each overrides, with the
@@ -178,8 +178,8 @@ def _flatten(batch):
 
 
 def _check_sharded_options(layout, options, comm_hook):
-    """ValueError for what a sharded layout does not take; replay audits
-    off (not covered yet under sharding), which rank 0 says once."""
+    """ValueError for what a sharded layout does not take; rank 0 says once
+    which checks run (replay audits: shard_replay.py)."""
     if comm_hook is not None:
         raise ValueError("comm_hook: an FSDP2 module has no DDP communication hook (the guard "
                          "checks FSDP's reduce-scatter itself)")
@@ -189,19 +189,16 @@ def _check_sharded_options(layout, options, comm_hook):
     if options.get("max_grad_norm") or float(os.environ.get("SDC_MAX_GRAD_NORM", "0") or 0):
         raise ValueError("max_grad_norm: not on an HSDP module (a rank sees only its shard's "
                          "norm); clip with torch.nn.utils.clip_grad_norm_, which reduces it")
-    if options.get("audit_every"):
-        raise ValueError("audit_every: replay audits are not covered yet on an HSDP module "
-                         "(set 0; non-finite checks and the per-shard weight vote run)")
     if layout.kind == "fsdp":
         if layout.shard_index == 0:
             print(f"sdc_guard: FSDP over {layout.shard_count} shards, no replicas: the buddy "
                   "check verifies each shard's optimizer update on weight-check steps; replay "
-                  "audits are not covered yet on sharded layouts (off)", file=sys.stderr,
+                  "audits replay every rank's ring partner at once (shard_replay.py)", file=sys.stderr,
                   flush=True)
     elif layout.replica_index == 0 and layout.shard_index == 0:
         print(f"sdc_guard: HSDP over {layout.replica_count} replicas x {layout.shard_count} "
-              "shards: the weight vote runs per shard; replay audits are not covered yet on "
-              "sharded layouts (off)", file=sys.stderr, flush=True)
+              "shards: the weight vote runs per shard; replay audits replay every rank's ring "
+              "partner at once (shard_replay.py)", file=sys.stderr, flush=True)
 
 
 def _resolve_job_id(variables, group):
@@ -281,6 +278,8 @@ class Step:
             catcher = warnings.catch_warnings(record=True)
             self._warnings = (catcher, catcher.__enter__())
             warnings.simplefilter("always")
+        if g._shard_replay is not None:  # What a peer's replay starts from.
+            g._shard_replay.begin(self)
         if g._reduced_shards is not None:
             # FSDP accumulates into a sharded .grad it finds; the engine's
             # BeginStep cleared only the local tensors' (which FSDP never sets).
@@ -313,6 +312,8 @@ class Step:
         if first:
             self.loss = loss.detach()
             engine = g._engine()
+            if g._shard_replay is not None:
+                g._shard_replay.first_loss(self.loss, amp.loss_scale(g.grad_scaler))
             try:
                 engine.record_first_micro_batch(self.loss, amp.loss_scale(g.grad_scaler))
                 if engine.auditing and not g._original_from_hook:
@@ -344,6 +345,8 @@ class Step:
         """Leaves a step that never reaches the engine's end: the process's
         deterministic setting (and the engine's warning handler) as before."""
         self._guard._engine().abort_step()
+        if self._guard._shard_replay is not None:
+            self._guard._shard_replay.abandon()
         torch.use_deterministic_algorithms(
             self._deterministic_before[0], warn_only=self._deterministic_before[1])
 
@@ -371,6 +374,11 @@ class Step:
                 "micro-batch ran under no_sync()?): the last micro-batch's backward must sync")
         g.last_step = self
         g._stepped = False
+        if g._shard_replay is not None and g._shard_replay.active:
+            # Before the agreement: a finding fails this very step everywhere.
+            finding = g._shard_replay.run(self.step)
+            if finding is not None:
+                g._engine().note_failure(finding)
         try:
             d = g._engine().finish()
         except GuardError as e:
@@ -409,8 +417,8 @@ class Guard:
     (``fully_shard`` over a 2-D DeviceMesh whose parameters are placed
     ``(Replicate(), Shard(d))``): the ranks that hold one shard are that
     shard's replica group, voted on and compared among themselves
-    (sharded.py). On HSDP replay audits are off (not covered yet), and
-    ``comm_hook``, ``max_grad_norm`` and ``replica_group`` are refused; a
+    (sharded.py). On FSDP2 and HSDP replay audits replay every rank's ring
+    partner at once (shard_replay.py), and ``comm_hook``, ``max_grad_norm`` and ``replica_group`` are refused; a
     module's buffers are each rank's own (FSDP does not broadcast them), so
     they leave the weight vote unless ``vote_buffers=True``. FSDP2 on a 1-D
     mesh (no replicas) gets the buddy check of its optimizer step instead of
@@ -480,6 +488,8 @@ class Guard:
         variables = _variables(options)
         if layout.sharded:
             _check_sharded_options(layout, options, hook)
+            audit_every = int(variables.get("SDC_AUDIT_EVERY",
+                                            os.environ.get("SDC_AUDIT_EVERY", "") or 100))
             variables.update(layout.variables())
         else:
             if hook is not None:
@@ -531,6 +541,7 @@ class Guard:
         self.buddy_vetoes = 0  # Checkpoints the buddy check's findings vetoed.
         self._reduced_shards = None  # HSDP: FSDP's all-reduce hook (sharded.ReducedShards).
         self._buddy = None  # FSDP without replicas, or ZeRO: the buddy check (buddy.py).
+        self._shard_replay = None  # Sharded layouts: replay audits (shard_replay.py).
         partition = None  # What the buddy check verifies; refused here, before any hook.
         if layout.kind == "fsdp":
             partition = buddy.fsdp_partition(optimizer, self._sharded_params)
@@ -558,9 +569,13 @@ class Guard:
                     "update on weight-check steps; check 1, the weight vote and replay audits "
                     "run as for DDP; the optimizer state (each rank's own) is left out of the "
                     "checkpoint digest"), self.rank)
+            node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
+                socket.gethostname()
+            if layout.sharded and audit_every > 0:
+                self._shard_replay = shard_replay.ShardReplay(self, audit_every, node)
+                if self._shard_replay.off_reason:
+                    notices.say_once("replay-off", self._shard_replay.off_reason, self.rank)
             if partition is not None:
-                node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
-                    socket.gethostname()
                 self._buddy = buddy.BuddyCheck(self._core, partition, self.process_group, node,
                                                buddy_slice)
                 if grad_scaler is not None and self._buddy.enabled:
@@ -685,7 +700,10 @@ class Guard:
 
     def fault_point(self, activation):
         """A point in the model's forward where tests and demos inject faults;
-        returns ``activation`` unchanged unless fault injection is armed."""
+        returns ``activation`` unchanged unless fault injection is armed (and
+        during a sharded layout's replays, shard_replay.py)."""
+        if self._shard_replay is not None and self._shard_replay.replaying:
+            return activation
         return self._engine().fault_point(activation)
 
     def summary(self):
@@ -707,6 +725,10 @@ class Guard:
         out["buddy_bytes_sent"] = b.bytes_sent if b is not None else 0
         out["buddy_ms"] = b.ms if b is not None else 0.0
         out["buddy_vetoes"] = self.buddy_vetoes
+        a = self._shard_replay
+        out["sharded_audits"] = a.audits if a is not None else 0
+        out["sharded_audit_mismatches"] = a.mismatches if a is not None else 0
+        out["sharded_audit_ms"] = a.ms if a is not None else 0.0
         return out
 
     @property

@@ -75,7 +75,9 @@ class Layout:
             "SDC_SHARD_INDEX": str(self.shard_index),
             "SDC_SHARD_COUNT": str(self.shard_count),
             "SDC_REPLICA_INDEX": str(self.replica_index),
-            "SDC_AUDIT_EVERY": "0",  # Replay audits: not covered yet on sharded layouts.
+            # The engine's replay audit replays one rank alone, which FSDP's
+            # collectives cannot: shard_replay.py runs them on these layouts.
+            "SDC_AUDIT_EVERY": "0",
         }
 
 
@@ -199,6 +201,12 @@ if ReduceScatter is not None:
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             guard = self._guard
+            audit = guard._shard_replay
+            if audit is not None:
+                audit.seen_reduce_scatter(input_tensor)
+                if audit.replaying:  # A replay's: no check 1, the step's count unchanged.
+                    return dist.reduce_scatter_tensor(output=output_tensor, input=input_tensor,
+                                                      group=group, op=op, async_op=async_op)
             if guard._current is None or guard._closed:
                 raise GuardError(
                     "FAILED_PRECONDITION: backward() ran outside guard.step(): a guarded FSDP2 "
@@ -225,6 +233,8 @@ class ReducedShards:
 
     def __call__(self, reduce_output):
         guard = self._guard
+        if guard._shard_replay is not None and guard._shard_replay.replaying:
+            return  # A replay's reduced shard: discarded, not the step's.
         try:
             guard._engine().add_reduced_bucket(self.index, reduce_output)
         except Exception as e:  # noqa: BLE001
