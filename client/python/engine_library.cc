@@ -230,6 +230,7 @@ class Engine : public torch::CustomClassHolder {
   // activation fault, or a replay fault while replaying). The Python front
   // end calls FaultPoint only then: dynamo cannot trace the call, and a
   // graph break would change how a compiled model computes on every step.
+  // The kinds are StepPipeline::FaultPoint's (keep the two lists alike).
   bool ActivationFault(int64_t step) {
     const FaultPlan plan = FaultFor(engine_->options().faults, static_cast<uint32_t>(Rank()));
     const bool kind = plan.kind == FaultKind::kActivationScale ||
