@@ -234,6 +234,18 @@ class Engine : public torch::CustomClassHolder {
                        plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
     return {fires, plan.magnitude};
   }
+  // Whether FaultPoint may change an activation at `step` on this rank (an
+  // activation fault, or a replay fault while replaying). The Python front
+  // end calls FaultPoint only then: dynamo cannot trace the call, and a
+  // graph break would change how a compiled model computes on every step.
+  // The kinds are StepPipeline::FaultPoint's (keep the two lists alike).
+  bool ActivationFault(int64_t step) {
+    const FaultPlan plan = FaultFor(engine_->options().faults, static_cast<uint32_t>(Rank()));
+    const bool kind = plan.kind == FaultKind::kActivationScale ||
+                      plan.kind == FaultKind::kMantissaBitflip ||
+                      plan.kind == FaultKind::kSoftwareStack || plan.kind == FaultKind::kReplay;
+    return kind && plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
+  }
   int64_t WeightCheckEvery() {
     return static_cast<int64_t>(engine_->options().weight_check_every);
   }
@@ -427,6 +439,7 @@ TORCH_LIBRARY(sdc, m) {
       .def("checkpoint_standing", &Engine::CheckpointStanding)
       .def("refresh_checkpoints", &Engine::RefreshCheckpoints)
       .def("fault_point", &Engine::FaultPoint)
+      .def("activation_fault", &Engine::ActivationFault)
       .def("product_fault", &Engine::ProductFault)
       .def("shard_update_fault", &Engine::ShardUpdateFault)
       .def("summary", &Engine::Summary)

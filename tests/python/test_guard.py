@@ -533,3 +533,39 @@ def test_optimizer_step_runs_a_frameworks_own_step_only_when_applied(group):
         assert ran == [(True, True), (False, False)]
     finally:
         guard.shutdown(0)
+
+
+def test_the_fault_point_breaks_a_compiled_graph_only_where_its_fault_fires(group, monkeypatch):
+    # Dynamo cannot trace the engine's call: made on every step, it broke a
+    # compiled model's graph, which changed its last bits against the same
+    # model unguarded (issue 40). Here one graph serves every step but the
+    # faulty one.
+    from torch._dynamo.testing import CompileCounter
+
+    monkeypatch.setenv("SDC_INJECT_FAULT", "activation-scale:0:step=2")
+    monkeypatch.setenv("SDC_ALLOW_FAULT_INJECTION", "yes-i-am-testing")
+    torch._dynamo.reset()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    guard = sdc_guard.Guard(model, opt, mse, audit_every=0, weight_check_every=0)
+    counter = CompileCounter()
+    forward = torch.compile(lambda x: guard.fault_point(x * 2) + 1, backend=counter)
+    try:
+        x = torch.arange(1.0, 7.0)
+        graphs = []
+        for step in (1, 2, 3):
+            with guard.step(step, batch()) as s:
+                out = forward(x)
+                s.backward(mse(model, batch()))
+            guard.optimizer_step()
+            graphs.append(counter.frame_count)
+            if step == 2:  # The largest activation times 10000, in eager code between graphs.
+                assert out[-1].item() == 12 * 10000 + 1 and torch.equal(out[:-1], x[:-1] * 2 + 1)
+            else:
+                assert torch.equal(out, x * 2 + 1), (step, out)
+        # Step 1: one graph, no break; step 2 compiles apart (a break: two
+        # more); step 3 finds step 1's graph again.
+        assert graphs == [1, 3, 3], graphs
+    finally:
+        guard.shutdown(0)
+        torch._dynamo.reset()

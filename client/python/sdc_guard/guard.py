@@ -267,6 +267,7 @@ class Step:
         )
         engine = g._engine()
         engine.begin_step(self.step, self._tensors, self.micro_batches)
+        g._fault_now = engine.activation_fault(self.step)  # Read by fault_point, eagerly.
         if g._buddy is not None:
             finding = g._buddy.take_pending()
             if finding is not None:  # Every rank skips this step with it as the reason.
@@ -528,6 +529,7 @@ class Guard:
         self._current = None
         self._rebuild = None
         self._first_backward = False
+        self._fault_now = False  # An injected activation fault may fire in this step.
         self._original_from_hook = False
         self._hook_calls_this_step = 0
         self.hook_calls = 0
@@ -701,8 +703,13 @@ class Guard:
     def fault_point(self, activation):
         """A point in the model's forward where tests and demos inject faults;
         returns ``activation`` unchanged unless fault injection is armed (and
-        during a sharded layout's replays, shard_replay.py)."""
-        if self._shard_replay is not None and self._shard_replay.replaying:
+        never in a sharded layout's replays, shard_replay.py). The engine is
+        called only on a step where this rank's fault fires: torch.compile
+        cannot trace that call, and the graph break it makes changes a
+        compiled model's last bits on every step (dynamo then guards on the
+        flag and compiles the faulty step apart)."""
+        if not self._fault_now or (self._shard_replay is not None and
+                                   self._shard_replay.replaying):
             return activation
         return self._engine().fault_point(activation)
 
