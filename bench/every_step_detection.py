@@ -259,7 +259,7 @@ def run_dtype(a, dtype, text, problems):
     if sm["products_checked"] != products_per_step * clean_steps:
         problems.append(f"{dtype}: the checksums checked {sm['products_checked']} products in "
                         f"{clean_steps} steps, the mode saw {products_per_step} a step")
-    return rows, clean_steps, products_per_step
+    return rows, clean_steps, sm["checksum_alarms"], products_per_step
 
 
 def main(argv):
@@ -272,11 +272,12 @@ def main(argv):
 def run(a):
     text = common.corpus()
     start = time.monotonic()
-    problems, rows, clean_steps, products = [], [], 0, None
+    problems, rows, clean_steps, clean_alarms, products = [], [], 0, 0, None
     for dtype in a.dtypes:
-        r, c, products = run_dtype(a, dtype, text, problems)
+        r, c, alarms, products = run_dtype(a, dtype, text, problems)
         rows += r
         clean_steps += c
+        clean_alarms += alarms
     if problems:
         for p in problems[:20]:
             print(f"every_step_detection: {p}", file=sys.stderr)
@@ -293,7 +294,7 @@ def run(a):
         print(f"{r['dtype']:<14} {'2^' + str(r['rel_exp']):>6} {with_:>24} "
               f"{100 * r['rate_without']:7.1f}% {100 * r['step_changed']:7.1f}% "
               f"{100 * r['replay_rate_audit100']:10.2f}% {100 * r['replay_rate_audit10']:9.2f}%")
-    print(f"\n{clean_steps} clean steps interleaved: 0 alarms; {products} products a step; width "
+    print(f"\n{clean_steps} clean steps interleaved: {clean_alarms} alarms; {products} products a step; width "
           f"{a.width}, {a.batch * a.seq} tokens; {time.monotonic() - start:.0f} s, load "
           f"{common.load_average()}")
     print(json.dumps({
@@ -301,7 +302,7 @@ def run(a):
         "rel_exponents": a.exponents,
         "dtypes": ["bf16-autocast" if d == "bf16" else "fp32" for d in a.dtypes],
         "clean_steps": clean_steps,
-        "clean_alarms": 0,
+        "clean_alarms": clean_alarms,
         "products_per_step": products,
         "width": a.width,
         "tokens": a.batch * a.seq,
