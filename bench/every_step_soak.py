@@ -40,8 +40,9 @@ import sdc_guard  # noqa: E402
 # The published clean sample the soak must reach (issue 45 item 4).
 PUBLISHED_STEPS = 15320
 
-# (width, heads, layers, batch, seq) per dtype: each finishes 15,320 steps
-# in well under 25 minutes here (docs/benchmarks.md).
+# (width, heads, layers, batch, seq) per dtype: 15,320 steps take about 4 - 5
+# minutes of CPU each here (16 - 19 ms a step; 52 minutes of wall time at
+# nice 10 on a loaded machine: docs/benchmarks.md).
 DEFAULTS = {"fp32": (64, 4, 2, 2, 64), "bf16": (32, 4, 2, 2, 32)}
 
 
