@@ -387,6 +387,7 @@ cmd_test() {
   cmd_pytest
   smoke_python_bench
   smoke_configs_bench
+  smoke_every_step_benches
   cmd_slurm_loop
   cmd_fuzz "${SDC_FUZZ_SECONDS:-30}"
   log "all tests passed in $((SECONDS - start)) s"
@@ -426,6 +427,28 @@ smoke_configs_bench() {
     die "the smoke run of ./sdc bench configs failed (log: $log)"
   fi
   log "smoke run of ./sdc bench configs passed in $((SECONDS - start)) s"
+}
+
+# `./sdc bench detection --every-step` and `./sdc bench soak --every-step`
+# at smoke sizes (seconds each), checked by bench/smoke_test.sh: each checks
+# its own results (0 alarms on clean steps, every catch a faulted step's)
+# before it prints the JSON line whose keys are checked here.
+smoke_every_step_benches() {
+  [[ -n "${SDC_PYTHONPATH:-}" ]] || build_python >/dev/null
+  local log="$SDC_CACHE/bench-smoke-every-step.log" start=$SECONDS
+  log "smoke run: ./sdc bench detection --every-step, soak --every-step (log: $log)"
+  if ! { PYTHONPATH="$SDC_PYTHONPATH" timeout 300 "$ROOT/bench/smoke_test.sh" \
+      trials,rel_exponents,dtypes,clean_steps,clean_alarms,products_per_step,rows \
+      "$VENV/bin/python3" "$ROOT/bench/every_step_detection.py" --every-step --trials=3 \
+      --exponents=-4,-20 --dtypes=fp32,bf16 &&
+    PYTHONPATH="$SDC_PYTHONPATH" timeout 300 "$ROOT/bench/smoke_test.sh" \
+      steps,dtype,checksum_alarms,checksum_skips,steps_skipped,products_checked,products_per_step \
+      "$VENV/bin/python3" "$ROOT/bench/every_step_soak.py" --every-step --dtype=bf16 \
+      --steps=30 --progress_every=10; } >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    die "the smoke run of ./sdc bench detection/soak --every-step failed (log: $log)"
+  fi
+  log "smoke run of ./sdc bench detection/soak --every-step passed in $((SECONDS - start)) s"
 }
 
 # Binaries are built once and then run straight from bazel-bin, so a
@@ -474,18 +497,33 @@ cmd_bench() {
       fi
       exec "$ROOT/bazel-bin/bench/overhead_bench" "$@"
       ;;
-    kernels | core | detection | watch | abft)
-      # detection and watch start sdcd and trainers from their runfiles.
+    detection | soak)
+      if [[ " $* " == *" --every-step "* ]]; then
+        # The every-step checksums' detection curve and clean soak
+        # (bench/every_step_detection.py, bench/every_step_soak.py): one
+        # Python process each, a one-rank Gloo group.
+        build_python >/dev/null
+        PYTHONPATH="$SDC_PYTHONPATH" exec "$VENV/bin/python3" "$ROOT/bench/every_step_$name.py" "$@"
+      fi
+      if [[ "$name" == soak ]]; then
+        # The detection bench's long clean soak (about 40 minutes here; not in CI).
+        build_targets //bench:detection_bench
+        exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
+      fi
+      # Starts sdcd and trainers from its runfiles.
+      build_targets //bench:detection_bench
+      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
+        build_python >/dev/null
+      fi
+      exec "$ROOT/bazel-bin/bench/detection_bench" "$@"
+      ;;
+    kernels | core | watch | abft)
+      # watch starts sdcd and trainers from its runfiles.
       build_targets "//bench:${name}_bench"
       if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
         build_python >/dev/null
       fi
       exec "$ROOT/bazel-bin/bench/${name}_bench" "$@"
-      ;;
-    soak)
-      # The detection bench's long clean soak (about 40 minutes here; not in CI).
-      build_targets //bench:detection_bench
-      exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
       ;;
     configs)
       # The guard under real jobs' configurations (bench/configs.py): Python
@@ -565,7 +603,9 @@ usage: ./sdc COMMAND [ARGS]
   test [BAZEL ARGS]    install what is missing, build everything, run every test
   bench NAME           run a benchmark: kernels, core, daemon, overhead, detection, soak,
                        configs (the guard under mixed precision, checkpointing, compile, hooks),
-                       abft; `overhead --every-step`: the every-step checksums' cost per step
+                       abft; `overhead --every-step`: the every-step checksums' cost per step;
+                       `detection --every-step`: their detection curve; `soak --every-step`:
+                       their false alarms over 15,320 clean steps (--dtype fp32|bf16)
   build [BAZEL ARGS]   install what is missing, build everything and the Python wheel (dist/)
   compat [--full]      the wheel for torch 2.9-2.11 (dist/compat/), smoke-tested on Python 3.10-3.13
                        (4 cells on torch 2.9 and 2.11, as CI; --full: 8, with 2.10)
