@@ -180,15 +180,16 @@ absl::Status Validate(const Config& c) {
   return absl::OkStatus();
 }
 
-// A scenario as a layout's checks can handle it (README, "Layouts"). The
-// sharded layouts (fsdp, hsdp) run no replay audits yet, so a finite fault
-// in the forward trains on unseen there: such scenarios run, marked neither
-// detectable nor attributable, and the summary counts what went in
-// undetected. Their weight checks (HSDP's vote per shard across the nodes,
-// FSDP's buddy check and at-rest comparison) and check 1 run as under DDP.
-// ZeRO is DDP (every check) plus the buddy check of each rank's partition.
-// The shard-update fault is the buddy check's (fsdp, zero); scenarios that
-// depend on micro-batches, another model or a restart are DDP's.
+// Whether a layout runs a scenario (README, "Layouts"). The sharded layouts
+// (fsdp, hsdp) replay audits with every rank replaying at once
+// (shard_replay.py), so a finite fault in the forward is caught on an audit
+// step as under DDP; their weight checks are HSDP's vote per shard across
+// the nodes and FSDP's buddy check and at-rest comparison. ZeRO is DDP
+// (every check) plus the buddy check of each rank's partition. The
+// shard-update fault is the buddy check's (fsdp, zero); scenarios that
+// depend on the engine's own replays (a faulty replayer, a corrupted
+// transfer, targeted audits), micro-batches, another model or a restart
+// are DDP's.
 absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
   if (s.name == "shard-update" && layout != "fsdp" && layout != "zero") {
     return absl::InvalidArgumentError(
@@ -198,7 +199,6 @@ absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
   static const char* const kRuns[] = {"clean", "nan-gradient", "weight-corruption",
                                       "shard-update", "activation-x10000", "mantissa-bitflip",
                                       "intermittent"};
-  static const char* const kUnseen[] = {"activation-x10000", "mantissa-bitflip", "intermittent"};
   auto in = [&](const auto& names) {
     return std::find(std::begin(names), std::end(names), s.name) != std::end(names);
   };
@@ -206,10 +206,6 @@ absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--scenario=", s.name, " runs on --layout=ddp; on ", layout, ": ",
         absl::StrJoin(std::begin(kRuns), std::end(kRuns), ", ")));
-  }
-  if (in(kUnseen) && layout != "zero") {
-    s.detectable = s.attributable = false;
-    s.description += " [" + layout + ": no replay audits under sharding yet, so unseen]";
   }
   return s;
 }
