@@ -81,6 +81,15 @@ def loss_fn(dtype):
     return loss
 
 
+def check_shape(p, a):
+    """argparse errors for a transformer shape the model cannot take:
+    --width a multiple of --heads, --seq within the model's context."""
+    if a.heads < 1 or a.width % a.heads:
+        p.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
+    if not 2 <= a.seq <= models.TinyTransformer.context:
+        p.error(f"--seq must be in 2..{models.TinyTransformer.context}")
+
+
 def wilson(k, n, z=1.96):
     """The 95% Wilson score interval of a rate k/n, as (low, high)."""
     if n == 0:

@@ -97,10 +97,7 @@ def parse_args(argv):
         p.error(f"--dtypes: one or more of {','.join(common.DTYPES)}")
     if min(a.trials, a.threads, a.layers, a.batch, a.clean_every) < 1:
         p.error("--trials, --clean_every, --threads, --layers and --batch must be >= 1")
-    if a.heads < 1 or a.width % a.heads:
-        p.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
-    if not 2 <= a.seq <= common.models.TinyTransformer.context:
-        p.error(f"--seq must be in 2..{common.models.TinyTransformer.context}")
+    common.check_shape(p, a)
     return a
 
 

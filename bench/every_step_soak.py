@@ -72,10 +72,7 @@ def parse_args(argv):
     a.seq = seq if a.seq is None else a.seq
     if a.steps < 1 or a.progress_every < 1 or a.threads < 1 or a.layers < 1 or a.batch < 1:
         p.error("--steps, --progress_every, --threads, --layers and --batch must be >= 1")
-    if a.heads < 1 or a.width % a.heads:
-        p.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
-    if not 2 <= a.seq <= common.models.TinyTransformer.context:
-        p.error(f"--seq must be in 2..{common.models.TinyTransformer.context}")
+    common.check_shape(p, a)
     return a
 
 

@@ -89,23 +89,35 @@ def test_an_optimizer_not_elementwise_turns_the_check_off_saying_why():
     assert "Adafactor is not known to update each element" in reason, reason
 
 
-def test_guarded_fsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
-    flags = FSDP + ["--steps=6", "--checkpoint_every=3", "--optimizer=sgd"]
-    env = {"SDC_JOB_ID": "fsdp-clean", "SDC_COORDINATOR": sdcd.trainer_address,
-           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64"}
+def clean_and_identical(tmp_path, flags, env):
+    """The job guarded and unguarded: every guarded step applied, both
+    checkpoints allowed, and the same losses and final shards bit for bit.
+    Returns the guarded run's (steps, finals)."""
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
                                      script=SCRIPT)
     plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
                                  script=SCRIPT)
-    digests = set()
     for rank in range(WORLD):
         assert all(s["apply"] for s in guarded[rank]), guarded[rank]
         assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
         assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
         assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
+    return guarded, guarded_final
+
+
+def test_guarded_fsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
+    # The buddy check at steps 2, 4, 6 and replay audits (every rank
+    # replaying its ring partner at once, shard_replay.py) at steps 3, 6.
+    flags = FSDP + ["--steps=6", "--checkpoint_every=3", "--optimizer=sgd"]
+    env = {"SDC_JOB_ID": "fsdp-clean", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64", "SDC_AUDIT_EVERY": "3"}
+    guarded, guarded_final = clean_and_identical(tmp_path, flags, env)
+    digests = set()
+    for rank in range(WORLD):
         digests.add(guarded_final[rank]["shard_digest"])
         g = guarded_final[rank]["guard"]
         assert g["buddy_checks"] == 3 and g["buddy_findings"] == 0, g  # Steps 2, 4, 6.
+        assert g["sharded_audits"] == 2 and g["sharded_audit_mismatches"] == 0, g  # Steps 3, 6.
         assert g["buddy_bytes_sent"] > 0 and g["buddy_vetoes"] == 0, g
         assert g["skipped"] == 0 and g["reports_dropped"] == 0, g
     assert len(digests) == WORLD  # Six different shards.
@@ -157,15 +169,8 @@ def test_guarded_zero_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
     flags = ZERO + ["--steps=4", "--checkpoint_every=2", "--optimizer=adamw", "--audit_every=3"]
     env = {"SDC_JOB_ID": "zero-clean", "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_BUDDY_SLICE": "64"}
-    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
-                                     script=SCRIPT)
-    plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
-                                 script=SCRIPT)
+    guarded, guarded_final = clean_and_identical(tmp_path, flags, env)
     for rank in range(WORLD):
-        assert all(s["apply"] for s in guarded[rank]), guarded[rank]
-        assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
-        assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
-        assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
         assert [s["step"] for s in guarded[rank] if s["audited"]] == [3], guarded[rank]
         assert {s["audit_outcome"] for s in guarded[rank] if s["audited"]} == {"pass"}
         g = guarded_final[rank]["guard"]
@@ -223,23 +228,6 @@ def test_replay_rounds_give_each_rank_one_replay_per_round():
 # replayed by rank r + 2 (the next node) while every rank replays at once;
 # a mismatch by rank r + 4 (the remaining node).
 AUDITS = {"SDC_AUDIT_EVERY": "2", "SDC_WEIGHT_CHECK_EVERY": "0"}
-
-
-def test_fsdp_replay_audits_are_clean_and_leave_training_bit_identical(tmp_path, sdcd):
-    flags = FSDP + ["--steps=4", "--checkpoint_every=2"]
-    env = {"SDC_JOB_ID": "fsdp-audit-clean", "SDC_COORDINATOR": sdcd.trainer_address, **AUDITS}
-    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
-                                     script=SCRIPT)
-    plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
-                                 script=SCRIPT)
-    for rank in range(WORLD):
-        assert all(s["apply"] for s in guarded[rank]), guarded[rank]
-        assert [s["checkpoint"] for s in guarded[rank] if "checkpoint" in s] == ["allowed"] * 2
-        assert [s["loss"] for s in guarded[rank]] == [s["loss"] for s in plain[rank]], rank
-        assert guarded_final[rank]["shard_digest"] == plain_final[rank]["shard_digest"], rank
-        g = guarded_final[rank]["guard"]
-        assert g["sharded_audits"] == 2 and g["sharded_audit_mismatches"] == 0, g  # Steps 2, 4.
-    assert sdcd.sdcctl("get", "incidents", "--job=fsdp-audit-clean")["incidents"] == []
 
 
 def test_fsdp_activation_and_local_gradient_faults_on_audit_steps_are_named(tmp_path, sdcd):
