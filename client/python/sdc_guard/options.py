@@ -41,8 +41,8 @@ KNOWN = {
 }
 
 # Guard's own options (the Python front end's), not the engine's.
-EVERY_STEP = ("every_step", "SDCEVERY_STEP")
-BUDDY_SLICE = ("buddy_slice", "SDCBUDDY_SLICE")
+EVERY_STEP = ("every_step", "SDC_EVERY_STEP")
+BUDDY_SLICE = ("buddy_slice", "SDC_BUDDY_SLICE")
 
 
 def variables(options):
@@ -75,7 +75,7 @@ def variables(options):
 
 def every_step(value):
     """Whether the every-step checksums run: ``value`` (True or False), else
-    SDCEVERY_STEP (0 or 1), else off. ValueError for anything else."""
+    SDC_EVERY_STEP (0 or 1), else off. ValueError for anything else."""
     name, variable = EVERY_STEP
     if value is not None:
         if not isinstance(value, bool):
@@ -88,7 +88,7 @@ def every_step(value):
 
 
 def buddy_slice(value):
-    """Elements per buddy check (FSDP): ``value``, else SDCBUDDY_SLICE,
+    """Elements per buddy check (FSDP): ``value``, else SDC_BUDDY_SLICE,
     else buddy.DEFAULT_SLICE. ValueError for anything but a positive integer."""
     name, variable = BUDDY_SLICE
     if value is None:
