@@ -259,9 +259,13 @@ class Step:
                 "micro-batch ran under no_sync()?): the last micro-batch's backward must sync")
         g.last_step = self
         g._stepped = False
+        sharded_outcome = None  # A sharded layout's replay audit of this step.
         if g._shard_replay is not None and g._shard_replay.active:
             # Before the agreement: a finding fails this very step everywhere.
+            before = g._shard_replay.mismatches
             finding = g._shard_replay.run(self.step)
+            sharded_outcome = "pass" if g._shard_replay.mismatches == before else "mismatch"
+            self.audited, self.audit_outcome = True, sharded_outcome
             if finding is not None:
                 g._engine().note_failure(finding)
         try:
@@ -288,8 +292,8 @@ class Step:
         if not self.apply and not d["overflow"] and g._reduced_shards is not None:
             g._zero_sharded_gradients()
         self.overflow = d["overflow"]
-        self.audited = d["audited"]
-        self.audit_outcome = d["audit_outcome"]
+        self.audited = d["audited"] or sharded_outcome is not None
+        self.audit_outcome = sharded_outcome or d["audit_outcome"]
         self.audit_unverified = d["audit_unverified"]
         self.repaired = d["repaired"]
         self.grad_norm = d["grad_norm"]
