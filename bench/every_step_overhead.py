@@ -30,11 +30,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -42,6 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402  (examples/models.py)
 
 import sdc_guard  # noqa: E402
+
+import every_step_common as common  # noqa: E402  (bench/: the one-rank group)
 
 
 def parse_args(argv):
@@ -117,16 +117,8 @@ class Loop:
 def main(argv):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
-    os.environ.setdefault("SDC_JOB_ID", "bench-every-step")
-    os.environ.setdefault("SDC_NODE_NAME", "bench")
-    for v in ("SDC_COORDINATOR", "SDC_INJECT_FAULT", "SDC_EVERY_STEP"):
-        os.environ.pop(v, None)
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-        try:
-            return run(a)
-        finally:
-            dist.destroy_process_group()
+    with common.one_rank_group():
+        return run(a)
 
 
 def run(a):

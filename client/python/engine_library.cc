@@ -303,18 +303,10 @@ int64_t ModelDigestOp(std::vector<std::string> names, std::vector<at::Tensor> te
 }
 
 kernels::DType AbftDType(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return kernels::DType::kFloat32;
-    case at::kBFloat16:
-      return kernels::DType::kBFloat16;
-    case at::kHalf:
-      return kernels::DType::kFloat16;
-    default:
-      Raise(absl::InvalidArgumentError(absl::StrCat(
-          name, " is ", c10::toString(t.scalar_type()),
-          ": the product checksums take float32, bfloat16 or float16")));
-  }
+  if (const std::optional<kernels::DType> d = CheckedDType(t)) return *d;
+  Raise(absl::InvalidArgumentError(absl::StrCat(
+      name, " is ", c10::toString(t.scalar_type()),
+      ": the product checksums take float32, bfloat16 or float16")));
 }
 
 // The strided view of the last two dims of `t` (a matrix, or each matrix of

@@ -28,19 +28,6 @@ using Op = ProductChecks::Op;
       absl::StrCat("sdc_guard:", absl::StatusCodeToString(s.code()), ": ", s.message()));
 }
 
-// The checksums' dtype of a tensor, or nullopt for one they do not take.
-std::optional<kernels::DType> CheckedDType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return kernels::DType::kFloat32;
-    case at::kBFloat16:
-      return kernels::DType::kBFloat16;
-    case at::kHalf:
-      return kernels::DType::kFloat16;
-    default:
-      return std::nullopt;
-  }
-}
 
 // The strided view of the last two dims of `t`.
 kernels::MatrixRef MatrixOf(const at::Tensor& t, kernels::DType dtype) {
@@ -114,6 +101,19 @@ struct Silent : c10::WarningHandler {
 };
 
 }  // namespace
+
+std::optional<kernels::DType> CheckedDType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kernels::DType::kFloat32;
+    case at::kBFloat16:
+      return kernels::DType::kBFloat16;
+    case at::kHalf:
+      return kernels::DType::kFloat16;
+    default:
+      return std::nullopt;
+  }
+}
 
 ProductChecks::ProductChecks(int64_t rank, const std::string& rule, double lambda,
                              NoteFailure note_failure)

@@ -45,6 +45,10 @@
 
 namespace sdc::client {
 
+// The checksums' dtype of a tensor (float32, bfloat16, float16), or nullopt
+// for one they do not take.
+std::optional<kernels::DType> CheckedDType(const at::Tensor& t);
+
 class ProductChecks : public torch::CustomClassHolder {
  public:
   using NoteFailure = std::function<void(const std::string&)>;
