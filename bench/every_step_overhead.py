@@ -33,7 +33,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
@@ -69,15 +68,6 @@ def batch_for(step, batch, vocab, context):
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
-def loss_fn(autocast):
-    def loss(module, batch):
-        tokens, targets = batch
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = module(tokens)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-    return loss
-
-
 class Loop:
     """One training loop: its own model copy, optimizer and (maybe) guard."""
 
@@ -85,7 +75,7 @@ class Loop:
         self.name = name
         self.model = DDP(copy.deepcopy(base))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
-        self.loss = loss_fn(autocast)
+        self.loss = common.loss_fn("bf16" if autocast else "fp32")
         self.guard = None
         if guard_options is not None:
             self.guard = sdc_guard.Guard(self.model, self.opt, self.loss, audit_every=0,
