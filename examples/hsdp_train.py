@@ -65,6 +65,11 @@ def parse_args():
                    help="with --zero: the guard's replay audits every N steps (0: its default)")
     p.add_argument("--corrupt_at_rest", default="", help="RANK:STEP (tests only)")
     p.add_argument("--corrupt_grad", default="", help="RANK:STEP (tests only)")
+    p.add_argument("--replay_raises", default="",
+                   help="RANK:WHERE (tests only): RANK's loss_fn raises while the guard replays, "
+                        "WHERE before-forward, after-forward or mid-forward")
+    p.add_argument("--on_guard_error", choices=["raise", "continue"], default="raise",
+                   help="continue: a GuardError (raised on every rank alike) skips the step")
     p.add_argument("--unguarded", action="store_true", help="train without sdc-guard")
     cluster_support.add_flags(p)
     return p.parse_args()
@@ -77,12 +82,14 @@ class Mlp(torch.nn.Module):
             [torch.nn.Linear(16, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 4)])
         self.fault_point = lambda x: x  # guard.fault_point when guarded (fault injection).
         self.corrupt_grad = False  # Armed: the next backward's local gradients (tests only).
+        self.raises = lambda where: None  # Raises in a replay (--replay_raises, tests only).
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i == 0:
                 x = self.fault_point(x)
+                self.raises("mid-forward")  # Between FSDP units' all-gathers.
             if i == 1 and self.corrupt_grad:
                 self.corrupt_grad = False
                 x.register_hook(nudge)
@@ -104,8 +111,25 @@ def nudge(grad):
 
 
 def loss_fn(module, batch):
+    net = module.module if hasattr(module, "module") else module
+    net.raises("before-forward")
     x, y = batch
-    return torch.nn.functional.mse_loss(module(x), y)
+    out = module(x)
+    net.raises("after-forward")
+    return torch.nn.functional.mse_loss(out, y)
+
+
+def replay_raises(args, guard, rank):
+    """Mlp.raises for --replay_raises: an error of this rank's loss_fn while
+    the guard replays (a loss function failing on a peer's batch)."""
+    if not args.replay_raises or guard is None:
+        return lambda where: None
+    who, where = args.replay_raises.split(":")
+
+    def raises(at):
+        if guard.replaying and int(who) == rank and at == where:
+            raise ValueError(f"INJECTED replay error {where} on rank {rank}")
+    return raises
 
 
 def batch_of(args, step, rank):
@@ -186,6 +210,7 @@ def main():
         # sdc-guard: finds the mesh's shards, or ZeRO's partitions from the optimizer.
         guard = sdc_guard.Guard(model, optimizer, loss_fn, **audits)
         net.fault_point = guard.fault_point  # Tests' and demos' fault injection only.
+        net.raises = replay_raises(args, guard, rank)
         if args.checkpoint_dir:
             if args.zero:
                 raise SystemExit("--checkpoint_dir: not with --zero (use the gate alone)")
@@ -208,11 +233,16 @@ def main():
         record = {"step": step, "rank": rank}
         net.corrupt_grad = (rank, step) == corrupt_grad
         if guard is not None:
-            with guard.step(step, batch) as s:  # sdc-guard
-                if args.zero and (rank, step - 1) == corrupt:
-                    corrupt_at_rest(model, optimizer)
-                loss = loss_fn(model, batch)
-                s.backward(loss)  # sdc-guard: in place of loss.backward()
+            try:
+                with guard.step(step, batch) as s:  # sdc-guard
+                    if args.zero and (rank, step - 1) == corrupt:
+                        corrupt_at_rest(model, optimizer)
+                    loss = loss_fn(model, batch)
+                    s.backward(loss)  # sdc-guard: in place of loss.backward()
+            except sdc_guard.GuardError as e:  # Every rank alike (the step is skipped).
+                if args.on_guard_error == "raise":
+                    raise
+                record["guard_error"] = str(e)
             applied = guard.optimizer_step(optimizer)  # sdc-guard: applies or skips
             record.update(apply=applied, reason=s.reason, audited=s.audited,
                           audit_outcome=s.audit_outcome)

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, run_job
+from conftest import ROOT, run_job, start_job, wait_job
 from sdc_guard import buddy, shard_replay
 
 SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
@@ -263,3 +263,59 @@ def test_fsdp_activation_and_local_gradient_faults_on_audit_steps_are_named(tmp_
     assert sorted((i.get("ranks"), i.get("outcome"), str(i.get("step"))) for i in incidents) \
         == [([0], "faulty", "4"), ([3], "faulty", "2")], incidents
     assert {i.get("check") for i in incidents} == {"CHECK_REPLAY"}, incidents
+
+
+REPLAY_AUDITS = {"SDC_AUDIT_EVERY": "2"}
+
+
+@pytest.mark.parametrize("where", ["before-forward", "after-forward"])
+def test_a_sharded_replay_raising_on_one_rank_fails_the_step_alike_everywhere(
+        tmp_path, sdcd, where):
+    # Rank 2's loss_fn raises while it replays a peer's micro-batch at the
+    # audit of step 2, before the model runs or after it (FSDP's collectives
+    # of that replay not yet begun, or done): every rank leaves the replay at
+    # the same agreement and raises the same GuardError; the trainer trains on.
+    job = f"fsdp-replay-raises-{where}"
+    flags = FSDP + ["--steps=3", "--optimizer=sgd", f"--replay_raises=2:{where}",
+                    "--on_guard_error=continue"]
+    env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address, **REPLAY_AUDITS}
+    steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT,
+                            timeout=150)
+    errors = set()
+    for rank in range(WORLD):
+        by_step = {s["step"]: s for s in steps[rank]}
+        assert [by_step[s]["apply"] for s in (1, 2, 3)] == [True, False, True], steps[rank]
+        assert "guard_error" not in by_step[1] and "guard_error" not in by_step[3]
+        errors.add(by_step[2]["guard_error"])
+        assert finals[rank]["guard"]["sharded_audits"] == 1, finals[rank]
+    assert len(errors) == 1, errors  # The same error, word for word, on every rank.
+    error = errors.pop()
+    assert error.startswith("INTERNAL: step 2 failed on rank 2 and was skipped on every "
+                            "rank: "), error
+    stage = "before the forward" if where == "before-forward" else \
+        "between forward and backward"
+    assert f"a sharded replay of rank 0's micro-batch raised ({stage}): ValueError: " \
+        f"INJECTED replay error {where} on rank 2" in error, error
+
+
+def test_a_sharded_replay_raising_inside_fsdp_collectives_ends_every_rank_at_once(
+        tmp_path, sdcd):
+    # Rank 2's replay raises between two FSDP units' all-gathers: its peers
+    # wait in a collective it will never join. It raises ABORTED and ends;
+    # every peer's collective fails as its connections close and each raises
+    # ABORTED too, long before the process group's timeout (torch's default,
+    # 30 minutes; this test's is 150 s).
+    flags = FSDP + ["--steps=3", "--optimizer=sgd", "--replay_raises=2:mid-forward"]
+    env = {"SDC_JOB_ID": "fsdp-replay-raises-mid", "SDC_COORDINATOR": sdcd.trainer_address,
+           **REPLAY_AUDITS}
+    procs, logs = start_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    ended = wait_job(procs, 150)
+    text = [open(l).read() for l in logs]
+    assert ended, "a rank hung:\n" + "\n".join(t[-2000:] for t in text)
+    for rank in range(WORLD):
+        assert procs[rank].returncode != 0, text[rank][-2000:]
+        assert "ABORTED: the sharded replay audit of step 2 failed on rank " \
+            f"{rank} where its peers wait in FSDP's collectives" in text[rank], \
+            text[rank][-3000:]
+    assert ("a sharded replay of rank 0's micro-batch raised (forward): ValueError: "
+            "INJECTED replay error mid-forward on rank 2") in text[2], text[2][-3000:]

@@ -262,11 +262,14 @@ class Step:
         sharded_outcome = None  # A sharded layout's replay audit of this step.
         if g._shard_replay is not None and g._shard_replay.active:
             # Before the agreement: a finding fails this very step everywhere.
-            before = g._shard_replay.mismatches
-            finding = g._shard_replay.run(self.step)
-            sharded_outcome = "pass" if g._shard_replay.mismatches == before else "mismatch"
+            try:
+                finding, sharded_outcome = g._shard_replay.run(self.step)
+            except GuardError:  # ABORTED: the collectives diverged (shard_replay.py).
+                self.apply, self.reason = False, "the sharded replay audit aborted"
+                self._abandon()
+                raise
             self.audited, self.audit_outcome = True, sharded_outcome
-            if finding is not None:
+            if finding:  # This rank's finding, or its replay's error: the step fails.
                 g._engine().note_failure(finding)
         try:
             d = g._engine().finish()
@@ -432,6 +435,7 @@ class Guard:
         self._reduced_shards = None  # HSDP: FSDP's all-reduce hook (sharded.ReducedShards).
         self._buddy = None  # FSDP without replicas, or ZeRO: the buddy check (buddy.py).
         self._shard_replay = None  # Sharded layouts: replay audits (shard_replay.py).
+        self._engine_replaying = False  # While the engine runs loss_fn for a replay.
         partition = None  # What the buddy check verifies; refused here, before any hook.
         if layout.kind == "fsdp":
             partition = buddy.fsdp_partition(optimizer, self._sharded_params)
@@ -633,6 +637,14 @@ class Guard:
         return self.last_step is not None and not self._stepped
 
     @property
+    def replaying(self):
+        """True while the guard runs loss_fn on a batch only to check it (a
+        replay audit, the preflight), not to train: a loss_fn or hook may
+        leave out side effects (logging, counters) then."""
+        a = self._shard_replay
+        return self._engine_replaying or (a is not None and a.replaying)
+
+    @property
     def rank(self):
         return self._engine().rank
 
@@ -680,7 +692,11 @@ class Guard:
                     p.grad.zero_()
 
     def _replay_loss(self, tensors):
-        return self.loss_fn(self.module, self._rebuild(tensors))
+        self._engine_replaying = True
+        try:
+            return self.loss_fn(self.module, self._rebuild(tensors))
+        finally:
+            self._engine_replaying = False
 
     def _optimizer_state(self):
         """Every tensor of the optimizer's state (any optimizer: its ``state``

@@ -42,8 +42,26 @@ reduce-scatter runs once, after the last micro-batch: the loss alone is
 compared then), faults of kind ``replay`` (the guard's fault point passes
 activations through during these replays), sdcd's targeted audit plans and
 the confirmation replay of a lone NaN (they replay one rank alone, which
-FSDP's collectives cannot). A replay that raises on one rank leaves the
-others in FSDP's collective until the process group's timeout.
+FSDP's collectives cannot).
+
+Never a hang: a replay that raises on one rank reaches every rank before any
+collective can wait on it, wherever FSDP's collectives allow it. The ranks
+agree twice in each round: at the start of the replay's forward (a forward
+pre-hook that runs before FSDP's own, i.e. before the round's first
+all-gather) and between the forward and the backward (no collective runs
+there). A rank whose replay raised before either point (a malformed
+package, a loss function that raises on a peer's batch before or after the
+model runs) joins that agreement with its failure; every rank leaves the
+round there, no rank goes on to the next collective, and the failing rank
+hands the error to the engine, so the step fails on every rank alike, with
+the same GuardError, as an engine replay's error does under DDP. A replay
+that raises *inside* the model's forward or backward has left its peers in
+a collective it will never join: no collective can be trusted after it, so
+the rank raises ``GuardError("ABORTED: ...")`` at once and must end (as
+torchrun ends a job with a failed worker); its peers' collectives fail as
+its connections close (Gloo: "Connection closed by peer", within a second
+here), and each raises the same ABORTED error, never waiting for the
+process group's timeout.
 """
 
 import sys
@@ -58,6 +76,15 @@ from sdc_guard import _C, buddy
 _ORIG_LOSS, _ORIG_GRADS, _REPLAY_LOSS, _REPLAY_GRADS, _REPLAY_ERROR, \
     _THIRD_LOSS, _THIRD_GRADS, _THIRD_ERROR = range(8)
 _COLUMNS = 8
+
+
+class _Abandoned(Exception):
+    """Another rank's replay failed before FSDP's collectives: every rank
+    leaves the round at the same agreement."""
+
+
+class _Diverged(Exception):
+    """A replay failed where its peers wait in a collective it will not join."""
 
 
 def digest(tensors):
@@ -107,6 +134,10 @@ class ShardReplay:
         self._record = None  # This step's: batch, RNG, buffers, loss, unit digests.
         self._deterministic_before = None
         self._devices = []
+        self._stage = self._BEFORE
+        if not self.off_reason:  # Before FSDP's own pre-hook: the round's first agreement.
+            guard.module.register_forward_pre_hook(self._at_forward, prepend=True)
+            guard.module.register_forward_hook(self._after_forward)
 
     def due(self, step):
         return not self.off_reason and self.every > 0 and step % self.every == 0
@@ -169,12 +200,24 @@ class ShardReplay:
     # -- the audit ------------------------------------------------------------
 
     def run(self, step):
-        """The audit of ``step`` (REQUIRES: active). Returns the finding
-        this rank hands the engine (None: none names it)."""
+        """The audit of ``step`` (REQUIRES: active). Returns (text, outcome):
+        the finding or error this rank hands the engine (None: none names
+        it) and "pass", "mismatch" or "error" (a replay raised on some rank:
+        every rank's step fails alike). Raises GuardError("ABORTED: ...")
+        when the ranks' collectives can no longer be matched (module doc)."""
         start = time.perf_counter()
         record, self._record = self._record, None
         try:
             return self._audit(step, record)
+        except (_Diverged, RuntimeError) as e:  # A collective that no rank can finish.
+            from sdc_guard._C import GuardError
+
+            raise GuardError(
+                f"ABORTED: the sharded replay audit of step {step} failed on rank {self.rank} "
+                f"where its peers wait in FSDP's collectives ({e}); no collective of this "
+                "process group can be trusted after it: end this process (torchrun ends the "
+                "job's other workers; on Gloo their collectives fail as its connections "
+                "close)") from e
         finally:
             torch.use_deterministic_algorithms(self._deterministic_before[0],
                                                warn_only=self._deterministic_before[1])
@@ -185,17 +228,21 @@ class ShardReplay:
         cells = {(self.rank, _ORIG_LOSS): record.get("loss", 0),
                  (self.rank, _ORIG_GRADS): record.get("units", 0)}
         pairs = [(self.replayer[s], s) for s in range(self.world)]
-        self._round(pairs, record, (_REPLAY_LOSS, _REPLAY_GRADS, _REPLAY_ERROR), cells)
+        failed = self._round(pairs, record, (_REPLAY_LOSS, _REPLAY_GRADS, _REPLAY_ERROR), cells)
+        if failed is not None:
+            return failed, "error"
         table = self._table(cells)
         mismatched = [s for s in range(self.world) if table[s, _REPLAY_ERROR] or
                       (table[s, _ORIG_LOSS], table[s, _ORIG_GRADS]) !=
                       (table[s, _REPLAY_LOSS], table[s, _REPLAY_GRADS])]
         if not mismatched:
-            return None
+            return None, "pass"
         self.mismatches += 1
         cells = {}
         thirds = [(self.third[s], s) for s in mismatched if self.third[s] is not None]
-        self._round(thirds, record, (_THIRD_LOSS, _THIRD_GRADS, _THIRD_ERROR), cells)
+        failed = self._round(thirds, record, (_THIRD_LOSS, _THIRD_GRADS, _THIRD_ERROR), cells)
+        if failed is not None:
+            return failed, "error"
         table3 = self._table(cells)
         mine = None
         for s in mismatched:
@@ -205,48 +252,101 @@ class ShardReplay:
                 print(f"sdc-guard: {text}", file=sys.stderr, flush=True)
             if named == self.rank and mine is None:
                 mine = text
-        return mine
+        return mine, "mismatch"
 
     def _round(self, pairs, record, columns, cells):
         """Every round of ``pairs`` (replayer, subject): the subjects' batches
         sent, and every rank replaying one at a time (its own, discarded,
-        when it has none in a round)."""
+        when it has none in a round). Returns None, or, when a replay raised
+        on some rank (every rank then leaves at the same round), this rank's
+        error text ("" when another rank's replay raised)."""
         for this in rounds(pairs, self.world):
-            received = self._exchange(this, record)
+            received, error = self._exchange(this, record)
             subject = next((s for r, s in this if r == self.rank), None)
             package = received if subject is not None else record
-            loss, units, error = self._replay(package)
+            loss, units, late, failed = self._replay(package, subject, error)
+            if failed is not None:
+                return failed
             if subject is not None:
                 cells[(subject, columns[0])] = loss
                 cells[(subject, columns[1])] = units
-                cells[(subject, columns[2])] = error
+                cells[(subject, columns[2])] = late
+        return None
 
     def _exchange(self, pairs, record):
         """Sends this rank's record to the replayers that need it; returns
-        the package of the subject this rank replays (or None)."""
+        (the package of the subject this rank replays or None, this rank's
+        error text or None). A record that cannot be packed is sent as a
+        length of -1, so no receiver waits for a body that never comes."""
         mine = next((s for r, s in pairs if r == self.rank), None)
         outgoing = [r for r, s in pairs if s == self.rank and r != self.rank]
-        payload = buddy._to_bytes({k: record[k] for k in
-                                   ("tensors", "micro_batches", "rng", "cuda_rng", "buffers",
-                                    "scale")}) \
-            if outgoing else None
+        payload, error = None, None
+        if outgoing:
+            try:
+                payload = buddy._to_bytes({k: record[k] for k in
+                                           ("tensors", "micro_batches", "rng", "cuda_rng",
+                                            "buffers", "scale")})
+            except Exception as e:  # noqa: BLE001  (the receivers must not wait)
+                error = f"packing its micro-batch for rank(s) {outgoing}: {type(e).__name__}: {e}"
         glob = lambda r: dist.get_global_rank(self.group, r)  # noqa: E731
         size = torch.zeros(1, dtype=torch.int64)
         works = [dist.irecv(size, src=glob(mine), group=self.group)] if mine is not None else []
-        length = torch.tensor([payload.numel() if payload is not None else 0])
+        length = torch.tensor([payload.numel() if payload is not None else -1])
         works += [dist.isend(length, dst=glob(r), group=self.group) for r in outgoing]
         for w in works:
             w.wait()
-        body = torch.empty(int(size.item()), dtype=torch.uint8) if mine is not None else None
-        works = [dist.irecv(body, src=glob(mine), group=self.group)] if mine is not None else []
-        works += [dist.isend(payload, dst=glob(r), group=self.group) for r in outgoing]
+        incoming = int(size.item()) if mine is not None else -1
+        body = torch.empty(incoming, dtype=torch.uint8) if incoming >= 0 else None
+        works = [dist.irecv(body, src=glob(mine), group=self.group)] if body is not None else []
+        works += [dist.isend(payload, dst=glob(r), group=self.group) for r in outgoing
+                  if payload is not None]
         for w in works:
             w.wait()
-        return buddy._from_bytes(body) if mine is not None else None
+        if mine is None:
+            return None, error
+        if body is None:
+            return None, error or f"rank {mine} could not send its micro-batch"
+        try:
+            return buddy._from_bytes(body), error
+        except Exception as e:  # noqa: BLE001
+            return None, error or (f"unpacking rank {mine}'s micro-batch: "
+                                   f"{type(e).__name__}: {e}")
 
-    def _replay(self, package):
-        """(loss digest, unit digests' digest, error) of a replay of
-        ``package``; this rank's gradients, buffers and RNG as they were after."""
+    # The stages of a replay, for where an error leaves the ranks' collectives.
+    _BEFORE, _FORWARD, _AFTER, _BACKWARD = "before the forward", "forward", \
+        "between forward and backward", "backward"
+
+    def _agree(self, error):
+        """One agreement of a round (every rank calls it at the same point):
+        ``error`` this rank's (None: none). Raises _Abandoned when another
+        rank's replay failed; returns the ranks that failed."""
+        flags = torch.zeros(self.world, dtype=torch.int64)
+        flags[self.rank] = 1 if error is not None else 0
+        dist.all_reduce(flags, group=self.group)
+        failed = [r for r in range(self.world) if flags[r]]
+        if failed and error is None:
+            raise _Abandoned(failed)
+        return failed
+
+    def _at_forward(self, module, args):
+        """The replay's forward pre-hook (before FSDP's): the first agreement."""
+        if self.replaying and self._stage == self._BEFORE:
+            self._agree(None)  # Raises _Abandoned when a peer failed before it.
+            self._stage = self._FORWARD
+
+    def _after_forward(self, module, args, output):
+        if self.replaying and self._stage == self._FORWARD:
+            self._stage = self._AFTER
+
+    def _replay(self, package, subject, error):
+        """(loss digest, unit digests' digest, late, failed) of a replay of
+        ``package`` (``error``: why this rank has none to replay); this
+        rank's gradients, buffers and RNG as they were after. ``late``: 1
+        when the digests failed after the backward (no collective pending:
+        the subject's table cell says so). ``failed``: None, or (a replay
+        raised on some rank before FSDP's collectives diverged, so every
+        rank leaves here) this rank's error text, "" when the error was
+        another rank's."""
         g = self.guard
         params = g._sharded_params
         stashed = [p.grad for p in params]
@@ -254,8 +354,12 @@ class ShardReplay:
         own = [b.detach().clone() for b in buffers]
         own_rng, own_cuda_rng = torch.get_rng_state(), self._cuda_rng()
         self._units = []
+        self._stage = self._BEFORE
         self.replaying = True
+        whose = f"rank {subject}'s micro-batch" if subject is not None else "its own micro-batch"
         try:
+            if error is not None:
+                raise RuntimeError(error)
             for p in params:
                 p.grad = None  # FSDP would accumulate the replay into the step's own.
             torch.set_rng_state(package["rng"])
@@ -266,19 +370,39 @@ class ShardReplay:
                     b.copy_(v)
             tensors = [t.to(d) for t, d in zip(package["tensors"], self._devices)]
             loss = g.loss_fn(g.module, g._rebuild(tensors)) / package["micro_batches"]
+            if self._stage == self._BEFORE:  # loss_fn never called the module.
+                self._agree(None)
+                self._stage = self._AFTER
             if package["scale"] != 1.0:
                 loss = loss * torch.tensor(package["scale"], dtype=torch.float32,
                                            device=loss.device)
             loss_digest = digest([loss])
+            self._agree(None)  # The second agreement: the backward's collectives next.
+            self._stage = self._BACKWARD
             loss.backward()
-            units = 0
-            if package["micro_batches"] == 1:
-                units = digest([torch.tensor(self._units, dtype=torch.int64)])
-            return loss_digest, units, 0
-        except Exception as e:  # noqa: BLE001  (every rank must reach the all-reduce)
-            print(f"sdc-guard rank {self.rank}: a sharded replay failed: {type(e).__name__}: "
-                  f"{e}", file=sys.stderr, flush=True)
-            return 0, 0, 1
+        except _Abandoned as e:
+            if self.rank == 0:
+                print(f"sdc-guard: a sharded replay raised on rank(s) {e.args[0]}: every rank "
+                      "left the replay audit there", file=sys.stderr, flush=True)
+            return 0, 0, 0, ""
+        except Exception as e:  # noqa: BLE001
+            text = (f"a sharded replay of {whose} raised ({self._stage}): "
+                    f"{type(e).__name__}: {e}")
+            print(f"sdc-guard rank {self.rank}: {text}", file=sys.stderr, flush=True)
+            if self._stage in (self._FORWARD, self._BACKWARD):
+                raise _Diverged(text) from e
+            self._agree(text)
+            return 0, 0, 0, text
+        else:
+            try:  # After the backward: nothing pending, the table carries an error.
+                units = 0
+                if package["micro_batches"] == 1:
+                    units = digest([torch.tensor(self._units, dtype=torch.int64)])
+                return loss_digest, units, 0, None
+            except Exception as e:  # noqa: BLE001
+                print(f"sdc-guard rank {self.rank}: digesting a sharded replay of {whose}: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                return 0, 0, 1, None
         finally:
             self.replaying = False
             self._units = None
