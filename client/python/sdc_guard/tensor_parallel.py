@@ -1,0 +1,81 @@
+"""The guard's layout of a tensor-parallel model replicated over a
+data-parallel dim (issue 44, item 5): "tp".
+
+What it covers, as torch 2.11 runs it on CPU with Gloo:
+
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {...ColwiseParallel(), RowwiseParallel()...})
+    replicate(model, mesh=mesh["dp"])  # torch.distributed._composable.replicate_with_fsdp
+
+or the same with ``fully_shard(model, mesh=mesh3["dp", "shard"])`` on a
+(dp, 1, tp) mesh (HSDP with one rank per shard, TorchTitan's spelling of
+dp x tp). ``DistributedDataParallel`` itself refuses such a model (its
+bucketing flattens a tp-sharded DTensor: "Attempted to flatten multiple
+dimensions"), and ``fully_shard`` on the dp dim alone shards every
+parameter over dp, leaving no replica to vote with. Both spellings above
+run FSDP2's machinery with a shard group of one rank: every parameter is
+``Replicate()`` on the dp dim, FSDP never calls the reduce-scatter (it
+copies), and all-reduces each parameter group's gradients over dp.
+
+The ranks with one tp coordinate hold the same tensors (the tp shard of
+each Colwise/Rowwise weight, the whole of a replicated bias), one replica
+per dp coordinate. So the tp coordinate is the rank's replica group and
+shard index, its dp coordinate its replica index, and the engine's
+per-shard machinery of HSDP applies unchanged: the weight fingerprint vote
+per tp shard across dp (a strict majority of that shard's replicas), its
+attribution naming the tp rank whose shard differs ("holds shard j/tp"),
+the reduced gradients compared among those ranks only. Check 1 reads each
+rank's local gradients where FSDP's shard group is one rank: in the
+guard's reduce-scatter's allocation, checked when the dp all-reduce hook
+runs (sharded.GuardedReduceScatter).
+
+Replay audits are off on this layout (the notice says so): a tp group's
+forward runs tp collectives, so a replay needs a whole tp group replaying
+one partner tp group's micro-batch at once, and the three-node rule's
+third replay the subject's whole tp group too; shard_replay.py pairs ranks
+one by one. An activation fault on a tp rank is therefore not caught by
+this layout's checks unless it corrupts a gradient with NaN/Inf (check 1):
+a finite one is all-reduced into every replica alike.
+"""
+
+from sdc_guard import sharded
+
+_REPLAY_OFF = (
+    "sdc_guard: replay audits are off on a tensor-parallel layout (a replay needs a whole tp "
+    "group replaying a partner tp group's micro-batch at once, which shard_replay.py does not "
+    "pair yet); check 1 and the weight vote per tp shard run")
+
+
+def layout(model, process_group, mesh, placements):
+    """The "tp" Layout of an FSDP2 module on ``mesh`` whose parameters are
+    placed ``placements`` ({name: tuple of placements}); TypeError naming
+    what is not covered: no dim on which every parameter is replicated
+    (FSDP x TP), or more than one dim of several ranks on which they differ
+    (HSDP with a shard dim of several ranks x TP, or a mesh of more dims)."""
+    dims = range(mesh.ndim)
+    all_replicated = [all(isinstance(p[d], sharded.Replicate) for p in placements.values())
+                      for d in dims]
+    replicate = [d for d in dims if all_replicated[d] and mesh.size(d) > 1]
+    split = [d for d in dims if not all_replicated[d] and mesh.size(d) > 1]
+    first = next(iter(placements.items()))
+    if len(replicate) != 1:
+        raise TypeError(
+            sharded._NOT_COVERED + f"on this {mesh.ndim}-D mesh {mesh} {len(replicate)} dims of "
+            f"several ranks hold every parameter replicated (parameter {first[0]!r} is placed "
+            f"{first[1]}): a tensor parallel layout needs exactly one, the data-parallel dim "
+            "(FSDP sharding over dp with tensor parallel leaves no replica to vote with; "
+            "replicate over dp, or HSDP with one rank per shard)")
+    if len(split) != 1:
+        raise TypeError(
+            sharded._NOT_COVERED + f"on this {mesh.ndim}-D mesh {mesh} the parameters differ on "
+            f"{len(split)} dims of several ranks (parameter {first[0]!r} is placed {first[1]}): "
+            "a tensor parallel layout covers one, the tp dim (HSDP with a shard dim of several "
+            "ranks and tensor parallel is not covered yet)")
+    dp_dim, tp_dim = replicate[0], split[0]
+    group, coordinate = sharded._group_and_coordinate(mesh, process_group)
+    fsdp_modules = tuple(m for m in model.modules() if isinstance(m, sharded.FSDPModule))
+    return sharded.Layout(
+        "tp", model, group, shard_index=int(coordinate[tp_dim]), shard_count=mesh.size(tp_dim),
+        replica_index=int(coordinate[dp_dim]), replica_count=mesh.size(dp_dim),
+        fsdp_modules=fsdp_modules, replay_off=_REPLAY_OFF)
+
