@@ -15,8 +15,8 @@ The clean run and the weight faults run again on tensor parallel (item 5,
 "tp": --tp=2, a 3 x 2 (dp, tp) mesh, the Mlp Colwise/Rowwise over tp and
 replicated over dp by FSDP2's replicate): rank r is tp rank r % 2 of dp
 replica r // 2 on node r // 2, so "shard" below reads "tp rank" there, and
-the vote names the tp rank whose shard differs. Replay audits are off on
-tp (tensor_parallel.py says why)."""
+the vote names the tp rank whose shard differs. Replay audits replay whole
+tp groups: ranks 2 and 3 replay ranks 0 and 1's micro-batch together."""
 
 import os
 import subprocess
@@ -34,16 +34,14 @@ def shard_of(rank):
     return rank % SHARDS
 
 
-# Per layout: its flags, and how many replay audits a clean run of 6 steps
-# with audit_every 2 makes (none on tp: they are off there).
-LAYOUTS = {"hsdp": ([], 3), "tp": (["--tp=2"], 0)}
+# Per layout: its flags.
+LAYOUTS = {"hsdp": [], "tp": ["--tp=2"]}
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd, layout):
-    extra, audits = LAYOUTS[layout]
     job = f"{layout}-clean"
-    flags = ["--steps=6", "--checkpoint_every=3"] + extra
+    flags = ["--steps=6", "--checkpoint_every=3"] + LAYOUTS[layout]
     env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_AUDIT_EVERY": "2"}
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
@@ -61,7 +59,7 @@ def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd, la
         assert g["skipped"] == 0 and g["reports_dropped"] == 0, g
         assert g["weight_checks"] >= 3, g  # Steps 2, 4, 6 and the checkpoint at 3.
         # Replays leave training as it was (the losses and shards above).
-        assert g["sharded_audits"] == audits and g["sharded_audit_mismatches"] == 0, g
+        assert g["sharded_audits"] == 3 and g["sharded_audit_mismatches"] == 0, g
     # Replicas of a shard hold the same bits; the two shards are different tensors.
     by_shard = {s: {guarded_final[r]["shard_digest"] for r in range(WORLD) if shard_of(r) == s}
                 for s in range(SHARDS)}
@@ -81,7 +79,7 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd, layout):
     ckpt = tmp_path / "checkpoints"
     job = f"{layout}-faults"
     flags = ["--steps=6", "--checkpoint_every=2", "--corrupt_at_rest=4:6",
-             f"--checkpoint_dir={ckpt}"] + LAYOUTS[layout][0]
+             f"--checkpoint_dir={ckpt}"] + LAYOUTS[layout]
     env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2",
            "SDC_INJECT_FAULT": "nan-gradient:2:step=2,weight:3:step=4", **FAULTS}
@@ -117,20 +115,37 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd, layout):
     assert digest[0] == digest[2] != digest[4]
 
 
-def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sdcd):
-    # Rank 1 (shard 1, replica 0) scales an activation of its step-2 forward;
-    # rank 3 replays its micro-batch, rank 5 breaks the tie.
-    flags = ["--steps=2", "--checkpoint_every=2"]
-    env = {"SDC_JOB_ID": "hsdp-audit", "SDC_COORDINATOR": sdcd.trainer_address,
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sdcd, layout):
+    # Rank 1 (shard 1, replica 0; on tp: tp rank 1 of dp replica 0) scales an
+    # activation of its step-2 forward; rank 3 replays its micro-batch (on
+    # tp with rank 2, which replays rank 0's), rank 5 breaks the tie (with 4).
+    job = f"{layout}-audit"
+    flags = ["--steps=2", "--checkpoint_every=2"] + LAYOUTS[layout]
+    env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_AUDIT_EVERY": "2", "SDC_INJECT_FAULT": "activation-scale:1:step=2", **FAULTS}
     steps, _ = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    incidents = sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"]
+    if layout == "tp":
+        # The tp collectives carry rank 1's fault into rank 0's loss too: the
+        # replays name the tp group {0, 1}, each rank a suspect.
+        for rank in range(WORLD):
+            step2 = steps[rank][1]
+            assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
+            assert "buddy check (suspect): rank " in step2["reason"], step2
+            assert ("is wrong (its loss); ranks 3 and 5 replayed it and agree; the replays of "
+                    "ranks 0, 1 (one tp group) differed together") in step2["reason"] or \
+                ("is wrong (its loss); ranks 2 and 4 replayed it and agree; the replays of "
+                 "ranks 0, 1 (one tp group) differed together") in step2["reason"], step2
+        assert [i.get("outcome") for i in incidents] == ["suspect"], incidents
+        assert incidents[0].get("ranks") in ([0], [1]), incidents
+        return
     for rank in range(WORLD):
         step2 = steps[rank][1]
         assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
         assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "
                 "(replay audit) is wrong (its loss); ranks 3 and 5 replayed it and agree"
                 ) in step2["reason"], step2
-    incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-audit")["incidents"]
     assert [(i.get("ranks"), i.get("outcome")) for i in incidents] == [([1], "faulty")], incidents
 
 

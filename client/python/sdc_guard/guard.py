@@ -316,8 +316,8 @@ class Guard:
     ``overlap_with_ddp=False``), found from ``optimizer``: each rank's
     partition update is verified, while check 1, the weight vote and replay
     audits run as for DDP. A tensor-parallel model replicated over a dp dim
-    gets the weight vote per tp shard (tensor_parallel.py); other layouts
-    raise TypeError.
+    gets the weight vote per tp shard and replay audits of whole tp groups
+    (tensor_parallel.py); other layouts raise TypeError.
 
     ``loss_fn(module, batch)`` computes one micro-batch's loss; the guard calls
     it with the model's wrapped module (``model.module``) to replay a peer's
@@ -463,9 +463,7 @@ class Guard:
                     "checkpoint digest"), self.rank)
             node = variables.get("SDC_NODE_NAME") or os.environ.get("SDC_NODE_NAME") or \
                 socket.gethostname()
-            if layout.sharded and audit_every > 0 and layout.replay_off:
-                notices.say_once("replay-off", layout.replay_off, self.rank)
-            elif layout.sharded and audit_every > 0:
+            if layout.sharded and audit_every > 0:
                 self._shard_replay = shard_replay.ShardReplay(self, audit_every, node)
                 if self._shard_replay.off_reason:
                     notices.say_once("replay-off", self._shard_replay.off_reason, self.rank)

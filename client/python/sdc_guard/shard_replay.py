@@ -52,7 +52,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from sdc_guard import _C, buddy
+from sdc_guard import _C, buddy, tensor_parallel
 
 # Columns of the per-subject table (SUM all-reduce; each cell one rank's).
 _ORIG_LOSS, _ORIG_GRADS, _REPLAY_LOSS, _REPLAY_GRADS, _REPLAY_ERROR, \
@@ -94,6 +94,10 @@ class ShardReplay:
         nodes = [None] * self.world
         dist.all_gather_object(nodes, node_name, group=self.group)
         self.replayer, self.third = buddy.pairs(nodes)
+        self.tp_group = None  # Tensor parallel: every rank's tp group, which replays as one.
+        if guard.layout.kind == "tp":
+            self.replayer, self.third, self.tp_group = tensor_parallel.replay_pairs(
+                guard.layout, self.group, nodes)
         self.off_reason = ""
         if self.replayer[self.rank] is None:
             self.off_reason = ("replay audits are off: every rank is on one node, and a "
@@ -194,12 +198,16 @@ class ShardReplay:
             return None
         self.mismatches += 1
         cells = {}
-        thirds = [(self.third[s], s) for s in mismatched if self.third[s] is not None]
+        again = mismatched if self.tp_group is None else \
+            sorted({r for s in mismatched for r in self.tp_group[s]})  # Whole tp groups.
+        thirds = [(self.third[s], s) for s in again if self.third[s] is not None]
         self._round(thirds, record, (_THIRD_LOSS, _THIRD_GRADS, _THIRD_ERROR), cells)
         table3 = self._table(cells)
         mine = None
         for s in mismatched:
             named, text = self._verdict(step, s, table, table3)
+            if self.tp_group is not None:
+                text = tensor_parallel.verdict(text, s, mismatched, self.tp_group)
             self.findings.append(text)
             if self.rank == 0:
                 print(f"sdc-guard: {text}", file=sys.stderr, flush=True)

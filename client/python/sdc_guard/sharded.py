@@ -75,7 +75,6 @@ class Layout:
     replica_index: int = 0
     replica_count: int = 0
     fsdp_modules: tuple = ()
-    replay_off: str = ""  # Why the sharded replay audit cannot run here ("": it can).
 
     @property
     def sharded(self):

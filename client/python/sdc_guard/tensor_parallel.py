@@ -29,21 +29,22 @@ rank's local gradients where FSDP's shard group is one rank: in the
 guard's reduce-scatter's allocation, checked when the dp all-reduce hook
 runs (sharded.GuardedReduceScatter).
 
-Replay audits are off on this layout (the notice says so): a tp group's
-forward runs tp collectives, so a replay needs a whole tp group replaying
-one partner tp group's micro-batch at once, and the three-node rule's
-third replay the subject's whole tp group too; shard_replay.py pairs ranks
-one by one. An activation fault on a tp rank is therefore not caught by
-this layout's checks unless it corrupts a gradient with NaN/Inf (check 1):
-a finite one is all-reduced into every replica alike.
+Replay audits (shard_replay.py) replay whole tp groups: a tp group's
+forward runs tp collectives, so the ranks of dp replica d replay together,
+each the micro-batch of the rank with its own tp coordinate in a partner
+replica on other nodes (``replay_pairs``), and a mismatch is replayed by a
+third replica's whole tp group. A replay can name a tp group, not one of
+its ranks: the tp collectives mix every tp rank's activations into each
+rank's loss, so a fault on one tp rank shows on all of them. When more
+than one rank of a tp group mismatches, each is named a suspect of its tp
+group (``verdict``); a mismatch on one rank alone keeps the three-node
+rule's verdict.
 """
 
-from sdc_guard import sharded
+import torch.distributed as dist
 
-_REPLAY_OFF = (
-    "sdc_guard: replay audits are off on a tensor-parallel layout (a replay needs a whole tp "
-    "group replaying a partner tp group's micro-batch at once, which shard_replay.py does not "
-    "pair yet); check 1 and the weight vote per tp shard run")
+from sdc_guard import buddy, sharded
+
 
 
 def layout(model, process_group, mesh, placements):
@@ -77,5 +78,45 @@ def layout(model, process_group, mesh, placements):
     return sharded.Layout(
         "tp", model, group, shard_index=int(coordinate[tp_dim]), shard_count=mesh.size(tp_dim),
         replica_index=int(coordinate[dp_dim]), replica_count=mesh.size(dp_dim),
-        fsdp_modules=fsdp_modules, replay_off=_REPLAY_OFF)
+        fsdp_modules=fsdp_modules)
 
+
+
+def replay_pairs(layout, group, nodes):
+    """(replayer, third, tp_group) per rank of ``group`` (a collective):
+    ``buddy.pairs`` over the dp replicas (a replica's nodes: its ranks'
+    ``nodes``), mapped to the rank of the same tp coordinate, so that each
+    tp group replays one partner tp group's micro-batch at once. A partner
+    sharing a node with the replica is no partner (None)."""
+    world = dist.get_world_size(group)
+    coords = [None] * world
+    dist.all_gather_object(coords, (layout.replica_index, layout.shard_index), group=group)
+    rank_of = {c: r for r, c in enumerate(coords)}
+    replica_nodes = [sorted({nodes[r] for r, (d, _) in enumerate(coords) if d == dp})
+                     for dp in range(layout.replica_count)]
+    dp_replayer, dp_third = buddy.pairs([",".join(n) for n in replica_nodes])
+
+    def rank(partner, d, j):
+        if partner is None or set(replica_nodes[partner]) & set(replica_nodes[d]):
+            return None
+        return rank_of[(partner, j)]
+
+    replayer = [rank(dp_replayer[d], d, j) for d, j in coords]
+    third = [rank(dp_third[d], d, j) if replayer[r] is not None else None
+             for r, (d, j) in enumerate(coords)]
+    tp_group = [[rank_of[(d, k)] for k in range(layout.shard_count)] for d, _ in coords]
+    return replayer, third, tp_group
+
+
+def verdict(text, subject, mismatched, tp_group):
+    """The three-node rule's ``text`` for ``subject``, as a suspect of its tp
+    group when other ranks of that group mismatched too (the tp
+    collectives mix their activations: the replay cannot tell which)."""
+    together = [r for r in tp_group[subject] if r in mismatched]
+    if len(together) < 2:
+        return text
+    ranks = ", ".join(str(r) for r in together)
+    return (text.replace(" (faulty): ", " (suspect): ", 1) +
+            f"; the replays of ranks {ranks} (one tp group) differed together, and tensor "
+            "parallelism mixes a tp group's activations: a rank of that tp group is wrong, "
+            "which one no replay can tell")
