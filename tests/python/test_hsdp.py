@@ -195,6 +195,12 @@ def refused(net):
 print(refused(fully_shard(torch.nn.Linear(4, 2), mesh=init_device_mesh(
     "cpu", (1, 1), mesh_dim_names=("replicate", "shard")))))
 print(refused(torch.nn.Linear(4, 2)))
+# Tensor parallel, then FSDP sharding over dp: no replica of any shard.
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+print(refused(fully_shard(net, mesh=mesh["dp"])))
 dist.destroy_process_group()
 '''
 
@@ -206,10 +212,12 @@ def test_layouts_not_covered_are_refused_with_the_reason(tmp_path):
         env=python_env({"SDC_JOB_ID": "uncovered", "SDC_NODE_NAME": "node-a"}))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 2, out.stdout + out.stderr
+    assert len(lines) == 3, out.stdout + out.stderr
     # (FSDP2 on a 1-D mesh is covered since issue 44 item 3: test_fsdp_buddy.py.)
     assert "the replicate dim has 1 rank" in lines[0] and "shard over a 1-D mesh" in lines[0]
     assert "DistributedDataParallel" in lines[1] and "torch.nn.modules.linear.Linear" in lines[1]
+    assert "0 dims of several ranks hold every parameter replicated" in lines[2], lines[2]
+    assert "FSDP sharding over dp with tensor parallel leaves no replica" in lines[2], lines[2]
 
 
 ZERO = r'''

@@ -60,6 +60,10 @@ try:  # torch >= 2.6 exports FSDP2 here.
     from torch.distributed.tensor import DTensor, Replicate, Shard
 except ImportError:  # pragma: no cover  (a torch without FSDP2: DDP only)
     FSDPModule = ReduceScatter = DTensor = Replicate = Shard = None
+try:  # FSDP2's replicate placement (torch >= 2.9): tensor parallel's data parallelism.
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+except ImportError:  # pragma: no cover
+    ReplicateModule = ()
 
 
 @dataclasses.dataclass
@@ -147,7 +151,14 @@ def _hsdp_layout(model, process_group):
             mixed = True
     if mesh is None:
         raise TypeError(_NOT_COVERED + "this FSDP2 module has no parameters")
-    if mixed or mesh.ndim > 2:
+    if mixed and mesh.ndim == 1:
+        raise TypeError(
+            _NOT_COVERED + f"the parameters of this FSDP2 module are placed differently on a "
+            f"1-D mesh ({placements} and others): per-parameter shard placements are not "
+            "covered yet")
+    if mixed or mesh.ndim > 2 or isinstance(model, ReplicateModule):
+        # (FSDP2's replicate on a (dp, tp) mesh whose parameters all happen
+        # to be placed alike, e.g. all Colwise, is tensor parallel too.)
         import sdc_guard.tensor_parallel as tensor_parallel  # noqa: PLC0415  (it imports this)
 
         return tensor_parallel.layout(model, process_group, mesh, by_name)
