@@ -179,6 +179,29 @@ def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identicall
         assert sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"] == []
 
 
+def test_tp_replays_pair_whole_tp_groups_on_other_nodes():
+    from sdc_guard import tensor_parallel
+
+    # dp 3 x tp 2, rank = 2 dp + tp, each replica on a node of its own.
+    coords = [(r // 2, r % 2) for r in range(6)]
+    replayer, third, group = tensor_parallel.pairs(coords, ["a", "a", "b", "b", "c", "c"], 3, 2)
+    assert replayer == [2, 3, 4, 5, 0, 1] and third == [4, 5, 0, 1, 2, 3]
+    assert group == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5]]
+    # tp-major numbering (rank = 3 tp + dp): still the same tp coordinate.
+    coords = [(r % 3, r // 3) for r in range(6)]
+    replayer, third, _ = tensor_parallel.pairs(coords, ["a", "b", "c", "a", "b", "c"], 3, 2)
+    assert [coords[replayer[r]][1] for r in range(6)] == [coords[r][1] for r in range(6)]
+    assert all(coords[replayer[r]][0] != coords[r][0] for r in range(6))
+    # Replica 0 on nodes a and b, replica 1 on b: no partner on other nodes,
+    # and then no rank replays (replays off on every rank alike).
+    replayer, third, _ = tensor_parallel.pairs([(0, 0), (0, 1), (1, 0), (1, 1)],
+                                               ["a", "b", "b", "b"], 2, 2)
+    assert replayer == [None] * 4 and third == [None] * 4
+    replayer, _, _ = tensor_parallel.pairs([(d, j) for d in range(3) for j in range(2)],
+                                           ["a", "b", "b", "c", "d", "d"], 3, 2)
+    assert replayer == [None] * 6  # Replicas 0 and 1 share node b.
+
+
 UNCOVERED = r'''
 import os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh

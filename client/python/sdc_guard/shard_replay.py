@@ -101,7 +101,9 @@ class ShardReplay:
         self.off_reason = ""
         if self.replayer[self.rank] is None:
             self.off_reason = ("replay audits are off: every rank is on one node, and a "
-                               "replayer must be on another")
+                               "replayer must be on another") if self.tp_group is None else (
+                "replay audits are off: a dp replica's tp group has no partner replica on "
+                "nodes of its own (a replay of a tp group runs on another replica's nodes)")
         self.audits = 0  # Audits run (the same count on every rank).
         self.mismatches = 0
         self.findings = []

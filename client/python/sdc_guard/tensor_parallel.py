@@ -83,17 +83,23 @@ def layout(model, process_group, mesh, placements):
 
 
 def replay_pairs(layout, group, nodes):
-    """(replayer, third, tp_group) per rank of ``group`` (a collective):
-    ``buddy.pairs`` over the dp replicas (a replica's nodes: its ranks'
-    ``nodes``), mapped to the rank of the same tp coordinate, so that each
-    tp group replays one partner tp group's micro-batch at once. A partner
-    sharing a node with the replica is no partner (None)."""
-    world = dist.get_world_size(group)
-    coords = [None] * world
+    """(replayer, third, tp_group) per rank of ``group`` (a collective; see
+    ``pairs``)."""
+    coords = [None] * dist.get_world_size(group)
     dist.all_gather_object(coords, (layout.replica_index, layout.shard_index), group=group)
+    return pairs(coords, nodes, layout.replica_count, layout.shard_count)
+
+
+def pairs(coords, nodes, replicas, tps):
+    """(replayer, third, tp_group) per rank from every rank's (dp, tp)
+    coordinates and node: ``buddy.pairs`` over the dp replicas (a replica's
+    nodes: its ranks'), mapped to the rank of the same tp coordinate, so
+    that each tp group replays one partner tp group's micro-batch at once.
+    A partner replica sharing a node with the replica is none, and when
+    any replica has none no rank has a replayer (None: replays off)."""
     rank_of = {c: r for r, c in enumerate(coords)}
     replica_nodes = [sorted({nodes[r] for r, (d, _) in enumerate(coords) if d == dp})
-                     for dp in range(layout.replica_count)]
+                     for dp in range(replicas)]
     dp_replayer, dp_third = buddy.pairs([",".join(n) for n in replica_nodes])
 
     def rank(partner, d, j):
@@ -102,9 +108,11 @@ def replay_pairs(layout, group, nodes):
         return rank_of[(partner, j)]
 
     replayer = [rank(dp_replayer[d], d, j) for d, j in coords]
+    if None in replayer:  # Every rank replays in every round, or none does.
+        replayer = [None] * len(coords)
     third = [rank(dp_third[d], d, j) if replayer[r] is not None else None
              for r, (d, j) in enumerate(coords)]
-    tp_group = [[rank_of[(d, k)] for k in range(layout.shard_count)] for d, _ in coords]
+    tp_group = [[rank_of[(d, k)] for k in range(tps)] for d, _ in coords]
     return replayer, third, tp_group
 
 
