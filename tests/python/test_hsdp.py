@@ -120,33 +120,46 @@ def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sd
     # Rank 1 (shard 1, replica 0; on tp: tp rank 1 of dp replica 0) scales an
     # activation of its step-2 forward; rank 3 replays its micro-batch (on
     # tp with rank 2, which replays rank 0's), rank 5 breaks the tie (with 4).
+    # At audit step 4 rank 4 nudges one element of an activation's gradient
+    # (a finite local-gradient fault; its loss is right): rank 0 replays it,
+    # rank 2 breaks the tie.
     job = f"{layout}-audit"
-    flags = ["--steps=2", "--checkpoint_every=2"] + LAYOUTS[layout]
+    flags = ["--steps=4", "--checkpoint_every=2", "--corrupt_grad=4:4"] + LAYOUTS[layout]
     env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_AUDIT_EVERY": "2", "SDC_INJECT_FAULT": "activation-scale:1:step=2", **FAULTS}
     steps, _ = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
     incidents = sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"]
+    for rank in range(WORLD):
+        step2, step3, step4 = steps[rank][1:4]
+        assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
+        assert step3["apply"], step3
+        assert not step4["apply"] and step4["checkpoint"] == "vetoed", step4
+        # The local gradients are the rank's own on tp too (the Rowwise
+        # layer's backward needs no tp collective): the rank is named.
+        assert ("buddy check (faulty): rank 4's forward/backward of its micro-batch at step 4 "
+                "(replay audit) is wrong (its local gradients); ranks 0 and 2 replayed it and "
+                "agree") in step4["reason"], step4
+    by_step = {int(i.get("step", 0)): i for i in incidents}  # (JSON int64s are strings.)
+    assert len(incidents) == 2 and by_step[4].get("ranks") == [4], incidents
+    assert by_step[4].get("outcome") == "faulty", incidents
     if layout == "tp":
         # The tp collectives carry rank 1's fault into rank 0's loss too: the
         # replays name the tp group {0, 1}, each rank a suspect.
         for rank in range(WORLD):
-            step2 = steps[rank][1]
-            assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
-            assert "buddy check (suspect): rank " in step2["reason"], step2
+            reason = steps[rank][1]["reason"]
+            assert "buddy check (suspect): rank " in reason, reason
             assert ("is wrong (its loss); ranks 3 and 5 replayed it and agree; the replays of "
-                    "ranks 0, 1 (one tp group) differed together") in step2["reason"] or \
+                    "ranks 0, 1 (one tp group) differed together") in reason or \
                 ("is wrong (its loss); ranks 2 and 4 replayed it and agree; the replays of "
-                 "ranks 0, 1 (one tp group) differed together") in step2["reason"], step2
-        assert [i.get("outcome") for i in incidents] == ["suspect"], incidents
-        assert incidents[0].get("ranks") in ([0], [1]), incidents
+                 "ranks 0, 1 (one tp group) differed together") in reason, reason
+        assert by_step[2].get("outcome") == "suspect", incidents
+        assert by_step[2].get("ranks") in ([0], [1]), incidents
         return
     for rank in range(WORLD):
-        step2 = steps[rank][1]
-        assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
         assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "
                 "(replay audit) is wrong (its loss); ranks 3 and 5 replayed it and agree"
-                ) in step2["reason"], step2
-    assert [(i.get("ranks"), i.get("outcome")) for i in incidents] == [([1], "faulty")], incidents
+                ) in steps[rank][1]["reason"], steps[rank][1]
+    assert (by_step[2].get("ranks"), by_step[2].get("outcome")) == ([1], "faulty"), incidents
 
 
 def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identically(
