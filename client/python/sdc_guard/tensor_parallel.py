@@ -37,14 +37,13 @@ third replica's whole tp group. A replay can name a tp group, not one of
 its ranks: the tp collectives mix every tp rank's activations into each
 rank's loss, so a fault on one tp rank shows on all of them. When more
 than one rank of a tp group mismatches, each is named a suspect of its tp
-group (``verdict``); a mismatch on one rank alone keeps the three-node
-rule's verdict.
+group (``verdict``); a mismatch on one rank alone (a fault in its own
+local gradients) keeps the three-node rule's verdict naming that rank.
 """
 
 import torch.distributed as dist
 
 from sdc_guard import buddy, sharded
-
 
 
 def layout(model, process_group, mesh, placements):
