@@ -9,6 +9,12 @@ or without sdc-guard.
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --shards=2 --unguarded
     torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=1 --shards=6 --optimizer=sgd
     torchrun --nproc_per_node=6 examples/hsdp_train.py --zero
+    torchrun --nproc_per_node=6 examples/hsdp_train.py --replicas=3 --tp=2
+
+With --tp=N the Mlp is tensor parallel instead (parallelize_module over the
+"tp" dim of a (replicas, N) mesh: Colwise, Rowwise, Colwise) and replicated
+over the "dp" dim by FSDP2's replicate (torch.distributed._composable.
+replicate_with_fsdp); the N ranks of one dp replica train on one batch.
 
 Each rank trains on its own micro-batches (every rank of an FSDP job is a
 data-parallel rank). The lines marked `# sdc-guard` are all that guarding
@@ -46,6 +52,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--replicas", type=int, default=3, help="the mesh's replicate dim")
     p.add_argument("--shards", type=int, default=2, help="the mesh's shard dim")
+    p.add_argument("--tp", type=int, default=0,
+                   help="tensor parallel over this many ranks (replicas x tp = world size)")
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-2)
@@ -170,9 +178,13 @@ def main():
     torch.set_num_threads(1)  # Ranks share the CPUs.
     cluster_support.init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.replicas * args.shards != world and not args.zero:
-        raise SystemExit(f"--replicas x --shards must be the world size {world}")
-    if args.zero:
+    if args.replicas * (args.tp or args.shards) != world and not args.zero:
+        raise SystemExit(f"--replicas x --shards (or --tp) must be the world size {world}")
+    data_rank = rank  # Whose batch this rank trains on: with --tp its dp replica's.
+    if args.tp:
+        mesh = init_device_mesh("cpu", (args.replicas, args.tp), mesh_dim_names=("dp", "tp"))
+        data_rank = mesh.get_coordinate()[0]
+    elif args.zero:
         mesh = None
     elif args.replicas == 1:  # FSDP: no replica of any shard (the guard's buddy check).
         mesh = init_device_mesh("cpu", (args.shards,), mesh_dim_names=("shard",))
@@ -185,7 +197,20 @@ def main():
         cls, settings = torch.optim.SGD, dict(lr=args.lr, momentum=0.9, weight_decay=1e-4)
     else:
         cls, settings = torch.optim.AdamW, dict(lr=args.lr)
-    if args.zero:
+    if args.tp:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        parallelize_module(model, mesh["tp"], {
+            "layers.0": ColwiseParallel(), "layers.1": RowwiseParallel(),
+            "layers.2": ColwiseParallel(output_layouts=Replicate())})
+        for layer in model.layers:
+            replicate(layer, mesh=mesh["dp"])
+        replicate(model, mesh=mesh["dp"])
+        optimizer = cls(model.parameters(), **settings)
+    elif args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel
 
@@ -229,7 +254,7 @@ def main():
 
     out = open(args.progress, "a") if args.progress else None
     for step in range(first, args.steps + 1):
-        batch = batch_of(args, step, rank)
+        batch = batch_of(args, step, data_rank)
         record = {"step": step, "rank": rank}
         net.corrupt_grad = (rank, step) == corrupt_grad
         if guard is not None:

@@ -9,12 +9,20 @@ input) and on the reduced shard (after the replicate all-reduce), the weight
 vote per shard, the checkpoint gate with torch.distributed.checkpoint sharded
 state dicts (issue 44, item 6), and replay audits with every rank replaying
 its ring partner at once (item 4: rank r's micro-batch replayed by rank r + 2,
-another replica of the same shard on the next node; a mismatch by r + 4)."""
+another replica of the same shard on the next node; a mismatch by r + 4).
+
+The clean run and the weight faults run again on tensor parallel (item 5,
+"tp": --tp=2, a 3 x 2 (dp, tp) mesh, the Mlp Colwise/Rowwise over tp and
+replicated over dp by FSDP2's replicate): rank r is tp rank r % 2 of dp
+replica r // 2 on node r // 2, so "shard" below reads "tp rank" there, and
+the vote names the tp rank whose shard differs. Replay audits replay whole
+tp groups: ranks 2 and 3 replay ranks 0 and 1's micro-batch together."""
 
 import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, python_env, run_job
 
 SCRIPT = os.path.join(ROOT, "examples", "hsdp_train.py")
@@ -26,9 +34,15 @@ def shard_of(rank):
     return rank % SHARDS
 
 
-def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
-    flags = ["--steps=6", "--checkpoint_every=3"]
-    env = {"SDC_JOB_ID": "hsdp-clean", "SDC_COORDINATOR": sdcd.trainer_address,
+# Per layout: its flags.
+LAYOUTS = {"hsdp": [], "tp": ["--tp=2"]}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd, layout):
+    job = f"{layout}-clean"
+    flags = ["--steps=6", "--checkpoint_every=3"] + LAYOUTS[layout]
+    env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_AUDIT_EVERY": "2"}
     guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
                                      script=SCRIPT)
@@ -51,19 +65,22 @@ def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd):
                 for s in range(SHARDS)}
     assert all(len(d) == 1 for d in by_shard.values()), by_shard
     assert by_shard[0] != by_shard[1]
-    assert sdcd.sdcctl("get", "incidents", "--job=hsdp-clean")["incidents"] == []
+    assert sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"] == []
 
 
-def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd, layout):
     # Three faults in one job, on three ranks:
-    #   step 2: a NaN in rank 2's local gradients (before the reduce-scatter);
+    #   step 2: a NaN in rank 2's local gradients (before the reduce-scatter;
+    #           on tp before the dp all-reduce);
     #   step 4: rank 3 (replica 1 of shard 1) corrupts its optimizer update;
     #   step 6: one bit of rank 4's stored shard (replica 2 of shard 0) flips
     #           at rest, outside the guard.
     ckpt = tmp_path / "checkpoints"
+    job = f"{layout}-faults"
     flags = ["--steps=6", "--checkpoint_every=2", "--corrupt_at_rest=4:6",
-             f"--checkpoint_dir={ckpt}"]
-    env = {"SDC_JOB_ID": "hsdp-faults", "SDC_COORDINATOR": sdcd.trainer_address,
+             f"--checkpoint_dir={ckpt}"] + LAYOUTS[layout]
+    env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2",
            "SDC_INJECT_FAULT": "nan-gradient:2:step=2,weight:3:step=4", **FAULTS}
     steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
@@ -78,7 +95,7 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
         assert by_step[6]["checkpoint"] == "vetoed", by_step[6]
     assert os.listdir(ckpt) == [], "a vetoed checkpoint is never written"
 
-    incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-faults")["incidents"]
+    incidents = sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"]
     weights = [i for i in incidents if i.get("check") == "CHECK_WEIGHTS"]
     named = {tuple(i.get("ranks", [])) for i in weights}
     assert (3,) in named and (4,) in named, weights
@@ -98,21 +115,51 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd):
     assert digest[0] == digest[2] != digest[4]
 
 
-def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sdcd):
-    # Rank 1 (shard 1, replica 0) scales an activation of its step-2 forward;
-    # rank 3 replays its micro-batch, rank 5 breaks the tie.
-    flags = ["--steps=2", "--checkpoint_every=2"]
-    env = {"SDC_JOB_ID": "hsdp-audit", "SDC_COORDINATOR": sdcd.trainer_address,
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sdcd, layout):
+    # Rank 1 (shard 1, replica 0; on tp: tp rank 1 of dp replica 0) scales an
+    # activation of its step-2 forward; rank 3 replays its micro-batch (on
+    # tp with rank 2, which replays rank 0's), rank 5 breaks the tie (with 4).
+    # At audit step 4 rank 4 nudges one element of an activation's gradient
+    # (a finite local-gradient fault; its loss is right): rank 0 replays it,
+    # rank 2 breaks the tie.
+    job = f"{layout}-audit"
+    flags = ["--steps=4", "--checkpoint_every=2", "--corrupt_grad=4:4"] + LAYOUTS[layout]
+    env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_AUDIT_EVERY": "2", "SDC_INJECT_FAULT": "activation-scale:1:step=2", **FAULTS}
     steps, _ = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    incidents = sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"]
     for rank in range(WORLD):
-        step2 = steps[rank][1]
+        step2, step3, step4 = steps[rank][1:4]
         assert not step2["apply"] and step2["checkpoint"] == "vetoed", step2
+        assert step3["apply"], step3
+        assert not step4["apply"] and step4["checkpoint"] == "vetoed", step4
+        # The local gradients are the rank's own on tp too (the Rowwise
+        # layer's backward needs no tp collective): the rank is named.
+        assert ("buddy check (faulty): rank 4's forward/backward of its micro-batch at step 4 "
+                "(replay audit) is wrong (its local gradients); ranks 0 and 2 replayed it and "
+                "agree") in step4["reason"], step4
+    by_step = {int(i.get("step", 0)): i for i in incidents}  # (JSON int64s are strings.)
+    assert len(incidents) == 2 and by_step[4].get("ranks") == [4], incidents
+    assert by_step[4].get("outcome") == "faulty", incidents
+    if layout == "tp":
+        # The tp collectives carry rank 1's fault into rank 0's loss too: the
+        # replays name the tp group {0, 1}, each rank a suspect.
+        for rank in range(WORLD):
+            reason = steps[rank][1]["reason"]
+            assert "buddy check (suspect): rank " in reason, reason
+            assert ("is wrong (its loss); ranks 3 and 5 replayed it and agree; the replays of "
+                    "ranks 0, 1 (one tp group) differed together") in reason or \
+                ("is wrong (its loss); ranks 2 and 4 replayed it and agree; the replays of "
+                 "ranks 0, 1 (one tp group) differed together") in reason, reason
+        assert by_step[2].get("outcome") == "suspect", incidents
+        assert by_step[2].get("ranks") in ([0], [1]), incidents
+        return
+    for rank in range(WORLD):
         assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "
                 "(replay audit) is wrong (its loss); ranks 3 and 5 replayed it and agree"
-                ) in step2["reason"], step2
-    incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-audit")["incidents"]
-    assert [(i.get("ranks"), i.get("outcome")) for i in incidents] == [([1], "faulty")], incidents
+                ) in steps[rank][1]["reason"], steps[rank][1]
+    assert (by_step[2].get("ranks"), by_step[2].get("outcome")) == ([1], "faulty"), incidents
 
 
 def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identically(
@@ -145,6 +192,29 @@ def test_hsdp_checkpoints_are_sharded_kept_provisional_and_resume_bit_identicall
         assert sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"] == []
 
 
+def test_tp_replays_pair_whole_tp_groups_on_other_nodes():
+    from sdc_guard import tensor_parallel
+
+    # dp 3 x tp 2, rank = 2 dp + tp, each replica on a node of its own.
+    coords = [(r // 2, r % 2) for r in range(6)]
+    replayer, third, group = tensor_parallel.pairs(coords, ["a", "a", "b", "b", "c", "c"], 3, 2)
+    assert replayer == [2, 3, 4, 5, 0, 1] and third == [4, 5, 0, 1, 2, 3]
+    assert group == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5]]
+    # tp-major numbering (rank = 3 tp + dp): still the same tp coordinate.
+    coords = [(r % 3, r // 3) for r in range(6)]
+    replayer, third, _ = tensor_parallel.pairs(coords, ["a", "b", "c", "a", "b", "c"], 3, 2)
+    assert [coords[replayer[r]][1] for r in range(6)] == [coords[r][1] for r in range(6)]
+    assert all(coords[replayer[r]][0] != coords[r][0] for r in range(6))
+    # Replica 0 on nodes a and b, replica 1 on b: no partner on other nodes,
+    # and then no rank replays (replays off on every rank alike).
+    replayer, third, _ = tensor_parallel.pairs([(0, 0), (0, 1), (1, 0), (1, 1)],
+                                               ["a", "b", "b", "b"], 2, 2)
+    assert replayer == [None] * 4 and third == [None] * 4
+    replayer, _, _ = tensor_parallel.pairs([(d, j) for d in range(3) for j in range(2)],
+                                           ["a", "b", "b", "c", "d", "d"], 3, 2)
+    assert replayer == [None] * 6  # Replicas 0 and 1 share node b.
+
+
 UNCOVERED = r'''
 import os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -161,6 +231,12 @@ def refused(net):
 print(refused(fully_shard(torch.nn.Linear(4, 2), mesh=init_device_mesh(
     "cpu", (1, 1), mesh_dim_names=("replicate", "shard")))))
 print(refused(torch.nn.Linear(4, 2)))
+# Tensor parallel, then FSDP sharding over dp: no replica of any shard.
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+print(refused(fully_shard(net, mesh=mesh["dp"])))
 dist.destroy_process_group()
 '''
 
@@ -172,10 +248,12 @@ def test_layouts_not_covered_are_refused_with_the_reason(tmp_path):
         env=python_env({"SDC_JOB_ID": "uncovered", "SDC_NODE_NAME": "node-a"}))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 2, out.stdout + out.stderr
+    assert len(lines) == 3, out.stdout + out.stderr
     # (FSDP2 on a 1-D mesh is covered since issue 44 item 3: test_fsdp_buddy.py.)
     assert "the replicate dim has 1 rank" in lines[0] and "shard over a 1-D mesh" in lines[0]
     assert "DistributedDataParallel" in lines[1] and "torch.nn.modules.linear.Linear" in lines[1]
+    assert "0 dims of several ranks hold every parameter replicated" in lines[2], lines[2]
+    assert "FSDP sharding over dp with tensor parallel leaves no replica" in lines[2], lines[2]
 
 
 ZERO = r'''

@@ -318,7 +318,9 @@ class Guard:
     DDP model whose optimizer is a ``ZeroRedundancyOptimizer`` (ZeRO-1,
     ``overlap_with_ddp=False``), found from ``optimizer``: each rank's
     partition update is verified, while check 1, the weight vote and replay
-    audits run as for DDP. Other layouts (tensor parallel) raise TypeError.
+    audits run as for DDP. A tensor-parallel model replicated over a dp dim
+    gets the weight vote per tp shard and replay audits of whole tp groups
+    (tensor_parallel.py); other layouts raise TypeError.
 
     ``loss_fn(module, batch)`` computes one micro-batch's loss; the guard calls
     it with the model's wrapped module (``model.module``) to replay a peer's

@@ -121,6 +121,12 @@ def check_sharded(layout, options, comm_hook):
                   "check verifies each shard's optimizer update on weight-check steps; replay "
                   "audits replay every rank's ring partner at once (shard_replay.py)", file=sys.stderr,
                   flush=True)
+    elif layout.kind == "tp":
+        if layout.replica_index == 0 and layout.shard_index == 0:
+            print(f"sdc_guard: tensor parallel over {layout.shard_count} tp ranks x "
+                  f"{layout.replica_count} dp replicas: the weight vote runs per tp shard across "
+                  "dp; replay audits replay whole tp groups at once (tensor_parallel.py)",
+                  file=sys.stderr, flush=True)
     elif layout.replica_index == 0 and layout.shard_index == 0:
         print(f"sdc_guard: HSDP over {layout.replica_count} replicas x {layout.shard_count} "
               "shards: the weight vote runs per shard; replay audits replay every rank's ring "

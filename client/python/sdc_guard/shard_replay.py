@@ -70,7 +70,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from sdc_guard import _C, buddy
+from sdc_guard import _C, buddy, tensor_parallel
 
 # Columns of the per-subject table (SUM all-reduce; each cell one rank's).
 _ORIG_LOSS, _ORIG_GRADS, _REPLAY_LOSS, _REPLAY_GRADS, _REPLAY_ERROR, \
@@ -121,10 +121,16 @@ class ShardReplay:
         nodes = [None] * self.world
         dist.all_gather_object(nodes, node_name, group=self.group)
         self.replayer, self.third = buddy.pairs(nodes)
+        self.tp_group = None  # Tensor parallel: every rank's tp group, which replays as one.
+        if guard.layout.kind == "tp":
+            self.replayer, self.third, self.tp_group = tensor_parallel.replay_pairs(
+                guard.layout, self.group, nodes)
         self.off_reason = ""
         if self.replayer[self.rank] is None:
             self.off_reason = ("replay audits are off: every rank is on one node, and a "
-                               "replayer must be on another")
+                               "replayer must be on another") if self.tp_group is None else (
+                "replay audits are off: a dp replica's tp group has no partner replica on "
+                "nodes of its own (a replay of a tp group runs on another replica's nodes)")
         self.audits = 0  # Audits run (the same count on every rank).
         self.mismatches = 0
         self.findings = []
@@ -239,7 +245,9 @@ class ShardReplay:
             return None, "pass"
         self.mismatches += 1
         cells = {}
-        thirds = [(self.third[s], s) for s in mismatched if self.third[s] is not None]
+        again = mismatched if self.tp_group is None else \
+            sorted({r for s in mismatched for r in self.tp_group[s]})  # Whole tp groups.
+        thirds = [(self.third[s], s) for s in again if self.third[s] is not None]
         failed = self._round(thirds, record, (_THIRD_LOSS, _THIRD_GRADS, _THIRD_ERROR), cells)
         if failed is not None:
             return failed, "error"
@@ -247,6 +255,8 @@ class ShardReplay:
         mine = None
         for s in mismatched:
             named, text = self._verdict(step, s, table, table3)
+            if self.tp_group is not None:
+                text = tensor_parallel.verdict(text, s, mismatched, self.tp_group)
             self.findings.append(text)
             if self.rank == 0:
                 print(f"sdc-guard: {text}", file=sys.stderr, flush=True)

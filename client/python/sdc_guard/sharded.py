@@ -18,8 +18,22 @@ same tensors and which hold different shards:
     a shard of its own, a replica group of one; its optimizer update is
     verified by the buddy check (buddy.py).
 
+  * tensor parallel x data parallel ("tp"): a model parallelised with
+    ``parallelize_module`` over the "tp" dim of a (dp, tp) ``DeviceMesh``,
+    then replicated over "dp" by FSDP2 with a replicate placement
+    (``torch.distributed._composable.replicate_with_fsdp.replicate(model,
+    mesh=mesh["dp"])``, or ``fully_shard`` on a (dp, 1) replicate x shard
+    mesh of a (dp, 1, tp) mesh: HSDP with one rank per shard). Every
+    parameter is ``Replicate()`` on the dp dim; the tp dim is where they
+    differ (``Shard(d)`` for Colwise/Rowwise weights, ``Replicate()`` for a
+    Rowwise bias). The ranks with the same tp coordinate hold the same
+    tensors, one replica per dp coordinate: the tp coordinate is the rank's
+    replica group and shard index, so the weight vote runs per tp shard
+    across dp and names the tp rank whose shard differs (tp_layout below).
+
 Anything else is a TypeError saying what is not covered yet: a mesh of more
-than two dims, tensor parallel placements. (A ``ZeroRedundancyOptimizer``
+than two dims of more than one rank, FSDP sharding over dp with tensor
+parallel (no replica of any shard). (A ``ZeroRedundancyOptimizer``
 around a DDP model is layout "ddp": the guard finds ZeRO from the optimizer
 and verifies each rank's partition update with the buddy check, buddy.py.)
 
@@ -46,6 +60,10 @@ try:  # torch >= 2.6 exports FSDP2 here.
     from torch.distributed.tensor import DTensor, Replicate, Shard
 except ImportError:  # pragma: no cover  (a torch without FSDP2: DDP only)
     FSDPModule = ReduceScatter = DTensor = Replicate = Shard = None
+try:  # FSDP2's replicate placement (torch >= 2.9): tensor parallel's data parallelism.
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+except ImportError:  # pragma: no cover
+    ReplicateModule = ()
 
 
 @dataclasses.dataclass
@@ -53,7 +71,7 @@ class Layout:
     """How the guard sees a model. ``kind``: "ddp", "hsdp" or "fsdp" (FSDP2
     on a 1-D mesh: no replica of any shard)."""
 
-    kind: str
+    kind: str  # "ddp", "hsdp", "fsdp" or "tp".
     module: torch.nn.Module  # What loss_fn(module, batch) is called with.
     process_group: object  # The group every rank of the job is in.
     shard_index: int = 0
@@ -83,7 +101,8 @@ class Layout:
 
 _NOT_COVERED = (
     "sdc_guard.Guard covers a DistributedDataParallel model, an FSDP2 module on a 1-D "
-    "DeviceMesh (FSDP) and one on a 2-D replicate x shard DeviceMesh (HSDP); ")
+    "DeviceMesh (FSDP), one on a 2-D replicate x shard DeviceMesh (HSDP) and a tensor "
+    "parallel model replicated over a dp dim (tp); ")
 
 
 def _name(model):
@@ -114,20 +133,35 @@ def layout_of(model, process_group=None):
 
 def _hsdp_layout(model, process_group):
     mesh = placements = None
+    mixed = False  # Parameters placed differently on one mesh: tensor parallel.
+    by_name = {}
     for name, p in model.named_parameters():
         if not isinstance(p, DTensor):
             raise TypeError(
                 _NOT_COVERED + f"parameter {name!r} of this FSDP2 module is not a DTensor (a "
                 "parameter fully_shard did not manage is not covered yet)")
+        by_name[name] = tuple(p.placements)
         if mesh is None:
             mesh, placements = p.device_mesh, tuple(p.placements)
-        elif p.device_mesh != mesh or tuple(p.placements) != placements:
+        elif p.device_mesh != mesh:
             raise TypeError(
-                _NOT_COVERED + f"parameter {name!r} is placed {tuple(p.placements)} on "
-                f"{p.device_mesh}, another than the first parameter's {placements} on {mesh} "
-                "(mixed meshes, e.g. tensor parallel inside FSDP, are not covered yet)")
+                _NOT_COVERED + f"parameter {name!r} is placed on {p.device_mesh}, another mesh "
+                f"than the first parameter's {mesh} (mixed meshes are not covered yet)")
+        elif tuple(p.placements) != placements:
+            mixed = True
     if mesh is None:
         raise TypeError(_NOT_COVERED + "this FSDP2 module has no parameters")
+    if mixed and mesh.ndim == 1:
+        raise TypeError(
+            _NOT_COVERED + f"the parameters of this FSDP2 module are placed differently on a "
+            f"1-D mesh ({placements} and others): per-parameter shard placements are not "
+            "covered yet")
+    if mixed or mesh.ndim > 2 or isinstance(model, ReplicateModule):
+        # (FSDP2's replicate on a (dp, tp) mesh whose parameters all happen
+        # to be placed alike, e.g. all Colwise, is tensor parallel too.)
+        import sdc_guard.tensor_parallel as tensor_parallel  # noqa: PLC0415  (it imports this)
+
+        return tensor_parallel.layout(model, process_group, mesh, by_name)
     replicate = [i for i, pl in enumerate(placements) if isinstance(pl, Replicate)]
     shard = [i for i, pl in enumerate(placements) if isinstance(pl, Shard)]
     if mesh.ndim == 1 and len(shard) == 1:
@@ -191,22 +225,35 @@ if ReduceScatter is not None:
         gradients of one parameter group, before any reduction) in front.
         Errors of the guard's part are kept by the engine and fail the step on
         every rank at its end: raising here would leave the other ranks
-        waiting in the reduce-scatter."""
+        waiting in the reduce-scatter.
+
+        Where FSDP's shard group has one rank (the tp layout: a replicate
+        placement, or HSDP with one rank per shard), FSDP allocates the
+        reduce-scatter's input and output here but copies instead of calling
+        it: the input is kept (``unsent``) and ReducedShards checks it when
+        the replicate-dim all-reduce hook runs, still before any of it is
+        applied."""
 
         def __init__(self, guard):
             self._guard = guard
+            self.unsent = []  # Allocations since the last call: [input, output].
 
         def allocate(self, size, *, dtype, device):
-            return torch.empty(*size, dtype=dtype, device=device)
+            t = torch.empty(*size, dtype=dtype, device=device)
+            self.unsent = (self.unsent + [t])[-2:]
+            return t
 
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        def local_gradients(self, input_tensor):
+            """Check 1 of this rank's local gradients ``input_tensor`` (and a
+            replay's fingerprint of them); False in a replay, whose
+            gradients are not the step's."""
             guard = self._guard
+            self.unsent = []
             audit = guard._shard_replay
             if audit is not None:
                 audit.seen_reduce_scatter(input_tensor)
                 if audit.replaying:  # A replay's: no check 1, the step's count unchanged.
-                    return dist.reduce_scatter_tensor(output=output_tensor, input=input_tensor,
-                                                      group=group, op=op, async_op=async_op)
+                    return False
             if guard._current is None or guard._closed:
                 raise GuardError(
                     "FAILED_PRECONDITION: backward() ran outside guard.step(): a guarded FSDP2 "
@@ -218,6 +265,10 @@ if ReduceScatter is not None:
                     f"the guard's reduce-scatter: {type(e).__name__}: {e}")
             guard._hook_calls_this_step += 1
             guard.hook_calls += 1
+            return True
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            self.local_gradients(input_tensor)
             return dist.reduce_scatter_tensor(output=output_tensor, input=input_tensor,
                                               group=group, op=op, async_op=async_op)
 
@@ -225,14 +276,21 @@ if ReduceScatter is not None:
 class ReducedShards:
     """FSDP's all-reduce hook: each reduced shard, after the replicate-dim
     all-reduce, to the engine (scanned and fingerprinted at the step's end,
-    when FSDP has divided it in place and the sharded gradients view it)."""
+    when FSDP has divided it in place and the sharded gradients view it).
+    Where FSDP skipped the reduce-scatter (a shard group of one rank), check
+    1 of the local gradients it kept runs here first."""
 
-    def __init__(self, guard):
+    def __init__(self, guard, comm=None):
         self._guard = guard
+        self._comm = comm
         self.index = 0  # Per step: the order is FSDP's, the same on every rank.
 
     def __call__(self, reduce_output):
         guard = self._guard
+        comm = self._comm
+        if comm is not None and len(comm.unsent) == 2 and comm.unsent[1] is reduce_output:
+            if not comm.local_gradients(comm.unsent[0]):
+                return  # A replay's.
         if guard._shard_replay is not None and guard._shard_replay.replaying:
             return  # A replay's reduced shard: discarded, not the step's.
         try:
@@ -245,8 +303,8 @@ class ReducedShards:
 def install(guard, layout):
     """The guard's reduce-scatter and all-reduce hook on every FSDP module of
     ``layout``; returns the ReducedShards (its index is reset each step)."""
-    reduced = ReducedShards(guard)
     comm = GuardedReduceScatter(guard)
+    reduced = ReducedShards(guard, comm)
     for m in layout.fsdp_modules:
         m.set_custom_reduce_scatter(comm)
         m.set_all_reduce_hook(reduced)
