@@ -34,8 +34,8 @@
 //                                 results reach sdcd before them (a per-stream race)
 //             product             perturb one element of one matrix product's output
 //                                 (forward or backward) by the relative error MAGNITUDE
-//                                 (default 2^-6); injected by the Python front end's
-//                                 every-step checksums (sdc_guard/checksums.py)
+//                                 (default 2^-6); injected by the every-step checksums
+//                                 of either front end (client/product_checks.h)
 //             shard-update        multiply one element of RANK's optimizer update of its
 //                                 shard by 1 + MAGNITUDE (default 2^-10), inside the slice
 //                                 the buddy check verifies at that step (FSDP2 without

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <typeinfo>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/product_checks.h"
 
 namespace sdc {
 
@@ -51,9 +53,11 @@ std::vector<torch::Tensor> OptimizerTensors(torch::optim::Optimizer& optimizer,
 // the step protocol itself is the engine's.
 class Guard::Impl {
  public:
-  Impl(client::GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-       torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn)
+  Impl(client::GuardOptions options, FrontEndOptions front_end,
+       c10::intrusive_ptr<c10d::ProcessGroup> pg, torch::nn::Module& model,
+       torch::optim::Optimizer& optimizer, LossFn loss_fn)
       : options_(std::move(options)),
+        front_end_(front_end),
         pg_(std::move(pg)),
         model_(model),
         optimizer_(optimizer),
@@ -68,6 +72,7 @@ class Guard::Impl {
                                          bool checkpoint, double* loss_out);
   client::GuardEngine& engine() { return *engine_; }
   const client::GuardEngine& engine() const { return *engine_; }
+  ChecksumCounts Checksums() const;
 
  private:
   struct Bucket {
@@ -82,6 +87,7 @@ class Guard::Impl {
   void Broadcast(const std::vector<torch::Tensor>& tensors, uint32_t root);
 
   client::GuardOptions options_;
+  FrontEndOptions front_end_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   torch::nn::Module& model_;
   torch::optim::Optimizer& optimizer_;
@@ -89,6 +95,10 @@ class Guard::Impl {
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<client::GuardEngine> engine_;
+  // The every-step checksums (null unless front_end_.every_step); after
+  // engine_, so they go (and aten's kernels come back) before it.
+  c10::intrusive_ptr<client::ProductChecks> checks_;
+  uint64_t checksum_skips_ = 0;
   std::vector<std::vector<torch::Tensor>> batches_;
   bool warned_unknown_optimizer_ = false;
 };
@@ -123,7 +133,29 @@ absl::Status Guard::Impl::Init() {
       loss_fn_, std::move(frozen));
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
+  if (front_end_.every_step) {
+    // The Python front end's defaults (sdc_guard/checksums.py): the
+    // probabilistic rule at 10 standard deviations (docs/ARCHITECTURE.md).
+    client::GuardEngine* e = engine_.get();
+    absl::StatusOr<c10::intrusive_ptr<client::ProductChecks>> checks =
+        client::ProductChecks::Create(engine_->rank(), "probabilistic", 10.0,
+                                      [e](const std::string& what) { e->NoteFailure(what); });
+    if (!checks.ok()) return checks.status();
+    checks_ = *std::move(checks);
+  }
   return absl::OkStatus();
+}
+
+ChecksumCounts Guard::Impl::Checksums() const {
+  ChecksumCounts c;
+  if (checks_) {
+    c.every_step = true;
+    c.checked = static_cast<uint64_t>(checks_->Checked());
+    c.unchecked = static_cast<uint64_t>(checks_->Unchecked());
+    c.alarms = static_cast<uint64_t>(checks_->Alarms());
+  }
+  c.skips = checksum_skips_;
+  return c;
 }
 
 absl::Status Guard::Impl::BeginStep(uint64_t step,
@@ -135,6 +167,14 @@ absl::Status Guard::Impl::BeginStep(uint64_t step,
     return s;
   }
   batches_ = std::move(batches);
+  if (checks_) {  // From here to AllReduceAndCheck: the forward and backward.
+    checks_->Begin(static_cast<int64_t>(step),
+                   client::ProductFaultAt(options_, engine_->rank(), step));
+    if (absl::Status s = checks_->Enter(); !s.ok()) {
+      engine_->AbortStep();
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -183,6 +223,7 @@ void Guard::Impl::Broadcast(const std::vector<torch::Tensor>& tensors, uint32_t 
 }
 
 absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
+  if (checks_) checks_->Exit();  // aten's own kernels again: replays are not checked.
   try {
     torch::NoGradGuard no_grad;
     std::vector<Bucket> buckets = MakeBuckets();
@@ -209,7 +250,17 @@ absl::StatusOr<StepDecision> Guard::Impl::AllReduceAndCheck() {
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
   }
-  return engine_->Finish();
+  absl::StatusOr<StepDecision> d = engine_->Finish();
+  if (!d.ok() && absl::StrContains(d.status().message(), client::kChecksumAlarmMark)) {
+    // A rank's product checksum failed: every rank has this same error and
+    // skips the step here (the engine zeroed the gradients); training goes on.
+    ++checksum_skips_;
+    StepDecision skipped;
+    skipped.apply = false;
+    skipped.reason = std::string(d.status().message());
+    return skipped;
+  }
+  return d;
 }
 
 absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
@@ -228,6 +279,7 @@ absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
       AfterMicroBatchBackward(i, loss);
     }
   } catch (const c10::Error& e) {
+    if (checks_) checks_->Exit();
     return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
   }
   absl::StatusOr<StepDecision> d = AllReduceAndCheck();
@@ -248,11 +300,12 @@ absl::StatusOr<StepDecision> Guard::Impl::TrainStep(
 
 absl::StatusOr<std::unique_ptr<Guard>> Guard::Create(
     client::GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
-    torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn) {
+    torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn,
+    FrontEndOptions front_end) {
   if (options.job_id.empty()) return absl::InvalidArgumentError("options.job_id is empty");
   if (!loss_fn) return absl::InvalidArgumentError("a loss function is required");
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(process_group), model,
-                                     optimizer, std::move(loss_fn));
+  auto impl = std::make_unique<Impl>(std::move(options), front_end, std::move(process_group),
+                                     model, optimizer, std::move(loss_fn));
   if (absl::Status s = impl->Init(); !s.ok()) return s;
   return std::unique_ptr<Guard>(new Guard(std::move(impl)));
 }
@@ -280,6 +333,7 @@ absl::StatusOr<protocol::CheckpointLedger> Guard::RefreshCheckpoints(absl::Durat
 }
 torch::Tensor Guard::FaultPoint(const torch::Tensor& x) { return impl_->engine().FaultPoint(x); }
 GuardSummary Guard::Summary() const { return impl_->engine().Summary(); }
+ChecksumCounts Guard::Checksums() const { return impl_->Checksums(); }
 uint32_t Guard::rank() const { return impl_->engine().rank(); }
 uint32_t Guard::world_size() const { return impl_->engine().world_size(); }
 void Guard::Shutdown(absl::Duration flush) { impl_->engine().Shutdown(flush); }

@@ -24,6 +24,15 @@
 // libtorch nn::Module and optimizer to it and all-reduces the gradients in
 // flat buckets. See docs/ARCHITECTURE.md ("The trainer client").
 //
+// With FrontEndOptions::every_step, every matrix product (mm,
+// addmm, bmm on CPU) the step's forward and backward compute between
+// BeginStep and AllReduceAndCheck is checked by its row/column checksums
+// (client/product_checks.h, the same kernels as the Python front end's
+// Guard(every_step=True)); a failed checksum on any rank makes
+// AllReduceAndCheck return, on every rank, a skipped step (apply false, the
+// gradients zeroed) whose reason holds the alarm (op, phase, shapes,
+// discrepancy, threshold), and sdcd names that rank a suspect.
+//
 // Thread-compatible: one Guard per rank, used from the training thread. The
 // coordinator link runs its own thread.
 
@@ -50,6 +59,24 @@ using LossFn = client::LossFn;
 using StepDecision = client::StepDecision;
 using GuardSummary = client::GuardSummary;
 
+// Options of the libtorch front end itself (the engine's are GuardOptions).
+struct FrontEndOptions {
+  // Checksums of every matrix product (mm, addmm, bmm on CPU) in each
+  // step's forward and backward (client/product_checks.h; issue 45; the
+  // Python front end's Guard(every_step=True)). Off by default.
+  bool every_step = false;
+};
+
+// The every-step checksums' counts since the guard was made (all zero
+// without FrontEndOptions::every_step).
+struct ChecksumCounts {
+  bool every_step = false;
+  uint64_t checked = 0;    // Products checked.
+  uint64_t unchecked = 0;  // mm/addmm/bmm the checksums could not take.
+  uint64_t alarms = 0;     // This rank's failed checksums.
+  uint64_t skips = 0;      // Steps every rank skipped for some rank's failed checksum.
+};
+
 // Every tensor of `optimizer`'s per-parameter state for `params`, in
 // parameter order: libtorch's Adam and AdamW (exp_avg, exp_avg_sq and
 // amsgrad's max_exp_avg_sq), SGD (momentum), RMSprop (square_avg, momentum,
@@ -68,7 +95,8 @@ class Guard {
   // starts the link. InvalidArgument for bad options or an empty model.
   static absl::StatusOr<std::unique_ptr<Guard>> Create(
       client::GuardOptions options, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
-      torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn);
+      torch::nn::Module& model, torch::optim::Optimizer& optimizer, LossFn loss_fn,
+      FrontEndOptions front_end = {});
   ~Guard();
 
   // Starts step `step` with its micro-batches (the first is the one audited).
@@ -129,6 +157,7 @@ class Guard {
   torch::Tensor FaultPoint(const torch::Tensor& activation);
 
   GuardSummary Summary() const;
+  ChecksumCounts Checksums() const;
   uint32_t rank() const;
   uint32_t world_size() const;
   // Stops the link after flushing reports for up to `flush`.

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "client/gloo_group.h"
 #include "demo/process.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace sdc {
@@ -307,6 +308,55 @@ TEST(GuardTest, AnOpWithoutADeterministicImplementationTurnsAuditsOff) {
             std::string::npos)
       << (*g)->Summary().audits_off;
   EXPECT_EQ((*g)->Summary().audits, 0u);
+}
+
+// FrontEndOptions::every_step on one rank: clean steps raise no alarm and
+// check every product (the MLP's forward addmm and backward mm); a product
+// error injected at step 3 is caught there and the step skipped (weights
+// untouched), and training goes on. The multi-rank job, with sdcd: tests/
+// cluster_e2e_test.cc.
+TEST(GuardTest, EveryStepChecksumsSkipAStepWithAWrongProduct) {
+  auto pg = OneRankGroup("every-step");
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 4));
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.faults = *client::ParseFaultSpecs("product:0:step=3:2^-4");
+  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
+    return torch::mse_loss(model->forward(b[0]), b[1]);
+  };
+  FrontEndOptions front_end;
+  front_end.every_step = true;
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss, front_end);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<torch::Tensor> before;
+  for (uint64_t step = 1; step <= 5; ++step) {
+    if (step == 3) {
+      for (const torch::Tensor& p : model->parameters()) before.push_back(p.detach().clone());
+    }
+    absl::StatusOr<StepDecision> d = (*g)->TrainStep(
+        step, {{torch::randn({8, 16}), torch::randn({8, 4})}}, false, nullptr);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->apply, step != 3) << step << ": " << d->reason;
+    if (step == 3) {
+      EXPECT_THAT(d->reason, ::testing::HasSubstr("checksum alarm at step 3 on rank 0"));
+      EXPECT_THAT(d->reason, ::testing::HasSubstr("transient"));
+      const std::vector<torch::Tensor> after = model->parameters();
+      ASSERT_EQ(after.size(), before.size());
+      for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i]));
+    }
+  }
+  const ChecksumCounts c = (*g)->Checksums();
+  EXPECT_TRUE(c.every_step);
+  EXPECT_EQ(c.alarms, 1u);
+  EXPECT_EQ(c.skips, 1u);
+  EXPECT_EQ(c.unchecked, 0u);
+  // Per step: 2 forward addmm, 3 backward mm (dW of each layer, dx of the
+  // second; the input needs no gradient).
+  EXPECT_EQ(c.checked, 5u * 5u);
+  EXPECT_EQ((*g)->Summary().skipped, 1u);
+  (*g)->Shutdown(absl::ZeroDuration());
 }
 
 TEST(OptimizerTensorsTest, EveryLibtorchOptimizerStateTensorIsRead) {

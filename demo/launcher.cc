@@ -380,6 +380,13 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
                                           : absl::StrCat("--pg_timeout_s=", s));
       }
       if (c.unguarded) argv.push_back("--unguarded");
+      if (c.every_step && !c.unguarded) {
+        if (c.trainer == "cpp") {
+          argv.push_back("--every_step");
+        } else {
+          env["SDC_EVERY_STEP"] = "1";
+        }
+      }
       if (c.unguarded && c.extra_collective) argv.push_back("--extra_collective");
       if (c.count_collectives) argv.push_back("--count_collectives");
       if (!c.turn_file.empty()) {

@@ -99,6 +99,9 @@ struct ClusterConfig {
   absl::Duration collective_timeout = absl::ZeroDuration();
   std::string job_id = "demo";
   bool unguarded = false;             // No sdcd, no guard: the overhead baseline.
+  // The every-step product checksums (issue 45): the C++ trainer's
+  // --every_step, the Python trainer's SDC_EVERY_STEP=1.
+  bool every_step = false;
   bool extra_collective = false;      // Unguarded plus the guard's agreement exchange alone.
   bool count_collectives = false;     // Trainers count each step's collectives (progress lines).
   // Guarded, but the coordinator address leads nowhere (sdcd unreachable).

@@ -60,6 +60,9 @@ ABSL_FLAG(int, seed, 1234,
           "Model initialization seed (the same on every rank of a replica group).");
 ABSL_FLAG(int, collective_timeout_s, 120, "The process group's collective timeout, seconds.");
 ABSL_FLAG(bool, unguarded, false, "Train without sdc-guard (the overhead baseline).");
+ABSL_FLAG(bool, every_step, false,
+          "Checksum every matrix product of each step's forward and backward "
+          "(sdc::FrontEndOptions::every_step; issue 45).");
 ABSL_FLAG(bool, count_collectives, false,
           "Count the collectives each step issues (the process group's backend counts every "
           "call) and write them in the progress line's \"collectives\".");
@@ -356,7 +359,10 @@ int Main(int argc, char** argv) {
 
   std::unique_ptr<Guard> guard;
   if (options != nullptr) {
-    absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(*options, pg, *model, optimizer, loss_fn);
+    FrontEndOptions front_end;
+    front_end.every_step = absl::GetFlag(FLAGS_every_step);
+    absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(*options, pg, *model, optimizer, loss_fn,
+                                                       front_end);
     if (!g.ok()) Die(std::string(g.status().message()));
     guard = *std::move(g);
     Guard* raw = guard.get();
@@ -490,6 +496,13 @@ int Main(int argc, char** argv) {
                         {"reports_sent", s.reports_sent},
                         {"reports_acked", s.reports_acked},
                         {"reports_dropped", s.reports_dropped}};
+    const ChecksumCounts c = guard->Checksums();
+    if (c.every_step) {
+      final_line.guard["products_checked"] = static_cast<int64_t>(c.checked);
+      final_line.guard["products_unchecked"] = static_cast<int64_t>(c.unchecked);
+      final_line.guard["checksum_alarms"] = static_cast<int64_t>(c.alarms);
+      final_line.guard["checksum_skips"] = static_cast<int64_t>(c.skips);
+    }
     std::fprintf(stderr, "sdc-guard rank %d summary: %s\n", rank, s.ToString().c_str());
   }
   if (progress.is_open()) progress << FinalLine(final_line) << std::endl;

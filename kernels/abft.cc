@@ -375,7 +375,10 @@ absl::StatusOr<AbftResult> CheckBatchedMatrixProductOnPath(
     return m;
   };
 
-  Scratch scratch;
+  // One set of arrays per thread, kept across calls: the every-step checks
+  // run dozens of products a step, and each check's dozen arrays were
+  // allocated and freed every time. Zeros() sets every array a pass reads.
+  thread_local Scratch scratch;
   LineResult best;
   AbftAxis best_axis = AbftAxis::kColumns;
   int64_t best_batch = 0;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -177,6 +178,57 @@ TEST(ClusterTest, FaultyReplayerIsSettledByATieBreak) {
   EXPECT_EQ(steps.at(5).checkpoint, "none") << "no checkpoint asked at step 5";
   ASSERT_GE(r->requests.size(), 1u);
   EXPECT_EQ(r->requests[0].node_name(), "node-c");
+  ExpectIdenticalReplicas(*r);
+}
+
+// Issue 45 in the C++ front end (sdc::FrontEndOptions::every_step, the
+// trainer's --every_step):
+// a product error on rank 3 at step 12, a step no replay audit covers
+// (audits at 5, 10, ...), is caught by the checksums; every rank skips that
+// step with the same reason and trains on; sdcd names rank 3 a suspect; no
+// other step and no other rank raises an alarm (the clean part of the run).
+TEST(ClusterTest, EveryStepChecksumCatchesAProductErrorOnAnUnauditedStep) {
+  ClusterConfig c = FastCluster("every-step", "product:3:step=12:2^-6");
+  c.steps = 14;
+  c.every_step = true;
+  absl::StatusOr<ClusterResult> r = RunCluster(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto steps = SameDecisions(*r);
+  ASSERT_EQ(steps.size(), 14u);
+  for (const auto& [step, s] : steps) {
+    EXPECT_EQ(s.apply, step != 12) << step << ": " << s.reason;
+  }
+  EXPECT_FALSE(steps.at(12).audited);
+  EXPECT_THAT(steps.at(12).reason, HasSubstr("step 12 failed on rank 3"));
+  EXPECT_THAT(steps.at(12).reason, HasSubstr("checksum alarm at step 12 on rank 3"));
+  EXPECT_THAT(steps.at(12).reason, HasSubstr("discrepancy"));
+  for (size_t rank = 0; rank < r->ranks.size(); ++rank) {
+    for (const StepRecord& s : r->ranks[rank]) {
+      if (s.step == 12) EXPECT_EQ(s.reason, steps.at(12).reason) << "rank " << rank;
+    }
+  }
+  ASSERT_EQ(r->guard_summaries.size(), 6u);
+  for (size_t rank = 0; rank < 6; ++rank) {
+    std::map<std::string, int64_t> g = r->guard_summaries[rank];
+    EXPECT_EQ(g["checksum_alarms"], rank == 3 ? 1 : 0) << "rank " << rank;
+    EXPECT_EQ(g["checksum_skips"], 1) << "rank " << rank;
+    EXPECT_EQ(g["skipped"], 1) << "rank " << rank;
+    EXPECT_GE(g["products_checked"], 14) << "rank " << rank;
+  }
+  ASSERT_EQ(r->injections.size(), 1u);
+  EXPECT_THAT(r->injections[0], HasSubstr("rank 3"));
+  // sdcd read the alarm from the reason: rank 3 a suspect, not blamed.
+  EXPECT_EQ(Blames(*r, 3), nullptr);
+  int suspects = 0;
+  for (const v1::Incident& i : r->incidents) {
+    EXPECT_NE(i.outcome(), "allreduce") << i.explanation();
+    if (i.outcome() == "suspect" && i.ranks_size() == 1 && i.ranks(0) == 3) {
+      ++suspects;
+      EXPECT_EQ(i.step(), 12u);
+      EXPECT_THAT(i.explanation(), HasSubstr("discrepancy"));
+    }
+  }
+  EXPECT_EQ(suspects, 1);
   ExpectIdenticalReplicas(*r);
 }
 

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "client/guard_engine.h"
 #include "client/options.h"
+#include "client/product_checks.h"
 #include "client/python/product_checks.h"
 #include "client/fault_injection.h"
 #include "kernels/abft.h"
@@ -188,8 +189,8 @@ class Engine : public torch::CustomClassHolder {
   // their alarms are this engine's failures of the step.
   c10::intrusive_ptr<ProductChecks> MakeProductChecks(std::string rule, double lambda) {
     c10::intrusive_ptr<Engine> self = c10::intrusive_ptr<Engine>::reclaim_copy(this);
-    return c10::make_intrusive<ProductChecks>(
-        Rank(), rule, lambda, [self](const std::string& what) { self->NoteFailure(what); });
+    return Value(ProductChecks::Create(
+        Rank(), rule, lambda, [self](const std::string& what) { self->NoteFailure(what); }));
   }
   void AbortStep() { engine_->AbortStep(); }
   void AddReducedBucket(int64_t index, at::Tensor reduced) {
@@ -221,10 +222,9 @@ class Engine : public torch::CustomClassHolder {
   // This rank's injected product fault at `step` (fault_injection.h):
   // (fires, relative error). The Python front end's checksums inject it.
   std::tuple<bool, double> ProductFault(int64_t step) {
-    const FaultPlan plan = FaultFor(engine_->options().faults, static_cast<uint32_t>(Rank()));
-    const bool fires = plan.kind == FaultKind::kProduct &&
-                       plan.FiresAt(static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
-    return {fires, plan.magnitude};
+    const std::optional<double> fault = ProductFaultAt(
+        engine_->options(), static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
+    return {fault.has_value(), fault.value_or(0.0)};
   }
   // This rank's injected shard-update fault at `step`: (fires, relative
   // error). The Python front end's buddy check (sdc_guard/buddy.py) injects it.

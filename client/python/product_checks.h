@@ -1,111 +1,15 @@
 #ifndef SDC_CLIENT_PYTHON_PRODUCT_CHECKS_H_
 #define SDC_CLIENT_PYTHON_PRODUCT_CHECKS_H_
 
-// The every-step product checksums' kernels (issue 45) as the libtorch
-// custom class torch.classes.sdc.ProductChecks, made by the engine
-// (Engine.product_checks in engine_library.cc) and driven by
-// sdc_guard/checksums.py: C++ kernels for aten::mm, aten::addmm and
-// aten::bmm at the dispatcher's CPU key, registered while a guarded step's
-// forward and backward run (Enter) and removed after (Exit), which puts
-// aten's own kernels back. Each product is computed by aten's own CPU kernel
-// (at::cpu::mm / addmm / bmm: the function the CPU key held before, called
-// directly, so it cannot dispatch back here and its result bits are aten's)
-// and then checked with kernels/abft.h in C++, with no Python call per
-// product. Products the checksums cannot take (other dtypes, addmm with
-// beta or alpha other than 1 or a full input) are counted as unchecked.
-//
-// A failed checksum: the product is computed once more from the same
-// operands (the same bits: "persistent", a fault the inputs reproduce;
-// other bits: "transient"), the alarm is written on stderr with the op,
-// phase, shapes, discrepancy and threshold, and the step's first alarm goes
-// at once to `note_failure` (GuardEngine::NoteFailure: the step's gradient
-// buckets carry it to every rank, which all skip the step). Its text starts
-// with "checksum alarm at step S on rank R" (sdc_guard/checksums.py's
-// ALARM_MARK).
-//
-// One ProductChecks is entered at a time in a process (Enter throws
-// FAILED_PRECONDITION for a second); the kernels are process-wide, so a
-// product another thread computes during the step is checked too (the
-// counters are atomic; the fault and the step's alarm are under a mutex
-// taken only at an injection or an alarm).
+// The Python binding of the every-step product checksums (issue 45):
+// client/product_checks.h's ProductChecks as the libtorch custom class
+// torch.classes.sdc.ProductChecks, made by the engine (Engine.product_checks
+// in engine_library.cc) and driven by sdc_guard/checksums.py. Errors reach
+// Python as engine_library.cc's ("sdc_guard:CODE: message").
 
-#include <torch/custom_class.h>
 #include <torch/library.h>
-#include <torch/torch.h>
-
-#include <atomic>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-
-#include "kernels/abft.h"
 
 namespace sdc::client {
-
-// The checksums' dtype of a tensor (float32, bfloat16, float16), or nullopt
-// for one they do not take.
-std::optional<kernels::DType> CheckedDType(const at::Tensor& t);
-
-class ProductChecks : public torch::CustomClassHolder {
- public:
-  using NoteFailure = std::function<void(const std::string&)>;
-
-  // `rule`: "guaranteed" or "probabilistic" (kernels/abft.h); `lambda`: the
-  // probabilistic rule's standard deviations. Throws "sdc_guard:
-  // INVALID_ARGUMENT: ..." for another rule or a lambda not finite and >= 0.
-  ProductChecks(int64_t rank, const std::string& rule, double lambda, NoteFailure note_failure);
-  ~ProductChecks() override;
-
-  // Before the step's forward: the step's product count and alarm start
-  // afresh; `fault`: a relative error to put into one element of one
-  // product of this step (chosen by a generator seeded by rank and step;
-  // tests and demos only), or none.
-  void Begin(int64_t step, std::optional<double> fault);
-  // Registers the kernels (replacing aten's own at the CPU key until Exit).
-  void Enter();
-  // Removes the kernels: aten's own again. A no-op when not entered.
-  void Exit();
-
-  int64_t Checked() const { return checked_.load(); }      // All steps.
-  int64_t Unchecked() const { return unchecked_.load(); }  // All steps.
-  int64_t Alarms() const { return alarms_.load(); }        // Failed checksums, all steps.
-  int64_t Rank() const { return rank_; }
-
-  enum class Op { kMm, kAddmm, kBmm };
-  // Checks out = a b (+ bias broadcast over out's rows), after injecting
-  // the step's fault when this is its product; the kernels call it.
-  // `scaled`: an addmm with beta or alpha other than 1.
-  void Observe(Op op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
-               at::Tensor& out, bool scaled);
-
- private:
-  struct Fault {
-    double relative;
-    uint64_t element;  // The draw that picks the element.
-  };
-
-  void Inject(Op op, at::Tensor& out);
-  void Alarm(Op op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
-             const at::Tensor& out, const kernels::AbftResult& r);
-
-  const int64_t rank_;
-  const NoteFailure note_failure_;
-  kernels::AbftOptions options_;
-  std::unique_ptr<torch::Library> library_;
-  std::atomic<int64_t> checked_{0}, unchecked_{0}, alarms_{0}, in_step_{0};
-  // The index among the step's products of the one the fault goes into (-1:
-  // none); read without the lock by every product.
-  std::atomic<int64_t> fault_target_{-1};
-  std::atomic<bool> warned_{false};  // Said once that a check failed to run.
-  std::mutex mu_;
-  int64_t step_ = 0;                // Written by Begin only.
-  int64_t last_step_products_ = 0;  // The most products a step has had.
-  std::optional<Fault> fault_;      // Guarded by mu_.
-  bool step_alarmed_ = false;       // Guarded by mu_.
-};
 
 // Registers torch.classes.sdc.ProductChecks (no constructor from Python:
 // Engine.product_checks makes one) in the engine library's TORCH_LIBRARY,

@@ -14,9 +14,10 @@ run, said once on stderr: nothing raises on one rank inside backward).
 
 How it attaches: while a ``ProductChecks`` is entered (the step's forward
 and backward), C++ kernels for those three ops are registered at the
-dispatcher's CPU key (``torch.classes.sdc.ProductChecks``,
-client/python/product_checks.cc: a ``torch::Library`` created on entry and
-destroyed on exit, which puts aten's own kernels back), below autograd, so
+dispatcher's CPU key (client/product_checks.cc, the library the C++ front
+end's ``GuardOptions::every_step`` uses too, bound here as
+``torch.classes.sdc.ProductChecks``: a ``torch::Library`` created on entry
+and destroyed on exit, which puts aten's own kernels back), below autograd, so
 the products of the forward and of the backward formulas reach them, and no
 other op does. Each computes its product with aten's own CPU kernel
 (``at::cpu::mm`` and the like: the same function, the same bits) and checks
