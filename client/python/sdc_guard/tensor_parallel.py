@@ -80,7 +80,6 @@ def layout(model, process_group, mesh, placements):
         fsdp_modules=fsdp_modules)
 
 
-
 def replay_pairs(layout, group, nodes):
     """(replayer, third, tp_group) per rank of ``group`` (a collective; see
     ``pairs``)."""
