@@ -250,11 +250,10 @@ absl::StatusOr<StepPipeline::Gradients> StepPipeline::CheckGradients(
 
 absl::StatusOr<Agreement> StepPipeline::Agree(const LocalView& view) const {
   const GuardOptions& o = ctx_.options();
-  // Several replica groups: a repair slot per group (none under a sharded
-  // layout, which runs no repair yet; WeightCheck::RepairIfAgreed).
+  // Several replica groups: a repair slot per group (under HSDP a group is
+  // one shard's replicas; WeightCheck::RepairIfAgreed).
   const ReplicaGroups& groups = ctx_.replica_groups();
-  const uint32_t group_count =
-      o.shard_count > 1 ? 0 : static_cast<uint32_t>(groups.count());
+  const uint32_t group_count = static_cast<uint32_t>(groups.count());
   std::vector<int64_t> agree =
       EncodeAgreement(view, ctx_.rank(), o.shard_index, o.shard_count,
                       group_count > 1 ? groups.index_of(ctx_.rank()) : 0, group_count);

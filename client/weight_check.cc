@@ -126,9 +126,9 @@ void WeightCheck::Copy(const RepairPlan& plan) {
 }
 
 absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decision) {
-  // Sharded layouts repair nothing yet: a shard's replicas would copy
-  // FSDP's local shards and DTensor optimizer state, which nothing tests.
-  if (ctx_.options().shard_count > 1) return absl::OkStatus();
+  // Under HSDP a replica group is one shard's replicas (across the
+  // replicate dim): the same local shards, buffers and optimizer state
+  // (DTensor state's local tensors), copied the same way.
   const ReplicaGroups& groups = ctx_.replica_groups();
   // A default agreement (no exchange this step) carries no steps.
   if (a.repair_step_by_group.size() != groups.count()) return absl::OkStatus();
@@ -155,41 +155,86 @@ absl::Status WeightCheck::RepairIfAgreed(const Agreement& a, StepDecision& decis
   });
   std::vector<uint64_t> digests(groups.ranks());
   for (size_t r = 0; r < digests.size(); ++r) digests[r] = static_cast<uint64_t>(gathered[2 * r]);
+  // Every rank plans every due group alike (the same gathered words), so
+  // every rank knows which groups copy and verifies them alike below.
+  std::vector<std::pair<uint32_t, RepairPlan>> copies;
   for (uint32_t g : due) {
     const uint64_t step = a.repair_step_by_group[g];
     repaired_by_group_[g] = step;
-    if (g != mine) continue;
     const std::vector<uint32_t> members = groups.members(g);
     // Every rank of the group holds a verdict at least as new as `step`;
     // the group's lowest rank's names the source every rank considers.
     const uint32_t hint = static_cast<uint32_t>(gathered.at(2 * members.front() + 1));
     const RepairPlan plan = PlanRepair(members, digests, hint);
+    const bool log = g == mine;
     if (!plan.source.has_value()) {
-      ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step, " in replica group ",
-                            groups.id(g), ": rank ", hint, "'s weights changed since the vote "
-                            "and no strict majority of the group holds one model now; the next "
-                            "weight vote decides"));
+      if (log) {
+        ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step,
+                              " in replica group ", groups.id(g), ": rank ", hint,
+                              "'s weights changed since the vote and no strict majority of the "
+                              "group holds one model now; the next weight vote decides"));
+      }
       continue;
     }
     if (plan.receivers.empty()) {
-      ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step, " in replica group ",
-                            groups.id(g), ": every rank of the group holds rank ", *plan.source,
-                            "'s weights and optimizer state now"));
+      if (log) {
+        ctx_.Log(absl::StrCat("no repair of the weight minority of step ", step,
+                              " in replica group ", groups.id(g), ": every rank of the group "
+                              "holds rank ", *plan.source, "'s weights and optimizer state now"));
+      }
       continue;
     }
-    if (*plan.source != hint) {
+    if (log && *plan.source != hint) {
       ctx_.Log(absl::StrCat("rank ", hint, "'s weights changed since the vote of step ", step,
                             "; repairing from rank ", *plan.source,
                             ", which holds the majority's"));
     }
-    SDC_TORCH_TRY(Copy(plan));
+    if (g == mine) {
+      SDC_TORCH_TRY(Copy(plan));
+    }
+    copies.emplace_back(g, plan);
+  }
+  if (copies.empty()) return absl::OkStatus();
+  // Verified by fingerprint after the copy: every rank joins a second
+  // all-gather (every rank knows some group copied); a copying group's
+  // ranks put in their digest now, which must equal the source's.
+  std::vector<int64_t> after;
+  SDC_TORCH_TRY({
+    std::vector<int64_t> word(1, 0);
+    for (const auto& [g, plan] : copies) {
+      if (g == mine) word[0] = static_cast<int64_t>(RepairDigest());
+    }
+    after = ctx_.AllGather(word);
+  });
+  std::vector<std::string> failed;
+  for (const auto& [g, plan] : copies) {
+    std::vector<std::string> to, wrong;
+    for (uint32_t r : plan.receivers) {
+      to.push_back(absl::StrCat(r));
+      if (after.at(r) != after.at(*plan.source)) wrong.push_back(absl::StrCat(r));
+    }
+    const uint64_t step = repaired_by_group_[g];
+    if (!wrong.empty()) {
+      failed.push_back(absl::StrCat(
+          "the weight repair of rank(s) ", absl::StrJoin(wrong, ", "), " from rank ", *plan.source,
+          " (replica group ", groups.id(g), ", the weight minority of step ", step,
+          ") did not verify: their fingerprints differ from the source's after the copy"));
+      continue;
+    }
+    if (g != mine) continue;
     decision.repaired = true;
     ++repairs_;
-    std::vector<std::string> to;
-    for (uint32_t r : plan.receivers) to.push_back(absl::StrCat(r));
     ctx_.Log(absl::StrCat("replica group ", groups.id(g), ": weights, buffers and optimizer state "
                           "of rank(s) ", absl::StrJoin(to, ", "), " restored from rank ",
-                          *plan.source, " (the weight minority of step ", step, ")"));
+                          *plan.source, " (the weight minority of step ", step,
+                          "), verified by fingerprint"));
+  }
+  if (!failed.empty()) {
+    // Every rank read the same digests: every rank skips this step alike.
+    const std::string why = absl::StrJoin(failed, "; ");
+    ctx_.Log(why);
+    decision.apply = false;
+    decision.reason = decision.reason.empty() ? why : absl::StrCat(decision.reason, "; ", why);
   }
   return absl::OkStatus();
 }

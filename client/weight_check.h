@@ -66,9 +66,14 @@ class WeightCheck {
   // what it holds, else the group's lowest rank that holds such a digest,
   // else nobody) and the source sends weights, buffers and optimizer state
   // point to point to the group's ranks that differ from it; no other rank
-  // takes part. decision.repaired is set on every rank of a group that
-  // copied. Nothing under a sharded layout (not covered yet). Collective
-  // when a group is due; every rank decides alike from the agreement.
+  // takes part. Under HSDP a group is one shard's replicas and the copy is
+  // of local shards and their optimizer state. After any copy every rank
+  // joins a second all-gather of the copying groups' digests: a receiver
+  // whose digest differs from the source's fails the repair, and then
+  // every rank skips the step (decision.apply false, the reason says
+  // which ranks). decision.repaired is set on every rank of a group whose
+  // copy verified. Collective when a group is due; every rank decides
+  // alike from the agreement.
   // Internal on a libtorch failure.
   absl::Status RepairIfAgreed(const Agreement& agreement, StepDecision& decision);
 

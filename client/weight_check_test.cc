@@ -262,6 +262,56 @@ TEST(WeightCheckTest, TheRepairRechecksTheSourceAndCopiesFromTheMajority) {
   }
 }
 
+// A repair is verified by fingerprint after the copy. Rank 2's optimizer
+// state accessor hands out copies (as an accessor of state that is not
+// the optimizer's own storage would), so the copy lands nowhere and rank
+// 2 still differs from the source: every rank reads the second
+// all-gather alike and skips the step, naming rank 2; no rank counts a
+// repair. Sharded options (HSDP: a shard's replicas are the group) take
+// the same path.
+TEST(WeightCheckTest, ARepairThatDoesNotVerifySkipsTheStepOnEveryRank) {
+  constexpr int kWorld = 3;
+  const std::string store =
+      (std::filesystem::path(::testing::TempDir()) / "repair_verify_store").string();
+  std::filesystem::remove(store);
+  std::vector<torch::Tensor> w(kWorld);
+  StepDecision decisions[kWorld];
+  absl::Status status[kWorld];
+  auto run = [&](int rank) {
+    GuardOptions o = Options();
+    o.node_name = absl::StrCat("node-", rank);
+    o.shard_count = 2;
+    o.shard_index = 0;
+    EngineContext ctx(o, MakeGlooGroup(store, rank, kWorld, std::chrono::seconds(60)));
+    w[rank] = torch::full({3}, rank == 2 ? 9.0f : 1.0f).requires_grad_();
+    const torch::Tensor state = torch::full({2}, rank == 2 ? 5.0f : 4.0f);
+    OptimizerStateFn optimizer_state = [state, rank]() -> std::vector<torch::Tensor> {
+      return {rank == 2 ? state.clone() : state};
+    };
+    ModelTensors model = *ModelTensors::Create({{"w"}, {w[rank]}}, {}, {}, true);
+    WeightCheck weights(ctx, model, optimizer_state);
+    ASSERT_TRUE(ctx.ExchangeTopology().ok());
+    weights.NoteMinority(40, /*majority_source=*/0, "rank 2 differs");
+    Agreement a;
+    a.repair_step_by_group = {40};
+    status[rank] = weights.RepairIfAgreed(a, decisions[rank]);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) threads.emplace_back(run, r);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
+    EXPECT_FALSE(decisions[r].apply) << r;
+    EXPECT_FALSE(decisions[r].repaired) << r;
+    EXPECT_NE(decisions[r].reason.find("the weight repair of rank(s) 2 from rank 0 (replica group "
+                                       "0, the weight minority of step 40) did not verify"),
+              std::string::npos)
+        << r << ": " << decisions[r].reason;
+    // The weights themselves were copied.
+    EXPECT_TRUE(torch::equal(w[r], torch::full({3}, 1.0f))) << "rank " << r << ": " << w[r];
+  }
+}
+
 // With no strict majority left (ranks 0 and 2 of four agree, 1 went bad
 // after the vote, 3 is the minority) nobody's weights are copied.
 TEST(WeightCheckTest, NoRepairWithoutAMajorityAfterTheSourceWentBad) {

@@ -29,8 +29,9 @@ which would otherwise see that replica differ from the others.
 --corrupt_grad=RANK:STEP nudges one element of an activation's gradient in
 RANK's backward of STEP (a finite local-gradient fault, loss unchanged). With --checkpoint_dir
 the gate's allowed checkpoints are torch.distributed.checkpoint sharded state
-dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints),
-and --resume starts from the newest final one.
+dicts kept provisional until sdcd confirms them (sdc_guard.ProvisionalCheckpoints;
+with --zero each rank's ZeRO partition state), and --resume starts from the
+newest final one (a line {"note": true, "restored": STEP, "shard_digest": ...}).
 """
 
 import argparse
@@ -155,8 +156,30 @@ def shard_digest(module):
     names, tensors = [], []
     for n, p in module.named_parameters():
         names.append(n)
-        tensors.append(p.to_local().detach() if hasattr(p, "to_local") else p.detach())
+        tensors.append(local(p).detach())
     return "%016x" % _C.model_digest(names, tensors)
+
+
+def optimizer_digest(optimizer):
+    """The kernels' digest of this rank's optimizer state (its shards of the
+    DTensor state; with --zero its own partition's): what a checkpoint
+    holds of it."""
+    from sdc_guard import _C
+
+    opt = optimizer.optim if hasattr(optimizer, "optim") else optimizer
+    names, tensors = [], []
+    for i, group in enumerate(opt.param_groups):
+        for j, p in enumerate(group["params"]):
+            for key, value in sorted(opt.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    names.append(f"{i}.{j}.{key}")
+                    tensors.append(local(value).detach().reshape(-1).float())
+    return "%016x" % _C.model_digest(names, tensors)
+
+
+def local(p):
+    """This rank's shard of a parameter (FSDP2's DTensor), or the parameter."""
+    return p.to_local() if hasattr(p, "to_local") else p
 
 
 def corrupt_at_rest(module, optimizer):
@@ -236,21 +259,24 @@ def main():
         guard = sdc_guard.Guard(model, optimizer, loss_fn, **audits)
         net.fault_point = guard.fault_point  # Tests' and demos' fault injection only.
         net.raises = replay_raises(args, guard, rank)
-        if args.checkpoint_dir:
-            if args.zero:
-                raise SystemExit("--checkpoint_dir: not with --zero (use the gate alone)")
+        if args.checkpoint_dir:  # ZeRO: each rank's partition state (TrainingState)
             checkpoints = sdc_guard.ProvisionalCheckpoints(guard, args.checkpoint_dir)  # sdc-guard
             state = {"train": sdc_guard.TrainingState(model, optimizer)}
     if args.resume:
         if checkpoints is None:
             raise SystemExit("--resume needs --checkpoint_dir (and the guard)")
-        storage = [p.to_local().data_ptr() for p in model.parameters()]
+        storage = [local(p).data_ptr() for p in model.parameters()]
         resumed = checkpoints.restore(state)  # sdc-guard: the newest final one (a collective)
         if resumed is None:
             raise SystemExit(f"--resume: no final checkpoint in {args.checkpoint_dir}")
         # Loading copies into the shards the guard checks; it must not replace them.
-        assert storage == [p.to_local().data_ptr() for p in model.parameters()]
+        assert storage == [local(p).data_ptr() for p in model.parameters()]
         first = resumed + 1
+        if args.progress:
+            with open(args.progress, "a") as f:
+                f.write(json.dumps({"note": True, "restored": resumed, "rank": rank,
+                                    "shard_digest": shard_digest(model),
+                                    "optimizer_digest": optimizer_digest(optimizer)}) + "\n")
 
     out = open(args.progress, "a") if args.progress else None
     for step in range(first, args.steps + 1):
@@ -270,7 +296,7 @@ def main():
                 record["guard_error"] = str(e)
             applied = guard.optimizer_step(optimizer)  # sdc-guard: applies or skips
             record.update(apply=applied, reason=s.reason, audited=s.audited,
-                          audit_outcome=s.audit_outcome)
+                          audit_outcome=s.audit_outcome, repaired=s.repaired)
         else:
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
@@ -285,6 +311,9 @@ def main():
             else:
                 allowed = guard.may_checkpoint()  # sdc-guard
             record["checkpoint"] = "allowed" if allowed else "vetoed"
+            if allowed:
+                record["shard_digest"] = shard_digest(model)  # What the checkpoint holds.
+                record["optimizer_digest"] = optimizer_digest(optimizer)
         record["loss"] = loss.item()
         if out is not None:
             out.write(json.dumps(record) + "\n")

@@ -108,11 +108,54 @@ def test_hsdp_faults_are_caught_named_and_vetoed(tmp_path, sdcd, layout):
     nonfinite = [i for i in incidents if i.get("check") == "CHECK_NONFINITE"]
     assert [i.get("ranks") for i in nonfinite] == [[2]], nonfinite
 
-    # The faults landed in the trained shards themselves: the faulty replica
-    # differs from its shard's two healthy replicas, which agree.
+    # The faults landed in the trained shards themselves. Rank 3's was
+    # repaired from shard 1's majority at step 5 or 6 (once ranks 1, 3 and
+    # 5 held step 4's verdict); rank 4's flip came after the last step, so
+    # it differs from its shard's two healthy replicas, which agree.
     digest = [f["shard_digest"] for f in finals]
-    assert digest[1] == digest[5] != digest[3]
+    assert [s["step"] for s in steps[3] if s["repaired"]] in ([5], [6]), steps[3]
+    assert digest[1] == digest[5] == digest[3]
     assert digest[0] == digest[2] != digest[4]
+
+
+def test_a_corrupted_hsdp_replica_is_repaired_from_its_shards_majority(tmp_path, sdcd):
+    # One bit of rank 3's shard (shard 1, replica 1) flips after step 2's
+    # optimizer step; step 2's vote per shard names it (2 of 3 replicas) and
+    # vetoes checkpoint 2. Once ranks 1, 3 and 5 all hold the verdict, the
+    # next step's agreement repairs rank 3 from a majority replica of shard
+    # 1 (its local shards and AdamW state, point to point across the
+    # replicate dim), verified by fingerprint after the copy; shard 0's
+    # replicas take no part.
+    flags = ["--steps=6", "--checkpoint_every=2"]
+    env = {"SDC_JOB_ID": "hsdp-repair", "SDC_COORDINATOR": sdcd.trainer_address,
+           "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_AUDIT_EVERY": "0",
+           "SDC_INJECT_FAULT": "weight:3:step=2", **FAULTS}
+    steps, finals = run_job(str(tmp_path / "job"), WORLD, flags, env, script=SCRIPT)
+    plain, plain_finals = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
+                                  script=SCRIPT)
+    repaired_at = {r: [s["step"] for s in steps[r] if s["repaired"]] for r in range(WORLD)}
+    assert len(repaired_at[3]) == 1 and repaired_at[3][0] > 2, repaired_at
+    for rank in range(WORLD):
+        # The same step on every rank of shard 1's group, none on shard 0's.
+        assert repaired_at[rank] == (repaired_at[3] if shard_of(rank) == 1 else []), repaired_at
+        assert all(s["apply"] for s in steps[rank]), steps[rank]
+        assert steps[rank][1]["checkpoint"] == "vetoed", steps[rank][1]
+        # Before the flipped bit reached a forward, training was the clean run's.
+        assert [s["loss"] for s in steps[rank][:2]] == [s["loss"] for s in plain[rank][:2]]
+    incidents = sdcd.sdcctl("get", "incidents", "--job=hsdp-repair")["incidents"]
+    weights = [i for i in incidents if i.get("check") == "CHECK_WEIGHTS"]
+    assert [i.get("ranks") for i in weights] == [[3]], weights
+    assert "holds shard 1/2" in weights[0]["explanation"], weights[0]
+    # Every replica of each shard holds the same bits again.
+    digest = [f["shard_digest"] for f in finals]
+    assert digest[1] == digest[3] == digest[5], digest
+    assert digest[0] == digest[2] == digest[4], digest
+    # Not the clean run's bits: from step 3 to the repair, replica 1's
+    # forward all-gathered rank 3's corrupted shard, and its gradients went
+    # through the reduce-scatter and the replicate all-reduce into every
+    # replica's update (the repair copies weights, it does not undo steps).
+    plain_digest = [f["shard_digest"] for f in plain_finals]
+    assert digest[0] != plain_digest[0] and digest[1] != plain_digest[1]
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -212,6 +212,17 @@ class TrainingState:
         state = {"train": sdc_guard.TrainingState(model, optimizer, scaler)}
         checkpoints.checkpoint(step, state)   # at a checkpoint step
         step = checkpoints.restore(state)     # at start: the newest final one
+
+    Sharded layouts: an FSDP2 or HSDP module's parameters and optimizer
+    state are DTensors, which every rank saves its own shard of (a shard's
+    replicas write it once) and loads back into the same storage. A
+    ``ZeroRedundancyOptimizer`` holds each rank's partition state only
+    (ZeRO-1): the model (replicated, written once) is saved as DDP's, and
+    each rank saves its own local optimizer's state dict (its partition,
+    with the settings of its parameter groups) under its own key, pickled
+    whole (``zero_key``), with no consolidation on one rank; a restore
+    needs the same world size and the same parameters in the same order,
+    so ZeRO assigns each rank the same partition.
     """
 
     def __init__(self, model, optimizer, scaler=None, **extra):
@@ -220,11 +231,20 @@ class TrainingState:
         self.scaler = scaler
         self.extra = extra
 
-    def state_dict(self):
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+    def _zero(self):
+        from sdc_guard import buddy
 
-        model, optimizer = get_state_dict(self.model, self.optimizer)
-        out = {"model": model, "optimizer": optimizer}
+        return buddy.zero_optimizer(self.optimizer)
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self._zero():
+            out = {"model": get_model_state_dict(self.model),
+                   "optimizer": {zero_key(self.optimizer): _zero_blob(self.optimizer)}}
+        else:
+            model, optimizer = get_state_dict(self.model, self.optimizer)
+            out = {"model": model, "optimizer": optimizer}
         if self.scaler is not None:
             out["scaler"] = self.scaler.state_dict()
         for name, obj in self.extra.items():
@@ -232,11 +252,54 @@ class TrainingState:
         return out
 
     def load_state_dict(self, state):
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        if self._zero():
+            set_model_state_dict(self.model, state["model"])
+            _load_zero_blob(self.optimizer, state["optimizer"][zero_key(self.optimizer)])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         for name, obj in self.extra.items():
             obj.load_state_dict(state[name])
+
+
+def zero_key(zero):
+    """The key of this rank's ZeRO partition state in a checkpoint:
+    ``rank-R-of-W`` of the ZeRO's process group."""
+    group = zero.process_group
+    return f"rank-{dist.get_rank(group)}-of-{dist.get_world_size(group)}"
+
+
+def _zero_blob(zero):
+    """This rank's local optimizer's state dict and the settings of ZeRO's
+    own parameter groups (a scheduler changes those; ZeRO copies them into
+    the local optimizer's at its next step), pickled: one opaque value,
+    which torch.distributed.checkpoint writes as this rank's own bytes."""
+    import io
+
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in zero.param_groups]
+    buffer = io.BytesIO()
+    torch.save({"local": zero.optim.state_dict(), "groups": settings}, buffer)
+    return buffer.getvalue()
+
+
+def _load_zero_blob(zero, blob):
+    """Loads a ``_zero_blob`` into ZeRO's local optimizer and ZeRO's groups."""
+    import io
+
+    if not isinstance(blob, bytes):
+        raise ValueError(
+            f"checkpoint: this rank's ZeRO partition state ({zero_key(zero)}) is missing or "
+            f"not what TrainingState saved ({type(blob).__name__}); restore with the world size "
+            "the checkpoint was written with")
+    saved = torch.load(io.BytesIO(blob), weights_only=False)
+    if len(saved["groups"]) != len(zero.param_groups):
+        raise ValueError(
+            f"checkpoint: {len(saved['groups'])} ZeRO parameter group(s) saved, "
+            f"{len(zero.param_groups)} now")
+    zero.optim.load_state_dict(saved["local"])
+    for mine, settings in zip(zero.param_groups, saved["groups"]):
+        mine.update(settings)
