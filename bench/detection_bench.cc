@@ -362,7 +362,8 @@ class Bench {
                     run.blamed.empty() ? "nobody" : absl::StrCat("rank ", absl::StrJoin(run.blamed, ",")));
     if (run.suspected) absl::StrAppend(&line, " (rank ", run.rank, " the one suspect)");
     if (!run.facts.checkpoints_vetoed.empty()) {
-      absl::StrAppend(&line, ", checkpoints vetoed at ", absl::StrJoin(run.facts.checkpoints_vetoed, ","));
+      absl::StrAppend(&line, ", checkpoints vetoed at ",
+                      absl::StrJoin(run.facts.checkpoints_vetoed, ","));
     }
     if (!node_ok) absl::StrAppend(&line, " (WRONG NODE)");
     absl::StrAppend(&line, ", skipped ", run.facts.skipped_steps.size());

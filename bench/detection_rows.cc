@@ -9,7 +9,9 @@ namespace sdc::bench {
 
 std::string RowJson(const ScenarioResult& r) {
   std::vector<std::string> positions;
-  for (const FaultRun& run : r.runs) positions.push_back(absl::StrCat("\"", JsonEscape(run.fault), "\""));
+  for (const FaultRun& run : r.runs) {
+    positions.push_back(absl::StrCat("\"", JsonEscape(run.fault), "\""));
+  }
   std::string json = absl::StrCat(
       "{\"runs\":", r.completed, ",\"detected\":", JsonNumberOrNull(r.detected_fraction()),
       ",\"attributed_correctly\":", JsonNumberOrNull(r.attributed_fraction()),

@@ -40,7 +40,7 @@ bool ShardedReplay(const std::string& layout) { return layout == "fsdp" || layou
 
 // One layout's figures over its rounds.
 struct LayoutFigures {
-  std::vector<double> unguarded, guarded, plain, audit_steps, weight_ms;
+  std::vector<double> unguarded, guarded, plain, audit_steps;
   std::vector<std::string> by_round;  // overhead_pct of each round alone.
   int audits = 0;                     // Rank 0's audited steps, all rounds.
   double sharded_audit_ms = 0;        // Per audit and rank (summary counters).
@@ -68,7 +68,9 @@ std::string CheckRun(const demo::ClusterResult& r, const LayoutOverheadArgs& a,
                           " steps");
     }
     for (const demo::StepRecord& s : r.ranks[rank]) {
-      if (!s.apply) return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
+      if (!s.apply) {
+        return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
+      }
     }
   }
   if (r.weight_digests.size() != r.ranks.size()) return "no final weights";
@@ -190,7 +192,6 @@ std::string RunLayout(const LayoutOverheadArgs& a, const std::string& layout, La
         } else if (!weight) {
           f.plain.push_back(ms);
         }
-        if (weight) f.weight_ms.push_back(s.weight_ms);
       }
       if (!guarded) continue;
       for (const demo::StepRecord& s : r.ranks[0]) f.audits += s.audited ? 1 : 0;
@@ -256,8 +257,6 @@ int RunLayoutOverhead(const LayoutOverheadArgs& a) {
                 sharded ? absl::StrFormat("the sharded replay, %.1f ms an audit per rank",
                                           f.sharded_audit_ms).c_str()
                         : "the engine's replay audit");
-    std::printf("  %-38s %10.2f ms  (check 3 on its steps, %s)\n", "weight check",
-                Mean(f.weight_ms), buddy ? "the buddy check included" : "the vote per shard");
     if (buddy) {
       std::printf("  %-38s %10.0f B   %.1f ms a check per rank (%lld checks per rank)\n",
                   "buddy check, sent per rank", f.buddy_bytes_per_check, f.buddy_ms_per_check,
@@ -272,12 +271,12 @@ int RunLayoutOverhead(const LayoutOverheadArgs& a) {
         &json,
         "%s\"%s\":{\"step_ms_unguarded\":%.3f,\"step_ms_guarded\":%.3f,\"overhead_pct\":%.3f,"
         "\"overhead_pct_by_round\":[%s],\"step_ms_guarded_plain\":%.3f,\"audit_step_ms\":%.3f,"
-        "\"audits\":%d,\"sharded_audit_ms\":%s,\"weight_check_ms\":%.3f,\"buddy_checks\":%s,"
+        "\"audits\":%d,\"sharded_audit_ms\":%s,\"buddy_checks\":%s,"
         "\"buddy_bytes_per_check\":%s,\"buddy_ms_per_check\":%s,\"bit_identical\":true,"
         "\"incidents\":%d}",
         first ? "" : ",", layout, u, g, pct, absl::StrJoin(f.by_round, ","), Mean(f.plain),
         Mean(f.audit_steps), f.audits,
-        sharded ? absl::StrFormat("%.3f", f.sharded_audit_ms) : "null", Mean(f.weight_ms),
+        sharded ? absl::StrFormat("%.3f", f.sharded_audit_ms) : "null",
         buddy ? absl::StrCat(f.buddy_checks) : "null",
         buddy ? absl::StrFormat("%.0f", f.buddy_bytes_per_check) : "null",
         buddy ? absl::StrFormat("%.3f", f.buddy_ms_per_check) : "null", f.incidents);

@@ -23,8 +23,7 @@
 // "trainer","layout","audit_every","weight_check_every","layouts":{L:{...}}}
 // with per layout step_ms_unguarded, step_ms_guarded, overhead_pct,
 // overhead_pct_by_round, step_ms_guarded_plain, audit_step_ms, audits,
-// sharded_audit_ms (per audit and rank; null under zero), weight_check_ms,
-// buddy_checks, buddy_bytes_per_check and buddy_ms_per_check (per rank and
+// sharded_audit_ms (per audit and rank; null under zero), buddy_checks, buddy_bytes_per_check and buddy_ms_per_check (per rank and
 // check; null under hsdp, which has no buddy check), bit_identical and
 // incidents.
 
@@ -35,12 +34,12 @@ namespace sdc::bench {
 
 struct LayoutOverheadArgs {
   std::vector<std::string> layouts;  // fsdp, hsdp, zero.
-  int steps = 40;
+  int steps = 30;
   int rounds = 2;
-  int warmup = 10;
-  int turn_steps = 10;
-  int audit_every = 20;
-  int weight_every = 10;
+  int warmup = 5;
+  int turn_steps = 5;
+  int audit_every = 15;
+  int weight_every = 5;
   std::string out_dir;  // Exists; the runs' folders go under it.
 };
 

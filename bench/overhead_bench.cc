@@ -65,7 +65,8 @@ ABSL_FLAG(std::string, trainer, "cpp",
 ABSL_FLAG(std::string, layout, "ddp",
           "ddp (the loops above), or sharded layouts, comma-separated (fsdp, hsdp, zero): "
           "each trained unguarded and guarded by examples/ddp_train.py --layout "
-          "(bench/layout_overhead.h; defaults there: --steps=40 --warmup=10 --audit_every=20).");
+          "(bench/layout_overhead.h; defaults there: --steps=30 --warmup=5 --turn_steps=5 "
+          "--audit_every=15 --weight_check_every=5).");
 
 namespace sdc::bench {
 namespace {
