@@ -101,10 +101,10 @@ std::string CheckRun(const demo::ClusterResult& r, const LayoutOverheadArgs& a,
       return absl::StrCat("rank ", rank, ": ", name, " ", got, ", expected ", want);
     };
     for (const std::string& wrong :
-         {expect("buddy_checks", HasBuddy(layout) ? checks : -1),
-          expect("buddy_findings", HasBuddy(layout) ? 0 : -1),
-          expect("sharded_audits", ShardedReplay(layout) ? audits : HasBuddy(layout) ? 0 : -1),
-          expect("sharded_audit_mismatches", ShardedReplay(layout) || HasBuddy(layout) ? 0 : -1),
+         {expect("buddy_checks", HasBuddy(layout) ? checks : 0),
+          expect("buddy_findings", 0),
+          expect("sharded_audits", ShardedReplay(layout) ? audits : 0),
+          expect("sharded_audit_mismatches", 0),
           expect("skipped", 0)}) {
       if (!wrong.empty()) return wrong;
     }
