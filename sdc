@@ -492,7 +492,9 @@ cmd_bench() {
       fi
       # Starts sdcd and trainers from its runfiles.
       build_targets //bench:overhead_bench
-      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
+      # A sharded --layout trains examples/ddp_train.py (bench/layout_overhead.h).
+      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ||
+            " $* " =~ \ --layout[=\ ]([a-z,]*)(fsdp|hsdp|zero) ]]; then
         build_python >/dev/null
       fi
       exec "$ROOT/bazel-bin/bench/overhead_bench" "$@"
@@ -510,9 +512,10 @@ cmd_bench() {
         build_targets //bench:detection_bench
         exec "$ROOT/bazel-bin/bench/detection_bench" --soak_only "$@"
       fi
-      # Starts sdcd and trainers from its runfiles.
+      # Starts sdcd and trainers from its runfiles; the sharded layouts'
+      # rows (--layouts, on unless none) train examples/ddp_train.py.
       build_targets //bench:detection_bench
-      if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ]]; then
+      if [[ " $* " != *" --layouts=none "* ]]; then
         build_python >/dev/null
       fi
       exec "$ROOT/bazel-bin/bench/detection_bench" "$@"

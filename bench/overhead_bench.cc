@@ -17,7 +17,10 @@
 // share of the CPUs that sdcd and the report streams take. First, a short
 // run of each (unguarded and guarded) counts the collectives every step
 // issues: a guarded step without an audit must issue what an unguarded one
-// does, or the bench fails. Last line: JSON.
+// does, or the bench fails. Last line: JSON (with "layout":"ddp").
+// --layout=fsdp,hsdp,zero (any of them): each sharded layout's guarded job
+// against the same layout unguarded, and the buddy check's bytes and time
+// per check (bench/layout_overhead.h).
 
 #include <unistd.h>
 
@@ -31,6 +34,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -39,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/layout_overhead.h"
 #include "demo/launcher.h"
 #include "demo/process.h"
 #include "demo/progress_line.h"
@@ -57,6 +62,11 @@ ABSL_FLAG(std::string, out_dir, "",
           "deleted).");
 ABSL_FLAG(std::string, trainer, "cpp",
           "cpp: the demo's C++ trainer; python: examples/ddp_train.py (PyTorch DDP).");
+ABSL_FLAG(std::string, layout, "ddp",
+          "ddp (the loops above), or sharded layouts, comma-separated (fsdp, hsdp, zero): "
+          "each trained unguarded and guarded by examples/ddp_train.py --layout "
+          "(bench/layout_overhead.h; defaults there: --steps=30 --warmup=5 --turn_steps=5 "
+          "--audit_every=15 --weight_check_every=5).");
 
 namespace sdc::bench {
 namespace {
@@ -85,21 +95,6 @@ constexpr const char* kVariants[] = {"unguarded", "extra-collective", "guarded",
 int Fail(const std::string& what) {
   std::fprintf(stderr, "overhead_bench: %s\n", what.c_str());
   return 1;
-}
-
-// Hands the turn to `name` (rename: readers never see a partial file).
-bool WriteTurn(const std::string& path, const std::string& name) {
-  const std::string tmp = path + ".bench";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-double Mean(const std::vector<double>& v) {
-  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
 }
 
 // What makes a loop's timings worth printing: every rank ran every step and
@@ -179,6 +174,70 @@ absl::StatusOr<CollectiveCounts> CountCollectives(const Args& a, int steps) {
   return out;
 }
 
+// --layout=A,B: the sharded layouts' runs (bench/layout_overhead.h), with
+// their own defaults for the flags left unset (a Python rank's step is
+// several times the C++ trainer's).
+template <typename Usage>
+int ShardedMain(const std::string& layouts, Usage usage) {
+  LayoutOverheadArgs a;
+  a.layouts = absl::StrSplit(layouts, ',', absl::SkipEmpty());
+  if (a.layouts.empty()) usage("--layout: name one or more of fsdp, hsdp, zero");
+  for (const std::string& l : a.layouts) {
+    if (l != "fsdp" && l != "hsdp" && l != "zero") {
+      usage(absl::StrCat("--layout: '", l, "' is not a sharded layout (fsdp, hsdp, zero; ddp "
+                         "alone runs the DDP loops)"));
+    }
+    if (std::count(a.layouts.begin(), a.layouts.end(), l) > 1) {
+      usage(absl::StrCat("--layout: '", l, "' named twice"));
+    }
+  }
+  if (absl::GetFlag(FLAGS_trainer) != "cpp" && absl::GetFlag(FLAGS_trainer) != "python") {
+    usage("--trainer: cpp or python");
+  }
+  if (absl::GetFlag(FLAGS_variants) != "unguarded,extra-collective,guarded") {
+    usage("--variants is for the DDP loops; a sharded layout runs unguarded and guarded");
+  }
+  const auto flag = [](const auto& f, int fallback) {
+    const int v = absl::GetFlag(f);
+    return absl::GetFlagReflectionHandle(f).CurrentValue() ==
+                   absl::GetFlagReflectionHandle(f).DefaultValue()
+               ? fallback
+               : v;
+  };
+  a.steps = flag(FLAGS_steps, a.steps);
+  a.rounds = flag(FLAGS_rounds, a.rounds);
+  a.warmup = flag(FLAGS_warmup, a.warmup);
+  a.turn_steps = flag(FLAGS_turn_steps, a.turn_steps);
+  a.audit_every = flag(FLAGS_audit_every, a.audit_every);
+  a.weight_every = flag(FLAGS_weight_check_every, a.weight_every);
+  for (const auto& [name, value, min] : {std::tuple<const char*, int, int>{"steps", a.steps, 1},
+                                         {"rounds", a.rounds, 1},
+                                         {"warmup", a.warmup, 0},
+                                         {"turn_steps", a.turn_steps, 1},
+                                         {"audit_every", a.audit_every, 1},
+                                         {"weight_check_every", a.weight_every, 1}}) {
+    if (value < min) usage(absl::StrCat("--", name, " must be at least ", min, ", got ", value));
+  }
+  if (a.steps <= a.warmup) usage("need --steps > --warmup");
+  if (a.steps < a.audit_every || a.steps < a.weight_every) {
+    usage("need --steps at least --audit_every and --weight_check_every (one of each)");
+  }
+  a.out_dir = absl::GetFlag(FLAGS_out_dir);
+  const bool keep = !a.out_dir.empty();
+  if (!keep) {
+    const char* tmp = std::getenv("TMPDIR");
+    a.out_dir = absl::StrCat(tmp ? tmp : "/tmp", "/sdc-overhead-", getpid());
+  }
+  demo::Run({"mkdir", "-p", a.out_dir});
+  const int code = RunLayoutOverhead(a);
+  if (keep) {
+    std::fprintf(stderr, "runs kept in %s\n", a.out_dir.c_str());
+  } else {
+    demo::Run({"rm", "-rf", a.out_dir});
+  }
+  return code;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "what sdc-guard costs a training step: unguarded, extra-collective and guarded loops "
@@ -186,13 +245,17 @@ int Main(int argc, char** argv) {
       "  overhead_bench [--steps=N] [--rounds=N] [--warmup=N] [--turn_steps=N] "
       "[--audit_every=N]\n"
       "                 [--weight_check_every=N] [--variants=A,B,...] [--out_dir=DIR] "
-      "[--trainer=cpp|python]");
+      "[--trainer=cpp|python]\n"
+      "  overhead_bench --layout=fsdp,hsdp,zero [--steps=N] [--rounds=N] ...");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   auto usage = [](const std::string& error) {
     std::fprintf(stderr, "overhead_bench: %s\n", error.c_str());
     std::exit(2);
   };
   if (rest.size() > 1) usage(absl::StrCat("unexpected argument '", rest[1], "' (see --help)"));
+  if (const std::string layout = absl::GetFlag(FLAGS_layout); layout != "ddp") {
+    return ShardedMain(layout, usage);
+  }
   Args a;
   a.steps = absl::GetFlag(FLAGS_steps);
   a.rounds = absl::GetFlag(FLAGS_rounds);
@@ -414,7 +477,7 @@ int Main(int argc, char** argv) {
       "\"step_ms_guarded_no_sdcd\":%s,\"step_ms_guarded_no_sdcd_plain\":%s,"
       "\"cpu_ms_per_step_unguarded\":%.2f,\"cpu_ms_per_step_guarded\":%.2f,"
       "\"cpu_overhead_pct\":%.3f,\"cpu_ms_per_step_guarded_no_sdcd\":%s,\"cpu_ms_per_step_sdcd\":%.2f,"
-      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s],\"trainer\":\"%s\","
+      "\"turn_steps\":%d,\"overhead_pct_by_round\":[%s],\"trainer\":\"%s\",\"layout\":\"ddp\","
       "\"collectives_per_step_unguarded\":%.2f,\"collectives_per_step_guarded\":%.2f}\n",
       a.steps, a.rounds, u, g, overhead, audit_ratio, Mean(audit_steps), Mean(weight_ms),
       weight_pct, Mean(check1_ms), check1_pct, Mean(agreement_ms),

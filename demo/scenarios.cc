@@ -1,5 +1,12 @@
 #include "demo/scenarios.h"
 
+#include <algorithm>
+#include <iterator>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace sdc::demo {
 
 const std::vector<Scenario>& Scenarios() {
@@ -105,6 +112,32 @@ std::optional<Scenario> FindScenario(const std::string& name) {
     if (s.name == name) return s;
   }
   return std::nullopt;
+}
+
+// The sharded layouts (fsdp, hsdp) replay audits with every rank replaying
+// at once (shard_replay.py), so a finite fault in the forward is caught on
+// an audit step as under DDP; their weight checks are HSDP's vote per shard
+// across the nodes and FSDP's buddy check and at-rest comparison. ZeRO is
+// DDP (every check) plus the buddy check of each rank's partition. The
+// shard-update fault is the buddy check's (fsdp, zero); scenarios that
+// depend on the engine's own replays (a faulty replayer, a corrupted
+// transfer, targeted audits), micro-batches, another model or a restart
+// are DDP's (README, "Layouts").
+absl::StatusOr<Scenario> ScenarioOnLayout(const std::string& layout, Scenario s) {
+  if (s.name == "shard-update" && layout != "fsdp" && layout != "zero") {
+    return absl::InvalidArgumentError(
+        "--scenario=shard-update: the buddy check's fault, on --layout=fsdp or zero");
+  }
+  if (layout == "ddp") return s;
+  static const char* const kRuns[] = {"clean", "nan-gradient", "weight-corruption",
+                                      "shard-update", "activation-x10000", "mantissa-bitflip",
+                                      "intermittent"};
+  if (std::find(std::begin(kRuns), std::end(kRuns), s.name) == std::end(kRuns)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--scenario=", s.name, " runs on --layout=ddp; on ", layout, ": ",
+        absl::StrJoin(std::begin(kRuns), std::end(kRuns), ", ")));
+  }
+  return s;
 }
 
 }  // namespace sdc::demo

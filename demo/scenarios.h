@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace sdc::demo {
 
 struct Scenario {
@@ -40,6 +42,12 @@ struct Scenario {
 const std::vector<Scenario>& Scenarios();
 std::optional<Scenario> FindScenario(const std::string& name);
 inline constexpr char kDefaultScenario[] = "intermittent";
+
+// Whether `layout` (ddp, fsdp, hsdp, zero: examples/layouts.py) runs
+// scenario `s`: `s` itself, or kInvalidArgument saying why not and, for a
+// sharded layout, which scenarios it runs. The demo and the detection
+// bench's layout rows both ask here.
+absl::StatusOr<Scenario> ScenarioOnLayout(const std::string& layout, Scenario s);
 
 }  // namespace sdc::demo
 

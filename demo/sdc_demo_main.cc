@@ -180,36 +180,6 @@ absl::Status Validate(const Config& c) {
   return absl::OkStatus();
 }
 
-// Whether a layout runs a scenario (README, "Layouts"). The sharded layouts
-// (fsdp, hsdp) replay audits with every rank replaying at once
-// (shard_replay.py), so a finite fault in the forward is caught on an audit
-// step as under DDP; their weight checks are HSDP's vote per shard across
-// the nodes and FSDP's buddy check and at-rest comparison. ZeRO is DDP
-// (every check) plus the buddy check of each rank's partition. The
-// shard-update fault is the buddy check's (fsdp, zero); scenarios that
-// depend on the engine's own replays (a faulty replayer, a corrupted
-// transfer, targeted audits), micro-batches, another model or a restart
-// are DDP's.
-absl::StatusOr<Scenario> OnLayout(const std::string& layout, Scenario s) {
-  if (s.name == "shard-update" && layout != "fsdp" && layout != "zero") {
-    return absl::InvalidArgumentError(
-        "--scenario=shard-update: the buddy check's fault, on --layout=fsdp or zero");
-  }
-  if (layout == "ddp") return s;
-  static const char* const kRuns[] = {"clean", "nan-gradient", "weight-corruption",
-                                      "shard-update", "activation-x10000", "mantissa-bitflip",
-                                      "intermittent"};
-  auto in = [&](const auto& names) {
-    return std::find(std::begin(names), std::end(names), s.name) != std::end(names);
-  };
-  if (!in(kRuns)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--scenario=", s.name, " runs on --layout=ddp; on ", layout, ": ",
-        absl::StrJoin(std::begin(kRuns), std::end(kRuns), ", ")));
-  }
-  return s;
-}
-
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "sdc demo: %s\n", error.c_str());
   std::exit(2);
@@ -299,7 +269,7 @@ int Main(int argc, char** argv) {
     Usage(absl::StrCat("unknown scenario '", f.scenario, "' (./sdc demo --scenario=list)"));
   }
   if (f.layout != "ddp" && f.trainer == "cpp") f.trainer = "python";  // Sharding: torch's.
-  if (absl::StatusOr<Scenario> s = OnLayout(f.layout, *scenario); s.ok()) {
+  if (absl::StatusOr<Scenario> s = ScenarioOnLayout(f.layout, *scenario); s.ok()) {
     scenario = *std::move(s);
   } else {
     Usage(std::string(s.status().message()));

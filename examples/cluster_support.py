@@ -171,6 +171,13 @@ class Progress:
             if summary.get("every_step"):  # Guard(every_step=True): the product checksums.
                 for k in ("checksum_alarms", "checksum_skips", "products_checked"):
                     guard[k] = summary[k]
+            if summary["buddy_checks"] or summary["sharded_audits"]:  # Sharded layouts.
+                for k in ("buddy_checks", "buddy_findings", "buddy_bytes_sent",
+                          "sharded_audits", "sharded_audit_mismatches"):
+                    guard[k] = summary[k]
+                # Integers only (the launcher keeps those): microseconds.
+                guard["buddy_us"] = round(summary["buddy_ms"] * 1000)
+                guard["sharded_audit_us"] = round(summary["sharded_audit_ms"] * 1000)
         self.out.write(json.dumps({"final": True, "rank": self.rank,
                                    "weights_digest": weights_digest(module), "guard": guard,
                                    **(extra or {})},
