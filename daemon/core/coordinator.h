@@ -578,10 +578,17 @@ class Coordinator {
   // Records, once per job, that its ranks turned replay audits off.
   void NoteAuditsOff(JobState& job, GroupState& group, Step step, const std::string& reason,
                      Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job of several replica groups (a sharded layout: one group per shard)
+  // decides a step whose reports hold NaN/Inf only with every group's
+  // reports of it: FSDP's reduce-scatter spreads one rank's NaN into other
+  // shards' reduced gradients, and "every rank" means every rank of the job.
+  static bool EveryGroupReported(const JobState& job, Step step);
+  static std::set<Rank> JobLocalNonFinite(const JobState& job, Step step);
   // Decides check 1 of `step` once every member reported (and a lone rank's
   // NaN/Inf was replayed), or when `deadline` with what arrived; else waits.
+  // `revisit`: then decide the other groups that waited for this one.
   void MaybeFinalizeStep(JobState& job, GroupState& group, Step step, bool deadline,
-                         Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         Txn& txn, bool revisit = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The failures a step's checks found: explanations, first incident.
   struct StepFailures;
   // A step report of a step whose check 1 was decided without it (or is

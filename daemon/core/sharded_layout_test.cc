@@ -210,6 +210,40 @@ TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {
   }
 }
 
+// A NaN in one FSDP rank's local gradients: its replica group is itself,
+// so "every rank of the group" is not every rank of the job. The rank is a
+// suspect; the NaN FSDP's reduce-scatter carried into another shard's
+// reduced gradients (rank 0's, reported first) is not an all-reduce fault.
+// Every rank's local NaN/Inf is the model's or its data's: one incident.
+TEST(ShardedLayoutTest, ALoneNaNUnderFsdpNamesItsRankAndEveryRanksNaNIsTheModels) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/0);
+  AttachFsdp(cl);
+  cl.CleanStep(1);
+  for (Rank r = 0; r < cl.world(); ++r) {
+    const uint64_t local = r == 1 ? 1 : 0, reduced = r == 0 ? 1 : 0;
+    ASSERT_TRUE(cl.Send(r, 2, StepReport{local, reduced, 1.0, 1234, false,
+                                         "NaN/Inf in the local gradients of rank 1", false})
+                    .ok())
+        << r;
+  }
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kNonFinite);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  EXPECT_THAT(incidents[0].ranks, ElementsAre(1u));
+
+  for (Rank r = 0; r < cl.world(); ++r) {
+    ASSERT_TRUE(cl.Send(r, 3, StepReport{1, 1, 1.0, 1234, false,
+                                         "NaN/Inf in every rank's local gradients", false})
+                    .ok())
+        << r;
+  }
+  const auto after = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(after, SizeIs(2));
+  EXPECT_EQ(after[1].outcome, "all_ranks");
+  EXPECT_THAT(after[1].ranks, IsEmpty());
+}
+
 // Issue 45 item 2: a failed every-step product checksum reaches sdcd as the
 // reason of the step every rank skipped for it; the alarmed rank's own
 // report makes it a suspect (targeted replay audits judge it), never a

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -295,14 +296,39 @@ struct Coordinator::StepFailures {
   }
 };
 
+bool Coordinator::EveryGroupReported(const JobState& job, Step step) {
+  const auto decided = job.ledger.find(step);
+  for (const auto& [id, g] : job.groups) {
+    if (decided != job.ledger.end() && decided->second.nonfinite.count(id) > 0) continue;
+    const auto p = job.steps.find({id, step});
+    if (p == job.steps.end() || p->second.reported.size() < g.members.size()) return false;
+  }
+  return true;
+}
+
+std::set<Rank> Coordinator::JobLocalNonFinite(const JobState& job, Step step) {
+  std::set<Rank> out;
+  if (const auto e = job.ledger.find(step); e != job.ledger.end()) out = e->second.local_nonfinite;
+  for (const auto& [key, ps] : job.steps) {
+    if (key.second == step) out.insert(ps.local_nonfinite.begin(), ps.local_nonfinite.end());
+  }
+  return out;
+}
+
 void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
-                                    bool deadline, Txn& txn) {
+                                    bool deadline, Txn& txn, bool revisit) {
   auto it = job.steps.find({group.record.group, step});
   if (it == job.steps.end()) return;
   PendingStep& ps = it->second;
   // Group membership is known only once every rank of the job said Hello.
   const bool complete = AllAttached(job) && ps.reported.size() == group.members.size();
   if (!complete && !deadline) return;
+  const bool several_groups = job.groups.size() > 1;
+  if (several_groups && !deadline &&
+      (!ps.local_nonfinite.empty() || !ps.reduced_nonfinite.empty()) &&
+      !EveryGroupReported(job, step)) {
+    return;  // Decided with the whole job's reports (EveryGroupReported).
+  }
   const std::vector<Rank> local = ToVector(ps.local_nonfinite);
   // A lone rank's local NaN/Inf waits for the in-band confirmation replay of
   // the highest such rank (the one every rank agreed on), unless a rank said
@@ -370,6 +396,14 @@ void Coordinator::MaybeFinalizeStep(JobState& job, GroupState& group, Step step,
   txn.mutation.decided.push_back({job.record.job_id, group.record.group, step,
                                   CheckKind::kNonFinite, 0, std::move(ps.keys)});
   job.steps.erase(it);
+  if (revisit && several_groups && !deadline && EveryGroupReported(job, step)) {
+    // The last group's reports are in: the groups that waited for them.
+    for (auto& [id, other] : job.groups) {
+      if (job.steps.count({id, step}) > 0) {
+        MaybeFinalizeStep(job, other, step, false, txn, /*revisit=*/false);
+      }
+    }
+  }
 }
 
 void Coordinator::RecordLateVerdict(JobState& job, GroupState& group, Step step,
@@ -511,15 +545,25 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
   auto note = [&](const std::string& result) {
     if (nonfinite_result == "pass") nonfinite_result = result;
   };
-  if (!local.empty() && local.size() == group.members.size()) {
+  // Several groups (shards): every rank means every rank of the job, and
+  // its one incident is recorded by the group of the lowest such rank.
+  const bool several_groups = job.groups.size() > 1;
+  const std::set<Rank> job_local =
+      several_groups ? JobLocalNonFinite(job, step) : std::set<Rank>(local.begin(), local.end());
+  const bool every_rank = !local.empty() && local.size() == group.members.size() &&
+                          (!several_groups || job_local.size() >= job.ranks.size());
+  if (every_rank) {
     if (scaled) {
       nonfinite_result = "overflow";
     } else {
       nonfinite_result = "all_ranks";
-      found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {}, false,
-                                "every rank's local gradients had NaN/Inf: the model or its "
-                                "data, not one GPU",
-                                {}, txn));
+      if (!several_groups || *job_local.begin() == local.front()) {
+        found.Note(RecordIncident(job, group, step, CheckKind::kNonFinite, "all_ranks", {},
+                                  false,
+                                  "every rank's local gradients had NaN/Inf: the model or its "
+                                  "data, not one GPU",
+                                  {}, txn));
+      }
     }
   } else {
     for (Rank r : local) {
@@ -559,7 +603,11 @@ bool Coordinator::CheckNonFinite(JobState& job, GroupState& group, Step step,
     }
   }
   if (local.empty() && !ps.reduced_nonfinite.empty()) {
-    if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
+    if (several_groups && !job_local.empty()) {
+      // Another shard's rank had NaN/Inf in its local gradients: FSDP's
+      // reduce-scatter carried it here; that rank's group names it.
+      nonfinite_result = "carried";
+    } else if (ps.reduced_nonfinite.size() == group.members.size() && scaled) {
       // A compression hook's sum (fp16) overflowed like the scaler's own.
       nonfinite_result = "overflow";
     } else if (ps.reduced_nonfinite.size() == group.members.size() && ps.in_band_carried) {
