@@ -62,17 +62,7 @@ std::string CheckRun(const demo::ClusterResult& r, const LayoutOverheadArgs& a,
   if (static_cast<int>(r.ranks.size()) != kNodes * kGpusPerNode) {
     return absl::StrCat(r.ranks.size(), " ranks recorded");
   }
-  for (size_t rank = 0; rank < r.ranks.size(); ++rank) {
-    if (static_cast<int>(r.ranks[rank].size()) != a.steps) {
-      return absl::StrCat("rank ", rank, " recorded ", r.ranks[rank].size(), " of ", a.steps,
-                          " steps");
-    }
-    for (const demo::StepRecord& s : r.ranks[rank]) {
-      if (!s.apply) {
-        return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
-      }
-    }
-  }
+  if (std::string applied = EveryStepApplied(r, a.steps); !applied.empty()) return applied;
   if (r.weight_digests.size() != r.ranks.size()) return "no final weights";
   for (const std::string& d : r.weight_digests) {
     if (d.empty() || d != r.weight_digests[0]) return "the ranks' full weights differ at the end";
@@ -221,6 +211,21 @@ std::string RunLayout(const LayoutOverheadArgs& a, const std::string& layout, La
 }
 
 }  // namespace
+
+std::string EveryStepApplied(const demo::ClusterResult& r, int steps) {
+  for (size_t rank = 0; rank < r.ranks.size(); ++rank) {
+    if (static_cast<int>(r.ranks[rank].size()) != steps) {
+      return absl::StrCat("rank ", rank, " recorded ", r.ranks[rank].size(), " of ", steps,
+                          " steps");
+    }
+    for (const demo::StepRecord& s : r.ranks[rank]) {
+      if (!s.apply) {
+        return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
+      }
+    }
+  }
+  return "";
+}
 
 int RunLayoutOverhead(const LayoutOverheadArgs& a) {
   std::map<std::string, LayoutFigures> figures;

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "demo/launcher.h"
+
 namespace sdc::bench {
 
 struct LayoutOverheadArgs {
@@ -52,6 +54,10 @@ int RunLayoutOverhead(const LayoutOverheadArgs& a);
 bool WriteTurn(const std::string& path, const std::string& name);
 
 double Mean(const std::vector<double>& v);
+
+// "" when every rank of `r` recorded `steps` steps and applied each; else
+// what went wrong. Shared with the DDP loops' checks.
+std::string EveryStepApplied(const demo::ClusterResult& r, int steps);
 
 }  // namespace sdc::bench
 

@@ -102,17 +102,7 @@ int Fail(const std::string& what) {
 // its cadence with every audit passed (a clean run; a guard that stopped
 // auditing would look cheap). Returns what went wrong, or "".
 std::string CheckLoop(const demo::ClusterResult& r, const Args& a, bool guarded) {
-  for (size_t rank = 0; rank < r.ranks.size(); ++rank) {
-    if (static_cast<int>(r.ranks[rank].size()) != a.steps) {
-      return absl::StrCat("rank ", rank, " recorded ", r.ranks[rank].size(), " of ", a.steps,
-                          " steps");
-    }
-    for (const demo::StepRecord& s : r.ranks[rank]) {
-      if (!s.apply) {
-        return absl::StrCat("rank ", rank, " skipped step ", s.step, " (", s.reason, ")");
-      }
-    }
-  }
+  if (std::string applied = EveryStepApplied(r, a.steps); !applied.empty()) return applied;
   if (r.ranks.empty() || r.weight_digests.size() != r.ranks.size()) return "no final weights";
   for (const std::string& d : r.weight_digests) {
     if (d.empty() || d != r.weight_digests[0]) return "the replicas ended with different weights";

@@ -113,8 +113,7 @@ std::optional<double> ProductFaultAt(const GuardOptions& options, uint32_t rank,
   return plan.magnitude;
 }
 
-absl::StatusOr<c10::intrusive_ptr<ProductChecks>> ProductChecks::Create(
-    int64_t rank, const std::string& rule, double lambda, NoteFailure note_failure) {
+absl::StatusOr<kernels::AbftOptions> AbftOptionsFor(const std::string& rule, double lambda) {
   kernels::AbftOptions options;
   if (rule == "guaranteed") {
     options.rule = kernels::AbftRule::kGuaranteed;
@@ -129,7 +128,14 @@ absl::StatusOr<c10::intrusive_ptr<ProductChecks>> ProductChecks::Create(
         absl::StrCat("lambda_ ", lambda, ": expected a finite value >= 0"));
   }
   options.lambda = lambda;
-  return c10::make_intrusive<ProductChecks>(rank, options, std::move(note_failure));
+  return options;
+}
+
+absl::StatusOr<c10::intrusive_ptr<ProductChecks>> ProductChecks::Create(
+    int64_t rank, const std::string& rule, double lambda, NoteFailure note_failure) {
+  absl::StatusOr<kernels::AbftOptions> options = AbftOptionsFor(rule, lambda);
+  if (!options.ok()) return options.status();
+  return c10::make_intrusive<ProductChecks>(rank, *options, std::move(note_failure));
 }
 
 ProductChecks::ProductChecks(int64_t rank, kernels::AbftOptions options, NoteFailure note_failure)

@@ -63,6 +63,12 @@ std::optional<double> ProductFaultAt(const GuardOptions& options, uint32_t rank,
 // for one they do not take.
 std::optional<kernels::DType> CheckedDType(const at::Tensor& t);
 
+// The kernels' options for `rule` ("guaranteed" or "probabilistic",
+// kernels/abft.h) and `lambda` (the probabilistic rule's standard
+// deviations); InvalidArgument for another rule or a lambda not finite and
+// >= 0.
+absl::StatusOr<kernels::AbftOptions> AbftOptionsFor(const std::string& rule, double lambda);
+
 class ProductChecks : public torch::CustomClassHolder {
  public:
   using NoteFailure = std::function<void(const std::string&)>;

@@ -342,15 +342,9 @@ std::tuple<bool, int64_t, double, double, int64_t> CheckMatmulOp(
     invalid("bias is on ", bias->device().str(),
             ": the product checksums run on CPU tensors only for now");
   }
-  kernels::AbftOptions options;
-  if (rule == "guaranteed") {
-    options.rule = kernels::AbftRule::kGuaranteed;
-  } else if (rule == "probabilistic") {
-    options.rule = kernels::AbftRule::kProbabilistic;
-  } else {
-    invalid("rule '", rule, "': expected guaranteed or probabilistic");
-  }
-  options.lambda = lambda;
+  absl::StatusOr<kernels::AbftOptions> checked = AbftOptionsFor(rule, lambda);
+  if (!checked.ok()) Raise(checked.status());
+  const kernels::AbftOptions options = *checked;
   const int64_t dims = a.dim();
   if (dims < 2 || dims > 3 || b.dim() != dims || c.dim() != dims) {
     invalid("A, B and C are ", a.dim(), "-D, ", b.dim(), "-D and ", c.dim(),
