@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A small byte-level transformer trained with DistributedDataParallel (or
-FSDP2, HSDP, ZeRO-1: --layout, examples/layouts.py) on the licence texts
+FSDP2, HSDP, ZeRO-1, dp x tp: --layout, examples/layouts.py) on the licence texts
 every Debian machine has, with or without sdc-guard.
 
     torchrun --nproc_per_node=2 examples/ddp_train.py --steps=50           # guarded
@@ -29,7 +29,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_support  # noqa: E402  (progress lines, turns, fault points)
 import configs  # noqa: E402  (mixed precision, checkpointing, compile, hooks)
-import layouts  # noqa: E402  (ddp, fsdp, hsdp)
+import layouts  # noqa: E402  (ddp, fsdp, hsdp, zero, tp)
 
 
 def parse_args():
@@ -82,13 +82,16 @@ def main():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)  # Identical initial replicas.
-    setup = configs.Setup(args, rank, device)
+    # Batches (and below, dropout) follow the dp rank: under tp every tp
+    # rank of a replica trains on its replica's (examples/layouts.py).
+    data_rank = layouts.data_rank(args, rank)
+    setup = configs.Setup(args, data_rank, device)
     net, loss_fn, scaler = setup.net, setup.loss_fn, setup.scaler
     if args.freeze or args.model == "frozen-mlp":
         next(net.parameters()).requires_grad_(False)
-    torch.manual_seed(args.seed + 1000 * (rank + 1))  # Per-rank dropout streams.
+    torch.manual_seed(args.seed + 1000 * (data_rank + 1))  # Per-rank dropout streams.
     if device.type == "cuda":
-        torch.cuda.manual_seed(args.seed + 1000 * (rank + 1))
+        torch.cuda.manual_seed(args.seed + 1000 * (data_rank + 1))
     model = layouts.wrap(args, setup.module(), device,
                          broadcast_buffers=not args.no_broadcast_buffers)
     optimizer = layouts.optimizer(args, [p for p in model.parameters() if p.requires_grad])

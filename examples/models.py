@@ -39,17 +39,29 @@ class TinyTransformer(nn.Module):
         self.head = nn.Linear(width, self.vocab)
         self.dropout = nn.Dropout(dropout)
         self.fault_hook = None  # A FaultPoint (sdc_guard.Guard.fault_point) for tests and demos.
+        # qkv's output read head-major, (heads, 3, head width), so that a
+        # contiguous split of its rows (tensor parallel's ColwiseParallel)
+        # gives each tp rank whole heads, each with its q, k and v
+        # (examples/layouts.py, --layout=tp). The same model up to a
+        # permutation of qkv's rows; the heads of the local shard are counted
+        # from its width.
+        self.head_major = False
 
     def block(self, i, x):
         blk = self.blocks[i]
         b, t, w = x.shape
         h = self.heads
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        qkv = blk["qkv"](blk["norm1"](x)).view(b, t, 3, h, w // h)
-        q, k, v = (qkv.select(2, j).transpose(1, 2) for j in range(3))
+        qkv = blk["qkv"](blk["norm1"](x))
+        if self.head_major:  # This rank's heads only, under tensor parallel.
+            qkv = qkv.view(b, t, -1, 3, w // h)
+            q, k, v = (qkv.select(3, j).transpose(1, 2) for j in range(3))
+        else:
+            qkv = qkv.view(b, t, 3, h, w // h)
+            q, k, v = (qkv.select(2, j).transpose(1, 2) for j in range(3))
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(w // h)
         attn = self.dropout(torch.softmax(scores.masked_fill(mask, -1e9), -1))
-        y = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, w)
+        y = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, -1)
         x = x + self.dropout(blk["proj"](y))
         # Where activation faults land: the residual stream, after dropout,
         # so a corrupted value always reaches the loss.
