@@ -494,7 +494,7 @@ cmd_bench() {
       build_targets //bench:overhead_bench
       # A sharded --layout trains examples/ddp_train.py (bench/layout_overhead.h).
       if [[ " $* " == *" --trainer=python "* || " $* " == *" --trainer python "* ||
-            " $* " =~ \ --layout[=\ ]([a-z,]*)(fsdp|hsdp|zero) ]]; then
+            " $* " =~ \ --layout[=\ ]([a-z,]*)(fsdp|hsdp|zero|tp) ]]; then
         build_python >/dev/null
       fi
       exec "$ROOT/bazel-bin/bench/overhead_bench" "$@"
@@ -552,7 +552,7 @@ cmd_demo() {
   # Every trainer but the C++ one imports the sdc_guard package (a sharded
   # --layout trains the Python one).
   if [[ " $* " =~ \ --trainer[=\ ](python|hf|lightning|accelerate)\  ||
-        " $* " =~ \ --layout[=\ ](fsdp|hsdp|zero)\  ]]; then
+        " $* " =~ \ --layout[=\ ](fsdp|hsdp|zero|tp)\  ]]; then
     build_python >/dev/null
   fi
   exec "$ROOT/bazel-bin/demo/sdc-demo" "$@"

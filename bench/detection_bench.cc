@@ -35,13 +35,16 @@
 // otherwise). The smoke run in the test suite (bench/BUILD) is one scenario
 // and a few dozen soak steps.
 //
-// --layouts=fsdp,hsdp,zero (the default; none: no such rows) adds one row
+// --layouts=fsdp,hsdp,zero,tp (the default; none: no such rows) adds one row
 // per sharded layout and fault: the selected scenarios the demo runs on
 // that layout (demo::ScenarioOnLayout), --layout_runs runs each (default 1;
 // the fault position shifts from layout to layout), trained by
 // examples/ddp_train.py --layout. A row also counts the checkpoints vetoed,
 // and a fault the design names a suspect (FSDP's at-rest check) counts as
-// attributed when the faulty rank is the one suspect and nobody is blamed.
+// attributed when the faulty rank is the one suspect and nobody is blamed;
+// on tp an activation fault's suspects are its tp group (a replay cannot
+// tell the group's ranks apart): counted when every suspect is in the
+// faulty rank's tp group and nobody is blamed, and the row says "tp group".
 // JSON: "layouts":{L:{scenario:{...the scenario keys, checkpoints_vetoed,
 // suspected}}}.
 //
@@ -344,6 +347,10 @@ class Bench {
         static_cast<int>(result->suspects[0].rank()) == run.rank) {
       run.suspected = true;
     }
+    std::vector<int> suspects;
+    for (const v1::Suspect& x : result->suspects) suspects.push_back(static_cast<int>(x.rank()));
+    run.group_suspected = layout == "tp" && !run.attributed && !run.suspected &&
+                          run.blamed.empty() && InTpGroup(suspects, run.rank, gpus);
 
     std::string line = absl::StrCat(Progress(), " ", where, ": ");
     if (!run.fired) {
@@ -361,6 +368,10 @@ class Bench {
     absl::StrAppend(&line, ", blamed ",
                     run.blamed.empty() ? "nobody" : absl::StrCat("rank ", absl::StrJoin(run.blamed, ",")));
     if (run.suspected) absl::StrAppend(&line, " (rank ", run.rank, " the one suspect)");
+    if (run.group_suspected) {
+      absl::StrAppend(&line, " (suspects: tp group of rank ", run.rank, ": rank ",
+                      absl::StrJoin(suspects, ","), ")");
+    }
     if (!run.facts.checkpoints_vetoed.empty()) {
       absl::StrAppend(&line, ", checkpoints vetoed at ",
                       absl::StrJoin(run.facts.checkpoints_vetoed, ","));
@@ -409,6 +420,7 @@ class Bench {
       r.bad_checkpoints_revoked += static_cast<int>(run.facts.bad_checkpoints_revoked.size());
       r.checkpoints_vetoed += static_cast<int>(run.facts.checkpoints_vetoed.size());
       r.suspected += run.suspected ? 1 : 0;
+      r.group_suspected += run.group_suspected ? 1 : 0;
       r.resume.Add(run.facts);
     }
     if (r.scenario.replace_and_resume) r.resume.Missed(r.completed, &r.missed);
@@ -416,8 +428,10 @@ class Bench {
     if (r.completed > 0 && r.scenario.detectable && r.detected < r.completed) {
       r.missed.push_back(absl::StrCat("detected ", r.detected, "/", r.completed));
     }
-    // A sharded layout's row: a suspect with the stated reason counts (issue 44).
-    const int named = r.attributed + (r.layout == "ddp" ? 0 : r.suspected);
+    // A sharded layout's row: a suspect with the stated reason counts (issue 44),
+    // on tp the faulty rank's tp group as the suspects (the table says so).
+    const int named =
+        r.attributed + (r.layout == "ddp" ? 0 : r.suspected + r.group_suspected);
     if (r.completed > 0 && r.attribution_applies() && named < r.completed) {
       r.missed.push_back(absl::StrCat("attributed ", named, "/", r.completed));
     }
@@ -662,16 +676,16 @@ class Bench {
     if (layout_rows_.empty()) return;
     absl::PrintF("\nsharded layouts (examples/ddp_train.py --layout, Python ranks), %d run(s) each:\n",
                  flags_.layout_runs);
-    absl::PrintF("%-24s %5s %9s %11s %9s %8s %8s %8s %9s  %s\n", "layout / scenario", "runs",
+    absl::PrintF("%-24s %5s %9s %11s %12s %8s %8s %8s %9s  %s\n", "layout / scenario", "runs",
                  "caught", "blamed", "suspect", "latency", "vetoed", "skipped", "bad ckpt", "goals");
     for (const ScenarioResult& r : layout_rows_) {
       const std::string goals =
           r.missed.empty() ? "ok" : absl::StrCat("MISSED: ", absl::StrJoin(r.missed, "; "));
-      absl::PrintF("%-24s %5d %9s %11s %9d %8s %8d %8d %9d  %s\n",
+      absl::PrintF("%-24s %5d %9s %11s %12s %8s %8d %8d %9d  %s\n",
                    absl::StrCat(r.layout, " ", r.scenario.name), r.completed,
                    Fraction(r.detected_fraction()),
                    r.attribution_applies() ? Fraction(r.attributed_fraction()) : "n/a",
-                   r.suspected,
+                   SuspectCell(r),
                    r.mean_latency().has_value() ? absl::StrFormat("%.1f", *r.mean_latency()) : "n/a",
                    r.checkpoints_vetoed, r.skipped, r.bad_checkpoints, goals);
     }

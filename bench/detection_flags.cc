@@ -17,8 +17,8 @@ ABSL_FLAG(bool, quick, false, "One run per scenario and a 500-step soak.");
 ABSL_FLAG(int, runs, 0, "Runs per scenario (0: 3, or 1 with --quick).");
 ABSL_FLAG(std::string, scenarios, "",
           "Comma-separated fault scenarios to run (default: every one; see ./sdc demo --help).");
-ABSL_FLAG(std::string, layouts, "fsdp,hsdp,zero",
-          "Sharded layouts whose rows run (fsdp, hsdp, zero; none: DDP's rows only): each "
+ABSL_FLAG(std::string, layouts, "fsdp,hsdp,zero,tp",
+          "Sharded layouts whose rows run (fsdp, hsdp, zero, tp; none: DDP's rows only): each "
           "runs the selected scenarios ./sdc demo --layout allows on it.");
 ABSL_FLAG(int, layout_runs, 1, "Runs per layout and scenario.");
 ABSL_FLAG(bool, layouts_only, false, "Only the --layouts rows: no DDP rows, no clean soak.");
@@ -46,7 +46,7 @@ namespace {
 Flags FlagsFromCommandLine(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the detection matrix of sdc-guard on a local cluster.\n"
-      "  detection_bench [--quick] [--runs=N] [--scenarios=A,B] [--layouts=fsdp,hsdp,zero|none]\n"
+      "  detection_bench [--quick] [--runs=N] [--scenarios=A,B] [--layouts=fsdp,hsdp,zero,tp|none]\n"
       "                  [--layout_runs=N] [--layouts_only] [--soak_steps=N]\n"
       "                  [--transformer_steps=N] [--soak_run_steps=N] [--out_dir=DIR] [--keep]\n"
       "  detection_bench --soak_only [--min_audits=N] [--min_weight_checks=N] "
@@ -61,8 +61,9 @@ Flags FlagsFromCommandLine(int argc, char** argv) {
   f.layouts.clear();
   if (layouts != "none") f.layouts = absl::StrSplit(layouts, ',', absl::SkipEmpty());
   for (const std::string& l : f.layouts) {
-    if (l != "fsdp" && l != "hsdp" && l != "zero") {
-      Usage(absl::StrCat("--layouts: '", l, "' is not fsdp, hsdp or zero (none: no layout rows)"));
+    if (l != "fsdp" && l != "hsdp" && l != "zero" && l != "tp") {
+      Usage(absl::StrCat("--layouts: '", l,
+                         "' is not fsdp, hsdp, zero or tp (none: no layout rows)"));
     }
     if (std::count(f.layouts.begin(), f.layouts.end(), l) > 1) {
       Usage(absl::StrCat("--layouts: '", l, "' named twice"));

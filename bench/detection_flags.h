@@ -15,7 +15,7 @@ struct Flags {
   // The sharded layouts whose rows run (examples/layouts.py): each runs the
   // selected scenarios the demo allows on it (demo::ScenarioOnLayout),
   // layout_runs runs each. Empty (--layouts=none): DDP's rows only.
-  std::vector<std::string> layouts = {"fsdp", "hsdp", "zero"};
+  std::vector<std::string> layouts = {"fsdp", "hsdp", "zero", "tp"};
   int layout_runs = 1;
   bool layouts_only = false;  // Only the layout rows: no DDP rows, no clean soak.
   int soak_steps = 2000;

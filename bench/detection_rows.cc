@@ -23,12 +23,27 @@ std::string RowJson(const ScenarioResult& r) {
       r.scenario.replace_and_resume ? absl::StrCat(",", r.resume.JsonFields()) : "",
       r.layout == "ddp" ? "" : absl::StrCat(",\"checkpoints_vetoed\":", r.checkpoints_vetoed,
                                             ",\"suspected\":", r.suspected),
+      r.layout == "tp" ? absl::StrCat(",\"tp_group_suspected\":", r.group_suspected) : "",
       ",\"goals_met\":", r.missed.empty() ? "true" : "false", ",\"missed\":[");
   for (size_t i = 0; i < r.missed.size(); ++i) {
     absl::StrAppend(&json, i > 0 ? "," : "", "\"", JsonEscape(r.missed[i]), "\"");
   }
   absl::StrAppend(&json, "],\"faults\":[", absl::StrJoin(positions, ","), "]}");
   return json;
+}
+
+bool InTpGroup(const std::vector<int>& suspects, int faulty, int tp) {
+  if (suspects.empty() || tp < 1) return false;
+  for (int r : suspects) {
+    if (r / tp != faulty / tp) return false;
+  }
+  return true;
+}
+
+std::string SuspectCell(const ScenarioResult& r) {
+  if (r.group_suspected == 0) return absl::StrCat(r.suspected);
+  if (r.suspected == 0) return absl::StrCat(r.group_suspected, " tp group");
+  return absl::StrCat(r.suspected, " + ", r.group_suspected, " tp group");
 }
 
 std::string Fraction(std::optional<double> v) {

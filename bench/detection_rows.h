@@ -27,6 +27,10 @@ struct FaultRun {
   bool fired = false;          // The trainer logged at least one injection.
   bool attributed = false;     // Right rank, right node, nobody else.
   bool suspected = false;      // Not attributed: the faulty rank the one suspect, nobody blamed.
+  // tp: neither, nobody blamed, and every suspect in the faulty rank's tp
+  // group (an activation fault: the tp collectives mix the group's
+  // activations, so a replay names the group, not its rank).
+  bool group_suspected = false;
   std::set<int> blamed;        // Ranks named by confirmed incidents.
   int restart_step = -1;       // Steps every rank had finished once sdcd was back.
   absl::Duration wall;
@@ -52,6 +56,7 @@ struct ScenarioResult {
   int bad_checkpoints_revoked = 0;
   int checkpoints_vetoed = 0;
   int suspected = 0;  // Runs whose faulty rank was the one suspect, nobody blamed.
+  int group_suspected = 0;  // tp: runs whose suspects were the faulty rank's tp group.
   ResumeTally resume;  // The replace-and-resume scenario's loop.
   std::vector<std::string> missed;  // Goals not met, in words.
 
@@ -73,9 +78,18 @@ struct ScenarioResult {
 // The row's JSON object: runs, detected, attributed_correctly,
 // mean_latency_steps, false_alarms, skipped_steps, bad_checkpoints_written,
 // bad_checkpoints_revoked, errors, fired, nodes, (replace-and-resume's loop),
-// (a sharded layout's row: checkpoints_vetoed, suspected), goals_met,
-// missed, faults.
+// (a sharded layout's row: checkpoints_vetoed, suspected; tp's also
+// tp_group_suspected), goals_met, missed, faults.
 std::string RowJson(const ScenarioResult& r);
+
+// Whether the suspects (ranks) are all in the tp group of `faulty` when
+// every tp group is `tp` consecutive ranks (the demo's layout: a dp
+// replica's tp group on one node); none is false.
+bool InTpGroup(const std::vector<int>& suspects, int faulty, int tp);
+
+// The suspect cell of a layout row: "1", or "1 tp group" when that many
+// runs' suspects were the faulty rank's tp group.
+std::string SuspectCell(const ScenarioResult& r);
 
 // "0.67", or "n/a" for none.
 std::string Fraction(std::optional<double> v);

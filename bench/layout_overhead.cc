@@ -36,7 +36,9 @@ constexpr int kNodes = 3;
 constexpr int kGpusPerNode = 2;
 
 bool HasBuddy(const std::string& layout) { return layout == "fsdp" || layout == "zero"; }
-bool ShardedReplay(const std::string& layout) { return layout == "fsdp" || layout == "hsdp"; }
+bool ShardedReplay(const std::string& layout) {
+  return layout == "fsdp" || layout == "hsdp" || layout == "tp";
+}
 
 // One layout's figures over its rounds.
 struct LayoutFigures {

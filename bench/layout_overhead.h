@@ -1,7 +1,7 @@
 #ifndef SDC_BENCH_LAYOUT_OVERHEAD_H_
 #define SDC_BENCH_LAYOUT_OVERHEAD_H_
 
-// ./sdc bench overhead --layout=fsdp|hsdp|zero (a comma list runs several):
+// ./sdc bench overhead --layout=fsdp|hsdp|zero|tp (a comma list runs several):
 // what the guard costs a sharded job (issue 44). Per layout, one cluster of
 // 6 ranks (3 nodes x 2 GPUs, CPU, Gloo) trains the demo's transformer with
 // examples/ddp_train.py --layout=L unguarded and another guarded, at the
@@ -13,7 +13,7 @@
 // and applied every step; the guarded job's final weights bit-identical to
 // the unguarded job's (the full parameters' digest, every rank alike); no
 // incident and no suspect at sdcd; an audit (the sharded replay under fsdp
-// and hsdp, the engine's own under zero) at exactly the steps the cadence
+// hsdp and tp, the engine's own under zero) at exactly the steps the cadence
 // schedules, each passed; and where the layout has a buddy check (fsdp,
 // zero), a check at every weight-check step on every rank with no finding.
 // The DDP bench's collective count is not asserted here: a sharded layout's
@@ -35,7 +35,7 @@
 namespace sdc::bench {
 
 struct LayoutOverheadArgs {
-  std::vector<std::string> layouts;  // fsdp, hsdp, zero.
+  std::vector<std::string> layouts;  // fsdp, hsdp, zero, tp.
   int steps = 30;
   int rounds = 2;
   int warmup = 5;

@@ -63,7 +63,7 @@ ABSL_FLAG(std::string, out_dir, "",
 ABSL_FLAG(std::string, trainer, "cpp",
           "cpp: the demo's C++ trainer; python: examples/ddp_train.py (PyTorch DDP).");
 ABSL_FLAG(std::string, layout, "ddp",
-          "ddp (the loops above), or sharded layouts, comma-separated (fsdp, hsdp, zero): "
+          "ddp (the loops above), or sharded layouts, comma-separated (fsdp, hsdp, zero, tp): "
           "each trained unguarded and guarded by examples/ddp_train.py --layout "
           "(bench/layout_overhead.h; defaults there: --steps=30 --warmup=5 --turn_steps=5 "
           "--audit_every=15 --weight_check_every=5).");
@@ -171,10 +171,10 @@ template <typename Usage>
 int ShardedMain(const std::string& layouts, Usage usage) {
   LayoutOverheadArgs a;
   a.layouts = absl::StrSplit(layouts, ',', absl::SkipEmpty());
-  if (a.layouts.empty()) usage("--layout: name one or more of fsdp, hsdp, zero");
+  if (a.layouts.empty()) usage("--layout: name one or more of fsdp, hsdp, zero, tp");
   for (const std::string& l : a.layouts) {
-    if (l != "fsdp" && l != "hsdp" && l != "zero") {
-      usage(absl::StrCat("--layout: '", l, "' is not a sharded layout (fsdp, hsdp, zero; ddp "
+    if (l != "fsdp" && l != "hsdp" && l != "zero" && l != "tp") {
+      usage(absl::StrCat("--layout: '", l, "' is not a sharded layout (fsdp, hsdp, zero, tp; ddp "
                          "alone runs the DDP loops)"));
     }
     if (std::count(a.layouts.begin(), a.layouts.end(), l) > 1) {

@@ -180,9 +180,17 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer '", c.trainer, "': expected cpp, python, hf, lightning or accelerate"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero") {
+  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero" &&
+      c.layout != "tp") {
     return absl::InvalidArgumentError(
-        absl::StrCat("layout '", c.layout, "': expected ddp, fsdp, hsdp or zero"));
+        absl::StrCat("layout '", c.layout, "': expected ddp, fsdp, hsdp, zero or tp"));
+  }
+  if (c.layout == "tp" && (c.nodes < 2 || 4 % c.gpus_per_node != 0 || c.model != "transformer")) {
+    // examples/layouts.py: the transformer's 4 heads split over tp = GPUs
+    // per node, replicated over the nodes.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout tp: the transformer over 2+ nodes of 1, 2 or 4 GPUs (tp = GPUs per node), got ",
+        c.nodes, " node(s) of ", c.gpus_per_node, ", model ", c.model));
   }
   if (c.layout != "ddp" && c.trainer != "python") {
     return absl::InvalidArgumentError(
@@ -370,7 +378,8 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
       if (c.replica_groups > 1) argv.push_back(absl::StrCat("--seed=", 1234 + group));
       if (c.layout != "ddp") {
         // HSDP's replicate dim over the nodes: rank r = node x GPUs + local
-        // rank holds shard r % GPUs, one replica of it per node.
+        // rank holds shard r % GPUs, one replica of it per node (tp: tp rank
+        // r % GPUs of dp replica r / GPUs, a tp group per node).
         argv.push_back("--layout=" + c.layout);
         argv.push_back(absl::StrCat("--replicas=", c.nodes));
       }

@@ -53,8 +53,9 @@ struct ClusterConfig {
   std::string model = "transformer";  // or bn-mlp
   // How the Python trainer lays the model over the ranks (examples/layouts.py):
   // "ddp", "fsdp" (FSDP2 on a 1-D mesh), "hsdp" (FSDP2 on a nodes x GPUs
-  // replicate x shard mesh: a shard's replicas on different nodes) or "zero"
-  // (DDP and a ZeroRedundancyOptimizer).
+  // replicate x shard mesh: a shard's replicas on different nodes), "zero"
+  // (DDP and a ZeroRedundancyOptimizer) or "tp" (tensor parallel over a
+  // node's GPUs, replicated over the nodes: the transformer only).
   std::string layout = "ddp";
   int batch = 8;
   int micro_batches = 1;

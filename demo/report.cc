@@ -257,7 +257,8 @@ RunFacts Analyze(const ClusterResult& result, const Scenario& scenario,
       if (it != steps.end() && it->second.apply) corrupted.push_back({inj.step, INT32_MAX});
     }
   }
-  ClassifyInjections(steps, config.layout == "fsdp" || config.layout == "hsdp", &f);
+  ClassifyInjections(steps, config.layout == "fsdp" || config.layout == "hsdp" ||
+                               config.layout == "tp", &f);
   f.checkpoints_final = result.checkpoints_final;
   f.checkpoints_provisional = result.checkpoints_provisional;
   auto has = [](const std::vector<int>& v, int c) {

@@ -118,8 +118,10 @@ std::optional<Scenario> FindScenario(const std::string& name) {
 // at once (shard_replay.py), so a finite fault in the forward is caught on
 // an audit step as under DDP; their weight checks are HSDP's vote per shard
 // across the nodes and FSDP's buddy check and at-rest comparison. ZeRO is
-// DDP (every check) plus the buddy check of each rank's partition. The
-// shard-update fault is the buddy check's (fsdp, zero); scenarios that
+// DDP (every check) plus the buddy check of each rank's partition. tp (dp
+// nodes x tp GPUs) is HSDP's per tp shard, its replays whole tp groups: an
+// activation fault makes its tp group the suspects (tensor_parallel.py).
+// The shard-update fault is the buddy check's (fsdp, zero); scenarios that
 // depend on the engine's own replays (a faulty replayer, a corrupted
 // transfer, targeted audits), micro-batches, another model or a restart
 // are DDP's (README, "Layouts").

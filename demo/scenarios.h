@@ -43,7 +43,7 @@ const std::vector<Scenario>& Scenarios();
 std::optional<Scenario> FindScenario(const std::string& name);
 inline constexpr char kDefaultScenario[] = "intermittent";
 
-// Whether `layout` (ddp, fsdp, hsdp, zero: examples/layouts.py) runs
+// Whether `layout` (ddp, fsdp, hsdp, zero, tp: examples/layouts.py) runs
 // scenario `s`: `s` itself, or kInvalidArgument saying why not and, for a
 // sharded layout, which scenarios it runs. The demo and the detection
 // bench's layout rows both ask here.

@@ -29,13 +29,15 @@ TEST(ScenarioOnLayoutTest, DdpRunsEveryScenarioButTheBuddyChecksFault) {
 TEST(ScenarioOnLayoutTest, ShardUpdateRunsWhereThereIsABuddyCheck) {
   EXPECT_TRUE(ScenarioOnLayout("fsdp", Named("shard-update")).ok());
   EXPECT_TRUE(ScenarioOnLayout("zero", Named("shard-update")).ok());
-  const absl::StatusOr<Scenario> hsdp = ScenarioOnLayout("hsdp", Named("shard-update"));
-  EXPECT_EQ(hsdp.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(hsdp.status().message().find("fsdp or zero"), std::string::npos);
+  for (const char* layout : {"hsdp", "tp"}) {  // Every shard has replicas: the vote's.
+    const absl::StatusOr<Scenario> r = ScenarioOnLayout(layout, Named("shard-update"));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << layout;
+    EXPECT_NE(r.status().message().find("fsdp or zero"), std::string::npos) << layout;
+  }
 }
 
 TEST(ScenarioOnLayoutTest, ShardedLayoutsRefuseTheEnginesOwnReplaysWithTheList) {
-  for (const char* layout : {"fsdp", "hsdp", "zero"}) {
+  for (const char* layout : {"fsdp", "hsdp", "zero", "tp"}) {
     for (const char* name : {"nan-gradient", "weight-corruption", "activation-x10000",
                              "mantissa-bitflip", "intermittent", "clean"}) {
       EXPECT_TRUE(ScenarioOnLayout(layout, Named(name)).ok()) << layout << " " << name;

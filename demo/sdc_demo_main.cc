@@ -64,9 +64,10 @@ ABSL_FLAG(bool, every_step, false,
           "(Guard(every_step=True); Python trainers only for now).");
 ABSL_FLAG(std::string, layout, "ddp",
           "How the model is laid over the ranks: ddp (full replicas), fsdp (FSDP2 on a 1-D "
-          "mesh: a shard per rank), hsdp (FSDP2 on a nodes x GPUs replicate x shard mesh) or "
-          "zero (DDP and a ZeroRedundancyOptimizer). fsdp, hsdp and zero train the Python "
-          "trainer (examples/layouts.py).");
+          "mesh: a shard per rank), hsdp (FSDP2 on a nodes x GPUs replicate x shard mesh), "
+          "zero (DDP and a ZeroRedundancyOptimizer) or tp (tensor parallel over each node's "
+          "GPUs, replicated over the nodes: dp nodes x tp GPUs). fsdp, hsdp, zero and tp train "
+          "the Python trainer (examples/layouts.py).");
 ABSL_FLAG(std::string, facts, "",
           "Also write what the run showed as one JSON object to this file (tests, scripts).");
 
@@ -169,9 +170,10 @@ absl::Status Validate(const Config& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--trainer must be cpp, python, hf, lightning or accelerate, got '", c.trainer, "'"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero") {
+  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero" &&
+      c.layout != "tp") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--layout must be ddp, fsdp, hsdp or zero, got '", c.layout, "'"));
+        absl::StrCat("--layout must be ddp, fsdp, hsdp, zero or tp, got '", c.layout, "'"));
   }
   if (c.layout != "ddp" && c.trainer != "cpp" && c.trainer != "python") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -192,7 +194,7 @@ void SetUpFlags() {
       "the sdc-guard demo: sdcd and a local training cluster (CPU ranks over Gloo) with an "
       "injected fault, live progress, a summary and an HTML report.\n"
       "  ./sdc demo [--scenario=NAME|list] [--trainer=cpp|python|hf|lightning|accelerate]\n"
-      "             [--layout=ddp|fsdp|hsdp|zero]"
+      "             [--layout=ddp|fsdp|hsdp|zero|tp]"
       "             [--steps=N] [--nodes=N]"
       "             [--gpus_per_node=N] [--audit_every=N] [--weight_check_every=N]\n"
       "             [--checkpoint_every=N] [--fault_rank=R] [--fault_step=S] [--run_dir=DIR]\n"

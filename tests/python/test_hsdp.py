@@ -11,8 +11,8 @@ state dicts (issue 44, item 6), and replay audits with every rank replaying
 its ring partner at once (item 4: rank r's micro-batch replayed by rank r + 2,
 another replica of the same shard on the next node; a mismatch by r + 4).
 
-The clean run and the weight faults run again on tensor parallel (item 5,
-"tp": --tp=2, a 3 x 2 (dp, tp) mesh, the Mlp Colwise/Rowwise over tp and
+The clean run (with its DCP checkpoints) and the faults run again on tensor
+parallel (item 5, "tp": --tp=2, a 3 x 2 (dp, tp) mesh, the Mlp Colwise/Rowwise over tp and
 replicated over dp by FSDP2's replicate): rank r is tp rank r % 2 of dp
 replica r // 2 on node r // 2, so "shard" below reads "tp rank" there, and
 the vote names the tp rank whose shard differs. Replay audits replay whole
@@ -44,8 +44,11 @@ def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd, la
     flags = ["--steps=6", "--checkpoint_every=3"] + LAYOUTS[layout]
     env = {"SDC_JOB_ID": job, "SDC_COORDINATOR": sdcd.trainer_address,
            "SDC_WEIGHT_CHECK_EVERY": "2", "SDC_AUDIT_EVERY": "2"}
-    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD, flags, env,
-                                     script=SCRIPT)
+    # The guarded job saves what the gate allows: torch.distributed.checkpoint
+    # sharded state dicts (on tp each rank's tp shards; item 6 on tp).
+    ckpt = tmp_path / "checkpoints"
+    guarded, guarded_final = run_job(str(tmp_path / "guarded"), WORLD,
+                                     flags + [f"--checkpoint_dir={ckpt}"], env, script=SCRIPT)
     plain, plain_final = run_job(str(tmp_path / "plain"), WORLD, flags + ["--unguarded"],
                                  script=SCRIPT)
     for rank in range(WORLD):
@@ -66,6 +69,9 @@ def test_guarded_hsdp_is_bit_identical_to_unguarded_and_clean(tmp_path, sdcd, la
     assert all(len(d) == 1 for d in by_shard.values()), by_shard
     assert by_shard[0] != by_shard[1]
     assert sdcd.sdcctl("get", "incidents", f"--job={job}")["incidents"] == []
+    # Checkpoint 3 was finalised when 6 was allowed; 6 stays provisional.
+    assert sorted(os.listdir(ckpt)) == ["step-3.dcp", "step-6.dcp.provisional"]
+    assert ".metadata" in os.listdir(ckpt / "step-3.dcp")
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -197,6 +203,9 @@ def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sd
                  "ranks 0, 1 (one tp group) differed together") in reason, reason
         assert by_step[2].get("outcome") == "suspect", incidents
         assert by_step[2].get("ranks") in ([0], [1]), incidents
+        # sdcd's incident keeps why no tp rank is named (issue 44, item 5).
+        assert "(one tp group) differed together" in by_step[2]["explanation"], by_step[2]
+        assert "which one no replay can tell" in by_step[2]["explanation"], by_step[2]
         return
     for rank in range(WORLD):
         assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "
