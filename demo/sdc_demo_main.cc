@@ -301,6 +301,11 @@ int Main(int argc, char** argv) {
 
   ClusterConfig c;
   c.run_dir = f.run_dir;
+  if (char cwd[4096]; f.run_dir[0] != '/' && getcwd(cwd, sizeof cwd) != nullptr) {
+    // Absolute for the trainers: the Python ones' file:// rendezvous URL
+    // would read a relative path's first folder as a host name.
+    c.run_dir = absl::StrCat(cwd, "/", f.run_dir);
+  }
   c.nodes = f.nodes;
   c.gpus_per_node = f.gpus_per_node;
   c.steps = f.steps;
