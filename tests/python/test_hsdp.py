@@ -194,18 +194,17 @@ def test_hsdp_activation_fault_on_an_audit_step_is_named_and_vetoed(tmp_path, sd
     if layout == "tp":
         # The tp collectives carry rank 1's fault into rank 0's loss too: the
         # replays name the tp group {0, 1}, each rank a suspect.
+        why = ("buddy check (suspect): a tp group's replays differed together (tp mixes its "
+               "activations: no replay tells which rank is wrong): ranks 0, 1; rank ")
         for rank in range(WORLD):
             reason = steps[rank][1]["reason"]
-            assert "buddy check (suspect): rank " in reason, reason
-            assert ("is wrong (its loss); ranks 3 and 5 replayed it and agree; the replays of "
-                    "ranks 0, 1 (one tp group) differed together") in reason or \
-                ("is wrong (its loss); ranks 2 and 4 replayed it and agree; the replays of "
-                 "ranks 0, 1 (one tp group) differed together") in reason, reason
+            assert why in reason, reason  # (Its replayers are cut off at 200 characters.)
+            assert "micro-batch at step 2 (replay audit) is wrong (its loss)" in reason, reason
         assert by_step[2].get("outcome") == "suspect", incidents
         assert by_step[2].get("ranks") in ([0], [1]), incidents
-        # sdcd's incident keeps why no tp rank is named (issue 44, item 5).
-        assert "(one tp group) differed together" in by_step[2]["explanation"], by_step[2]
-        assert "which one no replay can tell" in by_step[2]["explanation"], by_step[2]
+        # sdcd's incident keeps why no tp rank is named (the engine sends a
+        # skipped step's first 200 characters; issue 44, item 5).
+        assert why in by_step[2]["explanation"], by_step[2]
         return
     for rank in range(WORLD):
         assert ("buddy check (faulty): rank 1's forward/backward of its micro-batch at step 2 "

@@ -117,12 +117,13 @@ def pairs(coords, nodes, replicas, tps):
 def verdict(text, subject, mismatched, tp_group):
     """The three-node rule's ``text`` for ``subject``, as a suspect of its tp
     group when other ranks of that group mismatched too (the tp
-    collectives mix their activations: the replay cannot tell which)."""
+    collectives mix their activations: the replay cannot tell which). The
+    tp group and why leads, after the mark sdcd parses: the engine keeps a
+    skipped step's first 200 characters for sdcd's incident."""
     together = [r for r in tp_group[subject] if r in mismatched]
     if len(together) < 2:
         return text
     ranks = ", ".join(str(r) for r in together)
-    return (text.replace(" (faulty): ", " (suspect): ", 1) +
-            f"; the replays of ranks {ranks} (one tp group) differed together, and tensor "
-            "parallelism mixes a tp group's activations: a rank of that tp group is wrong, "
-            "which one no replay can tell")
+    _, _, rest = text.partition("): ")
+    return (f"{buddy.MARK} (suspect): a tp group's replays differed together (tp mixes its "
+            f"activations: no replay tells which rank is wrong): ranks {ranks}; {rest}")
