@@ -19,7 +19,9 @@ With the demo's numbering (rank = node x GPUs per node + local rank) and
 --replicas = nodes, HSDP's replicas of a shard sit on different nodes, as a
 real job lays them out: a node's fault then shows in one replica of each
 shard it holds. On tp the same numbering puts a dp replica's tp group on
-one node (tp inside a node, as real jobs place it).
+one node (tp inside a node, as real jobs place it). The transformer's
+blocks are not modules with a forward of their own, so the whole model is
+one FSDP unit (one all-gather per forward).
 
 The transformer under tp (``_tensor_parallel``) keeps every head whole on
 one tp rank: qkv is ColwiseParallel and read head-major
@@ -28,8 +30,7 @@ Colwise and fc2 Rowwise (one all-reduce), the embeddings RowwiseParallel
 over the vocabulary / positions, the head ColwiseParallel gathering the
 logits; the LayerNorms are replicated on tp (Replicate() DTensors, so that
 FSDP2 places every parameter on the one (dp, tp) mesh). A 4-head, width-64
-model splits over tp = 1, 2 or 4. The transformer's blocks are not modules with a forward of
-their own, so the whole model is one FSDP unit (one all-gather per forward).
+model splits over tp = 1, 2 or 4.
 """
 
 import torch
@@ -131,7 +132,7 @@ def _tensor_parallel(args, module, world):
     def local_out(mod, output, device_mesh):
         return output.to_local() if isinstance(output, DTensor) else output
 
-    for name, sub in module.named_modules():
+    for sub in module.modules():
         if isinstance(sub, torch.nn.LayerNorm):
             distribute_module(sub, mesh["tp"], input_fn=replicated_in, output_fn=local_out)
     return replicate(module, mesh=mesh["dp"])
