@@ -269,8 +269,8 @@ int RunLayoutOverhead(const LayoutOverheadArgs& a) {
                   "buddy check, sent per rank", f.buddy_bytes_per_check, f.buddy_ms_per_check,
                   static_cast<long long>(f.buddy_checks));
     } else {
-      std::printf("  %-38s %10s     (HSDP's replicas vote per shard instead)\n", "buddy check",
-                  "none");
+      std::printf("  %-38s %10s     (%s replicas vote per shard instead)\n", "buddy check",
+                  "none", layout == "tp" ? "tp's (dp x tp)" : "HSDP's");
     }
     std::printf("  %-38s %10s     (0 incidents, 0 suspects, every audit passed)\n",
                 "guarded weights = unguarded", "bit for bit");
