@@ -99,5 +99,30 @@ TEST(LauncherTest, AMalformedLineFailsTheRunNamingFileAndLine) {
   EXPECT_THAT(r.status().message(), HasSubstr(R"({"step":2,"rank":1,"loss":nan})"));
 }
 
+TEST(LauncherTest, TpIsTheTransformerSplitOverEachNodesGpus) {
+  // examples/layouts.py's tp: dp = nodes (2+), tp = GPUs per node dividing
+  // the transformer's 4 heads; anything else is refused before any start.
+  struct Case {
+    int nodes, gpus;
+    const char* model;
+  };
+  for (const Case& k : {Case{1, 2, "transformer"}, Case{3, 3, "transformer"},
+                        Case{3, 2, "bn-mlp"}}) {
+    ClusterConfig c = TwoRanks(TestDir("launcher-tp"), "/bin/false");
+    c.layout = "tp";
+    c.nodes = k.nodes;
+    c.gpus_per_node = k.gpus;
+    c.model = k.model;
+    const absl::StatusOr<ClusterResult> r = RunCluster(c);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.nodes << " " << k.model;
+    EXPECT_THAT(r.status().message(), HasSubstr("layout tp: the transformer over 2+ nodes"));
+  }
+  ClusterConfig c = TwoRanks(TestDir("launcher-tp-ok"), "/bin/false");
+  c.layout = "tp";
+  c.nodes = 3;  // 3 x 2, the transformer: tp's own rule passes; the C++ trainer has no tp.
+  const absl::StatusOr<ClusterResult> r = RunCluster(c);
+  EXPECT_THAT(r.status().message(), HasSubstr("the Python trainer's only"));
+}
+
 }  // namespace
 }  // namespace sdc::demo
