@@ -95,7 +95,8 @@ class Guard::Impl {
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<client::GuardEngine> engine_;
-  // The every-step checksums (null unless front_end_.every_step); after
+  // The every-step checksums (null unless front_end_ or options_ asks for
+  // them); after
   // engine_, so they go (and aten's kernels come back) before it.
   c10::intrusive_ptr<client::ProductChecks> checks_;
   uint64_t checksum_skips_ = 0;
@@ -133,7 +134,7 @@ absl::Status Guard::Impl::Init() {
       loss_fn_, std::move(frozen));
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
-  if (front_end_.every_step) {
+  if (front_end_.every_step || options_.every_step) {
     // The Python front end's defaults (sdc_guard/checksums.py): the
     // probabilistic rule at 10 standard deviations (docs/ARCHITECTURE.md).
     client::GuardEngine* e = engine_.get();

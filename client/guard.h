@@ -61,14 +61,16 @@ using GuardSummary = client::GuardSummary;
 
 // Options of the libtorch front end itself (the engine's are GuardOptions).
 struct FrontEndOptions {
-  // Checksums of every matrix product (mm, addmm, bmm on CPU) in each
-  // step's forward and backward (client/product_checks.h; issue 45; the
-  // Python front end's Guard(every_step=True)). Off by default.
+  // Checksums of every matrix product (mm, addmm, bmm; on CPU, and on a
+  // GPU in a CUDA build) in each step's forward and backward
+  // (client/product_checks.h; issue 45; the Python front end's
+  // Guard(every_step=True)). Off by default; GuardOptions::every_step
+  // (SDC_EVERY_STEP=1) switches them on too.
   bool every_step = false;
 };
 
 // The every-step checksums' counts since the guard was made (all zero
-// without FrontEndOptions::every_step).
+// without every_step).
 struct ChecksumCounts {
   bool every_step = false;
   uint64_t checked = 0;    // Products checked.

@@ -359,6 +359,32 @@ TEST(GuardTest, EveryStepChecksumsSkipAStepWithAWrongProduct) {
   (*g)->Shutdown(absl::ZeroDuration());
 }
 
+// GuardOptions::every_step (SDC_EVERY_STEP=1) switches the checksums on
+// without FrontEndOptions: one step checks its 5 products.
+TEST(GuardTest, EveryStepChecksumsFollowTheOptions) {
+  auto pg = OneRankGroup("every-step-options");
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 4));
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.every_step = true;
+  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
+    return torch::mse_loss(model->forward(b[0]), b[1]);
+  };
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss);
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<StepDecision> d =
+      (*g)->TrainStep(1, {{torch::randn({8, 16}), torch::randn({8, 4})}}, false, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->apply) << d->reason;
+  const ChecksumCounts c = (*g)->Checksums();
+  EXPECT_TRUE(c.every_step);
+  EXPECT_EQ(c.checked, 5u);
+  EXPECT_EQ(c.alarms, 0u);
+  (*g)->Shutdown(absl::ZeroDuration());
+}
+
 TEST(OptimizerTensorsTest, EveryLibtorchOptimizerStateTensorIsRead) {
   torch::manual_seed(3);
   torch::nn::Linear model(4, 2);  // weight and bias

@@ -239,7 +239,8 @@ absl::StatusOr<GuardOptions> OptionsFromVariables(
   }
   for (const auto& [name, flag] : {std::pair<const char*, bool*>{"SDC_PARAMETER_FINGERPRINTS",
                                                                   &o.parameter_fingerprints},
-                                   {"SDC_VOTE_BUFFERS", &o.vote_buffers}}) {
+                                   {"SDC_VOTE_BUFFERS", &o.vote_buffers},
+                                   {"SDC_EVERY_STEP", &o.every_step}}) {
     if (const char* v = vars.Get(name)) {
       const std::string f = v;
       if (f != "0" && f != "1") return absl::InvalidArgumentError(absl::StrCat(name, ": expected 0 or 1"));

@@ -136,6 +136,12 @@ struct GuardOptions {
   // the replay audit still checks how a forward updates them.
   // Env: SDC_VOTE_BUFFERS=0|1. Default: on.
   bool vote_buffers = true;
+  // Checksums of every matrix product in each step's forward and backward
+  // (issue 45; client/product_checks.h). The libtorch front end (sdc::Guard)
+  // runs them when this or FrontEndOptions::every_step is set; the Python
+  // front end reads the same variable itself (Guard(every_step=...) wins).
+  // Env: SDC_EVERY_STEP=0|1. Default: off.
+  bool every_step = false;
   std::string tls_ca;    // Env: SDC_TLS_CA (PEM): use TLS.
   std::string tls_cert;  // Env: SDC_TLS_CERT: client certificate.
   std::string tls_key;   // Env: SDC_TLS_KEY.

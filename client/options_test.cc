@@ -26,7 +26,7 @@ class OptionsTest : public ::testing::Test {
                           "SDC_SMALL_COLLECTIVES", "SDC_REPORT_LINGER_MS", "SDC_METRICS_LISTEN",
                           "TORCHELASTIC_RUN_ID", "PET_RDZV_ID", "SLURM_JOB_ID",
                           "TORCHELASTIC_RESTART_COUNT", "SDC_ATTEMPT", "SLURM_RESTART_COUNT",
-                          "SDC_RESUME_STEP"}) {
+                          "SDC_RESUME_STEP", "SDC_EVERY_STEP"}) {
       unsetenv(v);
     }
     setenv("SDC_JOB_ID", "job-1", 1);
@@ -54,6 +54,33 @@ TEST_F(OptionsTest, ShardCoordinatesAreReadAndChecked) {
         << bad.begin()->first;
     EXPECT_THAT(std::string(refused.status().message()), HasSubstr("SDC_SHARD_"));
   }
+}
+
+// SDC_EVERY_STEP switches the libtorch front end's every-step checksums
+// on, as it does the Python package's: 0 or 1, off when unset.
+TEST_F(OptionsTest, EveryStepIsReadFromTheEnvironment) {
+  absl::StatusOr<GuardOptions> unset = OptionsFromEnvironment();
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_FALSE(unset->every_step);
+  setenv("SDC_EVERY_STEP", "1", 1);
+  absl::StatusOr<GuardOptions> on = OptionsFromEnvironment();
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->every_step);
+  setenv("SDC_EVERY_STEP", "0", 1);
+  absl::StatusOr<GuardOptions> off = OptionsFromEnvironment();
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->every_step);
+  // An override takes the environment's place, as for every variable.
+  absl::StatusOr<GuardOptions> overridden = OptionsFromVariables({{"SDC_EVERY_STEP", "1"}});
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_TRUE(overridden->every_step);
+  for (const char* bad : {"yes", "2", "true"}) {
+    setenv("SDC_EVERY_STEP", bad, 1);
+    absl::StatusOr<GuardOptions> refused = OptionsFromEnvironment();
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(refused.status().message(), "SDC_EVERY_STEP: expected 0 or 1") << bad;
+  }
+  unsetenv("SDC_EVERY_STEP");
 }
 
 TEST_F(OptionsTest, MetricsListenIsOffByDefaultAndOffsetByLocalRank) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/abft_passes.h"
+#include "kernels/abft_rule.h"
 #include "kernels/cpu_dispatch.h"
 
 // WHY THE GUARANTEED THRESHOLD HOLDS. Write the check on columns of
@@ -57,17 +58,10 @@ using abft_passes::RowSinks;
 using abft_passes::RowStart;
 using abft_passes::SumColumns;
 
-constexpr double kFp64UnitRoundoff = 0x1p-53;
-constexpr double kFp32MinNormal = 0x1p-126;
-constexpr double kEvaluationSlack = 1.0 + 0x1p-40;
+using abft_rule::kFp32MinNormal;
 
 // The ones of a bias's companion column/row, read with stride 0.
 constexpr float kOne = 1.0f;
-
-double Gamma(double count, double unit_roundoff) {
-  const double nu = count * unit_roundoff;
-  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
-}
 
 // Absolute error of rounding one value to C's dtype, below the normal range.
 double OutputUnderflow(DType dtype) {
@@ -231,29 +225,14 @@ LineResult CheckColumns(const MatrixRef& l, const MatrixRef* lx, const MatrixRef
              [&](int64_t) { return c_sinks; }, observed.data(), s_abs.data(),
              c_squares ? c_sq.data() : nullptr, path);
 
-  const double beta = (1.0 + u_in) * (1.0 + u_in) * (1.0 + Gamma(terms, u)) - 1.0;
-  const double beta_first_order = static_cast<double>(terms) * u + 2.0 * u_in;
-  const double g64 = Gamma(static_cast<double>(p + q + 4), kFp64UnitRoundoff);
-  const double lift = 1.0 / (1.0 - g64);
-  // An underflow's absolute error is carried through the later roundings of
-  // the same dot product: at most (1 + gamma_K) of it reaches c^.
-  const double underflow =
-      static_cast<double>(p) * (2.0 * static_cast<double>(terms) * kFp32MinNormal *
-                                    (1.0 + Gamma(terms, u)) +
-                                OutputUnderflow(c.dtype));
+  const abft_rule::Constants rule = abft_rule::MakeConstants(
+      p, q, terms, u, u_in, u_out, OutputUnderflow(c.dtype), probabilistic, options.lambda);
 
   LineResult out;
   for (int64_t j = 0; j < s; ++j) {
-    const double t_j = t[j] * lift, s_j = s_abs[j] * lift;
-    const double check = g64 * (t_j + s_j) + underflow;
-    double threshold = (beta * t_j + uo * s_j + check) * kEvaluationSlack;
-    if (probabilistic) {
-      const double sigma = std::sqrt((variance[j] + (c_squares ? uo * uo * c_sq[j] : 0.0)) * lift);
-      const double second_order = (beta - beta_first_order) * t_j + uo * beta * t_j;
-      const double bound =
-          (options.lambda * sigma + second_order + check) * kEvaluationSlack;
-      threshold = std::min(threshold, bound);
-    }
+    const double threshold = abft_rule::Threshold(rule, t[j], s_abs[j],
+                                                  probabilistic ? variance[j] : 0.0,
+                                                  c_squares ? c_sq[j] : 0.0);
     const double discrepancy = observed[j] - reference[j];
     const double magnitude = std::fabs(discrepancy);
     // A NaN or Inf in the operands or in C makes the discrepancy NaN or Inf
@@ -416,6 +395,13 @@ absl::StatusOr<AbftResult> CheckBatchedMatrixProductOnPath(
   result.reference = best.reference;
   return result;
 }
+
+absl::Status ValidateMatrixProduct(const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+                                   const MatrixRef* bias, const AbftOptions& options) {
+  return Validate(a, b, c, bias, options);
+}
+
+double AbftOutputUnderflow(DType dtype) { return OutputUnderflow(dtype); }
 
 absl::StatusOr<AbftResult> CheckMatrixProductOnPath(
     const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,

@@ -153,6 +153,12 @@ absl::StatusOr<AbftResult> CheckBatchedMatrixProduct(int64_t batch, const Matrix
 double AbftOutputUnitRoundoff(DType dtype);
 
 namespace internal {
+// CheckMatrixProduct's argument checks (the CUDA check's too).
+absl::Status ValidateMatrixProduct(const MatrixRef& a, const MatrixRef& b, const MatrixRef& c,
+                                   const MatrixRef* bias, const AbftOptions& options);
+// The absolute error of rounding one value below the normal range to
+// `dtype` (the rule's underflow term per element of C).
+double AbftOutputUnderflow(DType dtype);
 // CheckMatrixProduct on an explicit code path, for tests and benchmarks.
 // REQUIRES: `path` is supported by this CPU.
 absl::StatusOr<AbftResult> CheckMatrixProductOnPath(

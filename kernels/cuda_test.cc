@@ -4,15 +4,21 @@
 #include "kernels/cuda.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/abft.h"
+#include "kernels/abft_cuda.h"
 #include "kernels/cuda_check_queue.h"
 #include "kernels/cuda_launcher.h"
 #include "kernels/fingerprint.h"
+#include "kernels/half_float.h"
 #include "kernels/nonfinite.h"
 #include "kernels/reference.h"
 
@@ -43,6 +49,55 @@ TEST(CudaBuildTest, ReportsWhyItCannotRun) {
   EXPECT_EQ(FingerprintTensorsCuda(one, key, absl::MakeSpan(out), nullptr).code(),
             CudaBuilt() ? absl::StatusCode::kInternal
                         : absl::StatusCode::kFailedPrecondition);
+}
+
+// The CUDA product check's arguments are checked before anything touches a
+// device, on any machine.
+TEST(CudaBuildTest, ProductCheckRefusesWhatItCannotCheck) {
+  const float x[6] = {1, 2, 3, 4, 5, 6};
+  const MatrixRef a = RowMajor(x, 2, 3, DType::kFloat32), b = RowMajor(x, 3, 2, DType::kFloat32),
+                  c = RowMajor(x, 2, 2, DType::kFloat32);
+  absl::StatusOr<size_t> bytes = CudaProductCheckWorkspaceBytes(1, a, b, c, nullptr, {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_GT(*bytes, 0u);
+  EXPECT_EQ(*bytes % 16, 0u);
+  // Shapes that do not multiply, a batch above 65,535, the row axis.
+  EXPECT_EQ(CudaProductCheckWorkspaceBytes(1, a, a, c, nullptr, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaProductCheckWorkspaceBytes(65536, a, b, c, nullptr, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  AbftOptions rows;
+  rows.axis = AbftAxis::kRows;
+  EXPECT_EQ(CudaProductCheckWorkspaceBytes(1, a, b, c, nullptr, rows).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // An empty product needs no workspace.
+  const MatrixRef empty = RowMajor(nullptr, 0, 2, DType::kFloat32);
+  absl::StatusOr<size_t> none =
+      CudaProductCheckWorkspaceBytes(1, RowMajor(nullptr, 0, 3, DType::kFloat32), b, empty,
+                                     nullptr, {});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, 0u);
+  // Without CUDA, FailedPrecondition; with it, a missing workspace is
+  // refused before any launch.
+  CudaAbftRecord record;
+  EXPECT_EQ(QueueMatrixProductCheckCuda(1, a, b, c, {}, nullptr, {}, 0, false, nullptr, 0,
+                                        &record, nullptr)
+                .code(),
+            CudaBuilt() ? absl::StatusCode::kInvalidArgument
+                        : absl::StatusCode::kFailedPrecondition);
+  // A record reads back as the CPU check's result.
+  CudaAbftRecord failed;
+  failed.failed = 2;
+  failed.column = 5;
+  failed.batch = 1;
+  failed.discrepancy = -3;
+  failed.threshold = 1;
+  const AbftResult r = ResultOfRecord(failed);
+  EXPECT_FALSE(r.passed);
+  EXPECT_EQ(r.worst_index, 5);
+  EXPECT_EQ(r.worst_batch, 1);
+  EXPECT_EQ(r.discrepancy, -3);
+  EXPECT_TRUE(ResultOfRecord(CudaAbftRecord{}).passed);
 }
 
 #ifdef SDC_HAVE_CUDA
@@ -199,6 +254,224 @@ TEST_F(CudaTest, QueuedStepsMatchCpuBitForBit) {
     }
     ASSERT_EQ(r->copies[*copy].size(), 8u);
     EXPECT_EQ(std::memcmp(r->copies[*copy].data(), host[1].data(), 8), 0);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Storage of one value in `dtype`, rounded to nearest even.
+uint16_t ToBFloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float Widen(const unsigned char* p, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (dtype == DType::kBFloat16) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  return HalfToFloat(h);
+}
+
+// IEEE binary16 storage of f, rounded to nearest even.
+uint16_t ToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) return sign | (magnitude > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to Inf.
+  if (magnitude < 0x38800000u) {                        // Below 2^-14: subnormal.
+    float a;
+    std::memcpy(&a, &magnitude, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 0x1p24f)));
+  }
+  uint32_t h = (((magnitude >> 23) - 112) << 10) | ((magnitude & 0x7fffffu) >> 13);
+  const uint32_t rest = magnitude & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+void Store(float f, DType dtype, unsigned char* p) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(p, &f, 4);
+  } else if (dtype == DType::kBFloat16) {
+    const uint16_t h = ToBFloat16(f);
+    std::memcpy(p, &h, 2);
+  } else {
+    const uint16_t h = ToHalf(f);
+    std::memcpy(p, &h, 2);
+  }
+}
+
+// A batch of products in host memory with device copies: A (each p x q,
+// row- or column-major), B (q x s), a bias row, and C = A B (+ bias)
+// accumulated in fp32 in order and rounded once to C's dtype: a healthy
+// product as the rule models it.
+struct Product {
+  int64_t batch, p, q, s;
+  DType in, out;
+  bool bias, a_column_major;
+  std::vector<unsigned char> a, b, v, c;
+  std::unique_ptr<DeviceBuffer> da, db, dv, dc;
+
+  MatrixRef A(const unsigned char* base) const {
+    return a_column_major ? MatrixRef{base, p, q, 1, p, in} : MatrixRef{base, p, q, q, 1, in};
+  }
+  MatrixRef B(const unsigned char* base) const { return RowMajor(base, q, s, in); }
+  MatrixRef C(const unsigned char* base) const { return RowMajor(base, p, s, out); }
+  MatrixRef V(const unsigned char* base) const { return MatrixRef{base, 1, s, 0, 1, in}; }
+  BatchStrides Strides() const { return {p * q, q * s, p * s, s}; }
+};
+
+Product MakeProduct(int64_t batch, int64_t p, int64_t q, int64_t s, DType in, DType out,
+                    bool bias, bool a_column_major, uint64_t seed) {
+  Product x{batch, p, q, s, in, out, bias, a_column_major, {}, {}, {}, {}, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t is = DTypeSize(in), os = DTypeSize(out);
+  x.a.resize(batch * p * q * is);
+  x.b.resize(batch * q * s * is);
+  x.v.resize(batch * s * is);
+  x.c.resize(batch * p * s * os);
+  for (size_t i = 0; i < x.a.size(); i += is) Store(normal(rng), in, &x.a[i]);
+  for (size_t i = 0; i < x.b.size(); i += is) Store(normal(rng), in, &x.b[i]);
+  for (size_t i = 0; i < x.v.size(); i += is) Store(normal(rng), in, &x.v[i]);
+  const BatchStrides st = x.Strides();
+  for (int64_t n = 0; n < batch; ++n) {
+    const MatrixRef a = x.A(x.a.data() + n * st.a * is);
+    for (int64_t i = 0; i < p; ++i) {
+      for (int64_t j = 0; j < s; ++j) {
+        float acc = bias ? Widen(&x.v[(n * st.bias + j) * is], in) : 0.0f;
+        for (int64_t l = 0; l < q; ++l) {
+          const float ail = Widen(static_cast<const unsigned char*>(a.data) +
+                                      (i * a.row_stride + l * a.col_stride) * is,
+                                  in);
+          const float blj = Widen(&x.b[(n * st.b + l * s + j) * is], in);
+          const float product = ail * blj;  // Rounded, then added: no FMA.
+          acc += product;
+        }
+        Store(acc, out, &x.c[(n * st.c + i * s + j) * os]);
+      }
+    }
+  }
+  x.da = std::make_unique<DeviceBuffer>(x.a);
+  x.db = std::make_unique<DeviceBuffer>(x.b);
+  x.dv = std::make_unique<DeviceBuffer>(x.v);
+  x.dc = std::make_unique<DeviceBuffer>(x.c);
+  return x;
+}
+
+// The device check of x (C from the device copy), read back.
+CudaAbftRecord CheckOnDevice(const Product& x, const AbftOptions& options, bool poison,
+                             cudaStream_t stream) {
+  const MatrixRef a = x.A(x.da->data()), b = x.B(x.db->data()), c = x.C(x.dc->data()),
+                  v = x.V(x.dv->data());
+  absl::StatusOr<size_t> bytes =
+      CudaProductCheckWorkspaceBytes(x.batch, a, b, c, x.bias ? &v : nullptr, options);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  void* workspace = nullptr;
+  CudaAbftRecord* record = nullptr;
+  EXPECT_EQ(cudaMalloc(&workspace, bytes.value_or(0) + 16), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&record, sizeof(CudaAbftRecord)), cudaSuccess);
+  const absl::Status queued = QueueMatrixProductCheckCuda(
+      x.batch, a, b, c, x.Strides(), x.bias ? &v : nullptr, options, 41, poison, workspace,
+      bytes.value_or(0), record, stream);
+  EXPECT_TRUE(queued.ok()) << queued;
+  CudaAbftRecord out;
+  EXPECT_EQ(cudaMemcpyAsync(&out, record, sizeof(out), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaFree(record);
+  cudaFree(workspace);
+  return out;
+}
+
+AbftResult CheckOnHost(const Product& x, const AbftOptions& options) {
+  const MatrixRef v = x.V(x.v.data());
+  absl::StatusOr<AbftResult> r = CheckBatchedMatrixProduct(
+      x.batch, x.A(x.a.data()), x.B(x.b.data()), x.C(x.c.data()), x.Strides(),
+      x.bias ? &v : nullptr, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.value_or(AbftResult{});
+}
+
+// Healthy products of each dtype pass on the device as on the CPU, with the
+// same worst column and the same threshold to the fp64 sums' rounding; one
+// element of C moved by a quarter of its column's magnitude fails on both,
+// at its column and batch member, and with `poison` the device writes NaN
+// into that column's first element.
+TEST_F(CudaTest, ProductChecksMatchTheCpuCheck) {
+  struct Case {
+    int64_t batch, p, q, s;
+    DType in, out;
+    bool bias, a_column_major;
+  };
+  const Case cases[] = {
+      {1, 96, 200, 70, DType::kFloat32, DType::kFloat32, true, false},
+      {3, 64, 48, 33, DType::kFloat32, DType::kFloat32, false, true},
+      {1, 3000, 64, 40, DType::kFloat32, DType::kFloat32, true, false},  // Row chunks folded.
+      {2, 80, 128, 96, DType::kBFloat16, DType::kBFloat16, true, false},
+      {2, 80, 128, 96, DType::kBFloat16, DType::kFloat32, false, true},
+      {1, 130, 256, 64, DType::kFloat16, DType::kFloat16, true, true},
+  };
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  uint64_t seed = 10;
+  for (const Case& k : cases) {
+    Product x = MakeProduct(k.batch, k.p, k.q, k.s, k.in, k.out, k.bias, k.a_column_major, ++seed);
+    for (AbftRule rule : {AbftRule::kGuaranteed, AbftRule::kProbabilistic}) {
+      AbftOptions options;
+      options.rule = rule;
+      const std::string what = absl::StrCat(DTypeName(k.in), "->", DTypeName(k.out), " ", k.batch,
+                                            "x", k.p, "x", k.q, "x", k.s,
+                                            rule == AbftRule::kGuaranteed ? " guaranteed" : " probabilistic");
+      const AbftResult cpu = CheckOnHost(x, options);
+      const CudaAbftRecord gpu = CheckOnDevice(x, options, /*poison=*/true, stream);
+      EXPECT_TRUE(cpu.passed) << what;
+      EXPECT_EQ(gpu.failed, 0) << what;
+      EXPECT_EQ(gpu.op_id, 41) << what;
+      EXPECT_EQ(static_cast<int64_t>(gpu.column), cpu.worst_index) << what;
+      EXPECT_EQ(static_cast<int64_t>(gpu.batch), cpu.worst_batch) << what;
+      EXPECT_NEAR(gpu.threshold, cpu.threshold, 1e-12 * cpu.threshold) << what;
+      EXPECT_NEAR(gpu.discrepancy, cpu.discrepancy, 1e-3 * cpu.threshold) << what;
+      EXPECT_NEAR(gpu.reference, cpu.reference, 1e-3 * cpu.threshold) << what;
+    }
+  }
+  // One element off: caught on both, at its column, and poisoned on the
+  // device.
+  for (const Case& k : cases) {
+    Product x = MakeProduct(k.batch, k.p, k.q, k.s, k.in, k.out, k.bias, k.a_column_major, 99);
+    const int64_t n = k.batch - 1, i = k.p / 2, j = k.s / 3, os = DTypeSize(k.out);
+    double column = 0;
+    for (int64_t r = 0; r < k.p; ++r) {
+      column += std::fabs(Widen(&x.c[(n * k.p * k.s + r * k.s + j) * os], k.out));
+    }
+    unsigned char* e = &x.c[(n * k.p * k.s + i * k.s + j) * os];
+    Store(Widen(e, k.out) + static_cast<float>(0.25 * column), k.out, e);
+    x.dc = std::make_unique<DeviceBuffer>(x.c);
+    AbftOptions options;
+    options.rule = AbftRule::kProbabilistic;
+    const AbftResult cpu = CheckOnHost(x, options);
+    const CudaAbftRecord gpu = CheckOnDevice(x, options, /*poison=*/true, stream);
+    EXPECT_FALSE(cpu.passed) << k.p;
+    EXPECT_GE(gpu.failed, 1) << k.p;
+    EXPECT_EQ(static_cast<int64_t>(gpu.column), j) << k.p;
+    EXPECT_EQ(static_cast<int64_t>(gpu.batch), n) << k.p;
+    EXPECT_EQ(cpu.worst_index, j) << k.p;
+    std::vector<unsigned char> first(os);
+    ASSERT_EQ(cudaMemcpy(first.data(), x.dc->data() + (n * k.p * k.s + j) * os, os,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(std::isnan(Widen(first.data(), k.out))) << k.p;
   }
   cudaStreamDestroy(stream);
 }

@@ -146,7 +146,8 @@ import json, sys
 b, c, d, j, s = (json.loads(a) for a in sys.argv[1:6])
 gpu = b["gpu"]
 tests = all(t["rc"] == 0 and t["failed"] == 0 for t in (c, d)) and (not gpu or c["skipped"] + d["skipped"] == 0)
-print("true" if tests and j["ok"] and s["ok"] else "false")' "$bench" "$cuda_test" "$device_test" "$job" "$step")
+products = not gpu or b.get("product_checks_ok", False)  # Every product checked, 0 alarms.
+print("true" if tests and products and j["ok"] and s["ok"] else "false")' "$bench" "$cuda_test" "$device_test" "$job" "$step")
 printf '{"ok":%s,"gpu":%s,"torch":"%s","bench":%s,"cuda_test":%s,"device_test":%s,"wheel_install_s":%d,"job":%s,"guarded_step":%s,"wall_s":%d,"work":"%s"}\n' \
   "$ok" "$gpu" "$TORCH_VERSION" "$bench" "$cuda_test" "$device_test" "$install_s" "$job" \
   "$step" "$((SECONDS - start))" "$WORK"
