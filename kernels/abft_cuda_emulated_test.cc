@@ -16,49 +16,15 @@
 #include "gtest/gtest.h"
 #include "kernels/abft.h"
 #include "kernels/abft_cuda.h"
+#include "kernels/abft_test_values.h"
 #include "kernels/half_float.h"
 #include "kernels/nonfinite.h"
 
 namespace sdc::kernels {
 namespace {
 
-uint16_t ToBFloat16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// IEEE binary16 storage of f (normal range), rounded to nearest even.
-uint16_t ToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
-  if (magnitude < 0x38800000u) return static_cast<uint16_t>(sign);  // Tiny: +-0 (not drawn).
-  uint32_t h = (((magnitude >> 23) - 112) << 10) | ((magnitude & 0x7fffffu) >> 13);
-  const uint32_t rest = magnitude & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-float Widen(const unsigned char* p, DType dtype) {
-  if (dtype == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dtype == DType::kBFloat16 ? BitsToFloat(static_cast<uint32_t>(h) << 16) : HalfToFloat(h);
-}
-
-void Store(float f, DType dtype, unsigned char* p) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(p, &f, 4);
-    return;
-  }
-  const uint16_t h = dtype == DType::kBFloat16 ? ToBFloat16(f) : ToHalf(f);
-  std::memcpy(p, &h, 2);
-}
+using test_values::Store;
+using test_values::Widen;
 
 struct Case {
   int64_t batch, p, q, s;

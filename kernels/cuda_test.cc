@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/abft.h"
 #include "kernels/abft_cuda.h"
+#include "kernels/abft_test_values.h"
 #include "kernels/cuda_check_queue.h"
 #include "kernels/cuda_launcher.h"
 #include "kernels/fingerprint.h"
@@ -258,59 +259,8 @@ TEST_F(CudaTest, QueuedStepsMatchCpuBitForBit) {
   cudaStreamDestroy(stream);
 }
 
-// Storage of one value in `dtype`, rounded to nearest even.
-uint16_t ToBFloat16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-float Widen(const unsigned char* p, DType dtype) {
-  if (dtype == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if (dtype == DType::kBFloat16) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  return HalfToFloat(h);
-}
-
-// IEEE binary16 storage of f, rounded to nearest even.
-uint16_t ToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
-  if (magnitude >= 0x7f800000u) return sign | (magnitude > 0x7f800000u ? 0x7e00u : 0x7c00u);
-  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to Inf.
-  if (magnitude < 0x38800000u) {                        // Below 2^-14: subnormal.
-    float a;
-    std::memcpy(&a, &magnitude, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 0x1p24f)));
-  }
-  uint32_t h = (((magnitude >> 23) - 112) << 10) | ((magnitude & 0x7fffffu) >> 13);
-  const uint32_t rest = magnitude & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-void Store(float f, DType dtype, unsigned char* p) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(p, &f, 4);
-  } else if (dtype == DType::kBFloat16) {
-    const uint16_t h = ToBFloat16(f);
-    std::memcpy(p, &h, 2);
-  } else {
-    const uint16_t h = ToHalf(f);
-    std::memcpy(p, &h, 2);
-  }
-}
+using test_values::Store;
+using test_values::Widen;
 
 // A batch of products in host memory with device copies: A (each p x q,
 // row- or column-major), B (q x s), a bias row, and C = A B (+ bias)
