@@ -96,8 +96,8 @@ class Guard::Impl {
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<client::GuardEngine> engine_;
   // The every-step checksums (null unless front_end_ or options_ asks for
-  // them); after
-  // engine_, so they go (and aten's kernels come back) before it.
+  // them); after engine_, so they go (and aten's kernels come back) before
+  // it.
   c10::intrusive_ptr<client::ProductChecks> checks_;
   uint64_t checksum_skips_ = 0;
   std::vector<std::vector<torch::Tensor>> batches_;

@@ -138,6 +138,11 @@ int FreePort() {
 
 }  // namespace
 
+bool KnownLayout(const std::string& layout) {
+  return layout == "ddp" || layout == "fsdp" || layout == "hsdp" || layout == "zero" ||
+         layout == "tp";
+}
+
 std::string NodeName(int node) {
   std::string name = "node-";
   if (node >= 26) name += static_cast<char>('a' + node / 26 - 1);
@@ -180,8 +185,7 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer '", c.trainer, "': expected cpp, python, hf, lightning or accelerate"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero" &&
-      c.layout != "tp") {
+  if (!KnownLayout(c.layout)) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout '", c.layout, "': expected ddp, fsdp, hsdp, zero or tp"));
   }

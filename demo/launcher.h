@@ -200,6 +200,9 @@ absl::StatusOr<ClusterResult> RunCluster(const ClusterConfig& config);
 // "node-a", "node-b", ...
 std::string NodeName(int node);
 
+// True for the layouts ClusterConfig::layout takes: ddp, fsdp, hsdp, zero, tp.
+bool KnownLayout(const std::string& layout);
+
 }  // namespace sdc::demo
 
 #endif  // SDC_DEMO_LAUNCHER_H_

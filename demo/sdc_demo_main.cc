@@ -171,8 +171,7 @@ absl::Status Validate(const Config& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--trainer must be cpp, python, hf, lightning or accelerate, got '", c.trainer, "'"));
   }
-  if (c.layout != "ddp" && c.layout != "fsdp" && c.layout != "hsdp" && c.layout != "zero" &&
-      c.layout != "tp") {
+  if (!KnownLayout(c.layout)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--layout must be ddp, fsdp, hsdp, zero or tp, got '", c.layout, "'"));
   }
