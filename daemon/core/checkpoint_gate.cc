@@ -5,11 +5,13 @@
 #include "daemon/core/coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/core/coordinator_internal.h"
@@ -187,6 +189,33 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
             : absl::StrCat("no replacement request was opened for it (see the incident); "
                            "once the GPU is dealt with, `sdcctl resolve incident ",
                            f->second.incident_id, " --reason=...` clears it")));
+  }
+  // 5b. A suspect of the sharded layouts' in-band checks is still in the
+  // job. Those findings run no targeted audit (FSDP's collectives cannot
+  // replay one rank alone), so nothing would ever confirm or clear the
+  // suspect; and on tp a replay names a tp group, never its faulty rank, so
+  // a GPU corrupting activations intermittently would train wrong values
+  // into every later checkpoint. The suspect blocks them as a named GPU does
+  // until an operator resolves its incident or the GPU leaves the job.
+  std::map<std::string, const Incident*> in_band;  // By GPU: its first such incident.
+  for (const auto& [id, inc] : incidents_) {
+    if (inc.job_id != job.record.job_id || inc.confirmed || !inc.resolved_by.empty() ||
+        !absl::StrContains(inc.explanation, absl::StrCat(internal::kBuddyCheckSkip, "suspect)"))) {
+      continue;
+    }
+    for (const std::string& gpu : inc.gpus) {
+      if (suspects_.count(gpu) > 0) in_band.try_emplace(gpu, &inc);
+    }
+  }
+  for (const auto& [r, state] : job.ranks) {
+    auto s = in_band.find(state.record.placement.gpu_uuid);
+    if (s == in_band.end()) continue;
+    const Incident& inc = *s->second;
+    vetoes.push_back(absl::StrCat(
+        Describe(job, r), " is a suspect of incident ", inc.id, " (", CheckKindName(inc.check),
+        " check, step ", inc.step, ") that no targeted audit can clear on this layout, and is "
+        "still in the job; replace ", state.record.placement.node, ", or `sdcctl resolve incident ",
+        inc.id, " --reason=...` once it is dealt with"));
   }
   // 6. A checkpoint of this step was revoked: asking again changes nothing.
   if (job.checkpoints.Of(step) == CheckpointLedger::Standing::kRevoked) {

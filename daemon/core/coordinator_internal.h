@@ -20,6 +20,13 @@ inline constexpr size_t kMaxJobIdLength = 128;
 // Steps above this (2^48) are implausible: reports and resume steps.
 inline constexpr Step kMaxStep = Step{1} << 48;
 
+// How the engine words a step every rank skipped for a finding of the
+// sharded layouts' in-band checks (the buddy check and the sharded replay
+// audit, client/python/sdc_guard/buddy.py): "step N failed on rank R" then
+// this, then "faulty): " or "suspect): " (step_checks.cc parses it).
+inline constexpr absl::string_view kBuddyCheckSkip =
+    " and was skipped on every rank: buddy check (";
+
 // A value an error message echoes: quoted, at most 64 characters of it, with
 // bytes outside printable ASCII escaped.
 std::string Echo(absl::string_view value);

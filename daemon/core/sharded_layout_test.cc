@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/core/coordinator.h"
 #include "daemon/core/testing_cluster.h"
 #include "gmock/gmock.h"
@@ -188,6 +189,49 @@ TEST(ShardedLayoutTest, ABuddyFindingNamesTheRankAndVetoesTheCheckpoint) {
   EXPECT_EQ(replayed[2].check, CheckKind::kReplay);
   EXPECT_THAT(replayed[2].ranks, ElementsAre(2u));
   EXPECT_TRUE(replayed[2].confirmed);
+}
+
+// No targeted audit follows an in-band suspect (FSDP's collectives cannot
+// replay one rank alone), and on tp a replay names a tp group, never its
+// faulty rank: the suspect blocks every later checkpoint of its job while it
+// is in it, as a named GPU does, until an operator resolves the incident.
+TEST(ShardedLayoutTest, AnInBandSuspectVetoesLaterCheckpointsUntilResolved) {
+  Cluster cl(3, 2, /*audit_every=*/0, /*weight_every=*/0);
+  AttachFsdp(cl);
+  // A clean step with every rank's weight check (each rank its own group).
+  auto checkpoint = [&cl](Step step) {
+    cl.CleanStep(step);
+    for (Rank r = 0; r < cl.world(); ++r) {
+      EXPECT_TRUE(cl.Send(r, step, Cluster::Weights(r)).ok()) << r;
+    }
+    return cl.c().MayCheckpoint(kJob, step);
+  };
+  auto may = checkpoint(1);
+  ASSERT_TRUE(may.ok()) << may.status();
+  EXPECT_TRUE(may->allowed) << may->reason;
+  SkippedFor(cl, 2,
+             "step 2 failed on rank 0 and was skipped on every rank: buddy check (suspect): a tp "
+             "group's replays differed together (replay audit): ranks 0, 1 (tp mixes "
+             "activations: no replay tells which is wrong); rank 0's forward/backward");
+  const auto incidents = cl.c().ListIncidents(kJob);
+  ASSERT_THAT(incidents, SizeIs(1));
+  EXPECT_EQ(incidents[0].check, CheckKind::kReplay);
+  EXPECT_EQ(incidents[0].outcome, "suspect");
+  for (Step s = 3; s <= 4; ++s) {
+    may = checkpoint(s);
+    ASSERT_TRUE(may.ok()) << may.status();
+    EXPECT_FALSE(may->allowed) << s;
+    EXPECT_FALSE(may->retryable) << "asking again changes nothing";
+    EXPECT_THAT(may->reason,
+                HasSubstr(absl::StrCat("is a suspect of incident ", incidents[0].id,
+                                       " (replay check, step 2) that no targeted audit can "
+                                       "clear on this layout, and is still in the job; replace ",
+                                       cl.HelloOf(0).placement.node)));
+  }
+  ASSERT_TRUE(cl.c().ResolveIncident(incidents[0].id, "ops", "node drained and tested").ok());
+  may = checkpoint(5);
+  ASSERT_TRUE(may.ok()) << may.status();
+  EXPECT_TRUE(may->allowed) << may->reason;
 }
 
 TEST(ShardedLayoutTest, OtherSkipReasonsNameNobody) {

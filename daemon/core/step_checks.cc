@@ -44,7 +44,6 @@ struct BuddyFinding {
 
 std::optional<BuddyFinding> ParseBuddyFinding(absl::string_view reason) {
   constexpr absl::string_view kOn = " failed on rank ";
-  constexpr absl::string_view kCheck = " and was skipped on every rank: buddy check (";
   const size_t at = reason.find(kOn);
   if (at == absl::string_view::npos) return std::nullopt;
   reason.remove_prefix(at + kOn.size());
@@ -55,7 +54,7 @@ std::optional<BuddyFinding> ParseBuddyFinding(absl::string_view reason) {
   BuddyFinding f;
   if (digits == 0 || !absl::SimpleAtoi(reason.substr(0, digits), &f.rank)) return std::nullopt;
   reason.remove_prefix(digits);
-  if (!absl::ConsumePrefix(&reason, kCheck)) return std::nullopt;
+  if (!absl::ConsumePrefix(&reason, internal::kBuddyCheckSkip)) return std::nullopt;
   if (absl::StartsWith(reason, "faulty)")) {
     f.faulty = true;
   } else if (!absl::StartsWith(reason, "suspect)")) {
