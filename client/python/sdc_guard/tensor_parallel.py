@@ -118,12 +118,14 @@ def verdict(text, subject, mismatched, tp_group):
     """The three-node rule's ``text`` for ``subject``, as a suspect of its tp
     group when other ranks of that group mismatched too (the tp
     collectives mix their activations: the replay cannot tell which). The
-    tp group and why leads, after the mark sdcd parses: the engine keeps a
-    skipped step's first 200 characters for sdcd's incident."""
+    tp group and why leads, after the mark sdcd parses and "(replay audit)",
+    which makes sdcd's incident check 2's: the engine keeps a skipped step's
+    first 200 characters for sdcd."""
     together = [r for r in tp_group[subject] if r in mismatched]
     if len(together) < 2:
         return text
     ranks = ", ".join(str(r) for r in together)
     _, _, rest = text.partition("): ")
-    return (f"{buddy.MARK} (suspect): a tp group's replays differed together (tp mixes its "
-            f"activations: no replay tells which rank is wrong): ranks {ranks}; {rest}")
+    return (f"{buddy.MARK} (suspect): a tp group's replays differed together (replay audit): "
+            f"ranks {ranks} (tp mixes activations: no replay tells which is wrong); "
+            f"{rest}")
