@@ -268,13 +268,15 @@ cmd_build() {
 }
 
 # The pytest suite: the sdc_guard package in real torch.distributed Gloo
-# groups against a real sdcd (tests/python).
+# groups against a real sdcd (tests/python). The 15 slowest tests are listed
+# at the end: the suite is most of CI's time.
 cmd_pytest() {
   build_targets //demo:sdc-demo //demo:tcp-proxy //daemon:sdcd //ctl:sdcctl
   build_python >/dev/null
   log "pytest: the Python package under torch.distributed (tests/python)"
   SDC_BIN="$ROOT/bazel-bin" PYTHONPATH="$SDC_PYTHONPATH" \
-    "$VENV/bin/python3" -m pytest -q -p no:cacheprovider "$ROOT/tests/python" "$@"
+    "$VENV/bin/python3" -m pytest -q -p no:cacheprovider --durations=15 --durations-min=5 \
+    "$ROOT/tests/python" "$@"
 }
 
 # Two fuzzers, SECONDS each: the coordinator's ingestion fuzz target, built
