@@ -35,7 +35,7 @@
 // otherwise). The smoke run in the test suite (bench/BUILD) is one scenario
 // and a few dozen soak steps.
 //
-// --layouts=fsdp,hsdp,zero (the default; tp opt-in; none: no such rows) adds one row
+// --layouts=fsdp,hsdp,zero,tp (the default; none: no such rows) adds one row
 // per sharded layout and fault: the selected scenarios the demo runs on
 // that layout (demo::ScenarioOnLayout), --layout_runs runs each (default 1;
 // the fault position shifts from layout to layout), trained by

@@ -17,15 +17,9 @@ ABSL_FLAG(bool, quick, false, "One run per scenario and a 500-step soak.");
 ABSL_FLAG(int, runs, 0, "Runs per scenario (0: 3, or 1 with --quick).");
 ABSL_FLAG(std::string, scenarios, "",
           "Comma-separated fault scenarios to run (default: every one; see ./sdc demo --help).");
-// tp is not in the default set: its intermittent row misses the checkpoint
-// goal (an intermittent GPU is only ever a suspect of its tp group, so
-// nothing vetoes the checkpoints after it; docs/ARCHITECTURE.md, "Tensor
-// parallel"), and the default run passes its own assertions. --layouts=tp
-// runs the rows and exits 1 on that miss.
-ABSL_FLAG(std::string, layouts, "fsdp,hsdp,zero",
+ABSL_FLAG(std::string, layouts, "fsdp,hsdp,zero,tp",
           "Sharded layouts whose rows run (fsdp, hsdp, zero, tp; none: DDP's rows only): each "
-          "runs the selected scenarios ./sdc demo --layout allows on it. tp is opt-in: its "
-          "intermittent row misses the checkpoint goal (exit 1).");
+          "runs the selected scenarios ./sdc demo --layout allows on it.");
 ABSL_FLAG(int, layout_runs, 1, "Runs per layout and scenario.");
 ABSL_FLAG(bool, layouts_only, false, "Only the --layouts rows: no DDP rows, no clean soak.");
 ABSL_FLAG(int, soak_steps, 0, "Clean bn-mlp soak steps in total (0: 2000, or 500 with --quick).");
