@@ -702,7 +702,7 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   for (const Injection& i : f.injections) {
     j["injections"].push_back({{"rank", i.rank}, {"step", i.step}, {"what", i.what},
                                {"while_replaying", i.while_replaying},
-                               {"fate", FateName(i.fate)}});
+                               {"fate", FateName(i.fate)}, {"how", i.how}});
   }
   std::vector<uint32_t> blamed;
   j["incidents"] = nlohmann::json::array();

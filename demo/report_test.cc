@@ -122,6 +122,8 @@ TEST(ReportTest, ACaughtInjectionSaysHow) {
   EXPECT_THAT(SummaryText(f, r, Config(), ""),
               HasSubstr("at step 3  -> caught, step skipped (checksum alarm at step 3 on rank 3: "
                         "aten::mm)\n"));
+  const nlohmann::json j = nlohmann::json::parse(FactsJson(f, r));
+  EXPECT_EQ(j["injections"][1]["how"], "replay audit mismatch");
 }
 
 TEST(ReportTest, AFlipInAReplayersCopyIsNotTrainedOn) {
