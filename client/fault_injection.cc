@@ -45,6 +45,8 @@ const char* FaultKindName(FaultKind kind) {
       return "late-audit-reports";
     case FaultKind::kProduct:
       return "product";
+    case FaultKind::kProductColumn:
+      return "product-column";
     case FaultKind::kShardUpdate:
       return "shard-update";
   }
@@ -68,6 +70,8 @@ std::string FaultPlan::Describe() const {
                       kind == FaultKind::kActivationScale ? absl::StrCat(" (x", magnitude, ")")
                       : kind == FaultKind::kProduct || kind == FaultKind::kShardUpdate
                           ? absl::StrCat(" (relative ", magnitude, ")")
+                      : kind == FaultKind::kProductColumn
+                          ? absl::StrCat(" (", magnitude, " x its column's checksum scale)")
                                                           : "");
 }
 
@@ -94,6 +98,7 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
       {"software-stack", FaultKind::kSoftwareStack},
       {"late-audit-reports", FaultKind::kLateAuditReports},
       {"product", FaultKind::kProduct},
+      {"product-column", FaultKind::kProductColumn},
       {"shard-update", FaultKind::kShardUpdate}};
   for (const auto& [name, kind] : kKinds) {
     if (parts[0] == name) p.kind = kind;
@@ -113,7 +118,7 @@ absl::StatusOr<FaultPlan> ParseFaultSpec(const std::string& spec) {
   } else {
     return bad("WHEN must be step=N, from=N or p=X");
   }
-  if (p.kind == FaultKind::kProduct) p.magnitude = 0x1p-6;
+  if (p.kind == FaultKind::kProduct || p.kind == FaultKind::kProductColumn) p.magnitude = 0x1p-6;
   if (p.kind == FaultKind::kShardUpdate) p.magnitude = 0x1p-10;
   if (parts.size() == 4) {
     int exponent = 0;

@@ -36,6 +36,14 @@
 //                                 (forward or backward) by the relative error MAGNITUDE
 //                                 (default 2^-6); injected by the every-step checksums
 //                                 of either front end (client/product_checks.h)
+//             product-column      the same element, perturbed by MAGNITUDE (default 2^-6)
+//                                 times its column's checksum scale T_j = (e^T |A| |B|)_j
+//                                 (+ m |bias_j|), the quantity the column's threshold is a
+//                                 small multiple of (kernels/abft.h: at most about
+//                                 K 2^-24 T_j for an fp32 product of K terms), so the error
+//                                 is above the threshold by construction (2^18 / K times it
+//                                 at 2^-6; a product of zeros gets MAGNITUDE itself); the
+//                                 demo's intermittent GPU under --every_step
 //             shard-update        multiply one element of RANK's optimizer update of its
 //                                 shard by 1 + MAGNITUDE (default 2^-10), inside the slice
 //                                 the buddy check verifies at that step (FSDP2 without
@@ -71,6 +79,7 @@ enum class FaultKind {
   kSoftwareStack,
   kLateAuditReports,
   kProduct,
+  kProductColumn,
   kShardUpdate,
 };
 

@@ -169,8 +169,11 @@ absl::Status Guard::Impl::BeginStep(uint64_t step,
   }
   batches_ = std::move(batches);
   if (checks_) {  // From here to AllReduceAndCheck: the forward and backward.
+    const std::optional<client::ProductFault> fault =
+        client::ProductFaultAt(options_, engine_->rank(), step);
     checks_->Begin(static_cast<int64_t>(step),
-                   client::ProductFaultAt(options_, engine_->rank(), step));
+                   fault ? std::optional<double>(fault->magnitude) : std::nullopt,
+                   fault && fault->column_scaled);
     if (absl::Status s = checks_->Enter(); !s.ok()) {
       engine_->AbortStep();
       return s;

@@ -125,17 +125,24 @@ class GuardEngine::Impl {
   // the weight check.
   void DrainMessages();
 
-  // On an audit step: the preflight (once), then the audit gate, one small
-  // all-reduce every rank runs before any replay exchange. Returns whether
-  // the audit runs; turns audits off when a rank ran an op without a
-  // deterministic implementation; sets `preflight_failure` when a rank's
-  // preflight differed, and `failure` when this rank's preflight raised.
-  // Internal when the all-reduce fails.
+  // On an audit step: the preflight (until it passes), then the audit gate,
+  // one small all-reduce every rank runs before any replay exchange.
+  // Returns whether the audit runs; turns audits off when a rank ran an op
+  // without a deterministic implementation; when a rank's preflight
+  // differed sets `preflight_retry` (the first time: the step is skipped
+  // and the preflight runs again at the next audit step) or
+  // `preflight_failure` (the second); sets `failure` when this rank's
+  // preflight raised. Internal when the all-reduce fails.
   absl::StatusOr<bool> GateAudit(StepDecision& decision, absl::Status& failure,
-                                 std::string& audits_off_now, std::string& preflight_failure);
+                                 std::string& audits_off_now, std::string& preflight_retry,
+                                 std::string& preflight_failure);
+  // Skips the step as every rank does (gradients zeroed, the next
+  // checkpoint vetoed) for `reason`, the same on every rank, and reports it.
+  absl::Status SkipStep(StepDecision& decision, const StepPipeline::Gradients& gradients,
+                        const std::string& audits_off_now, std::string reason);
   // The step failed on some rank (the agreement's or the gate's word, the
-  // same on every rank): skips it as every rank does (gradients zeroed),
-  // reports it, and returns `error`.
+  // same on every rank): skips it as every rank does (SkipStep), and
+  // returns `error`.
   absl::Status FailStep(StepDecision& decision, const StepPipeline::Gradients& gradients,
                         const std::string& audits_off_now, absl::Status error);
   // An ordinary step (no audit, nothing non-finite in the reduced buckets,
@@ -168,6 +175,12 @@ class GuardEngine::Impl {
   double loss_scale_ = 0;           // This step's loss scale; 0: none (read in Finish).
   torch::Tensor loss_scale_tensor_;  // As RecordFirstMicroBatch got it.
   std::string audits_off_at_start_;  // Reported with the first step.
+  // The preflight's first difference (the audit gate's, so the same on
+  // every rank): its step (0: none) and what differed on which rank. A
+  // second difference stops the job; a clean second try leaves it a
+  // transient fault on that rank.
+  uint64_t preflight_differed_at_ = 0;
+  std::string preflight_differed_;
 };
 
 absl::Status GuardEngine::Impl::Start() {
@@ -284,11 +297,14 @@ void GuardEngine::Impl::RecordFirstMicroBatch(const torch::Tensor& loss,
 
 absl::StatusOr<bool> GuardEngine::Impl::GateAudit(StepDecision& decision, absl::Status& failure,
                                                    std::string& audits_off_now,
+                                                   std::string& preflight_retry,
                                                    std::string& preflight_failure) {
   AuditGateView view;
   // Before the first audit can skip anything: does this rank's own replay
   // reproduce what it trained on?
+  bool preflight_ran = false;
   if (failure.ok() && audit_.WantsPreflight()) {
+    preflight_ran = true;
     absl::StatusOr<ReplayAudit::Preflight> p = audit_.RunPreflight();
     if (!p.ok()) {
       failure = absl::Status(p.status().code(),
@@ -322,8 +338,28 @@ absl::StatusOr<bool> GuardEngine::Impl::GateAudit(StepDecision& decision, absl::
     decision.audit_outcome = "audits_off";
     return false;
   }
+  if (gate.preflight_failed() && preflight_differed_at_ == 0) {
+    // A first difference: a loss_fn that does not reproduce training, or a
+    // transient fault on this step (a product error under the checksums'
+    // threshold, say) that the replay does not repeat. One try cannot tell
+    // them apart; a configuration mistake is deterministic, so every rank
+    // skips the step and runs the preflight again at the next audit step.
+    preflight_differed_at_ = step_.step;
+    preflight_differed_ = PreflightDifferences(gate);
+    audit_.RetryPreflight();
+    preflight_retry = absl::StrCat(
+        "the preflight at step ", step_.step, " differed (", preflight_differed_,
+        "): re-run at the next audit step before it is called a configuration error");
+    ctx_.Log(absl::StrCat("step ", step_.step, ": ", preflight_retry, "; the step is skipped"));
+    decision.audited = false;
+    decision.audit_outcome = "preflight_retry";
+    return false;
+  }
   if (gate.preflight_failed()) {
-    preflight_failure = PreflightFailure(gate, step_.step);
+    // The second try differed too: no transient fault repeats like that.
+    preflight_failure = absl::StrCat(
+        PreflightFailure(gate, step_.step), "\nThe first try, at step ", preflight_differed_at_,
+        ", differed too (", preflight_differed_, ")");
     // Should the trainer catch the error and train on, no audit compares
     // against a loss function that does not reproduce training.
     audits_off_now = absl::StrCat("the preflight at step ", step_.step,
@@ -333,15 +369,31 @@ absl::StatusOr<bool> GuardEngine::Impl::GateAudit(StepDecision& decision, absl::
     decision.audit_outcome = "preflight_failed";
     return false;
   }
+  if (preflight_ran && preflight_differed_at_ > 0) {
+    ctx_.Log(absl::StrCat("step ", step_.step, ": the preflight's second try reproduced training "
+                          "on every rank: its difference at step ", preflight_differed_at_, " (",
+                          preflight_differed_, ") was a transient fault on that rank, not loss_fn"));
+  }
   return true;
 }
 
 absl::Status GuardEngine::Impl::FailStep(StepDecision& decision,
                                          const StepPipeline::Gradients& gradients,
                                          const std::string& audits_off_now, absl::Status error) {
+  if (absl::Status s = SkipStep(decision, gradients, audits_off_now,
+                                std::string(error.message()).substr(0, 200));
+      !s.ok()) {
+    return s;
+  }
+  return error;
+}
+
+absl::Status GuardEngine::Impl::SkipStep(StepDecision& decision,
+                                         const StepPipeline::Gradients& gradients,
+                                         const std::string& audits_off_now, std::string reason) {
   decision.apply = false;
   decision.overflow = false;
-  decision.reason = std::string(error.message()).substr(0, 200);
+  decision.reason = std::move(reason);
   // Zeroes the gradients, as every rank does: a loop that steps anyway
   // changes nothing.
   if (absl::Status s = pipeline_.ApplyOrSkip(step_, decision); !s.ok()) return s;
@@ -356,7 +408,7 @@ absl::Status GuardEngine::Impl::FailStep(StepDecision& decision,
   report.audits_off = audits_off_now;
   report.loss_scaled = decision.loss_scaled;
   ctx_.Send(step_.step, std::move(report));
-  return error;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
@@ -407,12 +459,21 @@ absl::StatusOr<StepDecision> GuardEngine::Impl::Finish() {
   // Audit steps: the preflight and the gate, then check 2, a replay audit
   // compared in-band so every rank decides alike.
   if (audit_.auditing()) {
-    std::string preflight_failure;
-    absl::StatusOr<bool> run = GateAudit(decision, failure, audits_off_now, preflight_failure);
+    std::string preflight_retry, preflight_failure;
+    absl::StatusOr<bool> run =
+        GateAudit(decision, failure, audits_off_now, preflight_retry, preflight_failure);
     if (!run.ok()) return run.status();
     if (!preflight_failure.empty()) {
       return FailStep(decision, gradients, audits_off_now,
                       absl::FailedPreconditionError(preflight_failure));
+    }
+    if (!preflight_retry.empty()) {
+      // Every rank skips the step alike (the gate's word); no audit runs.
+      if (absl::Status s = SkipStep(decision, gradients, audits_off_now, preflight_retry);
+          !s.ok()) {
+        return s;
+      }
+      return decision;
     }
     if (*run) {
       const absl::Time audit_start = absl::Now();

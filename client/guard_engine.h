@@ -143,8 +143,12 @@ class GuardEngine {
   //
   // At the first audit step each rank first replays its own micro-batch
   // (the preflight): when that does not reproduce what it trained on,
-  // every rank skips the step and returns the same FailedPrecondition
-  // naming what differed, the likely causes and their fixes.
+  // every rank skips the step (the reason says so) and the preflight runs
+  // again at the next audit step, on that step's micro-batch, since a
+  // transient fault on the first looks the same in one try; when the
+  // second try differs too (on any rank), every rank skips that step and
+  // returns the same FailedPrecondition naming what differed, the likely
+  // causes and their fixes.
   //
   // An error on any rank (a scan, the exchange, a replay that raises)
   // never leaves before a collective the others run: it reaches every rank

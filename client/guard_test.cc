@@ -359,6 +359,40 @@ TEST(GuardTest, EveryStepChecksumsSkipAStepWithAWrongProduct) {
   (*g)->Shutdown(absl::ZeroDuration());
 }
 
+// Issue 45: an error of 2^-6 times its column's checksum scale (fault kind
+// product-column, the demo's) is above the column's threshold by
+// construction: injected at every step, into whichever product and element
+// the generator picks, forward or backward, each is caught and its step
+// skipped, whatever the element's size within its column (the inputs'
+// columns span eight decades here).
+TEST(GuardTest, EveryStepChecksumsCatchEveryColumnScaledProductError) {
+  auto pg = OneRankGroup("every-step-column");
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 4));
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  client::GuardOptions o = InBandOptions();
+  o.faults = *client::ParseFaultSpecs("product-column:0:from=1");
+  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
+    return torch::mse_loss(model->forward(b[0]), b[1]);
+  };
+  FrontEndOptions front_end;
+  front_end.every_step = true;
+  absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss, front_end);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const torch::Tensor scales = torch::pow(10.0, torch::linspace(-4, 4, 16));
+  for (uint64_t step = 1; step <= 12; ++step) {
+    absl::StatusOr<StepDecision> d = (*g)->TrainStep(
+        step, {{torch::randn({8, 16}) * scales, torch::randn({8, 4})}}, false, nullptr);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_FALSE(d->apply) << step;
+    EXPECT_THAT(d->reason, ::testing::HasSubstr(absl::StrCat("checksum alarm at step ", step)));
+  }
+  EXPECT_EQ((*g)->Checksums().alarms, 12u);
+  EXPECT_EQ((*g)->Summary().skipped, 12u);
+  (*g)->Shutdown(absl::ZeroDuration());
+}
+
 // GuardOptions::every_step (SDC_EVERY_STEP=1) switches the checksums on
 // without FrontEndOptions: one step checks its 5 products.
 TEST(GuardTest, EveryStepChecksumsFollowTheOptions) {

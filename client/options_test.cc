@@ -319,6 +319,14 @@ TEST(FaultSpecTest, ParsesAndFires) {
   p = ParseFaultSpec("product:4:step=7:0.5");
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->magnitude, 0.5);
+  // The same, times the column's checksum scale (the demo's --every_step).
+  p = ParseFaultSpec("product-column:3:p=0.2");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kind, FaultKind::kProductColumn);
+  EXPECT_EQ(p->magnitude, 0x1p-6);
+  EXPECT_EQ(p->Describe(),
+            "product-column on rank 3 with probability 0.2 per step (0.015625 x its column's "
+            "checksum scale)");
   // One rank's optimizer update of its shard (issue 44 item 3): 2^-10 by default.
   p = ParseFaultSpec("shard-update:3:step=4");
   ASSERT_TRUE(p.ok()) << p.status();

@@ -226,10 +226,14 @@ std::optional<kernels::DType> CheckedDType(const at::Tensor& t) {
   }
 }
 
-std::optional<double> ProductFaultAt(const GuardOptions& options, uint32_t rank, uint64_t step) {
+std::optional<ProductFault> ProductFaultAt(const GuardOptions& options, uint32_t rank,
+                                           uint64_t step) {
   const FaultPlan plan = FaultFor(options.faults, rank);
-  if (plan.kind != FaultKind::kProduct || !plan.FiresAt(rank, step)) return std::nullopt;
-  return plan.magnitude;
+  const bool column = plan.kind == FaultKind::kProductColumn;
+  if ((plan.kind != FaultKind::kProduct && !column) || !plan.FiresAt(rank, step)) {
+    return std::nullopt;
+  }
+  return ProductFault{plan.magnitude, column};
 }
 
 absl::StatusOr<kernels::AbftOptions> AbftOptionsFor(const std::string& rule, double lambda) {
@@ -269,7 +273,7 @@ ProductChecks::~ProductChecks() {
   RemoveKernels();
 }
 
-void ProductChecks::Begin(int64_t step, std::optional<double> fault) {
+void ProductChecks::Begin(int64_t step, std::optional<double> fault, bool column_scaled) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
   last_step_products_ = std::max(last_step_products_, in_step_.load());
@@ -282,7 +286,7 @@ void ProductChecks::Begin(int64_t step, std::optional<double> fault) {
     std::mt19937_64 rng(static_cast<uint64_t>(1000003 * (rank_ + 1) + step));
     const uint64_t products = static_cast<uint64_t>(std::max<int64_t>(1, last_step_products_));
     fault_target_ = static_cast<int64_t>(rng() % products);
-    fault_ = Fault{*fault, rng()};
+    fault_ = Fault{*fault, rng(), column_scaled};
   }
 }
 
@@ -331,7 +335,7 @@ void ProductChecks::Observe(Op op, const at::Tensor& a, const at::Tensor& b,
     return;
   }
   const int64_t index = in_step_.fetch_add(1);
-  if (fault_target_.load() == index) Inject(op, out);
+  if (fault_target_.load() == index) Inject(op, a, b, bias, out);
   if (out.is_cuda()) {
     ObserveCuda(op, a, b, bias, out, o->a, o->b, o->c, o->bias ? &*o->bias : nullptr);
     return;
@@ -597,7 +601,8 @@ void ProductChecks::NoteAlarm(const std::string& what) {
   if (first && note_failure_) note_failure_(what);
 }
 
-void ProductChecks::Inject(Op op, at::Tensor& out) {
+void ProductChecks::Inject(Op op, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor* bias, at::Tensor& out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!fault_) return;
   const Fault f = *fault_;
@@ -607,7 +612,45 @@ void ProductChecks::Inject(Op op, at::Tensor& out) {
   at::Tensor flat = out.view(-1);
   int64_t i = static_cast<int64_t>(f.element % static_cast<uint64_t>(flat.numel()));
   std::string what;
-  if (out.is_cuda()) {
+  if (f.column_scaled) {
+    // Column j's checksum scale T_j = (e^T |A| |B|)_j (+ m |bias_j|) of the
+    // element's product, in fp64, from elementwise ops only (a product here
+    // would come back to these kernels); a zero column: the largest T_j; a
+    // product of zeros (every T_j 0, a saturated tanh's gradient, say): the
+    // error is MAGNITUDE itself, far above such a column's threshold (its
+    // underflow terms).
+    const int64_t n = out.size(-1), m = out.size(-2), batch = i / (m * n), row = (i / n) % m;
+    const at::Tensor aa = op == Op::kBmm ? a.select(0, batch) : a;
+    const at::Tensor bb = op == Op::kBmm ? b.select(0, batch) : b;
+    at::Tensor t =
+        (aa.abs().to(at::kDouble).sum(0).unsqueeze(1) * bb.abs().to(at::kDouble)).sum(0);
+    if (bias != nullptr) {
+      const at::Tensor v = bias->dim() == 2 ? bias->select(0, 0) : *bias;
+      t = t + static_cast<double>(m) * v.abs().to(at::kDouble);
+    }
+    const at::Tensor j = at::full({1}, i % n, t.options().dtype(at::kLong));
+    const at::Tensor col = at::where(t.index_select(0, j).gt(0), j, t.argmax().reshape({1}));
+    const at::Tensor pick = col + (batch * m + row) * n;
+    const at::Tensor scale = t.index_select(0, col);
+    const at::Tensor before = flat.index_select(0, pick);
+    const at::Tensor delta =
+        at::where(scale.gt(0), scale * f.relative, at::full_like(scale, f.relative));
+    flat.index_copy_(0, pick, (before.to(at::kDouble) + delta).to(out.scalar_type()));
+    if (out.is_cuda()) {
+      what = absl::StrFormat(
+          "sdc-guard rank %d: INJECTED a product error (%g x its column's checksum scale T_j) "
+          "into %s output %s element %d (or its product's largest-T_j column, when T_j is 0) "
+          "on the GPU in the %s at step %d\n",
+          rank_, f.relative, OpName(op), c10::str(out.sizes()), i, Phase(), step_);
+    } else {
+      what = absl::StrFormat(
+          "sdc-guard rank %d: INJECTED a product error (%g x its column's checksum scale T_j = "
+          "%.6g, %.6g -> %.6g) into %s output %s element %d in the %s at step %d\n",
+          rank_, f.relative, scale.item<double>(), before.item<double>(),
+          flat.index_select(0, pick).item<double>(), OpName(op), c10::str(out.sizes()),
+          pick.item<int64_t>(), Phase(), step_);
+    }
+  } else if (out.is_cuda()) {
     // On the device, without reading it: element i, or the largest when
     // element i is zero.
     const at::Tensor at_i = flat.narrow(0, i, 1);

@@ -68,9 +68,14 @@ namespace sdc::client {
 // What a failed checksum's note to the engine starts with.
 inline constexpr char kChecksumAlarmMark[] = "checksum alarm";
 
-// This rank's injected product fault at `step` (fault_injection.h, kind
-// `product`): the relative error to put into one product, or none.
-std::optional<double> ProductFaultAt(const GuardOptions& options, uint32_t rank, uint64_t step);
+// This rank's injected product fault at `step` (fault_injection.h, kinds
+// `product` and `product-column`), or none.
+struct ProductFault {
+  double magnitude = 0;        // The error, relative to the element or to T_j.
+  bool column_scaled = false;  // product-column: MAGNITUDE x T_j.
+};
+std::optional<ProductFault> ProductFaultAt(const GuardOptions& options, uint32_t rank,
+                                           uint64_t step);
 
 // The checksums' dtype of a tensor (float32, bfloat16, float16), or nullopt
 // for one they do not take.
@@ -99,8 +104,10 @@ class ProductChecks : public torch::CustomClassHolder {
   // Before the step's forward: the step's product count and alarm start
   // afresh; `fault`: a relative error to put into one element of one
   // product of this step (chosen by a generator seeded by rank and step;
-  // tests and demos only), or none.
-  void Begin(int64_t step, std::optional<double> fault);
+  // tests and demos only), or none; with `column_scaled` the error is
+  // `fault` times the element's column's checksum scale T_j instead
+  // (fault kind product-column).
+  void Begin(int64_t step, std::optional<double> fault, bool column_scaled = false);
   // Registers the kernels (replacing aten's own at the CPU key, and the
   // CUDA key in a CUDA build, until Exit). FailedPrecondition while another
   // ProductChecks is entered.
@@ -136,11 +143,13 @@ class ProductChecks : public torch::CustomClassHolder {
   struct Fault {
     double relative;
     uint64_t element;  // The draw that picks the element.
+    bool column_scaled;
   };
   struct CudaProduct;
   struct CudaState;
 
-  void Inject(Op op, at::Tensor& out);
+  void Inject(Op op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
+              at::Tensor& out);
   void Alarm(Op op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
              const at::Tensor& out, const kernels::AbftResult& r);
   // Writes the alarm on stderr; the step's first goes to note_failure.

@@ -11,11 +11,13 @@
 //   - the subject's record of what it trained on: the first micro-batch's
 //     loss bits, its local gradients' fingerprints (RecordOriginalGradients,
 //     possibly from autograd's threads) and the buffers its forward left;
-//   - Preflight: once, at the first audit, a replay of this rank's own
+//   - Preflight: at the first audit, a replay of this rank's own
 //     micro-batch compared with what it trained on, so a loss function that
 //     does not reproduce training (autocast outside it, a token-weighted
 //     loss, a term added outside) stops the job with the reason instead of
-//     making every audit systemic;
+//     making every audit systemic; after a first difference the engine
+//     re-arms it (RetryPreflight) for the next audit step, as a transient
+//     fault on that step looks the same in one try;
 //   - Run: the exchange and replays (PeerReplay), every rank's results
 //     all-gathered and judged in-band with the coordinator's own rules
 //     (InBandVerdict, step_core.h: what happens when a replay mismatches),
@@ -97,8 +99,11 @@ class ReplayAudit {
     bool buffers_differ = false;
   };
   // True at the first audit step that has this rank's original record,
-  // until Preflight ran.
+  // until Preflight ran (and again after RetryPreflight).
   bool WantsPreflight() const;
+  // The preflight runs again at the next audit step (the engine's second
+  // try after a first difference).
+  void RetryPreflight() { preflight_done_ = false; }
   // Replays this rank's own first micro-batch and compares its loss bits,
   // gradient and buffer fingerprints with what the rank trained on. Local
   // (no collective). The error of the replay when it raised.

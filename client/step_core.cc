@@ -201,7 +201,7 @@ AuditGate DecodeAuditGate(absl::Span<const int64_t> m) {
   return g;
 }
 
-std::string PreflightFailure(const AuditGate& g, uint64_t step) {
+std::string PreflightDifferences(const AuditGate& g) {
   std::vector<std::string> what;
   if (g.preflight_loss_rank >= 0) {
     what.push_back(absl::StrCat("the loss differs (rank ", g.preflight_loss_rank, ")"));
@@ -213,10 +213,14 @@ std::string PreflightFailure(const AuditGate& g, uint64_t step) {
     what.push_back(absl::StrCat("the buffers the forward left differ (rank ",
                                 g.preflight_buffers_rank, ")"));
   }
+  return absl::StrJoin(what, "; ");
+}
+
+std::string PreflightFailure(const AuditGate& g, uint64_t step) {
   return absl::StrCat(
       "preflight at step ", step,
       ": replaying a rank's own first micro-batch with loss_fn did not reproduce what it trained "
-      "on: ", absl::StrJoin(what, "; "),
+      "on: ", PreflightDifferences(g),
       ". Every audit compares a peer's replay with those bits, so each would be skipped as "
       "systemic; the guard stops here instead. Likely causes, and the fix for each:\n"
       "  - autocast (or another precision context) around the forward but not inside loss_fn: "

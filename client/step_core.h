@@ -160,6 +160,9 @@ inline constexpr size_t kAuditGateSlots = 5;
 std::vector<int64_t> EncodeAuditGate(const AuditGateView& view, uint32_t rank);
 AuditGate DecodeAuditGate(absl::Span<const int64_t> maxed);
 
+// What a failed preflight found, on which rank: "the loss differs (rank 2);
+// the gradients differ (rank 2)".
+std::string PreflightDifferences(const AuditGate& gate);
 // What every rank says when a preflight failed (the same text on every
 // rank): what differed, on which rank, the likely causes and how to fix each.
 std::string PreflightFailure(const AuditGate& gate, uint64_t step);

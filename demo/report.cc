@@ -72,6 +72,17 @@ bool IntoWeights(const Injection& inj) {
   return false;
 }
 
+// How a skipped step was caught, from its reason (at most 80 characters):
+// a checksum alarm's step, rank and op, or the reason without the failing
+// rank's preamble.
+std::string HowCaught(const std::string& reason) {
+  static const std::regex kAlarm(R"re(checksum alarm at step \d+ on rank \d+(: [\w:]+)?)re");
+  static const std::regex kFailed(R"re(^(\w+: )?step \d+ failed on rank \d+ and was skipped on every rank: )re");
+  std::smatch m;
+  if (std::regex_search(reason, m, kAlarm)) return m[0].str();
+  return std::regex_replace(reason, kFailed, "").substr(0, 80);
+}
+
 // Each injection's fate, from the ranks' per-step decisions and sdcd's
 // incidents: nothing here takes an injection's word that it was harmless.
 // `sharded`: an FSDP2/HSDP layout, where a weight the vote or the buddy
@@ -103,6 +114,7 @@ void ClassifyInjections(const std::map<int, StepRecord>& steps, bool sharded, Ru
       }
       if (repaired || (found && !sharded)) {
         inj.fate = Fate::kCaughtRepaired;
+        inj.how = "the weight vote";
       } else {
         inj.fate = found ? Fate::kDetectedApplied : Fate::kUndetected;
       }
@@ -114,6 +126,7 @@ void ClassifyInjections(const std::map<int, StepRecord>& steps, bool sharded, Ru
       }
       if (it != steps.end() && !it->second.apply) {
         inj.fate = Fate::kCaughtSkipped;
+        inj.how = HowCaught(it->second.reason);
       } else {
         inj.fate = named ? Fate::kDetectedApplied : Fate::kUndetected;
       }
@@ -401,10 +414,11 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
     absl::StrAppend(&out, f.fault_spec.empty() ? "  nothing\n"
                                                : "  nothing fired (the fault's steps never came)\n");
   }
-  const size_t shown = std::min<size_t>(f.injections.size(), 6);
+  const size_t shown = std::min<size_t>(f.injections.size(), 10);
   for (size_t i = 0; i < shown; ++i) {
-    absl::StrAppend(&out, "  ", f.injections[i].what, "  -> ", FateName(f.injections[i].fate),
-                    "\n");
+    const Injection& inj = f.injections[i];
+    absl::StrAppend(&out, "  ", inj.what, "  -> ", FateName(inj.fate),
+                    inj.how.empty() ? "" : absl::StrCat(" (", inj.how, ")"), "\n");
   }
   if (f.injections.size() > shown) {
     absl::StrAppend(&out, "  ... and ", f.injections.size() - shown, " more\n");
@@ -626,7 +640,7 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
     for (const Injection& i : f.injections) {
       absl::StrAppend(&html, "<li>", HtmlEscape(i.what), " &rarr; <span class=\"",
                       i.fate == Fate::kUndetected ? "bad" : "ok", "\">", HtmlEscape(FateName(i.fate)),
-                      "</span></li>");
+                      i.how.empty() ? "" : HtmlEscape(absl::StrCat(" (", i.how, ")")), "</span></li>");
     }
     absl::StrAppend(&html, "</ul>");
   }
@@ -688,7 +702,7 @@ std::string FactsJson(const RunFacts& f, const ClusterResult& result) {
   for (const Injection& i : f.injections) {
     j["injections"].push_back({{"rank", i.rank}, {"step", i.step}, {"what", i.what},
                                {"while_replaying", i.while_replaying},
-                               {"fate", FateName(i.fate)}});
+                               {"fate", FateName(i.fate)}, {"how", i.how}});
   }
   std::vector<uint32_t> blamed;
   j["incidents"] = nlohmann::json::array();

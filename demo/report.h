@@ -35,6 +35,10 @@ struct Injection {
   std::string what;
   bool while_replaying = false;
   Fate fate = Fate::kUndetected;
+  // How a caught one was caught: its skipped step's reason, short ("checksum
+  // alarm at step 6 on rank 3: mm", "replay audit mismatch"), or "the
+  // weight vote"; empty otherwise.
+  std::string how;
 };
 
 struct RunFacts {

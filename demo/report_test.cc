@@ -106,6 +106,26 @@ TEST(ReportTest, EveryInjectionCaughtIsGreen) {
   EXPECT_THAT(SummaryText(f, r, Config(), ""), Not(HasSubstr("went into them undetected")));
 }
 
+// Issue 45: the summary says how each caught one was caught (its skipped
+// step's reason, short).
+TEST(ReportTest, ACaughtInjectionSaysHow) {
+  std::vector<StepRecord> steps = Steps(8, {3, 6});
+  steps[2].reason = "INTERNAL: step 3 failed on rank 3 and was skipped on every rank: checksum "
+                    "alarm at step 3 on rank 3: aten::mm [8, 4] x [4, 32] Float in the forward";
+  steps[5].reason = "replay audit mismatch";
+  ClusterResult r = Result(steps, {"rank 3: INJECTED a product error into aten::mm at step 3",
+                                   "rank 3: INJECTED mantissa-bitflip into an activation at step 6"});
+  const RunFacts f = Analyze(r, kScenario, Config(), 3);
+  ASSERT_EQ(f.injections.size(), 2u);
+  EXPECT_EQ(f.injections[0].how, "checksum alarm at step 3 on rank 3: aten::mm");
+  EXPECT_EQ(f.injections[1].how, "replay audit mismatch");
+  EXPECT_THAT(SummaryText(f, r, Config(), ""),
+              HasSubstr("at step 3  -> caught, step skipped (checksum alarm at step 3 on rank 3: "
+                        "aten::mm)\n"));
+  const nlohmann::json j = nlohmann::json::parse(FactsJson(f, r));
+  EXPECT_EQ(j["injections"][1]["how"], "replay audit mismatch");
+}
+
 TEST(ReportTest, AFlipInAReplayersCopyIsNotTrainedOn) {
   ClusterResult r = Result(Steps(12, {}),
                            {"rank 3: INJECTED a flipped bit into the micro-batch sent to rank 1 "

@@ -220,11 +220,13 @@ class Engine : public torch::CustomClassHolder {
   std::string JobIdOf() { return engine_->options().job_id; }
   int64_t AuditEvery() { return static_cast<int64_t>(engine_->options().audit_every); }
   // This rank's injected product fault at `step` (fault_injection.h):
-  // (fires, relative error). The Python front end's checksums inject it.
-  std::tuple<bool, double> ProductFault(int64_t step) {
-    const std::optional<double> fault = ProductFaultAt(
+  // (fires, relative error, relative to the column's checksum scale). The
+  // Python front end's checksums inject it.
+  std::tuple<bool, double, bool> ProductFault(int64_t step) {
+    const std::optional<client::ProductFault> fault = ProductFaultAt(
         engine_->options(), static_cast<uint32_t>(Rank()), static_cast<uint64_t>(step));
-    return {fault.has_value(), fault.value_or(0.0)};
+    if (!fault) return {false, 0.0, false};
+    return {true, fault->magnitude, fault->column_scaled};
   }
   // This rank's injected shard-update fault at `step`: (fires, relative
   // error). The Python front end's buddy check (sdc_guard/buddy.py) injects it.

@@ -75,9 +75,10 @@ def test_an_error_on_one_rank_fails_the_step_alike_on_every_rank(tmp_path, sdcd,
 def test_a_preflight_failing_on_one_rank_stops_every_rank_alike(tmp_path, sdcd):
     # Rank 4 alone adds a loss term outside loss_fn: its replay of its own
     # micro-batch does not reproduce what it trained on, and every rank
-    # raises the same GuardError at the first audit.
+    # raises the same GuardError at the preflight's second try (the second
+    # audit; the first is skipped for the retry, issue 45).
     _, procs, logs = _run(tmp_path, sdcd, "preflight-one-rank", None,
-                          ["--steps=3", "--model=bn-mlp", "--mistake=aux-outside",
+                          ["--steps=5", "--model=bn-mlp", "--mistake=aux-outside",
                            "--mistake_ranks=4"], on_error="raise")
     assert all(p.returncode != 0 for p in procs)
     first_lines = set()
@@ -86,7 +87,7 @@ def test_a_preflight_failing_on_one_rank_stops_every_rank_alike(tmp_path, sdcd):
         assert line is not None, log[-3000:]
         first_lines.add(line[line.index("GuardError"):])
         assert "a loss term added outside loss_fn" in log
-    assert first_lines == {"GuardError: FAILED_PRECONDITION: preflight at step 2: replaying a "
+    assert first_lines == {"GuardError: FAILED_PRECONDITION: preflight at step 4: replaying a "
                            "rank's own first micro-batch with loss_fn did not reproduce what it "
                            "trained on: the loss differs (rank 4); the gradients differ (rank "
                            "4). Every audit compares a peer's replay with those bits, so each "

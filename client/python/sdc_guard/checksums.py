@@ -40,7 +40,10 @@ and are not checked.
 Fault injection (``SDC_INJECT_FAULT=product:RANK:WHEN[:REL]``, for tests
 and demos only, client/fault_injection.h): at a firing step one element of
 one product's output (forward or backward, chosen by a generator seeded by
-rank and step) is multiplied by 1 + REL before it is checked and used.
+rank and step) is multiplied by 1 + REL before it is checked and used; with
+``product-column:RANK:WHEN[:REL]`` REL times its column's checksum scale
+(e^T |A| |B|)_j is added instead, above the column's threshold by
+construction.
 """
 
 # What a failed checksum's note to the engine starts with; guard.py knows a
@@ -92,5 +95,5 @@ class ProductChecks:
 
     def begin(self, step):
         """Before the step's forward: arms this step's injected fault, if any."""
-        fires, rel = self._engine.product_fault(step)
-        self._checks.begin(int(step), float(rel) if fires else None)
+        fires, rel, column_scaled = self._engine.product_fault(step)
+        self._checks.begin(int(step), float(rel) if fires else None, bool(column_scaled))
