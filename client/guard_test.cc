@@ -47,7 +47,10 @@ client::GuardOptions InBandOptions() {
   return o;
 }
 
-LossFn MseOf(torch::nn::Linear& model) {
+// The mean-squared-error loss_fn of `model` (a Linear or a Sequential) on
+// batches {input, target}.
+template <typename Model>
+LossFn MseOf(Model& model) {
   return [&model](const std::vector<torch::Tensor>& b) {
     return torch::mse_loss(model->forward(b[0]), b[1]);
   };
@@ -310,6 +313,15 @@ TEST(GuardTest, AnOpWithoutADeterministicImplementationTurnsAuditsOff) {
   EXPECT_EQ((*g)->Summary().audits, 0u);
 }
 
+// The every-step tests' model: a 16-32-4 tanh MLP from seed 0 (its
+// forward runs two addmm, its backward three mm: the input needs no
+// gradient).
+torch::nn::Sequential TanhMlp() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                               torch::nn::Linear(32, 4));
+}
+
 // FrontEndOptions::every_step on one rank: clean steps raise no alarm and
 // check every product (the MLP's forward addmm and backward mm); a product
 // error injected at step 3 is caught there and the step skipped (weights
@@ -317,15 +329,11 @@ TEST(GuardTest, AnOpWithoutADeterministicImplementationTurnsAuditsOff) {
 // cluster_e2e_test.cc.
 TEST(GuardTest, EveryStepChecksumsSkipAStepWithAWrongProduct) {
   auto pg = OneRankGroup("every-step");
-  torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
-                              torch::nn::Linear(32, 4));
+  torch::nn::Sequential model = TanhMlp();
   torch::optim::SGD sgd(model->parameters(), 0.1);
   client::GuardOptions o = InBandOptions();
   o.faults = *client::ParseFaultSpecs("product:0:step=3:2^-4");
-  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
-    return torch::mse_loss(model->forward(b[0]), b[1]);
-  };
+  LossFn loss = MseOf(model);
   FrontEndOptions front_end;
   front_end.every_step = true;
   absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss, front_end);
@@ -367,15 +375,11 @@ TEST(GuardTest, EveryStepChecksumsSkipAStepWithAWrongProduct) {
 // columns span eight decades here).
 TEST(GuardTest, EveryStepChecksumsCatchEveryColumnScaledProductError) {
   auto pg = OneRankGroup("every-step-column");
-  torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
-                              torch::nn::Linear(32, 4));
+  torch::nn::Sequential model = TanhMlp();
   torch::optim::SGD sgd(model->parameters(), 0.1);
   client::GuardOptions o = InBandOptions();
   o.faults = *client::ParseFaultSpecs("product-column:0:from=1");
-  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
-    return torch::mse_loss(model->forward(b[0]), b[1]);
-  };
+  LossFn loss = MseOf(model);
   FrontEndOptions front_end;
   front_end.every_step = true;
   absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss, front_end);
@@ -397,15 +401,11 @@ TEST(GuardTest, EveryStepChecksumsCatchEveryColumnScaledProductError) {
 // without FrontEndOptions: one step checks its 5 products.
 TEST(GuardTest, EveryStepChecksumsFollowTheOptions) {
   auto pg = OneRankGroup("every-step-options");
-  torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
-                              torch::nn::Linear(32, 4));
+  torch::nn::Sequential model = TanhMlp();
   torch::optim::SGD sgd(model->parameters(), 0.1);
   client::GuardOptions o = InBandOptions();
   o.every_step = true;
-  LossFn loss = [&model](const std::vector<torch::Tensor>& b) {
-    return torch::mse_loss(model->forward(b[0]), b[1]);
-  };
+  LossFn loss = MseOf(model);
   absl::StatusOr<std::unique_ptr<Guard>> g = Guard::Create(o, pg, *model, sgd, loss);
   ASSERT_TRUE(g.ok()) << g.status();
   absl::StatusOr<StepDecision> d =
