@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
-
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -47,7 +47,7 @@ ABSL_FLAG(int, fault_step, -1,
 ABSL_FLAG(int, restart_at, -1,
           "coordinator-restart scenario: kill -9 sdcd once every rank passed this step (-1: "
           "a third of --steps).");
-ABSL_FLAG(std::string, run_dir, "", "The run folder (default: runs/<time>/).");
+ABSL_FLAG(std::string, run_dir, "", "The run folder, new or empty (default: runs/<time>/).");
 ABSL_FLAG(std::string, sdcctl, "./sdc ctl", "How the summary spells the sdcctl command.");
 ABSL_FLAG(bool, keep_coordinator, true,
           "Leave sdcd running after the run, for sdcctl (--nokeep_coordinator: stop it).");
@@ -298,6 +298,13 @@ int Main(int argc, char** argv) {
     Usage(absl::StrCat("--run_dir: cannot create ", f.run_dir, ": ", strerror(errno)));
   }
   if (access(f.run_dir.c_str(), W_OK) != 0) Usage(absl::StrCat("--run_dir: ", f.run_dir, " is not writable"));
+  // A run folder holds one run: the summary reads every log in it, so an
+  // earlier run's injections and findings would be counted with this one's.
+  if (std::error_code ec; !std::filesystem::is_empty(f.run_dir, ec) && !ec) {
+    Usage(absl::StrCat("--run_dir: ", f.run_dir,
+                       " is not empty (it holds an earlier run, whose logs the summary would "
+                       "count as this run's): name a new folder, or remove it"));
+  }
 
   ClusterConfig c;
   c.run_dir = f.run_dir;

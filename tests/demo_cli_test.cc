@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,17 @@ TEST(DemoCliTest, BadFlagsFailAtOnceWithOneLine) {
     EXPECT_THAT(r.output, HasSubstr(c.message));
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
+}
+
+// The summary reads every log in the run folder: one that holds an earlier
+// run is refused before anything starts, not mixed into this run's counts.
+TEST(DemoCliTest, ARunFolderHoldingAnEarlierRunIsRefused) {
+  const std::string dir = TestDir("demo-used");
+  std::ofstream(dir + "/trainer-3.log") << "an earlier run's log\n";
+  const RunResult r = Demo({"--run_dir=" + dir, "--steps=4"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat("sdc demo: --run_dir: ", dir, " is not empty")));
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
 TEST(DemoCliTest, HelpListsTheDemosFlagsWithTheirHelp) {
