@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -33,6 +34,16 @@ std::string CheckName(v1::CheckKind k) {
     default:
       return "unknown";
   }
+}
+
+// What caught incident `i`: its check, except a checksum alarm's, which sdcd
+// files as check 2's (a replay audit judges the suspect) though the
+// every-step product checksum caught it.
+std::string CaughtBy(const v1::Incident& i) {
+  if (i.check() == v1::CHECK_REPLAY && absl::StrContains(i.explanation(), "checksum alarm at step")) {
+    return "every-step product checksum (a replay audit judges)";
+  }
+  return CheckName(i.check());
 }
 
 std::string StateName(v1::RequestState s) {
@@ -427,7 +438,7 @@ std::string SummaryText(const RunFacts& f, const ClusterResult& r, const Cluster
   absl::StrAppend(&out, "\nDetected:\n");
   if (f.incidents.empty()) absl::StrAppend(&out, "  nothing\n");
   for (const v1::Incident& i : f.incidents) {
-    absl::StrAppend(&out, "  step ", i.step(), ": ", CheckName(i.check()), ", ", i.outcome());
+    absl::StrAppend(&out, "  step ", i.step(), ": ", CaughtBy(i), ", ", i.outcome());
     if (f.first_injection_step >= 0) {
       absl::StrAppend(&out, " (", static_cast<int>(i.step()) - f.first_injection_step,
                       " steps after the first injection)");
@@ -624,7 +635,7 @@ std::string HtmlReport(const RunFacts& f, const ClusterResult& r, const ClusterC
     for (const v1::Incident& i : f.incidents) {
       std::vector<std::string> where;
       for (int k = 0; k < i.ranks_size(); ++k) where.push_back(absl::StrCat(i.node_names(k), " / ", i.gpu_uuids(k)));
-      absl::StrAppend(&html, "<tr><td>", i.id(), "</td><td>", i.step(), "</td><td>", HtmlEscape(CheckName(i.check())),
+      absl::StrAppend(&html, "<tr><td>", i.id(), "</td><td>", i.step(), "</td><td>", HtmlEscape(CaughtBy(i)),
                       "</td><td>", HtmlEscape(i.outcome()), i.confirmed() ? " (attributed)" : "", "</td><td>",
                       absl::StrJoin(i.ranks(), ", "), "</td><td>", HtmlEscape(absl::StrJoin(where, "; ")), "</td><td>",
                       HtmlEscape(i.explanation()),

@@ -124,6 +124,20 @@ TEST(ReportTest, ACaughtInjectionSaysHow) {
                         "aten::mm)\n"));
   const nlohmann::json j = nlohmann::json::parse(FactsJson(f, r));
   EXPECT_EQ(j["injections"][1]["how"], "replay audit mismatch");
+  // sdcd files a checksum alarm's suspect as check 2's; the summary says
+  // what caught it.
+  v1::Incident alarm;
+  alarm.set_step(3);
+  alarm.set_check(v1::CHECK_REPLAY);
+  alarm.set_outcome("suspect");
+  alarm.set_explanation(steps[2].reason.substr(10));
+  v1::Incident replay = alarm;
+  replay.set_step(6);
+  replay.set_explanation("rank 3's result was wrong");
+  r.incidents = {alarm, replay};
+  const std::string text = SummaryText(Analyze(r, kScenario, Config(), 3), r, Config(), "");
+  EXPECT_THAT(text, HasSubstr("step 3: every-step product checksum (a replay audit judges), suspect"));
+  EXPECT_THAT(text, HasSubstr("step 6: ring replay audit (check 2), suspect"));
 }
 
 TEST(ReportTest, AFlipInAReplayersCopyIsNotTrainedOn) {
