@@ -197,10 +197,11 @@ std::string Coordinator::CheckpointVeto(const JobState& job, Step step,
   // a GPU corrupting activations intermittently would train wrong values
   // into every later checkpoint. The suspect blocks them as a named GPU does
   // until an operator resolves its incident or the GPU leaves the job.
+  const std::string in_band_suspect = absl::StrCat(internal::kBuddyCheckSkip, "suspect)");
   std::map<std::string, const Incident*> in_band;  // By GPU: its first such incident.
   for (const auto& [id, inc] : incidents_) {
     if (inc.job_id != job.record.job_id || inc.confirmed || !inc.resolved_by.empty() ||
-        !absl::StrContains(inc.explanation, absl::StrCat(internal::kBuddyCheckSkip, "suspect)"))) {
+        !absl::StrContains(inc.explanation, in_band_suspect)) {
       continue;
     }
     for (const std::string& gpu : inc.gpus) {
